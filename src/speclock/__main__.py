@@ -1,0 +1,3 @@
+from speclock.cli import main
+
+raise SystemExit(main())

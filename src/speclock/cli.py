@@ -1,0 +1,57 @@
+"""The `speclock` command line: one sub-command per concern, errors turned into exit codes here.
+
+Each module in COMMAND_MODULES has `add_commands(subparsers)`, which adds its sub-commands and
+sets `func` (taking the parsed args, returning an exit code) on each. Modules import heavy
+dependencies (torch, the engines) inside their functions, so `speclock --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+
+from speclock import __version__
+from speclock.errors import SpeclockError
+
+COMMAND_MODULES = [
+    "speclock.stack",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="speclock",
+        description=(
+            "Build reproducible container images for EAGLE-3 speculative decoding, prove "
+            "each image works (doctor, smoke test) and gate engine upgrades on acceptance.\n\n"
+            "Exit codes: 0 ok, 1 check or gate failed, 2 bad input, 3 environment problem."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"speclock {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SpeclockError as err:
+        if args.verbose or os.environ.get("SPECLOCK_DEBUG"):
+            traceback.print_exc()
+        print(f"speclock {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"speclock {args.command}: interrupted", file=sys.stderr)
+        return 130

