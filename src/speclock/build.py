@@ -1,0 +1,296 @@
+"""`speclock build-image`: stage the build context, compute the content tag, run the builder.
+
+Flow: lock (must be in sync) -> wheelhouse (verified) -> base image (from the locked rootfs or
+digest) -> staged context -> builder -> build record. The tag is the hash of every input that
+reaches the image (lock, Containerfile, patches, drafter, config, source), so the same inputs
+always give the same tag; with buildah they also give the same digest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from speclock import __version__, baseimage, wheelhouse
+from speclock.builders import Builder, get_builder
+from speclock.errors import BadInput, CheckFailed
+from speclock.layout import cache_dir
+from speclock.lock import check_lock, lock_path, read_lock
+from speclock.stack import REPO_ROOT, Stack, load_stack
+
+CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
+BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"
+# Modules the build steps run (model conversion, patching). Only these reach the early stages,
+# so editing any other source file rebuilds the final layers alone.
+TOOL_MODULES = ("__init__.py", "__main__.py", "errors.py", "layout.py", "stack.py", "models.py", "patches.py")
+LABEL_PREFIX = "io.speclock"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sync_file(src: Path, dest: Path) -> None:
+    """Copy only when the content differs, so unchanged files keep their metadata (and caches hit)."""
+    if dest.is_file() and dest.stat().st_size == src.stat().st_size and _sha256_file(dest) == _sha256_file(src):
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _sync_tree(files: dict[str, Path], dest: Path) -> None:
+    """Make `dest` hold exactly `files` (relative path -> source), removing anything stale."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel, src in files.items():
+        _sync_file(src, dest / rel)
+    for path in sorted(dest.rglob("*"), reverse=True):
+        rel = path.relative_to(dest).as_posix()
+        if path.is_file() and rel not in files:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def _tree_files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".pyo"))}
+
+
+def git_revision(paths: list[Path]) -> str:
+    """The commit that last changed the image's inputs (+dirty when they have uncommitted edits)."""
+    rel = [str(p.relative_to(REPO_ROOT)) for p in paths if p.exists()]
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", *rel],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *rel],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "unknown"
+    return (rev or "uncommitted") + ("+dirty" if dirty else "")
+
+
+def source_url() -> str:
+    if os.environ.get("SPECLOCK_SOURCE_URL"):
+        return os.environ["SPECLOCK_SOURCE_URL"]
+    proc = subprocess.run(["git", "-C", str(REPO_ROOT), "remote", "get-url", "origin"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "https://github.com/speclock/speclock"
+
+
+def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path) -> None:
+    """Lay out the build context: wheels, tools, patches, drafter, config, source."""
+    wheels = ctx / "wheels"
+    wheelhouse.link_into(lock, wheels)
+    keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | {"requirements.txt", "assets.txt"}
+    for stale in wheels.iterdir():
+        if stale.name not in keep:
+            stale.unlink()
+    for name, pkgs in (("requirements.txt", lock["packages"]), ("assets.txt", lock["assets"])):
+        text = wheelhouse.requirements_text(pkgs)
+        target = wheels / name
+        if not target.is_file() or target.read_text() != text:
+            target.write_text(text)
+
+    src_root = REPO_ROOT / "src" / "speclock"
+    _sync_tree({f"speclock/{m}": src_root / m for m in TOOL_MODULES if (src_root / m).is_file()}, ctx / "tools")
+
+    series_dir = REPO_ROOT / "patches" / stack.engine["name"]
+    patch_files = {}
+    for name in stack.patch_series:
+        path = series_dir / name
+        if not path.is_file():
+            raise BadInput(f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
+                           hint="add the patch file or remove it from patches.series")
+        patch_files[name] = path
+    _sync_tree(patch_files, ctx / "patches")
+
+    draft = (REPO_ROOT / stack.draft["path"]).resolve()
+    if not (draft / "config.json").is_file():
+        raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} has no config.json",
+                       hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
+    _sync_tree(_tree_files(draft), ctx / "draft")
+
+    config: dict[str, Path] = {f"stacks/{stack.path.name}": stack.path}
+    baselines = REPO_ROOT / "baselines" / stack.name
+    if baselines.is_dir():
+        config.update({f"baselines/{k}": v for k, v in _tree_files(baselines).items()})
+    _sync_tree(config, ctx / "config")
+    _sync_file(lock_path(stack), ctx / "config" / "lock.json")
+    _sync_tree(_tree_files(src_root), ctx / "src" / "speclock")
+
+
+def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
+    """Hash of everything that reaches the image; wheels are covered by the lock's hash."""
+    h = hashlib.sha256()
+    h.update(b"lock:" + lock["lock_sha256"].encode() + b"\n")
+    h.update(b"containerfile:" + _sha256_file(CONTAINERFILE).encode() + b"\n")
+    for rel, path in sorted(_tree_files(ctx).items()):
+        if rel.startswith("wheels/") and rel not in ("wheels/requirements.txt", "wheels/assets.txt"):
+            continue
+        if rel == "config/image.json":
+            continue
+        h.update(f"{rel}:{_sha256_file(path)}\n".encode())
+    return h.hexdigest()
+
+
+def image_ref(stack: Stack, tag: str) -> str:
+    return f"localhost/speclock-{stack.name}:{tag}"
+
+
+def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revision: str) -> dict[str, str]:
+    epoch = lock["source_date_epoch"]
+    engine = stack.engine
+    return {
+        "org.opencontainers.image.title": f"speclock-{stack.name}",
+        "org.opencontainers.image.description": stack.data.get("description", ""),
+        "org.opencontainers.image.source": source_url(),
+        "org.opencontainers.image.revision": revision,
+        # The reproducible timestamp (the lock's SOURCE_DATE_EPOCH), not the wall clock.
+        "org.opencontainers.image.created": dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.version": f"{__version__}+{tag}",
+        f"{LABEL_PREFIX}.stack": stack.name,
+        f"{LABEL_PREFIX}.inputs-sha256": inputs,
+        f"{LABEL_PREFIX}.lock-sha256": lock["lock_sha256"],
+        f"{LABEL_PREFIX}.engine": engine["name"],
+        f"{LABEL_PREFIX}.engine-package": engine["package"],
+        f"{LABEL_PREFIX}.engine-version": engine["version"],
+        f"{LABEL_PREFIX}.torch-version": stack.torch["version"],
+        f"{LABEL_PREFIX}.cuda": stack.gpu["cuda"] or "none",
+        f"{LABEL_PREFIX}.archs": ",".join(stack.gpu["archs"]) or "none",
+        f"{LABEL_PREFIX}.patches": ",".join(stack.patch_series) or "none",
+        f"{LABEL_PREFIX}.base": lock["base"].get("sha256") or lock["base"].get("ref", ""),
+    }
+
+
+def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print) -> str:
+    base = lock["base"]
+    if base["kind"] == "image":
+        return base["ref"]
+    ref = f"localhost/speclock-base:{base['sha256'][:16]}"
+    if builder.image_exists(ref):
+        return ref
+    tar = baseimage.verified_rootfs(base, progress=progress)
+    ctx = cache_dir() / "contexts" / f"base-{base['sha256'][:16]}"
+    ctx.mkdir(parents=True, exist_ok=True)
+    target = ctx / "base.tar"
+    if not target.exists():
+        try:
+            os.link(tar, target)
+        except OSError:
+            shutil.copyfile(tar, target)
+    progress(f"importing the base rootfs as {ref}")
+    builder.build(containerfile=BASE_CONTAINERFILE, context=ctx, tag=ref, build_args={}, labels={},
+                  target=None, no_cache=False, timestamp=base["source_date_epoch"])
+    return ref
+
+
+def records_dir(stack_name: str) -> Path:
+    path = cache_dir() / "images" / stack_name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_record(stack_name: str, record: dict[str, Any]) -> Path:
+    path = records_dir(stack_name) / f"{record['tag']}.{record['builder']}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    latest = records_dir(stack_name) / f"latest.{record['builder']}.json"
+    tmp = latest.with_name(latest.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, latest)
+    return path
+
+
+def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
+    path = records_dir(stack_name) / (f"{tag}.{builder}.json" if tag else f"latest.{builder}.json")
+    if not path.is_file():
+        raise BadInput(f"no {builder} build of stack {stack_name}{' with tag ' + tag if tag else ''} is recorded",
+                       hint=f"run `invoke build-image --stack {stack_name} --builder {builder}` first")
+    return json.loads(path.read_text())
+
+
+def build_image(stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False,
+                progress=print) -> dict[str, Any]:
+    """Build the stack's image; return the build record (also written to the cache)."""
+    started = time.monotonic()
+    builder = get_builder(builder_name)
+    lock = read_lock(lock_path(stack))
+    diffs = check_lock(stack, lock)
+    if diffs:
+        raise CheckFailed(f"{lock_path(stack)} is out of date with {stack.path}:\n  " + "\n  ".join(diffs),
+                          hint=f"run `invoke lock --stack {stack.name}` first")
+    progress(f"[1/4] verifying the wheelhouse for {stack.name}")
+    wheelhouse.fetch(lock, progress=progress)
+    progress("[2/4] base image")
+    base_ref = ensure_base_image(stack, lock, builder, progress=progress)
+    progress(f"  base: {base_ref}")
+    progress("[3/4] staging the build context")
+    ctx = cache_dir() / "contexts" / stack.name
+    stage_context(stack, lock, ctx)
+    inputs = inputs_hash(ctx, lock)
+    tag = inputs[:16]
+    ref = image_ref(stack, tag)
+    revision = git_revision([CONTAINERFILE, stack.path, lock_path(stack), REPO_ROOT / "src",
+                             REPO_ROOT / stack.draft["path"], REPO_ROOT / "patches", REPO_ROOT / "baselines"])
+    labels = labels_for(stack, lock, tag, inputs, revision)
+    info = {"stack": stack.name, "tag": tag, "ref": ref, "inputs_sha256": inputs, "lock_sha256": lock["lock_sha256"],
+            "labels": labels, "patches": stack.patch_series}
+    info_path = ctx / "config" / "image.json"
+    info_path.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    target = stack.target
+    build_args = {
+        "BASE_IMAGE": base_ref,
+        "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
+        "PATCH_SERIES": " ".join(stack.patch_series),
+        "TARGET_GGUF": target["gguf"],
+        "TARGET_DTYPE": target["dtype"],
+        "PROMPTS_FILE": stack.smoke["prompts_file"],
+    }
+    progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
+    t0 = time.monotonic()
+    image_id = builder.build(containerfile=CONTAINERFILE, context=ctx, tag=ref, build_args=build_args, labels=labels,
+                             target="runtime", no_cache=no_cache, timestamp=lock["source_date_epoch"])
+    build_s = time.monotonic() - t0
+    record = {**info, "builder": builder.name, "image_id": image_id, "build_seconds": round(build_s, 2),
+              "total_seconds": round(time.monotonic() - started, 2), "no_cache": no_cache,
+              "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "layers": builder.layers(ref)}
+    write_record(stack.name, record)
+    progress(f"built {ref}\n  image id {image_id}\n  build {build_s:.1f} s, total {record['total_seconds']:.1f} s")
+    return record
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    stack = load_stack(args.stack)
+    out = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    record = build_image(stack, builder_name=args.builder, no_cache=args.no_cache, progress=out)
+    if args.json:
+        print(json.dumps(record, indent=2, sort_keys=True))
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("build-image", help="build a stack's image (tag = hash of all inputs)",
+                       description="Build the OCI image of a stack from its lock, offline: verifies the wheelhouse, "
+                                   "imports the locked base, stages the context and runs the builder. The tag is the "
+                                   "hash of every input; buildah builds are reproducible (same inputs, same digest).")
+    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
+    p.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    p.add_argument("--json", action="store_true", help="print the build record as JSON on stdout")
+    p.set_defaults(func=_cmd_build)

@@ -1,0 +1,35 @@
+"""Running builder commands: stream output with a prefix, keep the tail for error messages."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+from typing import Sequence
+
+from speclock.errors import EnvironmentProblem
+
+
+def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str = "  | ",
+           quiet: bool = False) -> tuple[int, str]:
+    """Run `cmd`, echoing each output line (progress on long steps); return (rc, last lines)."""
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    try:
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, bufsize=1, errors="replace")
+    except FileNotFoundError:
+        raise EnvironmentProblem(f"{cmd[0]} is not installed", hint=f"install {cmd[0]} or choose another --builder") from None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail.append(line.rstrip())
+        if not quiet:
+            sys.stdout.write(prefix + line)
+            sys.stdout.flush()
+    return proc.wait(), "\n".join(tail)
+
+
+def capture(cmd: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, env=env)
+    except FileNotFoundError:
+        raise EnvironmentProblem(f"{cmd[0]} is not installed", hint=f"install {cmd[0]} or choose another --builder") from None

