@@ -62,3 +62,9 @@ def test(c, fast=False):
     """Run the test suite (what CI runs)."""
     marker = ["-m", "not slow"] if fast else []
     c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *marker]), env=ENV, pty=False)
+
+
+@task(name="run-image", help={"stack": "stack name", "builder": "buildah or docker", "args": "arguments for the image"})
+def run_image(c, stack="cpu-vllm", builder="buildah", args=""):
+    """Run the last built image hardened (read-only, no network, non-root); default: its self-check."""
+    _speclock(c, "run-image", *_flags(stack=stack, builder=builder), *shlex.split(args))

@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "speclock.lock",
     "speclock.wheelhouse",
     "speclock.build",
+    "speclock.registry",
+    "speclock.runner",
 ]
 
 

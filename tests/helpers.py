@@ -1,0 +1,70 @@
+"""Shared helpers for the real-component tests: a scratch copy of the repo, a local registry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+
+
+def copy_repo(dest: Path) -> Path:
+    """A copy of the parts of the repo that builds read (so a test can edit source safely)."""
+    for sub in ("src", "stacks", "locks", "containers", "models", "patches", "baselines"):
+        if (ROOT / sub).exists():
+            shutil.copytree(ROOT / sub, dest / sub, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
+def speclock(repo: Path, *args: str, check: bool = True, timeout: int = 1800, env: dict | None = None):
+    """Run the CLI of the repo at `repo` (its own source), streaming nothing; return the process."""
+    full_env = dict(os.environ, PYTHONPATH=str(repo / "src"), **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "speclock", *args], capture_output=True, text=True,
+                          cwd=repo, env=full_env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"speclock {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRegistry:
+    """Debian's docker-registry (distribution) on 127.0.0.1, filesystem storage, no auth."""
+
+    def __init__(self, root: Path):
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        config = root / "registry.yml"
+        config.write_text(
+            "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\n"
+            "http:\n  addr: %s\n" % (root / "data", self.address))
+        binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+        self.log = open(root / "registry.log", "w")
+        self.proc = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://{self.address}/v2/", timeout=1)
+                return
+            except Exception:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"registry did not start; see {root / 'registry.log'}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()

