@@ -9,7 +9,9 @@ always give the same tag; with buildah they also give the same digest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
@@ -224,9 +226,28 @@ def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[s
     return json.loads(path.read_text())
 
 
+@contextlib.contextmanager
+def context_lock(stack_name: str, progress=print):
+    """One build per stack at a time: builds share the staged context folder."""
+    path = cache_dir() / "contexts" / f"{stack_name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"another build of stack {stack_name} is running; waiting for it to finish")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def build_image(stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False,
                 progress=print) -> dict[str, Any]:
     """Build the stack's image; return the build record (also written to the cache)."""
+    with context_lock(stack.name, progress):
+        return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, progress=progress)
+
+
+def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, progress) -> dict[str, Any]:
     started = time.monotonic()
     builder = get_builder(builder_name)
     lock = read_lock(lock_path(stack))
