@@ -143,7 +143,7 @@ def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
     for rel, path in sorted(_tree_files(ctx).items()):
         if rel.startswith("wheels/") and rel not in ("wheels/requirements.txt", "wheels/assets.txt"):
             continue
-        if rel == "config/image.json":
+        if rel in ("config/image.json", "Containerfile"):  # derived from the inputs, not inputs
             continue
         h.update(f"{rel}:{_sha256_file(path)}\n".encode())
     return h.hexdigest()
@@ -176,6 +176,16 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
         f"{LABEL_PREFIX}.patches": ",".join(stack.patch_series) or "none",
         f"{LABEL_PREFIX}.base": lock["base"].get("sha256") or lock["base"].get("ref", ""),
     }
+
+
+def staged_containerfile(ctx: Path, labels: dict[str, str]) -> Path:
+    """containers/Containerfile plus one LABEL instruction (one step, not one per label)."""
+    quoted = " \\\n      ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items()))
+    text = CONTAINERFILE.read_text().rstrip("\n") + f"\n# labels added by speclock build-image\nLABEL {quoted}\n"
+    path = ctx / "Containerfile"
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
 
 
 def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print) -> str:
@@ -283,8 +293,9 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, prog
         "PROMPTS_FILE": stack.smoke["prompts_file"],
     }
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
+    containerfile = staged_containerfile(ctx, labels)
     t0 = time.monotonic()
-    image_id = builder.build(containerfile=CONTAINERFILE, context=ctx, tag=ref, build_args=build_args, labels=labels,
+    image_id = builder.build(containerfile=containerfile, context=ctx, tag=ref, build_args=build_args, labels={},
                              target="runtime", no_cache=no_cache, timestamp=lock["source_date_epoch"])
     build_s = time.monotonic() - t0
     record = {**info, "builder": builder.name, "image_id": image_id, "build_seconds": round(build_s, 2),
