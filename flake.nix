@@ -1,7 +1,7 @@
 {
   description = "speclock: reproducible EAGLE-3 speculative-decoding images; pins read from locks/*.lock (one source of truth)";
 
-  # nixos-25.11: CUDA 12.8 (Blackwell sm_100/sm_120) and 12.9 (sm_103); python311 for the images.
+  # nixos-25.11: cudaPackages_12_8 (Blackwell sm_100/sm_120), 12_9 (sm_103) and 13_0; python311.
   # Only the outputs that need nixpkgs (packages, devShells) fetch it; lib and checks do not.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-25.11";
 

@@ -68,3 +68,10 @@ def test(c, fast=False):
 def run_image(c, stack="cpu-vllm", builder="buildah", args=""):
     """Run the last built image hardened (read-only, no network, non-root); default: its self-check."""
     _speclock(c, "run-image", *_flags(stack=stack, builder=builder), *shlex.split(args))
+
+
+@task(name="nix-check", help={"network": "also fetch a locked wheel from PyPI as a fixed-output derivation (default on)"})
+def nix_check(c, network=True):
+    """Check flake.nix offline: .nix syntax, pins equal locks/*.lock, checks without nixpkgs, shape with a nixpkgs double."""
+    tests = ["tests/test_nix_flake.py"] + (["tests/test_nix_wheels.py"] if network else [])
+    c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *tests]), env=ENV, pty=False)

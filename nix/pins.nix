@@ -181,7 +181,9 @@ let
         (p: if builtins.pathExists (root + "/patches/${s.engine.name}/${p}") then [ ]
         else [ "stack ${name}: key patches.series names ${p}, which is not in patches/${s.engine.name}/ (or not git-tracked)" ])
         s.patches;
-      archProblems = if s.archs != [ ] && s.cuda == "" then [ "stack ${name}: key gpu.archs is set but gpu.cuda is empty" ] else [ ];
+      archProblems = (if s.archs != [ ] && s.cuda == "" then [ "stack ${name}: key gpu.archs is set but gpu.cuda is empty" ] else [ ])
+        ++ builtins.concatMap (a: if builtins.match "sm_[0-9]+[0-9][af]?" a == null then [ "stack ${name}: key gpu.archs has ${builtins.toJSON a}; expected sm_NN, sm_NNa or sm_NNf" ] else [ ]) s.archs
+        ++ (if s.cuda != "" && builtins.match "[0-9]+\\.[0-9]+" s.cuda == null then [ "stack ${name}: key gpu.cuda is ${builtins.toJSON s.cuda}; expected MAJOR.MINOR, e.g. 12.8" ] else [ ]);
       lockPython = (readLockText name).python.version or null;
       pythonProblems = if lockPython != s.python.version then [ "stack ${name}: locks/${name}.lock key python.version is ${builtins.toJSON lockPython}, stack_data says ${s.python.version}" ] else [ ];
     in

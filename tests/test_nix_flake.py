@@ -144,9 +144,22 @@ def test_image_labels_have_the_keys_and_pins_of_labels_for(flake):
 # ---- checks: offline, no nixpkgs --------------------------------------------------------------
 
 def test_checks_build_offline_without_nixpkgs(flake):
-    # No override: if any check touched nixpkgs, nix would have to fetch it, and --offline fails.
+    # nixpkgs is replaced by a flake that throws when imported, and nix runs --offline.
     names = nixcheck.build_checks(flake)
     assert {"stacks-have-locks", "containerfile"} | {f"stack-{n}" for n in locks()} <= set(names)
+
+
+def test_the_poisoned_nixpkgs_does_poison(flake):
+    # Guards the test above: outputs that use nixpkgs do fail with the poisoned input.
+    err = eval_error(flake, f"packages.{SYS}", "--apply", "ps: builtins.mapAttrs (n: p: p.drvPath) ps", *nixcheck.poisoned_nixpkgs(flake))
+    assert "nixpkgs was used where it must not be" in err
+
+
+def test_lib_needs_no_nixpkgs(flake):
+    poison = nixcheck.poisoned_nixpkgs(flake)
+    for name in locks():
+        assert eval_json(flake, f"lib.images.{name}.labels", *poison)
+        assert eval_json(flake, f"lib.stacks.{name}.wheels", *poison)
 
 
 def test_flake_check_offline_with_the_nixpkgs_double(flake):
@@ -282,3 +295,43 @@ def test_a_new_containerfile_copy_fails_the_check(scratch):
     nixcheck.git_add(scratch)
     proc = nix(scratch, "build", "--offline", "--no-link", f".#checks.{SYS}.containerfile", check=False)
     assert proc.returncode != 0 and "copies to /opt/extra in the runtime stage" in proc.stderr
+
+
+# ---- a GPU stack (synthetic, made from the default stack's lock) ------------------------------
+
+def _add_gpu_stack(repo: Path, name: str, cuda: str, archs: list[str]) -> None:
+    base = _default_stack()
+    toml = (repo / "stacks" / f"{base}.toml").read_text().replace(f'name = "{base}"', f'name = "{name}"', 1)
+    toml += f'\n[gpu]\ncuda = "{cuda}"\narchs = {json.dumps(archs)}\n'
+    (repo / "stacks" / f"{name}.toml").write_text(toml)
+    doc = json.loads((repo / "locks" / f"{base}.lock").read_text())
+    doc["stack"] = doc["stack_data"]["name"] = name
+    doc["stack_data"]["gpu"].update(cuda=cuda, archs=archs)
+    (repo / "locks" / f"{name}.lock").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    nixcheck.git_add(repo)
+
+
+def test_a_new_lock_file_becomes_a_stack_with_cuda_pins(scratch):
+    _add_gpu_stack(scratch, "gpu-extra", "12.8", ["sm_100", "sm_120"])
+    assert "gpu-extra" in eval_json(scratch, "lib.stackNames")
+    pins = eval_json(scratch, "lib.stacks.gpu-extra")
+    assert (pins["cuda"], pins["archs"]) == ("12.8", ["sm_100", "sm_120"])
+    labels = eval_json(scratch, "lib.images.gpu-extra.labels")
+    assert (labels["io.speclock.cuda"], labels["io.speclock.archs"]) == ("12.8", "sm_100,sm_120")
+    d = nixcheck.double_args(scratch)
+    shell = eval_json(scratch, f"devShells.{SYS}.gpu-extra", "--apply",
+                      "s: { config = s.nixpkgsConfig; packages = map (p: p.name) s.speclockArgs.packages; }", *d)
+    assert shell["config"]["cudaSupport"] is True and shell["config"]["cudaCapabilities"] == ["10.0", "12.0"]
+    assert "cuda_nvcc-12.8" in shell["packages"]
+    nixcheck.build_checks(scratch)  # the new stack's check builds too
+
+
+def test_a_cuda_version_missing_from_nixpkgs_is_named(scratch):
+    _add_gpu_stack(scratch, "gpu-old", "11.8", ["sm_90"])
+    err = eval_error(scratch, f"devShells.{SYS}.gpu-old.drvPath", *nixcheck.double_args(scratch))
+    assert "stack gpu-old: key gpu.cuda is 11.8, but the pinned nixpkgs has no cudaPackages_11_8" in err
+
+
+def test_a_malformed_arch_is_named(scratch):
+    _add_gpu_stack(scratch, "gpu-bad", "12.8", ["blackwell"])
+    assert 'stack gpu-bad: key gpu.archs has "blackwell"' in eval_error(scratch, "lib.stacks.gpu-bad")

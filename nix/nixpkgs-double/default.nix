@@ -3,10 +3,19 @@
 # a message saying it is a double; its arguments stay readable (e.g. `.speclockArgs`).
 { system ? "x86_64-linux", config ? { }, ... }:
 let
+  # Like a real derivation, the double's drvPath depends on its arguments: forcing it forces
+  # every argument (and the derivations in them), so evaluation errors surface as they would.
+  force = v:
+    if builtins.isList v then map force v
+    else if builtins.isAttrs v && v ? drvPath then v.drvPath
+    else if builtins.isAttrs v then null
+    else if builtins.isFunction v then null
+    else v;
   fake = name: args: derivation {
     inherit name system;
     builder = "/bin/sh";
     args = [ "-c" "echo 'nixpkgs test double: ${name} cannot be built; use the real nixpkgs' >&2; exit 1" ];
+    speclockInputs = builtins.toJSON (map force (builtins.attrValues args));
   } // { speclockArgs = args; nixpkgsConfig = config; };
 
   pkg = name: fake name { } // { out = fake name { }; lib = fake "${name}-lib" { }; };
@@ -59,4 +68,5 @@ in
   git = pkg "git";
   cudaPackages_12_8 = cudaSet "12.8";
   cudaPackages_12_9 = cudaSet "12.9";
+  cudaPackages_13_0 = cudaSet "13.0";
 }
