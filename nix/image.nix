@@ -50,6 +50,8 @@ let
     dontUnpack = true;
     dontConfigure = true;
     dontInstall = true;
+    # Stripping prebuilt wheels' libraries can break them (nixpkgs' torch-bin does not strip either).
+    dontStrip = true;
     nativeBuildInputs = [ python pkgs.autoPatchelfHook ];
     # Manylinux wheels expect these from the system; nixpkgs provides them by store path.
     buildInputs = [ pkgs.stdenv.cc.cc.lib pkgs.numactl pkgs.zlib ];
@@ -61,13 +63,14 @@ let
     buildPhase = ''
       runHook preBuild
       python3 -m venv $out
+      mkdir -p $record
       $out/bin/python -m pip install --no-index --no-deps --require-hashes --no-cache-dir \
         --disable-pip-version-check --progress-bar off --find-links ${wheelhouse} -r ${wheelhouse}/requirements.txt
       if [ -n "$PATCH_SERIES" ]; then
         PYTHONPATH=${src} $out/bin/python -m speclock patches apply --series-dir ${patches} \
-          --site-packages $out/lib/python3*/site-packages --record $record $PATCH_SERIES
+          --site-packages $out/lib/python3*/site-packages --record $record/patches-applied.json $PATCH_SERIES
       else
-        echo '{"applied": []}' > $record
+        echo '{"applied": []}' > $record/patches-applied.json
       fi
       $out/bin/python -m pip uninstall -y -q pip
       runHook postBuild
@@ -117,7 +120,7 @@ let
     home=$out${l.root}
     mkdir -p $home/stacks $out/etc $(dirname $out${l.venv})
     ln -s ${venv} $out${l.venv}
-    cp ${venv.record} $out${l.patches_applied}
+    cp ${venv.record}/patches-applied.json $out${l.patches_applied}
     cp -r ${assets}/target $out${l.target_dir}
     cp -r ${assets}/prompts $(dirname $out${l.prompts_file})
     ${copyDraft}
