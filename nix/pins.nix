@@ -41,7 +41,11 @@ let
     then fail "stack ${name}: ${file} is not a JSON object (it must start with '{'); ${redo name}"
     else if builtins.substring (len - 1) 1 body != "}"
     then fail "stack ${name}: ${file} is truncated (it must end with '}'); ${redo name}"
-    else builtins.addErrorContext "while reading ${file} (stack ${name}) as JSON" (builtins.fromJSON text);
+    else
+      let syntax = import ./json.nix text;
+      in if syntax != null
+      then fail "stack ${name}: ${file} is not valid JSON at line ${toString syntax.line}: ${syntax.problem}; ${redo name}"
+      else builtins.fromJSON text;
 
   need = name: where: doc: key:
     if builtins.isAttrs doc && doc ? ${key} then doc.${key}

@@ -240,6 +240,18 @@ def test_a_truncated_lock_is_named(scratch):
     assert f"stack {name}: locks/{name}.lock is truncated" in err
 
 
+def test_a_json_syntax_error_is_named_with_its_line(scratch):
+    name = _default_stack()
+    path = scratch / "locks" / f"{name}.lock"
+    text = path.read_text()
+    at = text.index('"packages"')
+    path.write_text(text[:at] + '"stray" ' + text[at:])
+    nixcheck.git_add(scratch)
+    line = text[:at].count("\n") + 1
+    err = eval_error(scratch, f"lib.stacks.{name}.engine")
+    assert f"stack {name}: locks/{name}.lock is not valid JSON at line {line}: unexpected \"packages\"" in err
+
+
 def test_a_lock_with_conflict_markers_is_named(scratch):
     name = _default_stack()
     path = scratch / "locks" / f"{name}.lock"
