@@ -59,7 +59,7 @@ let
   dirOf2 = p: builtins.dirOf (builtins.dirOf p);
 in
 {
-  inherit file env copies entrypoint;
+  inherit file env copies entrypoint text;
   cmd = builtins.fromJSON (one "CMD");
   user = one "USER";
   workdir = one "WORKDIR";

@@ -116,12 +116,15 @@ let
 in
 {
   inherit layout version sourceUrl labelPrefix for;
-  # Problems when the Containerfile copies somewhere the Nix image does not provide (or back).
+  # Drift between the Containerfile and the Nix image, in both directions: every COPY
+  # destination of the runtime stage must be provided here, and every path provided here must
+  # appear in the Containerfile (created by a RUN, a COPY or a parent stage).
   destinationProblems =
     let
       provided = builtins.attrNames (providedDestinations (layout "STACK"));
       copied = cf.copyDestinations;
+      mentioned = d: builtins.length (builtins.split "(^|[^A-Za-z0-9_./-])${builtins.replaceStrings [ "." ] [ "\\." ] d}([^A-Za-z0-9_.-]|$)" cf.text) > 1;
     in
     map (d: "containers/Containerfile copies to ${d} in the runtime stage, which the Nix image (nix/image.nix) does not provide") (builtins.filter (d: !(builtins.elem d provided)) copied)
-    ++ map (d: "nix/image.nix provides ${d}, which containers/Containerfile's runtime stage does not copy") (builtins.filter (d: !(builtins.elem d copied)) provided);
+    ++ map (d: "nix/image.nix provides ${d}, which containers/Containerfile never mentions") (builtins.filter (d: !(mentioned d)) provided);
 }

@@ -347,3 +347,14 @@ def test_a_cuda_version_missing_from_nixpkgs_is_named(scratch):
 def test_a_malformed_arch_is_named(scratch):
     _add_gpu_stack(scratch, "gpu-bad", "12.8", ["blackwell"])
     assert 'stack gpu-bad: key gpu.archs has "blackwell"' in eval_error(scratch, "lib.stacks.gpu-bad")
+
+
+def test_a_path_the_containerfile_dropped_fails_the_check(scratch):
+    path = scratch / "containers" / "Containerfile"
+    text = path.read_text()
+    assert "/opt/speclock/src" in text
+    path.write_text(text.replace("/opt/speclock/src", "/opt/speclock/source"))
+    nixcheck.git_add(scratch)
+    proc = nix(scratch, "build", "--offline", "--no-link", f".#checks.{SYS}.containerfile", check=False)
+    assert proc.returncode != 0
+    assert "nix/image.nix provides /opt/speclock/src, which containers/Containerfile never mentions" in proc.stderr
