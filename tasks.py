@@ -68,3 +68,11 @@ def test(c, fast=False):
 def run_image(c, stack="cpu-vllm", builder="buildah", args=""):
     """Run the last built image hardened (read-only, no network, non-root); default: its self-check."""
     _speclock(c, "run-image", *_flags(stack=stack, builder=builder), *shlex.split(args))
+
+
+@task(name="nix-check", help={"offline": "skip the test that downloads a locked wheel from PyPI"})
+def nix_check(c, offline=False):
+    """Check flake.nix: .nix syntax, pins equal locks/*.lock, checks without nixpkgs, shape with a nixpkgs double."""
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_nix_*.py")
+                   if not (offline and p.name == "test_nix_wheels.py"))
+    c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *tests]), env=ENV, pty=False)
