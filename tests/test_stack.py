@@ -50,7 +50,7 @@ def test_hash_ignores_comments_but_not_values(tmp_path):
         (lambda t: t.replace('kind = "debian-rootfs"', 'kind = "image"\nref = "nvidia/cuda:13.0"'), "base.ref", "not pinned by digest"),
         (lambda t: t.replace('[gpu]', '') + '\n[gpu]\ncuda = "12.4"\narchs = ["sm_100a"]\n', "gpu.archs", "needs CUDA 12.8"),
         (lambda t: t + '\n[kernels]\nbuild = ["fp8-hidden-pack"]\n', "kernels.build", "need a GPU stack"),
-        (lambda t: t.replace('build_only = ["gguf==0.19.0", "accelerate==1.15.0"]', 'build_only = ["gguf>=0.19"]'), "python.build_only", "not an exact pin"),
+        (lambda t: t.replace('build_only = ["gguf==0.19.0", "accelerate==1.16.0"]', 'build_only = ["gguf>=0.19"]'), "python.build_only", "not an exact pin"),
     ],
 )
 def test_bad_stack_names_file_and_key(tmp_path, edit, key, words):

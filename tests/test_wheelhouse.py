@@ -59,3 +59,16 @@ def test_requirements_text_pins_every_hash():
     text = requirements_text([small_package()])
     pkg = small_package()
     assert text == f"sniffio=={pkg['version']} --hash=sha256:{pkg['sha256']}\n"
+
+
+def test_https_download_from_the_index(tmp_path):
+    pkg = next(p for p in LOCK["packages"] if p["url"].startswith("https://") and "mirror_url" not in p
+               and p["name"] in ("astor", "interegular", "lark", "depyf", "cloudpickle"))
+    path, outcome = ensure_entry(pkg, tmp_path)
+    assert outcome == "downloaded" and file_sha256(path) == pkg["sha256"]
+
+
+def test_local_mirror_entries_also_name_their_pypi_url():
+    mirrored = [p for p in LOCK["packages"] if "mirror_url" in p]
+    assert mirrored, "the lock should map local-mirror wheels to PyPI"
+    assert all(p["url"].startswith("https://files.pythonhosted.org/") for p in mirrored)

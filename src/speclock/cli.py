@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "speclock.build",
     "speclock.registry",
     "speclock.runner",
+    "speclock.nixcheck",
 ]
 
 

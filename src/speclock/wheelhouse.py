@@ -86,7 +86,11 @@ def ensure_entry(pkg: dict[str, Any], store: Path | None = None) -> tuple[Path, 
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        _download(pkg["url"], tmp)
+        mirror = pkg.get("mirror_url", "")
+        if mirror.startswith("file://") and Path(urllib.parse.unquote(urllib.parse.urlparse(mirror).path)).is_file():
+            _download(mirror, tmp)  # a local mirror copy: same bytes, no network
+        else:
+            _download(pkg["url"], tmp)
         actual = file_sha256(tmp)
         if actual != pkg["sha256"]:
             raise CheckFailed(f"{pkg['filename']} from {pkg['url']} has sha256 {actual}, the lock says {pkg['sha256']}: refused",
