@@ -27,7 +27,7 @@ def repo(tmp_path_factory):
 @pytest.fixture(scope="session")
 def buildah_build(repo):
     """The default image built with buildah from scratch (no layer cache): the reproducible path."""
-    proc = speclock(repo, "build-image", "--builder", "buildah", "--no-cache", "--json")
+    proc = speclock(repo, "build-image", "--builder", "buildah", "--no-cache", "--skip-selfcheck", "--json")
     return json.loads(proc.stdout)
 
 
@@ -76,6 +76,12 @@ def test_push_pull_back_and_run(buildah_build, registry, repo):
     assert "speclock 0.1.0" in run.stdout
 
 
+def test_push_refuses_an_image_without_a_passed_selfcheck(buildah_build, registry, repo):
+    proc = speclock(repo, "push-image", "--registry", registry.address, check=False)
+    assert proc.returncode == 1
+    assert "refusing to push" in proc.stderr and "self-check did not run" in proc.stderr and "--force" in proc.stderr
+
+
 def test_refused_push_is_an_environment_error(buildah_build, repo):
     proc = speclock(repo, "push-image", "--registry", "127.0.0.1:9", "--force", check=False)
     assert proc.returncode == 3
@@ -83,7 +89,7 @@ def test_refused_push_is_an_environment_error(buildah_build, repo):
 
 
 def test_same_inputs_give_the_same_digest(buildah_build, repo):
-    again = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--no-cache", "--json").stdout)
+    again = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--no-cache", "--skip-selfcheck", "--json").stdout)
     assert again["tag"] == buildah_build["tag"]
     assert again["image_id"] == buildah_build["image_id"]
 
@@ -93,7 +99,7 @@ def test_one_line_edit_rebuilds_only_the_final_layers(buildah_build, repo):
     module = repo / "src" / "speclock" / "registry.py"
     module.write_text(module.read_text() + "\n# a one-line edit\n")
     try:
-        record = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--json").stdout)
+        record = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--skip-selfcheck", "--json").stdout)
     finally:
         module.write_text(module.read_text().replace("\n# a one-line edit\n", ""))
     after = buildah_inspect(record["ref"])["OCIv1"]["rootfs"]["diff_ids"]
@@ -105,7 +111,7 @@ def test_one_line_edit_rebuilds_only_the_final_layers(buildah_build, repo):
 
 
 def test_docker_buildkit_builds_the_same_stack(repo):
-    record = json.loads(speclock(repo, "build-image", "--builder", "docker", "--json").stdout)
+    record = json.loads(speclock(repo, "build-image", "--builder", "docker", "--skip-selfcheck", "--json").stdout)
     inspect = json.loads(subprocess.run([DOCKER, "image", "inspect", record["ref"]], capture_output=True, text=True,
                                         check=True).stdout)[0]
     assert inspect["Config"]["User"] == "10001:10001"

@@ -307,10 +307,39 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, prog
     return record
 
 
+def selfcheck_image(stack: Stack, record: dict[str, Any], *, progress=print) -> dict[str, Any]:
+    """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build."""
+    from speclock.runner import ensure_in_docker, run_image
+
+    ref = ensure_in_docker(record)
+    out = records_dir(stack.name) / f"{record['tag']}.{record['builder']}.selfcheck"
+    if out.exists():
+        shutil.rmtree(out)
+    progress(f"self-check of {ref}: doctor, smoke, gate (offline, read-only, non-root)")
+    t0 = time.monotonic()
+    proc = run_image(ref, ["selfcheck", "--out", "/out"], out_dir=out)
+    verdict_file = out / "selfcheck.json"
+    verdict = json.loads(verdict_file.read_text()) if verdict_file.is_file() else {"verdict": "fail", "error": "no selfcheck.json written"}
+    result = {"verdict": verdict.get("verdict", "fail"), "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
+              "outputs": str(out)}
+    record["selfcheck"] = result
+    write_record(stack.name, record)
+    progress(f"self-check verdict: {result['verdict']} (exit {proc.returncode}, {result['seconds']} s); outputs in {out}")
+    return result
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
     record = build_image(stack, builder_name=args.builder, no_cache=args.no_cache, progress=out)
+    if not args.skip_selfcheck:
+        result = selfcheck_image(stack, record, progress=out)
+        if args.json:
+            print(json.dumps(record, indent=2, sort_keys=True))
+        if result["verdict"] not in ("pass", "smoke-skipped"):
+            raise CheckFailed(f"the image {record['ref']} was built but its self-check failed (exit {result['exit_code']})",
+                              hint=f"read {result['outputs']}/summary.md and report.json; push-image refuses it until it passes")
+        return 0
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
     return 0
@@ -324,5 +353,7 @@ def add_commands(sub) -> None:
     p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
     p.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    p.add_argument("--skip-selfcheck", action="store_true",
+                   help="do not run the image's self-check (doctor, smoke, gate) after building; push-image will then refuse it")
     p.add_argument("--json", action="store_true", help="print the build record as JSON on stdout")
     p.set_defaults(func=_cmd_build)
