@@ -18,6 +18,9 @@ from speclock.errors import SpeclockError
 
 COMMAND_MODULES = [
     "speclock.stack",
+    "speclock.smoke",
+    "speclock.gate",
+    "speclock.selfcheck",
 ]
 
 
