@@ -165,3 +165,21 @@ def healthy_drafter() -> Path | None:
 
     path = Path(os.environ.get("SPECLOCK_TEST_DRAFT") or Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-eagle3")
     return path if (path / "config.json").is_file() else None
+
+
+def crashing_drafter(target: Path, out: Path) -> Path:
+    """A drafter that loads but crashes the engine at its first draft step: a draft-to-target vocab
+    map (d2t) pointing far outside the target's vocabulary (an engine crash mid-run)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    random_drafter(target, out)
+    tensors = load_file(out / "model.safetensors")
+    small = 1000
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:small].clone()
+    tensors["d2t"] = torch.full((small,), 10**9, dtype=torch.int64)
+    save_file(tensors, str(out / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["draft_vocab_size"] = small
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out

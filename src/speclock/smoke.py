@@ -23,7 +23,7 @@ from typing import Any
 
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version
 from speclock.errors import BadInput, EnvironmentProblem
-from speclock.report import SCHEMA_ID, human_table, validate_report, write_report
+from speclock.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = "speclock-manifest.json"
@@ -47,6 +47,7 @@ class SmokeInputs:
     server_url: str = ""  # spec-decoding server (attach instead of starting the engine)
     plain_server_url: str = ""  # the same model served without a drafter
     thresholds: dict[str, Any] = field(default_factory=dict)
+    plain_cache: Path | None = None  # reuse no-drafter outputs across runs (fault sweeps, tests)
 
 
 # ---------------------------------------------------------------- inputs
@@ -104,7 +105,8 @@ def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
         stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
         max_tokens=args.max_tokens or smoke["max_tokens"], k=smoke["num_speculative_tokens"],
         out_dir=Path(args.out) if args.out else default_out_dir(stack.name), reference=args.reference,
-        server_url=args.server or "", plain_server_url=args.plain_server or "", thresholds=thresholds)
+        server_url=args.server or "", plain_server_url=args.plain_server or "", thresholds=thresholds,
+        plain_cache=Path(args.plain_cache) if getattr(args, "plain_cache", None) else None)
 
 
 def image_identity() -> dict[str, str]:
@@ -187,6 +189,17 @@ def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[
 
 
 # ---------------------------------------------------------------- the run
+
+def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
+    """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
+    import hashlib
+
+    from speclock.smoke_prompts import weights_sha256
+
+    key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
+                      weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
+    return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
 
 def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tokens: int, label: str):
     """Start, warm up, generate with counters as deltas, stop. Returns (outputs, seconds, counters, captured)."""
@@ -274,7 +287,16 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         settings = dict(inp.stack.engine["settings"])
         run["stage"] = "plain (no drafter)"
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
-        plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
+        cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
+        if cache_file and cache_file.is_file():
+            cached = json.loads(cache_file.read_text())
+            plain, plain_s = cached["outputs"], cached["seconds"]
+            _log(f"plain outputs reused from {cache_file}")
+            report["lossless"]["plain_from"] = str(cache_file)
+        else:
+            plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
+            if cache_file:
+                write_atomic(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
         run["stage"] = "speculative (with drafter)"
         spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url)
         spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
@@ -336,6 +358,8 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain-server", help="URL of the same model served without a drafter (with --server)")
     p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=float,
                    help="override the stack's floor (e.g. to show that a too-high floor fails)")
+    p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
+                                          "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)")
     p.add_argument("--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)")
 
 
