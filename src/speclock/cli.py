@@ -24,6 +24,9 @@ COMMAND_MODULES = [
     "speclock.registry",
     "speclock.runner",
     "speclock.nixcheck",
+    "speclock.smoke",
+    "speclock.gate",
+    "speclock.selfcheck",
 ]
 
 

