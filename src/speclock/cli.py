@@ -18,6 +18,8 @@ from speclock.errors import SpeclockError
 
 COMMAND_MODULES = [
     "speclock.stack",
+    "speclock.patches",
+    "speclock.doctor",
 ]
 
 
