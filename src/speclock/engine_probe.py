@@ -7,6 +7,8 @@ in a subprocess, so the engine's imports never leak into speclock's process):
   dists                                  {distribution: version} of that Python
   eagle3 ENGINE ARCH...                  does the engine's registry resolve ARCH, and does the
                                          engine's own EAGLE-3 check pass on that (outer) class
+  cuda                                   CUDA runtime/driver versions and GPUs (cuda-python bindings)
+  batch REQUEST.json                     {key: [action, [args...]]} answered in one import
   capture ENGINE ARCH N CONFIG [--inner ARCH]
                                          the layers (as "hidden state after k decoder layers") the
                                          engine captures for a drafter config.json, on a target
@@ -147,6 +149,24 @@ def _force_set(obj, name, value):
         obj.__dict__[name] = value
 
 
+def _vllm_runner_ids(config: dict):
+    """The ids vLLM's GPU model runner reads from a draft config, by calling the runner's own method."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except Exception:
+        return None, None
+    fn = getattr(GPUModelRunner, "_get_eagle3_aux_layers_from_config", None)
+    if fn is None:
+        return None, None
+    hf_config = types.SimpleNamespace(**config)
+    stub = _Stub(speculative_config=_Stub(draft_model_config=_Stub(hf_config=hf_config)))
+    try:
+        ids = fn(stub)
+    except Exception:
+        return None, None
+    return (list(ids) if ids else None), "GPUModelRunner._get_eagle3_aux_layers_from_config"
+
+
 def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch: str | None = None) -> dict:
     with open(config_path) as f:
         config = json.load(f)
@@ -159,22 +179,25 @@ def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch:
     obj = _instance(cls, n_layers, inner)
     holder = inner if inner is not None else obj
     if engine == "vllm":
-        source = "draft config" if ids else "model default"
-        if ids:
-            # The runner passes the ids to set_aux_hidden_state_layers as they are.
-            layer_ids = list(ids)
+        runner_ids, how = _vllm_runner_ids(config)
+        ids_from_engine = runner_ids if how else ids
+        if ids_from_engine:
+            # The runner hands these ids to set_aux_hidden_state_layers unchanged.
+            layer_ids, source = list(ids_from_engine), "draft config" + (f" via {how}" if how else "")
         else:
-            try:
-                layer_ids = list(cls.get_eagle3_aux_hidden_state_layers(obj))
-            except Exception:
-                layer_ids = [2, n_layers // 2, n_layers - 3]
-                source = "vLLM's default (2, N//2, N-3)"
-        cls.set_aux_hidden_state_layers(obj, tuple(layer_ids))
-        stored = getattr(holder.model, "aux_hidden_state_layers", None)
-        if isinstance(stored, _Stub) or stored is None:
-            stored = getattr(obj.model, "aux_hidden_state_layers", tuple(layer_ids))
-        # vLLM's model forward captures hidden_states + residual before layer idx runs: after idx layers.
-        after = [int(i) for i in stored]
+            layer_ids, source = None, "model default"
+            for getter in ("get_eagle3_aux_hidden_state_layers", "get_eagle3_default_aux_hidden_state_layers"):
+                if hasattr(cls, getter):
+                    try:
+                        layer_ids = [int(i) for i in getattr(cls, getter)(obj)]
+                        source = f"model default {cls.__qualname__}.{getter}()"
+                        break
+                    except Exception:
+                        continue
+            if layer_ids is None:
+                layer_ids, source = [2, n_layers // 2, n_layers - 3], "vLLM's default (2, N//2, N-3)"
+        # vLLM's model forward captures hidden_states + residual as layer idx starts: after idx layers.
+        after = [int(i) for i in layer_ids]
         convention = "vLLM: id i = hidden state entering layer i = after i layers"
     elif engine == "sglang":
         source = "draft config" if ids else "model default"
@@ -195,6 +218,68 @@ def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch:
             "config_ids": ids, "source": source, "engine_ids": layer_ids, "after_layers": after, "convention": convention}
 
 
+def cuda_info() -> dict:
+    """CUDA runtime and driver versions and visible GPUs, through cuda-python's bindings."""
+    try:
+        try:
+            from cuda.bindings import driver as drv
+            from cuda.bindings import runtime as rt
+        except ImportError:
+            from cuda import cuda as drv  # cuda-python before 12.6
+            from cuda import cudart as rt
+    except ImportError as err:
+        return {"available": False, "reason": f"cuda-python is not installed in this Python ({err})"}
+    out: dict = {"available": True, "runtime": None, "driver": 0, "gpus": []}
+    try:
+        err, version = rt.cudaRuntimeGetVersion()
+        out["runtime"] = int(version) if int(err) == 0 else None
+    except Exception as err:  # libcudart missing
+        out["runtime_error"] = f"{type(err).__name__}: {err}"
+    try:
+        err, version = rt.cudaDriverGetVersion()
+        out["driver"] = int(version) if int(err) == 0 else 0
+    except Exception as err:
+        out["driver_error"] = f"{type(err).__name__}: {err}"
+    if not out["driver"]:
+        return out
+    try:
+        (err,) = drv.cuInit(0)
+        if int(err) != 0:
+            out["init_error"] = str(err)
+            return out
+        err, count = drv.cuDeviceGetCount()
+        for i in range(count):
+            err, dev = drv.cuDeviceGet(i)
+            _, major = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+            _, minor = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+            err, name = drv.cuDeviceGetName(64, dev)
+            out["gpus"].append({"index": i, "name": name.split(b"\0")[0].decode(errors="replace"),
+                                "cc": [int(major), int(minor)]})
+    except Exception as err:
+        out["init_error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def batch(request: dict) -> dict:
+    """Several questions in one engine import (importing an engine takes tens of seconds)."""
+    out: dict = {}
+    for key, (action, args) in request.items():
+        try:
+            out[key] = {"ok": True, "result": ACTIONS[action](*args)}
+        except BaseException as err:  # report, keep answering the other questions
+            out[key] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    return out
+
+
+ACTIONS = {
+    "import": engine_import,
+    "dists": dists,
+    "eagle3": lambda engine, *archs: eagle3(engine, list(archs)),
+    "capture": lambda engine, arch, n, config, inner=None: capture(engine, arch, int(n), config, inner),
+    "cuda": cuda_info,
+}
+
+
 def main(argv: list[str]) -> int:
     _quiet()
     if not argv:
@@ -207,6 +292,11 @@ def main(argv: list[str]) -> int:
         result = dists()
     elif action == "eagle3":
         result = eagle3(rest[0], rest[1:])
+    elif action == "cuda":
+        result = cuda_info()
+    elif action == "batch":
+        with open(rest[0]) as f:
+            result = batch(json.load(f))
     elif action == "capture":
         inner = None
         if "--inner" in rest:
