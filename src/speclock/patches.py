@@ -502,6 +502,8 @@ def check_series(patches: list[Patch], tree: SourceTree, version: str) -> list[P
 # ---------------------------------------------------------------- stack and engine plumbing
 
 def patches_root() -> Path:
+    if os.environ.get("SPECLOCK_PATCHES_DIR"):  # tests and out-of-tree series
+        return Path(os.environ["SPECLOCK_PATCHES_DIR"])
     if in_image() and IMAGE.patches_dir.is_dir():
         return IMAGE.patches_dir
     return REPO_ROOT / "patches"
