@@ -166,11 +166,18 @@ def test_kimi_wrapper_without_interface_fails_then_passes_after_patching(tmp_pat
     assert "set_aux_hidden_state_layers" in before["eagle3-target"].reason
     assert before["patches"].status == "fail"
 
+    # The image-build step: apply all or nothing, then the probes in the engine's own Python.
     tree = patched_copy(ctx.site_packages, tmp_path / "site")
+    record = tmp_path / "applied.json"
     env = dict(os.environ, PYTHONPATH=str(SRC))
     proc = subprocess.run([sys.executable, "-m", "speclock", "patches", "apply", "--stack", "vllm-kimi-0.17.1",
-                           "--site-packages", str(tree), "--no-runtime-probes"], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
+                           "--site-packages", str(tree), "--python", str(python), "--record", str(record)],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    probes = {pr["probe"]: pr for p in json.loads(record.read_text())["patches"] for pr in p["probes"]}
+    assert probes["eagle3-supported KimiK25ForConditionalGeneration"]["passed"] is True
+    assert probes["eagle3-supported DeepseekV3ForCausalLM"]["passed"] is True
+    assert "SupportsEagle3" not in (ctx.site_packages / "vllm/model_executor/models/kimi_k25.py").read_text()  # env untouched
     ctx = build_context(args(stack="vllm-kimi-0.17.1", python=str(python), site_packages=str(tree),
                              target=str(target), draft=str(draft)))
     after = by_name(run_doctor(ctx, only))

@@ -364,7 +364,8 @@ def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Ch
     engine = ctx.stack.engine["name"]
     request: dict = {}
     if ctx.python:
-        request["import"] = ["import", [engine]]
+        if "engine-import" in selected:
+            request["import"] = ["import", [engine]]
         if "lock-versions" in selected:
             request["dists"] = ["dists", []]
         if "eagle3-target" in selected and facts["arch"]:
@@ -381,9 +382,10 @@ def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Ch
             request["capture"] = ["capture", args]
         if "cuda-driver" in selected and ctx.stack.is_gpu:
             request["cuda"] = ["cuda", []]
-        if log:
-            log(f"asking {engine} in {ctx.python} ({len(request)} questions, one import)")
-        ctx.engine_answers = ask_engine(ctx, request)
+        if request:
+            if log:
+                log(f"asking {engine} in {ctx.python} ({len(request)} questions, one import)")
+            ctx.engine_answers = ask_engine(ctx, request)
     runners = {
         "lock-versions": lambda: check_lock(ctx),
         "engine-import": lambda: check_import(ctx),
