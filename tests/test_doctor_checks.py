@@ -258,3 +258,22 @@ def test_sglang_doctor_catches_off_by_one_drafter_and_missing_arch(tmp_path):
     assert res["cuda-driver"].status in ("skip", "pass", "warn")  # skip on a machine without a driver
     if res["cuda-driver"].status == "skip":
         assert "no NVIDIA driver" in res["cuda-driver"].reason and res["cuda-driver"].details["runtime"] >= 13000
+
+
+def test_inside_an_image_doctor_reads_the_image_layout(tmp_path):
+    # /opt/speclock as the image has it: stacks/<name>.toml, lock.json, target/, draft/.
+    home = tmp_path / "opt-speclock"
+    (home / "stacks").mkdir(parents=True)
+    shutil.copy(SRC.parent / "stacks" / "cpu-vllm.toml", home / "stacks" / "cpu-vllm.toml")
+    lock = json.loads(lock_of_this_python(tmp_path / "l.json", "cpu-vllm").read_text())
+    lock["packages"].append({"name": "not-installed-here", "version": "1.0", "filename": "", "url": "", "sha256": ""})
+    write_json(home / "lock.json", lock)
+    make_models(home, SMOL, ids=[2, 15, 27], after=None)
+    env = dict(os.environ, PYTHONPATH=str(SRC), SPECLOCK_IN_IMAGE="1", SPECLOCK_HOME=str(home))
+    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--json", "--only", "lock-versions,aux-layers"],
+                          capture_output=True, text=True, env=env)
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["stack"] == "cpu-vllm" and proc.returncode == 1
+    assert checks["lock-versions"]["status"] == "fail" and "not-installed-here==1.0" in checks["lock-versions"]["reason"]
+    assert checks["aux-layers"]["status"] == "warn" and str(home / "draft") in checks["aux-layers"]["reason"]
