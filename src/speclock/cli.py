@@ -27,6 +27,8 @@ COMMAND_MODULES = [
     "speclock.smoke",
     "speclock.gate",
     "speclock.selfcheck",
+    "speclock.patches",
+    "speclock.doctor",
 ]
 
 

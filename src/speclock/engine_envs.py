@@ -1,0 +1,138 @@
+"""Cached engine environments on the build host: real vllm / sglang installs that tests and
+`speclock doctor --stack` import, installed at most once per machine and reused by CI.
+
+The CUDA builds of the engines import on a CPU-only machine, so their model registries, EAGLE-3
+interfaces and compiled libraries can be checked without a GPU. Each environment lives in
+`cache_dir()/envs/<name>-<version>`; a marker file written last says it is complete, so an
+interrupted install is wiped and redone instead of half-used. Installs go through uv with a
+hardlinked package cache, so two engines that share torch's CUDA libraries store them once.
+
+    python -m speclock.engine_envs ensure vllm==0.33.0      # idempotent; prints the python path
+    python -m speclock.engine_envs list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from speclock.errors import BadInput, EnvironmentProblem
+from speclock.layout import cache_dir
+
+MARKER = ".speclock-env.json"
+KNOWN = ("vllm", "sglang")
+# Extra requirements per release, where a resolver's choice breaks the engine's imports.
+EXTRA = {
+    # uv otherwise takes cuda-python 12.6 (no dependency on cuda-bindings), whose own cuda/bindings
+    # files overwrite cuda-bindings 13 and break nvidia-cutlass-dsl, so vLLM cannot import Kimi-K2.5.
+    "vllm==0.33.0": ["cuda-python>=13"],
+}
+
+
+def envs_root() -> Path:
+    path = cache_dir() / "envs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    name, sep, version = spec.partition("==")
+    name = name.strip().lower()
+    if not sep or not version or name not in KNOWN:
+        raise BadInput(f"engine spec {spec!r} is not NAME==VERSION with NAME in {', '.join(KNOWN)}",
+                       hint="e.g. vllm==0.33.0 or sglang==0.5.23")
+    return name, version.strip()
+
+
+def env_dir(spec: str) -> Path:
+    name, version = parse_spec(spec)
+    return envs_root() / f"{name}-{version}"
+
+
+def env_python(spec: str) -> Path | None:
+    """The python of a complete cached environment for `spec`, or None when it is not installed."""
+    d = env_dir(spec)
+    marker = d / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        info = json.loads(marker.read_text())
+    except ValueError:
+        return None
+    py = d / "bin" / "python"
+    return py if info.get("spec") == spec and py.exists() else None
+
+
+def _base_python() -> str:
+    # The interpreter behind the running venv, so the engine env gets the same minor version.
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def _uv() -> list[str]:
+    exe = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(exe).exists():
+        return [sys.executable, "-m", "uv"]
+    return [exe]
+
+
+def ensure(spec: str, log=print) -> Path:
+    """Install `spec` (e.g. vllm==0.33.0) into its cached env unless already complete; return its python."""
+    py = env_python(spec)
+    if py:
+        return py
+    name, version = parse_spec(spec)
+    d = env_dir(spec)
+    if d.exists():
+        log(f"engine env {d}: incomplete from an earlier run, removing it")
+        shutil.rmtree(d)
+    uv_cache = cache_dir() / "uv"  # same filesystem as the envs, so installs hardlink from it
+    env = dict(os.environ, UV_CACHE_DIR=str(uv_cache), UV_LINK_MODE="hardlink")
+    if "SSL_CERT_FILE" not in env and Path("/etc/ssl/certs/ca-certificates.crt").exists():
+        env["SSL_CERT_FILE"] = "/etc/ssl/certs/ca-certificates.crt"  # intercepting proxies
+    t0 = time.time()
+    log(f"engine env {d}: creating with {_base_python()}")
+    subprocess.run(_uv() + ["venv", "--python", _base_python(), str(d)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    cmd = _uv() + ["pip", "install", "--python", str(d / "bin" / "python"), f"{name}=={version}", *EXTRA.get(spec, [])]
+    log(f"engine env {d}: {' '.join(cmd[1:])}")
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"installing {spec} into {d} failed (exit {proc.returncode})",
+                                 hint="see the uv output above; the env is left incomplete and is redone on the next run")
+    freeze = subprocess.run(_uv() + ["pip", "freeze", "--python", str(d / "bin" / "python")],
+                            env=env, capture_output=True, text=True, check=True).stdout
+    info = {"spec": spec, "installed_s": round(time.time() - t0, 1), "packages": freeze.split()}
+    tmp = d / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    tmp.rename(d / MARKER)
+    log(f"engine env {d}: ready in {info['installed_s']} s")
+    return d / "bin" / "python"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m speclock.engine_envs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("ensure", help="install engine envs unless cached; print each python path")
+    e.add_argument("specs", nargs="+", help="NAME==VERSION, e.g. vllm==0.33.0")
+    sub.add_parser("list", help="list cached engine envs")
+    args = p.parse_args(argv)
+    if args.cmd == "ensure":
+        for spec in args.specs:
+            print(ensure(spec, log=lambda m: print(m, file=sys.stderr, flush=True)))
+        return 0
+    for d in sorted(envs_root().iterdir()):
+        marker = d / MARKER
+        state = "ready" if marker.is_file() else "incomplete"
+        print(f"{d.name:24} {state}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
