@@ -119,3 +119,10 @@ def test_build_for_four_archs_and_check_cubins(tmp_path):
     import ctypes
     lib = ctypes.CDLL(str(out / build.FP8_LIBRARY))
     assert lib.speclock_fp8_abi_version() == build.ABI_VERSION
+
+
+def test_stack_cuda_too_old_is_reported_before_the_nvcc_mismatch(tmp_path):
+    with pytest.raises(BadInput) as err:
+        build.build_fp8_library(["sm_100a"], tmp_path / "o", nvcc=_fake_nvcc(tmp_path, "13.0"), cuda="12.4",
+                                progress=lambda m: None)
+    assert "gpu.cuda" in str(err.value) and "12.8" in str(err.value)

@@ -142,8 +142,7 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_triton_kernel_under_interpreter():
+def test_triton_kernel_under_interpreter():  # ~10-17 s: the interpreter runs the kernel in numpy
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], capture_output=True, text=True, env=env,

@@ -121,11 +121,11 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
     have = nvcc_release(nvcc)
     if cuda is not None:
         want = _parse_release(cuda, cuda_key)
+        validate_archs(archs, want, cuda_key=cuda_key)  # the stack's own mistakes first
         if want[0] != have[0]:
             raise EnvironmentProblem(
                 f"nvcc at {nvcc} is CUDA {have[0]}.{have[1]} but {cuda_key} is {cuda}: the library would need a different driver",
                 hint=f"install nvcc {want[0]}.x in the builder stage, or set {cuda_key} to {have[0]}.{have[1]}")
-        validate_archs(archs, want, cuda_key=cuda_key)
     archs = validate_archs(archs, have, cuda_key=cuda_key if cuda is None else f"nvcc release (for {cuda_key})",
                            nvcc_archs=nvcc_known_archs(nvcc))
     out_dir = Path(out_dir)
