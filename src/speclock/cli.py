@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "speclock.selfcheck",
     "speclock.patches",
     "speclock.doctor",
+    "speclock.kernels.build",
 ]
 
 
