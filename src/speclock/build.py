@@ -33,7 +33,7 @@ CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
 BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"
 # Modules the build steps run (model conversion, patching). Only these reach the early stages,
 # so editing any other source file rebuilds the final layers alone.
-TOOL_MODULES = ("__init__.py", "__main__.py", "errors.py", "layout.py", "stack.py", "models.py", "patches.py")
+TOOL_MODULES = ("__init__.py", "cli.py", "errors.py", "layout.py", "stack.py", "models.py", "patches.py", "versions.py")
 LABEL_PREFIX = "io.speclock"
 
 
@@ -108,16 +108,19 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path) -> None:
             target.write_text(text)
 
     src_root = REPO_ROOT / "src" / "speclock"
-    _sync_tree({f"speclock/{m}": src_root / m for m in TOOL_MODULES if (src_root / m).is_file()}, ctx / "tools")
+    tools = {f"speclock/{m}": src_root / m for m in TOOL_MODULES if (src_root / m).is_file()}
+    tools[f"stacks/{stack.path.name}"] = stack.path  # the patch step reads the series from the stack
+    _sync_tree(tools, ctx / "tools")
 
-    series_dir = REPO_ROOT / "patches" / stack.engine["name"]
+    engine = stack.engine["name"]
+    series_dir = REPO_ROOT / "patches" / engine
     patch_files = {}
     for name in stack.patch_series:
         path = series_dir / name
         if not path.is_file():
             raise BadInput(f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
                            hint="add the patch file or remove it from patches.series")
-        patch_files[name] = path
+        patch_files[f"{engine}/{name}"] = path
     _sync_tree(patch_files, ctx / "patches")
 
     draft = (REPO_ROOT / stack.draft["path"]).resolve()
@@ -288,6 +291,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, prog
         "BASE_IMAGE": base_ref,
         "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
         "PATCH_SERIES": " ".join(stack.patch_series),
+        "STACK_NAME": stack.name,
         "TARGET_GGUF": target["gguf"],
         "TARGET_DTYPE": target["dtype"],
         "PROMPTS_FILE": stack.smoke["prompts_file"],

@@ -33,7 +33,7 @@ COMMAND_MODULES = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="speclock",
         description=(
@@ -46,13 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speclock {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules or COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> int:
+    """Run the CLI. `modules` limits it to some command modules (build steps that carry only a few)."""
+    parser = build_parser(modules)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

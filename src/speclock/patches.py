@@ -774,3 +774,9 @@ def add_commands(sub) -> None:
     v.add_argument("--no-runtime-probes", action="store_true")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_cmd_verify)
+
+
+if __name__ == "__main__":  # image builds run `python -m speclock.patches patches apply ...` with few modules
+    from speclock.cli import main
+
+    raise SystemExit(main(modules=["speclock.patches"]))
