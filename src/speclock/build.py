@@ -75,7 +75,8 @@ def _tree_files(root: Path) -> dict[str, Path]:
 
 def git_revision(paths: list[Path]) -> str:
     """The commit that last changed the image's inputs (+dirty when they have uncommitted edits)."""
-    rel = [str(p.relative_to(REPO_ROOT)) for p in paths if p.exists()]
+    # Inputs outside the checkout (an upgrade candidate's stack and lock) have no git history.
+    rel = [str(p.resolve().relative_to(REPO_ROOT)) for p in paths if p.exists() and p.resolve().is_relative_to(REPO_ROOT)]
     try:
         rev = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", *rel],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -93,8 +94,10 @@ def source_url() -> str:
     return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "https://github.com/speclock/speclock"
 
 
-def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path) -> None:
-    """Lay out the build context: wheels, tools, patches, drafter, config, source."""
+def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
+    """Lay out the build context: wheels, tools, patches, drafter, config, source.
+
+    `lock_file` is the lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's)."""
     wheels = ctx / "wheels"
     wheelhouse.link_into(lock, wheels)
     keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | {"requirements.txt", "assets.txt"}
@@ -134,7 +137,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path) -> None:
     if baselines.is_dir():
         config.update({f"baselines/{k}": v for k, v in _tree_files(baselines).items()})
     _sync_tree(config, ctx / "config")
-    _sync_file(lock_path(stack), ctx / "config" / "lock.json")
+    _sync_file(lock_file or lock_path(stack), ctx / "config" / "lock.json")
     _sync_tree(_tree_files(src_root), ctx / "src" / "speclock")
 
 
@@ -224,6 +227,8 @@ def write_record(stack_name: str, record: dict[str, Any]) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+    if record.get("candidate"):  # an upgrade candidate never becomes the stack's latest (push-image's default)
+        return path
     latest = records_dir(stack_name) / f"latest.{record['builder']}.json"
     tmp = latest.with_name(latest.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -254,19 +259,30 @@ def context_lock(stack_name: str, progress=print):
 
 
 def build_image(stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False,
-                progress=print) -> dict[str, Any]:
-    """Build the stack's image; return the build record (also written to the cache)."""
-    with context_lock(stack.name, progress):
-        return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, progress=progress)
+                lock_file: Path | None = None, progress=print) -> dict[str, Any]:
+    """Build the stack's image; return the build record (also written to the cache).
+
+    `lock_file`: build from this lock instead of locks/<stack>.lock (an upgrade candidate); the
+    record is then marked `candidate` and does not become the stack's latest build."""
+    with context_lock(context_name(stack, lock_file), progress):
+        return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, lock_file=lock_file,
+                                   progress=progress)
 
 
-def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, progress) -> dict[str, Any]:
+def context_name(stack: Stack, lock_file: Path | None = None) -> str:
+    """The staged context's folder name: candidates get their own, so they never wait on (or disturb) the current build."""
+    return stack.name if lock_file in (None, lock_path(stack)) else f"{stack.name}.candidate"
+
+
+def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None,
+                        progress) -> dict[str, Any]:
     started = time.monotonic()
     builder = get_builder(builder_name)
-    lock = read_lock(lock_path(stack))
+    lock_file = lock_file or lock_path(stack)
+    lock = read_lock(lock_file)
     diffs = check_lock(stack, lock)
     if diffs:
-        raise CheckFailed(f"{lock_path(stack)} is out of date with {stack.path}:\n  " + "\n  ".join(diffs),
+        raise CheckFailed(f"{lock_file} is out of date with {stack.path}:\n  " + "\n  ".join(diffs),
                           hint=f"run `invoke lock --stack {stack.name}` first")
     progress(f"[1/4] verifying the wheelhouse for {stack.name}")
     wheelhouse.fetch(lock, progress=progress)
@@ -274,12 +290,12 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, prog
     base_ref = ensure_base_image(stack, lock, builder, progress=progress)
     progress(f"  base: {base_ref}")
     progress("[3/4] staging the build context")
-    ctx = cache_dir() / "contexts" / stack.name
-    stage_context(stack, lock, ctx)
+    ctx = cache_dir() / "contexts" / context_name(stack, lock_file)
+    stage_context(stack, lock, ctx, lock_file=lock_file)
     inputs = inputs_hash(ctx, lock)
     tag = inputs[:16]
     ref = image_ref(stack, tag)
-    revision = git_revision([CONTAINERFILE, stack.path, lock_path(stack), REPO_ROOT / "src",
+    revision = git_revision([CONTAINERFILE, stack.path, lock_file, REPO_ROOT / "src",
                              REPO_ROOT / stack.draft["path"], REPO_ROOT / "patches", REPO_ROOT / "baselines"])
     labels = labels_for(stack, lock, tag, inputs, revision)
     info = {"stack": stack.name, "tag": tag, "ref": ref, "inputs_sha256": inputs, "lock_sha256": lock["lock_sha256"],
@@ -306,6 +322,9 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, prog
               "total_seconds": round(time.monotonic() - started, 2), "no_cache": no_cache,
               "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "layers": builder.layers(ref)}
+    if lock_file != lock_path(stack):
+        record["candidate"] = True
+        record["lock_file"] = str(lock_file)
     write_record(stack.name, record)
     progress(f"built {ref}\n  image id {image_id}\n  build {build_s:.1f} s, total {record['total_seconds']:.1f} s")
     return record

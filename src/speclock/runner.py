@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,8 @@ def ensure_in_docker(record: dict) -> str:
 
 def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture_output: bool = False,
               timeout: int | None = None) -> subprocess.CompletedProcess:
-    cmd = [docker_cli(), "run", "--rm", *HARDENED]
+    # SPECLOCK_RUN_ARGS: extra `docker run` options, e.g. "--gpus all" on a GPU runner (ci/speclock-upgrade.yml).
+    cmd = [docker_cli(), "run", "--rm", *HARDENED, *shlex.split(os.environ.get("SPECLOCK_RUN_ARGS", ""))]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(out_dir, 0o777)  # the image runs as uid 10001

@@ -40,6 +40,9 @@ class Buildah:
                         "--identity-label=false", "--timestamp", str(timestamp), "-f", str(containerfile), "-t", tag)
         if no_cache:
             cmd.append("--no-cache")
+        cache_repo = os.environ.get("SPECLOCK_BUILDAH_CACHE_REPO")
+        if cache_repo:  # CI: layers from and to a registry repository (ci/speclock-upgrade.yml)
+            cmd += ["--cache-from", cache_repo, "--cache-to", cache_repo]
         if target:
             cmd += ["--target", target]
         for key, value in build_args.items():
