@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "speclock.patches",
     "speclock.doctor",
     "speclock.kernels.build",
+    "speclock.train.cli",
     "speclock.upgrade",
     "speclock.soak",
 ]

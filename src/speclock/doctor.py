@@ -195,7 +195,7 @@ def check_lock(ctx: Context) -> Check:
         return Check("lock-versions", "fail", f"could not list the engine Python's packages: {(answer or {}).get('error', ctx.python_note)}")
     norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
     have = {norm(k): v for k, v in answer["result"].items()}
-    excluded = {norm(n) for n in lock.get("excluded", [])}
+    excluded = {norm(n["name"] if isinstance(n, dict) else n) for n in lock.get("excluded", [])}
     wrong, missing = [], []
     for pkg in lock["packages"]:
         name = norm(pkg["name"])

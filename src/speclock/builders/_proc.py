@@ -23,8 +23,8 @@ def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str
     for line in proc.stdout:
         tail.append(line.rstrip())
         if not quiet:
-            sys.stdout.write(prefix + line)
-            sys.stdout.flush()
+            sys.stderr.write(prefix + line)  # progress for people; stdout stays for results (--json)
+            sys.stderr.flush()
     return proc.wait(), "\n".join(tail)
 
 

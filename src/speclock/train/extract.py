@@ -1,0 +1,181 @@
+"""Hidden-state extraction: one prefill pass of the target over prompt+response, stored in shards.
+
+For each sequence the shard keeps, per token: the token id, a loss mask (1 on response tokens),
+the three aux hidden states concatenated ("hidden state after k decoder layers", k in
+aux_layers_after; transformers' hidden_states[k]) and the target's final hidden state after its
+final norm (hidden_states[N]), from which training recomputes the target's logits with the
+target's lm_head instead of storing 49k logits per token.
+
+Byte cost per token (bf16): (3H + H) * 2 + 4 (id, int32) + 1 (mask) = 4613 bytes for H = 576.
+
+Layout: <dir>/shard-00000.safetensors ... and <dir>/index.json (written atomically after each
+shard). A rerun skips sequences already in a shard; a shard half-written when a run was killed
+is never in the index and is overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from speclock.errors import BadInput
+
+SCHEMA = "speclock.hidden/v1"
+
+
+def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
+    if len(layers) != 3:
+        raise BadInput(f"EAGLE-3 takes three aux layers, got {layers}")
+    for k in layers:
+        if not 1 <= k <= num_layers - 1:
+            raise BadInput(f"aux layer {k} is outside the target (valid: 1..{num_layers - 1}, 'hidden state after k "
+                           f"decoder layers' of a {num_layers}-layer target; 0 cannot be expressed in SGLang's convention)")
+    if sorted(set(layers)) != list(layers):
+        raise BadInput(f"aux layers must be distinct and increasing, got {layers}")
+    return list(layers)
+
+
+def bytes_per_token(hidden_size: int) -> int:
+    return (3 * hidden_size + hidden_size) * 2 + 4 + 1
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_index(out_dir: Path) -> dict | None:
+    p = out_dir / "index.json"
+    if not p.exists():
+        return None
+    idx = json.loads(p.read_text())
+    if idx.get("schema") != SCHEMA:
+        raise BadInput(f"{p}: not a speclock hidden-state index (schema {idx.get('schema')!r})")
+    return idx
+
+
+def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_layers_after: list[int], target_sha: str,
+                          max_len: int, batch_tokens: int, shard_tokens: int, log=print) -> dict:
+    """Prefill every (prompt, response) not yet extracted; returns the index."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = target.config
+    check_aux_layers(aux_layers_after, cfg.num_hidden_layers)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = load_index(out_dir)
+    if index is None:
+        index = {"schema": SCHEMA, "target_sha256": target_sha, "aux_layers_after": aux_layers_after,
+                 "hidden_size": cfg.hidden_size, "dtype": "bfloat16", "max_len": max_len,
+                 "bytes_per_token": bytes_per_token(cfg.hidden_size), "shards": [], "tokens": 0, "sequences": 0}
+    elif index["target_sha256"] != target_sha or index["aux_layers_after"] != aux_layers_after:
+        raise BadInput(f"{out_dir}/index.json was made for another target or other layers "
+                       f"({index['target_sha256'][:12]}, {index['aux_layers_after']})",
+                       hint="use a fresh --work folder, or delete the hidden-state folder")
+    done = {sid for sh in index["shards"] for sid in sh["ids"]}
+    todo = [r for r in responses if r["id"] not in done and r["response_ids"]]
+    todo.sort(key=lambda r: len(r["prompt_ids"]) + len(r["response_ids"]))
+    log(f"extract: {len(done)} sequences already in {len(index['shards'])} shards, {len(todo)} to do")
+    dev = next(target.parameters()).device
+    t0, new_tokens = time.perf_counter(), 0
+    pending: dict[str, list] = {"ids": [], "input_ids": [], "loss_mask": [], "aux": [], "final": []}
+    pending_tokens = 0
+
+    def flush():
+        nonlocal pending, pending_tokens
+        if not pending["ids"]:
+            return
+        n = len(index["shards"])
+        name = f"shard-{n:05d}.safetensors"
+        lengths = [len(x) for x in pending["input_ids"]]
+        offsets = torch.tensor([0] + lengths).cumsum(0)
+        tensors = {
+            "input_ids": torch.cat(pending["input_ids"]).to(torch.int32).contiguous(),
+            "loss_mask": torch.cat(pending["loss_mask"]).to(torch.uint8).contiguous(),
+            "aux": torch.cat(pending["aux"]).contiguous(),
+            "final": torch.cat(pending["final"]).contiguous(),
+            "offsets": offsets.to(torch.int64),
+        }
+        tmp = out_dir / (name + ".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, out_dir / name)
+        index["shards"].append({"file": name, "ids": pending["ids"], "tokens": int(offsets[-1])})
+        index["tokens"] += int(offsets[-1])
+        index["sequences"] += len(pending["ids"])
+        _write_json_atomic(out_dir / "index.json", index)
+        pending = {k: [] for k in pending}
+        pending_tokens = 0
+
+    i = 0
+    with torch.inference_mode():
+        while i < len(todo):
+            seqs = []
+            width = 0
+            while i < len(todo):
+                r = todo[i]
+                ln = min(len(r["prompt_ids"]) + len(r["response_ids"]), max_len)
+                if seqs and max(width, ln) * (len(seqs) + 1) > batch_tokens:
+                    break
+                seqs.append(r)
+                width = max(width, ln)
+                i += 1
+            ids = torch.zeros(len(seqs), width, dtype=torch.long)
+            mask = torch.zeros(len(seqs), width, dtype=torch.long)
+            lens = []
+            for j, r in enumerate(seqs):
+                full = (r["prompt_ids"] + r["response_ids"])[:width]
+                ids[j, :len(full)] = torch.tensor(full)
+                mask[j, :len(full)] = 1
+                lens.append(len(full))
+            o = target.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True)
+            hs = o.hidden_states
+            aux = torch.cat([hs[k] for k in aux_layers_after], -1).to(torch.bfloat16).cpu()
+            final = hs[-1].to(torch.bfloat16).cpu()
+            for j, r in enumerate(seqs):
+                n = lens[j]
+                lm = torch.zeros(n, dtype=torch.uint8)
+                lm[len(r["prompt_ids"]):] = 1
+                pending["ids"].append(r["id"])
+                pending["input_ids"].append(ids[j, :n])
+                pending["loss_mask"].append(lm)
+                pending["aux"].append(aux[j, :n])
+                pending["final"].append(final[j, :n])
+                pending_tokens += n
+                new_tokens += n
+            if pending_tokens >= shard_tokens:
+                flush()
+                dt = time.perf_counter() - t0
+                log(f"extract: {index['sequences']} sequences, {index['tokens']} tokens, {new_tokens / dt:.0f} tok/s")
+        flush()
+    dt = time.perf_counter() - t0
+    index["last_run"] = {"new_tokens": new_tokens, "seconds": round(dt, 3), "tok_s": round(new_tokens / dt, 1) if dt else None}
+    _write_json_atomic(out_dir / "index.json", index)
+    log(f"extract: done, {index['sequences']} sequences, {index['tokens']} tokens "
+        f"({index['bytes_per_token']} bytes/token, {index['tokens'] * index['bytes_per_token'] / 1e9:.2f} GB)")
+    return index
+
+
+def load_shards(out_dir: Path, device: str = "cpu") -> dict:
+    """All shards concatenated: input_ids, loss_mask, aux, final, and per-sequence (start, length)."""
+    import torch
+    from safetensors.torch import load_file
+
+    index = load_index(out_dir)
+    if index is None or not index["shards"]:
+        raise BadInput(f"{out_dir} holds no hidden-state shards", hint="run `speclock train extract` first")
+    parts = {"input_ids": [], "loss_mask": [], "aux": [], "final": []}
+    spans, base = [], 0
+    for sh in index["shards"]:
+        t = load_file(str(out_dir / sh["file"]), device=device)
+        for k in parts:
+            parts[k].append(t[k])
+        off = t["offsets"].tolist()
+        spans += [(base + a, b - a) for a, b in zip(off, off[1:])]
+        base += off[-1]
+    data = {k: torch.cat(v) for k, v in parts.items()}
+    data["spans"] = spans
+    data["index"] = index
+    return data

@@ -1,0 +1,243 @@
+"""Drafter training with training-time test (TTT), checkpoints and resume.
+
+Loss (per TTT step s, weighted 0.8**s as in EAGLE-3): cross-entropy between the drafter's
+distribution over the draft vocabulary and the target's distribution restricted to it (softmax of
+the target logits at those ids), on response tokens whose target argmax lies in the draft vocab.
+The target logits come from the stored final hidden states times the target's lm_head.
+bf16 autocast with fp32 master weights on a GPU; plain float32 on a CPU.
+
+The batch order is a pure function of (seed, epoch), so a resumed run replays the same batches:
+resume skips the batches already done in the interrupted epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from speclock.errors import BadInput
+
+
+@dataclass
+class FitConfig:
+    epochs: int = 3
+    ttt_steps: int = 7
+    lr: float = 3e-4
+    warmup_steps: int = 100
+    batch_tokens: int = 16384
+    max_len: int = 1024
+    draft_vocab_size: int = 8192
+    seed: int = 0
+    checkpoint_every: int = 200
+    grad_clip: float = 0.5
+    max_steps: int = 0  # 0 = no cap (the quick mode and tests cap it)
+    time_budget_s: float = 0.0  # 0 = no limit; else stop (checkpointed) after this many seconds
+
+
+def build_draft_vocab(input_ids, loss_mask, vocab_size: int, draft_vocab_size: int):
+    """The `draft_vocab_size` target ids most frequent among response tokens (ties: lower id), sorted."""
+    import torch
+
+    if draft_vocab_size > vocab_size:
+        raise BadInput(f"draft vocab {draft_vocab_size} is larger than the target vocab {vocab_size}")
+    resp = input_ids[loss_mask.bool()].long()
+    counts = torch.bincount(resp, minlength=vocab_size).double()
+    counts += torch.bincount(input_ids.long(), minlength=vocab_size).double() * 1e-6  # prompts break ties
+    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-12
+    top = counts.topk(draft_vocab_size).indices.sort().values
+    covered = float(counts[top].clamp(min=0).sum() / counts.clamp(min=0).sum())
+    return top, {"response_tokens": int(resp.numel()), "distinct_response_tokens": int((torch.bincount(resp, minlength=vocab_size) > 0).sum()),
+                 "coverage_of_response_tokens": round(float(torch.bincount(resp, minlength=vocab_size)[top].sum()) / max(1, resp.numel()), 5),
+                 "coverage_weighted": round(covered, 5)}
+
+
+def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Sequence indices per batch: similar lengths together, at most batch_tokens padded tokens, shuffled."""
+    order = sorted(range(len(spans)), key=lambda i: min(spans[i][1], max_len))
+    batches, cur, width = [], [], 0
+    for i in order:
+        n = min(spans[i][1], max_len)
+        if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    if cur:
+        batches.append(cur)
+    random.Random(seed * 1000003 + epoch).shuffle(batches)
+    return batches
+
+
+def _lr_at(step: int, progress: float, cfg: FitConfig) -> float:
+    """Linear warm-up, then cosine to 10% over `progress` (0..1, by steps or by the time budget)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _collate(data, idxs, max_len, device):
+    import torch
+
+    spans = [data["spans"][i] for i in idxs]
+    T = max(min(n, max_len) for _, n in spans)
+    B = len(spans)
+    H3 = data["aux"].shape[1]
+    H = data["final"].shape[1]
+    ids = torch.zeros(B, T, dtype=torch.long, device=device)
+    lm = torch.zeros(B, T, dtype=torch.bool, device=device)
+    aux = torch.zeros(B, T, H3, dtype=data["aux"].dtype, device=device)
+    fin = torch.zeros(B, T, H, dtype=data["final"].dtype, device=device)
+    for j, (s, n) in enumerate(spans):
+        n = min(n, max_len)
+        ids[j, :n] = data["input_ids"][s:s + n].to(device)
+        lm[j, :n] = data["loss_mask"][s:s + n].to(device).bool()
+        aux[j, :n] = data["aux"][s:s + n].to(device)
+        fin[j, :n] = data["final"][s:s + n].to(device)
+    return ids, lm, aux, fin, sum(min(n, max_len) for _, n in spans)
+
+
+def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int):
+    """(weighted loss, per-step accuracies, per-step losses, counted positions)."""
+    import torch
+
+    B, T = ids.shape
+    d2t_ids = drafter.draft_to_target_ids()
+    with torch.no_grad():
+        tl = fin.to(target_head.dtype) @ target_head.t()  # [B,T,V] target logits (position p predicts p+1)
+        t_arg = tl.argmax(-1)
+        tp = tl[..., d2t_ids].float().softmax(-1)
+        in_vocab = drafter.t2d[t_arg]
+        del tl
+    outs = drafter.ttt_forward(ids, aux.to(drafter.fc.weight.dtype), steps)
+    total = 0.0
+    accs, losses = [], []
+    for s, logits in enumerate(outs):
+        n = T - 2 - s
+        if n <= 0:
+            break
+        mask = lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]
+        logp = logits[:, :n].float().log_softmax(-1)
+        ce = -(tp[:, 1 + s:T - 1] * logp).sum(-1)
+        cnt = mask.sum().clamp(min=1)
+        loss_s = (ce * mask).sum() / cnt
+        total = total + (0.8 ** s) * loss_s
+        with torch.no_grad():
+            pred = d2t_ids[logits[:, :n].argmax(-1)]
+            acc = ((pred == t_arg[:, 1 + s:T - 1]) & mask).sum() / cnt
+        accs.append(float(acc))
+        losses.append(float(loss_s.detach()))
+    return total, accs, losses
+
+
+def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True):
+    """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary)."""
+    import torch
+    from speclock.train.drafter import DrafterConfig, Eagle3Drafter, count_parameters
+
+    torch.manual_seed(cfg.seed)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_dir / "checkpoint.pt"
+    tcfg = target.config
+    dcfg = DrafterConfig.from_target(tcfg, cfg.draft_vocab_size)
+    drafter = Eagle3Drafter(dcfg).to(device)
+    vocab, vocab_stats = build_draft_vocab(data["input_ids"].cpu(), data["loss_mask"].cpu(), tcfg.vocab_size, cfg.draft_vocab_size)
+    drafter.set_vocab(vocab.to(device))
+    head = target.get_output_embeddings().weight.detach()
+    drafter.init_from_target(target.get_input_embeddings().weight.detach().to(device), head.to(device),
+                             target.model.norm.weight.detach().to(device))
+    use_amp = device.startswith("cuda")
+    target_head = head.to(device, torch.bfloat16 if use_amp else torch.float32)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    epochs_batches = [batches_for_epoch(data["spans"], cfg.max_len, cfg.batch_tokens, cfg.seed, e) for e in range(cfg.epochs)]
+    total_steps = sum(map(len, epochs_batches))
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
+    if resume and ckpt.exists():
+        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        if saved["fit_config"] != asdict(cfg) or saved["vocab"] != vocab.tolist():
+            raise BadInput(f"{ckpt} was written with other settings or data", hint="use a fresh --work folder, or pass --no-resume")
+        drafter.load_state_dict(saved["drafter"], strict=False)
+        opt.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        log(f"fit: resumed at epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
+    log(f"fit: {count_parameters(drafter) / 1e6:.2f}M trainable parameters, draft vocab {cfg.draft_vocab_size} "
+        f"(covers {vocab_stats['coverage_of_response_tokens']:.1%} of response tokens), {total_steps} steps, "
+        f"{'bf16 autocast' if use_amp else 'float32'} on {device}")
+
+    def save():
+        tmp = ckpt.with_name("checkpoint.pt.tmp")
+        torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                    "fit_config": asdict(cfg), "vocab": vocab.tolist()}, tmp)
+        os.replace(tmp, ckpt)
+
+    window = {"loss": [], "acc": []}
+    t_last = t_start = time.perf_counter()
+    stop = False
+    while state["epoch"] < cfg.epochs and not stop:
+        batches = epochs_batches[state["epoch"]]
+        while state["batch"] < len(batches):
+            if cfg.max_steps and state["step"] >= cfg.max_steps:
+                stop = True
+                break
+            if cfg.time_budget_s and time.perf_counter() - t_start > cfg.time_budget_s:
+                log(f"fit: time budget of {cfg.time_budget_s:.0f}s spent at step {state['step']}; stopping (checkpointed)")
+                stop = True
+                break
+            ids, lm, aux, fin, ntok = _collate(data, batches[state["batch"]], cfg.max_len, device)
+            for g in opt.param_groups:
+                progress = state["step"] / max(1, total_steps)
+                if cfg.time_budget_s:
+                    progress = max(progress, (time.perf_counter() - t_start) / cfg.time_budget_s)
+                g["lr"] = _lr_at(state["step"], progress, cfg)
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_amp):
+                loss, accs, losses = ttt_loss(drafter, target_head, ids, lm, aux, fin, cfg.ttt_steps)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+            opt.step()
+            state["batch"] += 1
+            state["step"] += 1
+            state["tokens"] += ntok
+            window["loss"].append(float(loss))
+            window["acc"].append(accs)
+            if state["step"] % 50 == 0 or state["step"] == total_steps:
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                now = time.perf_counter()
+                state["seconds"] += now - t_last
+                t_last = now
+                acc_mean = [round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
+                            for i in range(cfg.ttt_steps)]
+                rec = {"step": state["step"], "epoch": state["epoch"], "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
+                       "acc_per_step": acc_mean, "tokens": state["tokens"],
+                       "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1)}
+                state["history"].append(rec)
+                log(f"fit: step {rec['step']}/{total_steps} epoch {rec['epoch']} loss {rec['loss']} acc {acc_mean[:3]} "
+                    f"{rec['train_tok_s']:.0f} tok/s")
+                window = {"loss": [], "acc": []}
+            if state["step"] % cfg.checkpoint_every == 0:
+                save()
+        else:
+            state["epoch"] += 1
+            state["batch"] = 0
+    if window["loss"]:
+        acc_mean = [round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
+                    for i in range(cfg.ttt_steps)]
+        state["history"].append({"step": state["step"], "epoch": state["epoch"], "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
+                                 "acc_per_step": acc_mean, "tokens": state["tokens"]})
+    state["seconds"] += time.perf_counter() - t_last
+    save()
+    last = state["history"][-1] if state["history"] else {}
+    summary = {"steps": state["step"], "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "lr": cfg.lr,
+               "batch_tokens": cfg.batch_tokens, "tokens_seen": state["tokens"], "seconds": round(state["seconds"], 2),
+               "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
+               "final_loss": last.get("loss"), "final_acc_per_step": last.get("acc_per_step"),
+               "precision": "bf16-autocast" if use_amp else "float32", "device": device, "vocab": vocab_stats}
+    (ckpt_dir / "fit-summary.json").write_text(json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n")
+    return drafter, summary
