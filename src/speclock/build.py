@@ -141,6 +141,17 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     _sync_tree(_tree_files(src_root), ctx / "src" / "speclock")
 
 
+def _tree_sha256(ctx: Path, rels: list[str]) -> str:
+    """One hash over the named files/folders of the staged context (names and contents)."""
+    h = hashlib.sha256()
+    for rel in rels:
+        path = ctx / rel
+        files = {rel: path} if path.is_file() else {f"{rel}/{k}": v for k, v in _tree_files(path).items()} if path.is_dir() else {}
+        for name, f in sorted(files.items()):
+            h.update(f"{name}:{_sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
     """Hash of everything that reaches the image; wheels are covered by the lock's hash."""
     h = hashlib.sha256()
@@ -311,6 +322,10 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
         "TARGET_GGUF": target["gguf"],
         "TARGET_DTYPE": target["dtype"],
         "PROMPTS_FILE": stack.smoke["prompts_file"],
+        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
+        "WHEELS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt"]),
+        "PATCHES_SHA256": _tree_sha256(ctx, ["tools", "patches"]),
+        "ASSETS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
     }
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
     containerfile = staged_containerfile(ctx, labels)

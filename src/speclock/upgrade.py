@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, Callable
 from xml.sax.saxutils import escape, quoteattr
@@ -106,6 +107,13 @@ def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | 
     """Write the candidate stack: the current one with `pins` changed (option name -> value), or `stack_file`."""
     if stack_file is not None:
         text = Path(stack_file).read_text()
+        try:
+            name = tomllib.loads(text).get("name")
+        except tomllib.TOMLDecodeError as err:
+            raise BadInput(f"{stack_file}: not valid TOML: {err}", hint="fix the syntax at the line and column given") from None
+        if name != current.name:
+            raise BadInput(f"{stack_file}: the candidate is stack {name!r}, the current one {current.name!r}",
+                           hint="a candidate must keep the stack's name (it replaces stacks/<name>.toml when promoted)")
         label = "stack-" + hashlib.sha256(text.encode()).hexdigest()[:12]
     else:
         if not pins:
@@ -122,9 +130,6 @@ def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | 
     tmp.write_text(text)
     os.replace(tmp, path)
     cand = load_stack(path)  # validates: a candidate is a stack like any other
-    if cand.name != current.name:
-        raise BadInput(f"{stack_file}: the candidate is stack {cand.name!r}, the current one {current.name!r}",
-                       hint="a candidate must keep the stack's name")
     changes = {}
     for section, key in [("engine", "package"), *PINS.values()]:
         before, after = _value(current, section, key), _value(cand, section, key)
@@ -234,6 +239,34 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def check_in_image(record: dict[str, Any], outputs: Path, *, progress) -> None:
+    """`speclock doctor --json` and `speclock smoke` inside the image, hardened; results into `outputs`."""
+    import shutil
+
+    from speclock.runner import ensure_in_docker, run_image
+
+    if outputs.exists():
+        shutil.rmtree(outputs)
+    outputs.mkdir(parents=True)
+    ref = ensure_in_docker(record)
+    progress(f"  doctor in {ref}")
+    proc = run_image(ref, ["doctor", "--json"], capture_output=True, timeout=1800)
+    try:
+        doctor = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        doctor = {"verdict": "fail", "error": f"doctor exited {proc.returncode} without a JSON result: "
+                                              f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
+    doctor["exit_code"] = proc.returncode
+    _write_atomic(outputs / "doctor.json", json.dumps(doctor, indent=2) + "\n")
+    progress(f"  doctor: {doctor.get('verdict')} (exit {proc.returncode})")
+    progress(f"  smoke test in {ref}")
+    proc = run_image(ref, ["smoke", "--out", "/out"], out_dir=outputs, capture_output=True, timeout=3600)
+    tail = (proc.stderr.strip().splitlines() or [""])[-1]
+    _write_atomic(outputs / "smoke-exit.json", json.dumps({"exit_code": proc.returncode, "error": tail if proc.returncode else None}) + "\n")
+    _write_atomic(outputs / "smoke.log", proc.stdout + proc.stderr)
+    progress(f"  smoke: exit {proc.returncode}")
+
+
 @dataclasses.dataclass
 class UpgradeResult:
     candidate: Candidate
@@ -340,38 +373,37 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     steps["build"].status, steps["build"].seconds = "pass", round(time.monotonic() - t0, 1)
     result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
 
-    progress("[4/5] self-check in the candidate image: doctor and smoke test")
-    t0 = time.monotonic()
-    sc = record.get("selfcheck") or {}
-    outputs = Path(sc["outputs"]) if sc.get("outputs") else None
-    if rerun_selfcheck or not (outputs and (outputs / "selfcheck.json").is_file()):
-        sc = build.selfcheck_image(cand.stack, record, progress=progress)
-        outputs = Path(sc["outputs"])
+    progress("[4/5] doctor and smoke test in the candidate image (read-only, no network, non-root)")
+    outputs = build.records_dir(cand.stack.name) / f"{record['tag']}.{record['builder']}.upgrade"
+    if not rerun_selfcheck and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
+        progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
     else:
-        progress(f"  reusing the self-check of this exact image ({outputs}; --rerun-selfcheck runs it again)")
-    elapsed = round(time.monotonic() - t0, 1)
-    summary = _read_json(outputs / "selfcheck.json") or {}
-    stages = summary.get("stages", {})
-    doc = stages.get("doctor", {})
-    steps["doctor"].status = "pass" if doc.get("exit_code") == 0 else "fail"
-    steps["doctor"].detail = doc.get("error") or ("all checks passed" if doc.get("exit_code") == 0 else
-                                                 f"exit {doc.get('exit_code')}; see {outputs / 'doctor.json'}")
-    smoke = stages.get("smoke", {})
-    steps["smoke"].seconds = elapsed
+        _timed(steps["smoke"], lambda: check_in_image(record, outputs, progress=progress))
+    doctor = _read_json(outputs / "doctor.json") or {}
+    failed = [c for c in doctor.get("checks", []) if c.get("status") == "fail"]
+    if doctor.get("verdict") == "pass":
+        steps["doctor"].status = "pass"
+        warns = [c["name"] for c in doctor.get("checks", []) if c.get("status") == "warn"]
+        steps["doctor"].detail = f"{len(doctor['checks'])} checks passed" + (f" (warnings: {', '.join(warns)})" if warns else "")
+    else:
+        steps["doctor"].status = "fail"
+        steps["doctor"].detail = ("; ".join(f"{c['name']}: {c['reason']}" for c in failed)
+                                  or doctor.get("error") or f"no doctor result; see {outputs}")
+    steps["doctor"].data = {"checks": [{k: c.get(k) for k in ("name", "status", "reason")} for c in doctor.get("checks", [])]}
     report_path = outputs / "report.json"
     if report_path.is_file():
         result.after = load_report(report_path)
         run = result.after.get("run") or {"completed": True}
         if run.get("completed"):
             steps["smoke"].status = "pass"
-            steps["smoke"].detail = (f"{result.after['prompts']['count']} prompts ran; the image's own verdict "
-                                     f"(thresholds only): {result.after['verdict']}")
+            steps["smoke"].detail = (f"{result.after['prompts']['count']} prompts x {result.after.get('max_tokens')} tokens "
+                                     f"ran with and without the drafter")
         else:
             steps["smoke"].status = "fail"
             steps["smoke"].detail = f"the engine run did not complete: {run.get('error')}"
     else:
         steps["smoke"].status = "fail"
-        steps["smoke"].detail = smoke.get("error") or smoke.get("note") or f"no report.json in {outputs}"
+        steps["smoke"].detail = (_read_json(outputs / "smoke-exit.json") or {}).get("error") or f"no report.json in {outputs}"
         return result
 
     progress(f"[5/5] gate: candidate report against the current baseline {baseline}")
@@ -628,7 +660,7 @@ def add_commands(sub) -> None:
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
     p.add_argument("--relock", action="store_true", help="resolve the candidate lock again even if one is in sync")
     p.add_argument("--rebuild", action="store_true", help="build even if an image with the same inputs exists")
-    p.add_argument("--rerun-selfcheck", action="store_true", help="run the self-check even if this exact image has one")
+    p.add_argument("--rerun-selfcheck", action="store_true", help="run doctor and smoke again even if this exact image has results")
     p.add_argument("--promote", action="store_true", help="on a pass, write the candidate's stack, lock and report "
                                                           "to stacks/, locks/ and baselines/")
     p.add_argument("--out", help="where summary.md, junit.xml and upgrade.json go (default: the candidate folder's out/)")
