@@ -118,3 +118,19 @@ def test_ci_mode_takes_the_current_stack_from_git_and_the_candidate_from_the_che
     assert cand.lock_file == lock_path(cand.stack) and lock["stack"] == "cpu-vllm"
     with pytest.raises(BadInput, match="cannot read stacks/cpu-vllm.toml"):
         candidate_from_git("no-such-ref-anywhere", "cpu-vllm")
+
+
+@pytest.mark.slow
+def test_a_candidate_that_cannot_be_built_says_why_and_changes_nothing(tmp_path):
+    """The candidate's drafter folder is missing: the build cannot start; exit 2, the repo untouched."""
+    before = tree_hash("stacks", "locks", "baselines")
+    bad = tmp_path / "edit" / "cpu-vllm.toml"
+    bad.parent.mkdir()
+    bad.write_text((ROOT / "stacks" / "cpu-vllm.toml").read_text().replace(
+        'path = "models/smollm2-135m-eagle3"', 'path = "models/no-such-drafter"'))
+    # The shared cache: its wheelhouse already holds the default stack's wheels.
+    proc = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--candidate-stack", str(bad)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "draft.path models/no-such-drafter has no config.json" in proc.stderr
+    assert tree_hash("stacks", "locks", "baselines") == before
