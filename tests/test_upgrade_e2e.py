@@ -1,6 +1,7 @@
 """A real upgrade end to end: candidate stack -> lock -> patch check -> image -> doctor + smoke in the
 image -> gate against the committed baseline. The candidate feeds the drafter the wrong target layers
-(docs/upgrade-example-fail/): it must build, pass doctor, stay lossless, be stopped by the gate, and
+(docs/upgrade-example-fail/): it must build and stay lossless; doctor (statically: the layers the
+patched engine will feed vs the drafter's) and the gate (measured: acceptance vs the baseline) stop it; and it must
 leave stacks/, locks/ and baselines/ exactly as they were. Image layers and results are reused when
 the same inputs were built before (content tags)."""
 
@@ -27,7 +28,9 @@ def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     steps = {s["name"]: s["status"] for s in doc["steps"]}
-    assert steps == {"lock": "pass", "patches": "pass", "build": "pass", "doctor": "pass", "smoke": "pass", "gate": "fail"}, doc
+    assert steps == {"lock": "pass", "patches": "pass", "build": "pass", "doctor": "fail", "smoke": "pass", "gate": "fail"}, doc
+    doctor = next(s for s in doc["steps"] if s["name"] == "doctor")
+    assert "aux-layers" in doctor["detail"] and "[3, 16, 28]" in doctor["detail"]
     assert doc["after"]["captured_layers"] == [3, 16, 28] and doc["after"]["lossless"].split("/")[0] == doc["after"]["lossless"].split("/")[1]
     assert doc["after"]["mean_acceptance_length"] < doc["before"]["mean_acceptance_length"]
     summary = (tmp_path / "summary.md").read_text()
