@@ -331,3 +331,11 @@ def test_vllm_0_33_0_kimi_passes_natively_and_sm_103_gaps_are_found(tmp_path):
     assert rows["vllm/_flashmla_C.abi3.so"]["targets"]["sm_120"]["kind"] == "missing"
     assert "_flashmla_C.abi3.so:sm_120" in res["gpu-archs"].reason
     assert res["cuda-driver"].status in ("skip", "pass", "warn")
+
+
+def test_engine_missing_is_exit_3_with_the_install_command(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(SRC), SPECLOCK_CACHE=str(tmp_path / "empty-cache"))
+    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--stack", "vllm-kimi-0.17.1"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 3
+    assert "python -m speclock.engine_envs ensure vllm==0.17.1" in proc.stdout + proc.stderr
