@@ -682,11 +682,7 @@ def _print_check(results: list[PatchResult], version: str, where: str) -> None:
     for r in results:
         rng = "" if r.in_range else f"  [Versions '{r.patch.versions}' excludes {version}]"
         print(f"  {r.patch.name:52} {r.state.upper():16}{rng}")
-        print(f"      {r.reason.splitlines()[0] if r.state != 'conflict' else ''}".rstrip() or "", end="")
-        if r.state == "conflict":
-            print("      " + r.reason.replace("\n", "\n      "))
-        else:
-            print()
+        print("      " + r.reason.replace("\n", "\n      "))
         if r.state == "upstream":
             print(f"      retirable: remove it from the series for {version} and later")
 
