@@ -140,7 +140,9 @@ def test_doctor_cli_json_runs_under_a_minute_and_exits_by_verdict(tmp_path):
     assert report["schema"] == "speclock.doctor/v1"
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
     assert failed == ["aux-layers"]
-    assert report["seconds"] < 90, f"doctor took {report['seconds']} s"  # under a minute on an idle 2-core machine
+    # Under a minute on an idle 2-core machine (33-53 s measured at load average 8-15); the bound
+    # leaves room for a CI machine that is building an image at the same time.
+    assert report["seconds"] < 120, f"doctor took {report['seconds']} s"
 
 
 # ---------------------------------------------------------------- real vLLM 0.17.1: the outer-class case
