@@ -120,7 +120,7 @@ def test_containerfile_as_the_flake_reads_it(flake):
 
 def test_image_layout_equals_speclock_layout(flake):
     for name in locks():
-        layout = eval_json(flake, f"lib.images.{name}.layout")
+        layout = eval_json(flake, f"lib.images.\"{name}\".layout")
         image = ImageLayout(Path(layout["root"]))
         assert layout["venv"] == str(image.venv)
         for key in ("lock_file", "target_dir", "draft_dir", "prompts_file", "patches_dir", "baselines_dir", "build_info"):
@@ -130,7 +130,7 @@ def test_image_layout_equals_speclock_layout(flake):
 
 def test_image_labels_have_the_keys_and_pins_of_labels_for(flake):
     for name, lock in locks().items():
-        got = eval_json(flake, f"lib.images.{name}.labels")
+        got = eval_json(flake, f"lib.images.\"{name}\".labels")
         want = labels_for(load_stack(ROOT / "stacks" / f"{name}.toml"), lock, "TAG", "INPUTS", "REV")
         assert set(got) == set(want)
         for key in ("org.opencontainers.image.title", "org.opencontainers.image.description",
@@ -158,7 +158,7 @@ def test_the_poisoned_nixpkgs_does_poison(flake):
 def test_lib_needs_no_nixpkgs(flake):
     poison = nixcheck.poisoned_nixpkgs(flake)
     for name in locks():
-        assert eval_json(flake, f"lib.images.{name}.labels", *poison)
+        assert eval_json(flake, f"lib.images.\"{name}\".labels", *poison)
         assert eval_json(flake, f"lib.stacks.\"{name}\".wheels", *poison)
 
 
@@ -182,21 +182,21 @@ def test_image_package_gets_the_containerfile_config(flake):
     d = nixcheck.double_args(flake)
     want = _containerfile_runtime()
     for name in locks():
-        args = eval_json(flake, f"packages.{SYS}.{name}-image.speclockArgs", *d)
+        args = eval_json(flake, f"packages.{SYS}.\"{name}-image\".speclockArgs", *d)
         cfg = args["config"]
         assert dict(e.split("=", 1) for e in cfg["Env"]) == want["env"]
         assert (cfg["User"], cfg["WorkingDir"], cfg["Entrypoint"], cfg["Cmd"]) == (want["user"], want["workdir"], want["entrypoint"], want["cmd"])
-        assert cfg["Labels"] == eval_json(flake, f"lib.images.{name}.labels")
+        assert cfg["Labels"] == eval_json(flake, f"lib.images.\"{name}\".labels")
 
 
 def test_venv_installs_exactly_the_locked_wheels_with_hashes(flake):
     d = nixcheck.double_args(flake)
     for name, lock in locks().items():
-        wh = eval_json(flake, f"packages.{SYS}.{name}-wheelhouse.speclockArgs", *d)
+        wh = eval_json(flake, f"packages.{SYS}.\"{name}-wheelhouse\".speclockArgs", *d)
         assert wh["requirements"] == requirements_text(lock["packages"])
         assert wh["assets"] == requirements_text(lock["assets"])
         assert wh["script"].count("ln -s /nix/store/") == len(lock["packages"]) + len(lock["assets"])
-        venv = eval_json(flake, f"packages.{SYS}.{name}-venv.speclockArgs.buildPhase", *d)
+        venv = eval_json(flake, f"packages.{SYS}.\"{name}-venv\".speclockArgs.buildPhase", *d)
         assert "--no-index --no-deps --require-hashes" in venv and "speclock patches apply" in venv
 
 
