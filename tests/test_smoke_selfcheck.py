@@ -11,7 +11,9 @@ def test_a_missing_doctor_is_a_failure_not_a_pass():
     try:
         import speclock.doctor  # noqa: F401
     except ImportError:
-        code, data = run_doctor_stage(None)
+        import argparse
+
+        code, data = run_doctor_stage(argparse.Namespace(stack=None, target=None, draft=None))
         assert code == 1 and "doctor not available" in data["error"]
 
 
