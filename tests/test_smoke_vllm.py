@@ -33,12 +33,26 @@ def smoke(env, draft: Path, name: str, *extra: str) -> tuple[int, dict]:
     return code, json.loads((out / "report.json").read_text())
 
 
+def live_reference_available() -> bool:
+    try:
+        import speclock.engines.reference  # noqa: F401
+        import speclock.train.export  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The reference decoder judges the same 6 x 32 prompts live (a few seconds on a CPU) when this
+# checkout has it (the training branch); otherwise the comparison is reported as not computed.
+REFERENCE = ("--reference", "live" if live_reference_available() else "recorded")
+
+
 @pytest.fixture(scope="module")
 def healthy(env):
     draft = healthy_drafter()
     if draft is None:
         pytest.skip("the trained drafter (models/smollm2-135m-eagle3, or $SPECLOCK_TEST_DRAFT) is not in this checkout")
-    code, report = smoke(env, draft, "healthy")
+    code, report = smoke(env, draft, "healthy", *REFERENCE)
     return draft, code, report
 
 
@@ -47,6 +61,8 @@ def test_the_healthy_drafter_passes(healthy):
     assert code == 0, report["failures"]
     assert report["verdict"] == "pass" and report["lossless"]["mismatches"] == 0
     assert report["draft"]["captured_layers"] == report["draft"]["aux_layer_ids"]
+    if report["reference"]["status"] == "live":  # engine and reference agree: both greedy, same drafter
+        assert report["reference"]["gap"] <= report["thresholds"]["max_reference_gap"]
 
 
 def test_a_random_weight_drafter_fails_on_acceptance(env):
@@ -68,10 +84,13 @@ def test_a_random_weight_drafter_fails_on_acceptance(env):
 def test_wrong_aux_layer_ids_fail(env, healthy):
     draft, _, good = healthy
     bad = shifted_layers_drafter(draft, env["root"] / "shifted-draft", ids=[0, 1, 2])
-    code, report = smoke(env, bad, "shifted")
+    code, report = smoke(env, bad, "shifted", *REFERENCE)
     assert code == 1, report["metrics"]
     assert report["draft"]["captured_layers"] == [0, 1, 2]
     assert report["metrics"]["mean_acceptance_length"] < good["metrics"]["mean_acceptance_length"]
+    if report["reference"]["status"] == "live":
+        # Same weights, fed the layers they were trained on by the reference: the gap names the integration.
+        assert any(f.startswith("engine vs reference acceptance (integration)") for f in report["failures"]), report["failures"]
 
 
 def test_thresholds_above_what_the_drafter_reaches_fail_the_gate(env, healthy, tmp_path):
