@@ -203,6 +203,22 @@ def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[
 
 # ---------------------------------------------------------------- the run
 
+def visible_arch(stack) -> str | None:
+    """The stack arch name of the visible GPU (sm_100 -> sm_100a when the stack targets that), or None."""
+    if not stack.is_gpu:
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception:
+        return None
+    plain = f"sm_{major}{minor}"
+    return plain + "a" if plain + "a" in stack.gpu["archs"] else plain
+
+
 def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
     import hashlib
@@ -297,7 +313,9 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
             raise EnvironmentProblem(f"the engine package {report['engine']['package']} is not installed here",
                                      hint="run inside the image, or install the stack's engine in this environment")
         engine = get_engine(inp.stack.engine["name"])
-        settings = dict(inp.stack.engine["settings"])
+        arch = visible_arch(inp.stack)
+        settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
+        report.setdefault("gpu", {})["arch"] = arch
         run["stage"] = "plain (no drafter)"
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None

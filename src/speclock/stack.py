@@ -330,11 +330,27 @@ def load_stack(name_or_path: str | Path, root: Path | None = None) -> Stack:
     return Stack(name=data["name"], path=path, data=data, source_sha256=canonical_sha256(pinned_view(data)))
 
 
+# Keys that never change what a lock resolves (how the smoke test runs and judges, which drafter
+# folder is copied): editing them needs no re-lock.
+UNPINNED = ("description", "draft", "smoke.thresholds", "smoke.num_prompts", "smoke.max_tokens",
+            "smoke.num_speculative_tokens")
+
+
 def pinned_view(data: Any) -> Any:
-    """The stack as locks see it: empty values dropped, so a new optional key with an empty default
-    does not put every existing lock out of date."""
+    """The stack as locks see it: UNPINNED keys and empty values dropped, so neither a threshold edit
+    nor a new optional key with an empty default puts existing locks out of date."""
+    view = json.loads(json.dumps(data))
+    for dotted in UNPINNED:
+        parent, _, key = dotted.rpartition(".")
+        holder = view.get(parent, {}) if parent else view
+        if isinstance(holder, dict):
+            holder.pop(key, None)
+    return _prune_empty(view)
+
+
+def _prune_empty(data: Any) -> Any:
     if isinstance(data, dict):
-        pruned = {k: pinned_view(v) for k, v in data.items()}
+        pruned = {k: _prune_empty(v) for k, v in data.items()}
         return {k: v for k, v in pruned.items() if v not in ("", [], {}, None)}
     return data
 
