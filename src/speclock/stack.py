@@ -341,6 +341,9 @@ def pinned_view(data: Any) -> Any:
     nor a new optional key with an empty default puts existing locks out of date."""
     view = json.loads(json.dumps(data))
     for dotted in UNPINNED:
+        if dotted in view:  # validated data keeps nested sections flat ("smoke.thresholds")
+            view.pop(dotted)
+            continue
         parent, _, key = dotted.rpartition(".")
         holder = view.get(parent, {}) if parent else view
         if isinstance(holder, dict):
