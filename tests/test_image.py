@@ -106,7 +106,9 @@ def test_one_line_edit_rebuilds_only_the_final_layers(buildah_build, repo):
     assert record["tag"] != buildah_build["tag"]
     assert len(after) == len(before)
     changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
-    assert changed and min(changed) >= len(before) - 2, f"layers changed: {changed} of {len(before)}"
+    # Only the last layers (config with the new tag, source, its bytecode) change; base, venv,
+    # patches, target model, prompts and drafter layers are reused.
+    assert changed and min(changed) >= len(before) - 3, f"layers changed: {changed} of {len(before)}"
     assert record["build_seconds"] < 60
 
 
