@@ -42,8 +42,10 @@ def live_reference_available() -> bool:
     return True
 
 
-# The reference decoder judges the same 6 x 32 prompts live (a few seconds on a CPU) when this
-# checkout has it (the training branch); otherwise the comparison is reported as not computed.
+# The wrong-layers case is judged by the reference decoder live on the same 6 x 32 prompts when
+# this checkout has it (the training branch): that is the 15% case, named as an integration
+# failure. The reference costs minutes of CPU under load, so the healthy case uses the recorded one
+# (for 80 x 64 prompts; for 6 x 32 it reports "not computed"). Measured agreement: docs/smoke.md.
 REFERENCE = ("--reference", "live" if live_reference_available() else "recorded")
 
 
@@ -52,7 +54,7 @@ def healthy(env):
     draft = healthy_drafter()
     if draft is None:
         pytest.skip("the trained drafter (models/smollm2-135m-eagle3, or $SPECLOCK_TEST_DRAFT) is not in this checkout")
-    code, report = smoke(env, draft, "healthy", *REFERENCE)
+    code, report = smoke(env, draft, "healthy")
     return draft, code, report
 
 
@@ -109,4 +111,5 @@ def test_an_engine_crash_mid_run_still_writes_the_report(env):
     code, report = smoke(env, crashing_drafter(env["target"], env["root"] / "crash-draft"), "crash")
     assert code == 1
     assert report["run"]["completed"] is False and report["run"]["stage"] == "speculative (with drafter)"
-    assert report["verdict"] == "fail" and "engine failed during speculative" in report["failures"][0]
+    assert report["verdict"] == "fail" and len(report["failures"]) == 1
+    assert "engine failed during speculative" in report["failures"][0]
