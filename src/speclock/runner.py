@@ -36,8 +36,10 @@ def ensure_in_docker(record: dict) -> str:
 
 
 def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture_output: bool = False,
-              timeout: int | None = None) -> subprocess.CompletedProcess:
+              timeout: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [docker_cli(), "run", "--rm", *HARDENED]
+    for key, value in (env or {}).items():
+        cmd += ["-e", f"{key}={value}"]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(out_dir, 0o777)  # the image runs as uid 10001
