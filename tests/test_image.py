@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -84,18 +85,15 @@ def test_push_refuses_an_image_without_a_passed_selfcheck(buildah_build, registr
 
 def test_selfcheck_runs_in_the_image_and_its_verdict_is_recorded(buildah_build, repo):
     """The image's own default path (doctor, smoke, gate) offline, read-only, non-root; fewer prompts."""
-    import sys
-
-    sys.path.insert(0, str(repo / "src"))
     from speclock.build import read_record, selfcheck_image
     from speclock.stack import load_stack
 
     stack = load_stack(repo / "stacks" / "cpu-vllm.toml")
     record = read_record("cpu-vllm", "buildah", buildah_build["tag"])
     result = selfcheck_image(stack, record, args=["--num-prompts", "8", "--max-tokens", "32", "--baseline", "none"])
-    out = json.loads((__import__("pathlib").Path(result["outputs"]) / "selfcheck.json").read_text())
+    out = json.loads((Path(result["outputs"]) / "selfcheck.json").read_text())
     assert result["verdict"] == "pass", out
-    report = json.loads((__import__("pathlib").Path(result["outputs"]) / "report.json").read_text())
+    report = json.loads((Path(result["outputs"]) / "report.json").read_text())
     assert report["lossless"]["mismatches"] == 0 and report["metrics"]["num_drafts"] > 0
     assert report["image"]["ref"] == record["ref"]
     assert read_record("cpu-vllm", "buildah", buildah_build["tag"])["selfcheck"]["verdict"] == "pass"
