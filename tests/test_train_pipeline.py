@@ -93,9 +93,12 @@ def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_ru
     s = quick_settings(tmp_path, target=target)
     model, _ = load_target_model(s, "cpu")
     data = load_shards(work / "hidden")
-    straight, _ = train_drafter(data, model, replace(s.fit, max_steps=6), tmp_path / "a", "cpu", log=lambda m: None)
-    train_drafter(data, model, replace(s.fit, max_steps=3), tmp_path / "b", "cpu", log=lambda m: None)
-    resumed, summary = train_drafter(data, model, replace(s.fit, max_steps=6), tmp_path / "b", "cpu", log=lambda m: None)
-    assert summary["steps"] == 6
+    straight, full = train_drafter(data, model, replace(s.fit, max_steps=0), tmp_path / "a", "cpu", log=lambda m: None)
+    assert full["steps"] >= 2
+    half = full["steps"] // 2
+    _, first = train_drafter(data, model, replace(s.fit, max_steps=half), tmp_path / "b", "cpu", log=lambda m: None)
+    assert first["steps"] == half  # "interrupted" here, checkpointed
+    resumed, summary = train_drafter(data, model, replace(s.fit, max_steps=0), tmp_path / "b", "cpu", log=lambda m: None)
+    assert summary["steps"] == full["steps"]
     for (name, p), q in zip(straight.named_parameters(), resumed.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
