@@ -57,6 +57,36 @@ def push_image(c, registry, stack="cpu-vllm", builder="buildah", force=False):
     _speclock(c, "push-image", *_flags(registry=registry, stack=stack, builder=builder, force=force))
 
 
+@task(help={"stack": "stack name", "engine_version": "check against this engine release instead of the pin"})
+def patches(c, stack="cpu-vllm", engine_version=None):
+    """Patch lifecycle: applies / already upstream (retirable) / conflicts, for each patch of a stack."""
+    _speclock(c, "patches", "check", *_flags(stack=stack, engine_version=engine_version))
+
+
+@task(help={"stack": "stack name (on the host; inside an image the image's own)"})
+def doctor(c, stack="cpu-vllm"):
+    """Static self-checks: lock versions, engine import, patches, EAGLE-3 outer class, aux layers, GPU archs."""
+    _speclock(c, "doctor", *_flags(stack=stack))
+
+
+@task(help={"stack": "stack name", "args": "more arguments for `speclock smoke` (see speclock smoke --help)"})
+def smoke(c, stack="cpu-vllm", args=""):
+    """Smoke test on the host: engine with and without the drafter, lossless + acceptance + reference gap."""
+    _speclock(c, "smoke", *_flags(stack=stack), *shlex.split(args))
+
+
+@task(help={"report": "smoke report JSON", "baseline": "baseline report (default: the stored one)"})
+def gate(c, report, baseline=None):
+    """Gate a smoke report on the stack's thresholds and a baseline; writes JUnit XML and Markdown."""
+    _speclock(c, "gate", report, *_flags(baseline=baseline))
+
+
+@task(help={"quick": "every stage on a CPU at toy scale", "args": "more arguments for `speclock train all`"})
+def train(c, quick=False, args=""):
+    """Train an EAGLE-3 drafter: generate, extract, fit, export, reference (see docs/training.md)."""
+    _speclock(c, "train", "all", *_flags(quick=quick), *shlex.split(args))
+
+
 @task(help={"fast": "skip the slow tests (real image builds, engine runs)"})
 def test(c, fast=False):
     """Run the test suite (what CI runs)."""

@@ -127,15 +127,12 @@ def converted_target() -> Path:
     try:
         from speclock import models  # type: ignore[attr-defined]
 
-        convert = getattr(models, "convert_gguf", None)
+        convert = getattr(models, "convert_gguf_to_hf", None)
     except ImportError:
         convert = None
     if convert is not None:
-        try:
-            convert(models.find_packaged_gguf(), out)
-            return out
-        except TypeError:
-            pass  # another signature: fall back to converting here
+        convert(models.find_packaged_gguf(), out, "bfloat16")
+        return out
     import importlib.util
 
     import torch

@@ -140,7 +140,9 @@ def test_doctor_cli_json_runs_under_a_minute_and_exits_by_verdict(tmp_path):
     assert report["schema"] == "speclock.doctor/v1"
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
     assert failed == ["aux-layers"]
-    assert report["seconds"] < 90, f"doctor took {report['seconds']} s"  # under a minute on an idle 2-core machine
+    # Under a minute on an idle 2-core machine (33-53 s measured at load average 8-15); the bound
+    # leaves room for a CI machine that is building an image at the same time.
+    assert report["seconds"] < 120, f"doctor took {report['seconds']} s"
 
 
 # ---------------------------------------------------------------- real vLLM 0.17.1: the outer-class case
@@ -277,3 +279,65 @@ def test_inside_an_image_doctor_reads_the_image_layout(tmp_path):
     assert report["stack"] == "cpu-vllm" and proc.returncode == 1
     assert checks["lock-versions"]["status"] == "fail" and "not-installed-here==1.0" in checks["lock-versions"]["reason"]
     assert checks["aux-layers"]["status"] == "warn" and str(home / "draft") in checks["aux-layers"]["reason"]
+
+
+# ---------------------------------------------------------------- real vLLM 0.33.0: native Kimi support, sm_103
+
+VLLM_033_STACK = """\
+schema = 1
+name = "vllm-033-doctor-test"
+[base]
+kind = "debian-rootfs"
+[python]
+version = "3.11"
+[torch]
+version = "2.14.0"
+[engine]
+name = "vllm"
+package = "vllm"
+version = "0.33.0"
+[gpu]
+cuda = "13.0"
+archs = ["sm_100", "sm_103", "sm_120"]
+known_gaps = ["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so:sm_100 FA3 is Hopper-only",
+              "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so:sm_103 FA3 is Hopper-only",
+              "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so:sm_120 FA3 is Hopper-only"]
+[target]
+name = "t"
+path = "target"
+[draft]
+path = "draft"
+"""
+
+
+@pytest.mark.slow
+def test_vllm_0_33_0_kimi_passes_natively_and_sm_103_gaps_are_found(tmp_path):
+    python = engine_envs.ensure("vllm==0.33.0", log=lambda m: print(m, file=sys.stderr))
+    # SGLang's reading of [1, 29, 57] on DeepSeek-V3 is after [2, 30, 58]; vLLM takes the ids as given.
+    target, draft = make_models(tmp_path, KIMI, ids=[1, 29, 57], after=[2, 30, 58])
+    stack = tmp_path / "vllm-033-doctor-test.toml"
+    stack.write_text(VLLM_033_STACK)
+    ctx = build_context(args(stack=str(stack), python=str(python), target=str(target), draft=str(draft)))
+    res = by_name(run_doctor(ctx, ["engine-import", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver"]))
+    assert res["engine-import"].status == "pass" and "0.33.0" in res["engine-import"].reason
+    assert res["eagle3-target"].status == "pass" and "KimiK25ForConditionalGeneration" in res["eagle3-target"].reason
+    assert res["aux-layers"].status == "fail" and "off by -1" in res["aux-layers"].reason
+    rows = {r["library"]: r for r in res["gpu-archs"].details["rows"]}
+    main = rows["vllm/_C_stable_libtorch.abi3.so"]["targets"]
+    # No sm_103 cubin anywhere in vllm 0.33.0: sm_103 runs on same-major sm_100 / sm_100f code.
+    assert main["sm_100"]["kind"] == "exact" and main["sm_103"] == {"kind": "compatible", "via": "sm_100"}
+    assert not any(c["kind"] == "exact" for r in rows.values() for t, c in r["targets"].items() if t == "sm_103")
+    assert rows["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"]["targets"]["sm_100"]["kind"] == "accepted-gap"
+    # Several MLA/sparse-attention libraries have no sm_120 code at all.
+    assert res["gpu-archs"].status == "fail"
+    assert rows["vllm/_flashmla_C.abi3.so"]["targets"]["sm_120"]["kind"] == "missing"
+    assert "_flashmla_C.abi3.so:sm_120" in res["gpu-archs"].reason
+    assert res["cuda-driver"].status in ("skip", "pass", "warn")
+
+
+def test_engine_missing_is_exit_3_with_the_install_command(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(SRC), SPECLOCK_CACHE=str(tmp_path / "empty-cache"))
+    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--stack", "vllm-kimi-0.17.1"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 3
+    assert "python -m speclock.engine_envs ensure vllm==0.17.1" in proc.stdout + proc.stderr

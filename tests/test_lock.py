@@ -38,11 +38,21 @@ def test_committed_lock_is_in_sync_and_complete():
 def test_check_names_the_key_that_drifted(tmp_path):
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace("num_prompts = 80", "num_prompts = 8")
+    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace('"libnuma1"]', '"libnuma1", "curl"]')
     (stacks / "cpu-vllm.toml").write_text(text)
     stack = load_stack(stacks / "cpu-vllm.toml")
     diffs = check_lock(stack, read_lock(ROOT / "locks" / "cpu-vllm.lock"))
-    assert diffs == ["smoke.num_prompts: lock has 80, stack says 8"]
+    assert diffs == ["base.packages: lock has ['python3', 'python3-venv', 'libnuma1'], "
+                     "stack says ['python3', 'python3-venv', 'libnuma1', 'curl']"]
+
+
+def test_threshold_edits_need_no_relock(tmp_path):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace("num_prompts = 80", "num_prompts = 8")
+    text = text.replace("max_relative_drop = 0.05", "max_relative_drop = 0.10")
+    (stacks / "cpu-vllm.toml").write_text(text)
+    assert check_lock(load_stack(stacks / "cpu-vllm.toml"), read_lock(ROOT / "locks" / "cpu-vllm.lock")) == []
 
 
 def test_check_cli_exits_1_when_out_of_date(tmp_path):

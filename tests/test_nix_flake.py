@@ -87,7 +87,7 @@ def test_lib_pins_equal_every_lock_file(flake):
 def test_engine_wheel_url_and_hash_come_from_the_lock(flake):
     for name, lock in locks().items():
         engine = lock["stack_data"]["engine"]
-        wheel = eval_json(flake, f"lib.stacks.{name}.wheelsByName.{engine['package']}")
+        wheel = eval_json(flake, f"lib.stacks.\"{name}\".wheelsByName.{engine['package']}")
         locked = next(p for p in lock["packages"] if p["name"] == engine["package"])
         assert (wheel["version"], wheel["url"], wheel["sha256"]) == (engine["version"], locked["url"], locked["sha256"])
 
@@ -120,7 +120,7 @@ def test_containerfile_as_the_flake_reads_it(flake):
 
 def test_image_layout_equals_speclock_layout(flake):
     for name in locks():
-        layout = eval_json(flake, f"lib.images.{name}.layout")
+        layout = eval_json(flake, f"lib.images.\"{name}\".layout")
         image = ImageLayout(Path(layout["root"]))
         assert layout["venv"] == str(image.venv)
         for key in ("lock_file", "target_dir", "draft_dir", "prompts_file", "patches_dir", "baselines_dir", "build_info"):
@@ -130,7 +130,7 @@ def test_image_layout_equals_speclock_layout(flake):
 
 def test_image_labels_have_the_keys_and_pins_of_labels_for(flake):
     for name, lock in locks().items():
-        got = eval_json(flake, f"lib.images.{name}.labels")
+        got = eval_json(flake, f"lib.images.\"{name}\".labels")
         want = labels_for(load_stack(ROOT / "stacks" / f"{name}.toml"), lock, "TAG", "INPUTS", "REV")
         assert set(got) == set(want)
         for key in ("org.opencontainers.image.title", "org.opencontainers.image.description",
@@ -158,8 +158,8 @@ def test_the_poisoned_nixpkgs_does_poison(flake):
 def test_lib_needs_no_nixpkgs(flake):
     poison = nixcheck.poisoned_nixpkgs(flake)
     for name in locks():
-        assert eval_json(flake, f"lib.images.{name}.labels", *poison)
-        assert eval_json(flake, f"lib.stacks.{name}.wheels", *poison)
+        assert eval_json(flake, f"lib.images.\"{name}\".labels", *poison)
+        assert eval_json(flake, f"lib.stacks.\"{name}\".wheels", *poison)
 
 
 def test_flake_check_offline_with_the_nixpkgs_double(flake):
@@ -182,21 +182,21 @@ def test_image_package_gets_the_containerfile_config(flake):
     d = nixcheck.double_args(flake)
     want = _containerfile_runtime()
     for name in locks():
-        args = eval_json(flake, f"packages.{SYS}.{name}-image.speclockArgs", *d)
+        args = eval_json(flake, f"packages.{SYS}.\"{name}-image\".speclockArgs", *d)
         cfg = args["config"]
         assert dict(e.split("=", 1) for e in cfg["Env"]) == want["env"]
         assert (cfg["User"], cfg["WorkingDir"], cfg["Entrypoint"], cfg["Cmd"]) == (want["user"], want["workdir"], want["entrypoint"], want["cmd"])
-        assert cfg["Labels"] == eval_json(flake, f"lib.images.{name}.labels")
+        assert cfg["Labels"] == eval_json(flake, f"lib.images.\"{name}\".labels")
 
 
 def test_venv_installs_exactly_the_locked_wheels_with_hashes(flake):
     d = nixcheck.double_args(flake)
     for name, lock in locks().items():
-        wh = eval_json(flake, f"packages.{SYS}.{name}-wheelhouse.speclockArgs", *d)
+        wh = eval_json(flake, f"packages.{SYS}.\"{name}-wheelhouse\".speclockArgs", *d)
         assert wh["requirements"] == requirements_text(lock["packages"])
         assert wh["assets"] == requirements_text(lock["assets"])
         assert wh["script"].count("ln -s /nix/store/") == len(lock["packages"]) + len(lock["assets"])
-        venv = eval_json(flake, f"packages.{SYS}.{name}-venv.speclockArgs.buildPhase", *d)
+        venv = eval_json(flake, f"packages.{SYS}.\"{name}-venv\".speclockArgs.buildPhase", *d)
         assert "--no-index --no-deps --require-hashes" in venv and "speclock patches apply" in venv
 
 
@@ -236,7 +236,7 @@ def test_a_truncated_lock_is_named(scratch):
     path = scratch / "locks" / f"{name}.lock"
     path.write_text(path.read_text()[: len(path.read_text()) // 2])
     nixcheck.git_add(scratch)
-    err = eval_error(scratch, f"lib.stacks.{name}.engine")
+    err = eval_error(scratch, f"lib.stacks.\"{name}\".engine")
     assert f"stack {name}: locks/{name}.lock is truncated" in err
 
 
@@ -248,7 +248,7 @@ def test_a_json_syntax_error_is_named_with_its_line(scratch):
     path.write_text(text[:at] + '"stray" ' + text[at:])
     nixcheck.git_add(scratch)
     line = text[:at].count("\n") + 1
-    err = eval_error(scratch, f"lib.stacks.{name}.engine")
+    err = eval_error(scratch, f"lib.stacks.\"{name}\".engine")
     assert f"stack {name}: locks/{name}.lock is not valid JSON at line {line}: unexpected \"packages\"" in err
 
 
@@ -257,7 +257,7 @@ def test_a_lock_with_conflict_markers_is_named(scratch):
     path = scratch / "locks" / f"{name}.lock"
     path.write_text("<<<<<<< HEAD\n" + path.read_text() + ">>>>>>> other\n")
     nixcheck.git_add(scratch)
-    assert f"stack {name}: locks/{name}.lock has merge conflict markers" in eval_error(scratch, f"lib.stacks.{name}.engine")
+    assert f"stack {name}: locks/{name}.lock has merge conflict markers" in eval_error(scratch, f"lib.stacks.\"{name}\".engine")
 
 
 def test_a_missing_key_is_named(scratch):
@@ -267,7 +267,7 @@ def test_a_missing_key_is_named(scratch):
     del doc["stack_data"]["torch"]
     path.write_text(json.dumps(doc, indent=1))
     nixcheck.git_add(scratch)
-    assert f"stack {name}: locks/{name}.lock: key 'stack_data.torch' is missing" in eval_error(scratch, f"lib.stacks.{name}.torch")
+    assert f"stack {name}: locks/{name}.lock: key 'stack_data.torch' is missing" in eval_error(scratch, f"lib.stacks.\"{name}\".torch")
 
 
 def test_a_malformed_wheel_hash_is_named(scratch):
@@ -277,7 +277,7 @@ def test_a_malformed_wheel_hash_is_named(scratch):
     doc["packages"][3]["sha256"] = "abc"
     path.write_text(json.dumps(doc, indent=1))
     nixcheck.git_add(scratch)
-    err = eval_error(scratch, f"lib.stacks.{name}.wheels")
+    err = eval_error(scratch, f"lib.stacks.\"{name}\".wheels")
     assert f"stack {name}: locks/{name}.lock: key 'packages[3].sha256' ({doc['packages'][3]['name']})" in err
 
 
@@ -297,7 +297,7 @@ def test_a_stale_lock_names_the_key(scratch):
     version = locks()[name]["stack_data"]["engine"]["version"]
     path.write_text(text.replace(f'version = "{version}"', 'version = "99.0.0"', 1))
     nixcheck.git_add(scratch)
-    err = eval_error(scratch, f"lib.stacks.{name}.engine")
+    err = eval_error(scratch, f"lib.stacks.\"{name}\".engine")
     assert f"stack {name}: stacks/{name}.toml says engine.version = \"99.0.0\"" in err
 
 

@@ -216,6 +216,8 @@ def test_apply_writes_all_verifies_and_records(tmp_path):
     rec = json.loads(record.read_text())
     assert rec["ok"] and [p["state"] for p in rec["patches"]] == ["applied", "applied"]
     assert rec["label"].startswith("0001-outer.patch@")
+    label = speclock("patches", "label", "--stack", str(stack), patches_dir=pdir)
+    assert label.stdout.strip() == rec["label"]  # the build can set the label before the layer runs
     assert all(pr["passed"] for p in rec["patches"] for pr in p["probes"])
     # verify passes on the patched tree, and check reports it as already applied
     assert speclock("patches", "verify", "--stack", str(stack), "--site-packages", str(site), patches_dir=pdir).returncode == 0

@@ -33,6 +33,22 @@ def smoke(env, draft: Path, name: str, *extra: str) -> tuple[int, dict]:
     return code, json.loads((out / "report.json").read_text())
 
 
+def live_reference_available() -> bool:
+    try:
+        import speclock.engines.reference  # noqa: F401
+        import speclock.train.export  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The wrong-layers case is judged by the reference decoder live on the same 6 x 32 prompts when
+# this checkout has it (the training branch): that is the 15% case, named as an integration
+# failure. The reference costs minutes of CPU under load, so the healthy case uses the recorded one
+# (for 80 x 64 prompts; for 6 x 32 it reports "not computed"). Measured agreement: docs/smoke.md.
+REFERENCE = ("--reference", "live" if live_reference_available() else "recorded")
+
+
 @pytest.fixture(scope="module")
 def healthy(env):
     draft = healthy_drafter()
@@ -47,6 +63,8 @@ def test_the_healthy_drafter_passes(healthy):
     assert code == 0, report["failures"]
     assert report["verdict"] == "pass" and report["lossless"]["mismatches"] == 0
     assert report["draft"]["captured_layers"] == report["draft"]["aux_layer_ids"]
+    if report["reference"]["status"] == "live":  # engine and reference agree: both greedy, same drafter
+        assert report["reference"]["gap"] <= report["thresholds"]["max_reference_gap"]
 
 
 def test_a_random_weight_drafter_fails_on_acceptance(env):
@@ -68,10 +86,13 @@ def test_a_random_weight_drafter_fails_on_acceptance(env):
 def test_wrong_aux_layer_ids_fail(env, healthy):
     draft, _, good = healthy
     bad = shifted_layers_drafter(draft, env["root"] / "shifted-draft", ids=[0, 1, 2])
-    code, report = smoke(env, bad, "shifted")
+    code, report = smoke(env, bad, "shifted", *REFERENCE)
     assert code == 1, report["metrics"]
     assert report["draft"]["captured_layers"] == [0, 1, 2]
     assert report["metrics"]["mean_acceptance_length"] < good["metrics"]["mean_acceptance_length"]
+    if report["reference"]["status"] == "live":
+        # Same weights, fed the layers they were trained on by the reference: the gap names the integration.
+        assert any(f.startswith("engine vs reference acceptance (integration)") for f in report["failures"]), report["failures"]
 
 
 def test_thresholds_above_what_the_drafter_reaches_fail_the_gate(env, healthy, tmp_path):
@@ -90,4 +111,5 @@ def test_an_engine_crash_mid_run_still_writes_the_report(env):
     code, report = smoke(env, crashing_drafter(env["target"], env["root"] / "crash-draft"), "crash")
     assert code == 1
     assert report["run"]["completed"] is False and report["run"]["stage"] == "speculative (with drafter)"
-    assert report["verdict"] == "fail" and "engine failed during speculative" in report["failures"][0]
+    assert report["verdict"] == "fail" and len(report["failures"]) == 1
+    assert "engine failed during speculative" in report["failures"][0]

@@ -88,3 +88,27 @@ def test_json_schema_covers_every_section():
     assert "thresholds" in props["smoke"]["properties"]
     assert props["engine"]["properties"]["name"]["enum"] == ["vllm", "sglang"]
     json.dumps(schema)
+
+
+def test_new_empty_optional_keys_do_not_change_the_pinned_hash():
+    from speclock.stack import canonical_sha256, pinned_view
+
+    stack = load_stack("cpu-vllm")
+    grown = json.loads(json.dumps(stack.data))
+    grown["gpu"]["some_future_key"] = []
+    grown["engine"]["another"] = {}
+    assert canonical_sha256(pinned_view(grown)) == stack.source_sha256
+    grown["engine"]["another"] = {"x": 1}
+    assert canonical_sha256(pinned_view(grown)) != stack.source_sha256
+
+
+def test_arch_settings_must_name_a_targeted_arch(tmp_path):
+    text = (ROOT / "stacks" / "vllm-cu130.toml").read_text().replace('archs = ["sm_90a", "sm_100a", "sm_103a", "sm_120a"]', 'archs = ["sm_90a"]')
+    with pytest.raises(BadInput, match="gpu.arch_settings.sm_100a"):
+        load_stack(write_stack(tmp_path, text, "vllm-cu130"))
+
+
+def test_engine_settings_for_an_arch_merge_the_override():
+    stack = load_stack("vllm-cu130")
+    assert stack.engine_settings_for("sm_100a")["attention_backend"] == "FLASHINFER"
+    assert "attention_backend" not in stack.engine_settings_for("sm_90a")

@@ -135,7 +135,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     config: dict[str, Path] = {f"stacks/{stack.path.name}": stack.path}
     baselines = REPO_ROOT / "baselines" / stack.name
     if baselines.is_dir():
-        config.update({f"baselines/{k}": v for k, v in _tree_files(baselines).items()})
+        config.update({f"baselines/{stack.name}/{k}": v for k, v in _tree_files(baselines).items()})
     _sync_tree(config, ctx / "config")
     _sync_file(lock_file or lock_path(stack), ctx / "config" / "lock.json")
     _sync_tree(_tree_files(src_root), ctx / "src" / "speclock")
@@ -347,7 +347,8 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     return record
 
 
-def selfcheck_image(stack: Stack, record: dict[str, Any], *, progress=print) -> dict[str, Any]:
+def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | None = None,
+                    progress=print) -> dict[str, Any]:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build."""
     from speclock.runner import ensure_in_docker, run_image
 
@@ -357,7 +358,8 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, progress=print) -> 
         shutil.rmtree(out)
     progress(f"self-check of {ref}: doctor, smoke, gate (offline, read-only, non-root)")
     t0 = time.monotonic()
-    proc = run_image(ref, ["selfcheck", "--out", "/out"], out_dir=out)
+    proc = run_image(ref, ["selfcheck", "--out", "/out", *(args or [])], out_dir=out,
+                     env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]})
     verdict_file = out / "selfcheck.json"
     verdict = json.loads(verdict_file.read_text()) if verdict_file.is_file() else {"verdict": "fail", "error": "no selfcheck.json written"}
     result = {"verdict": verdict.get("verdict", "fail"), "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1),

@@ -39,6 +39,7 @@ from speclock.patches import (DirTree, default_site_packages, engine_subprocess,
                               load_series, run_static_probes)
 from speclock.stack import REPO_ROOT, Stack, load_stack
 
+ENGINE_CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
 CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
 MANIFEST = "speclock-manifest.json"
 DOCTOR_SCHEMA = "speclock.doctor/v1"
@@ -430,6 +431,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
                 print(r.details["table"])
         print(f"verdict: {verdict} ({len(failed)} failed, {sum(r.status == 'warn' for r in results)} warnings) "
               f"in {time.time() - t0:.1f} s")
+    engine_missing = ctx.python is None and any(c in ENGINE_CHECKS for c in (only or CHECKS))
+    if engine_missing:
+        if args.json:
+            return EnvironmentProblem.exit_code
+        raise EnvironmentProblem(f"no Python with {ctx.stack.engine['package']} {ctx.stack.engine['version']}: {ctx.python_note}",
+                                 hint="install the engine or pass --python")
     if failed and not args.json:
         raise CheckFailed(f"{len(failed)} doctor check(s) failed: {', '.join(r.name for r in failed)}",
                           hint="each FAIL line above says what is wrong")

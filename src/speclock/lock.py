@@ -22,7 +22,7 @@ from typing import Any
 
 from speclock import baseimage
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
-from speclock.stack import REPO_ROOT, Stack, canonical_sha256, load_stack
+from speclock.stack import REPO_ROOT, Stack, canonical_sha256, load_stack, pinned_view
 
 LOCK_SCHEMA = "speclock.lock/v1"
 # glibc of the base, by Debian suite: the newest manylinux tag the image can run.
@@ -167,7 +167,7 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         "schema": LOCK_SCHEMA,
         "stack": stack.name,
         "stack_sha256": stack.source_sha256,
-        "stack_data": stack.data,
+        "stack_data": stack.data,  # full, for readers such as flake.nix; the hash uses pinned_view
         "resolver": {"tool": "pip", "requirements": stack.requirements()},
         "python": {"version": stack.python["version"], "platforms": platform_tags(stack)},
         "base": base,
@@ -233,7 +233,7 @@ def check_lock(stack: Stack, doc: dict[str, Any]) -> list[str]:
     """What differs between the stack file and what its lock was made from (empty = in sync)."""
     if doc["stack_sha256"] == stack.source_sha256:
         return []
-    return _diff(doc.get("stack_data", {}), stack.data) or ["stack content hash differs"]
+    return _diff(pinned_view(doc.get("stack_data", {})), pinned_view(stack.data)) or ["stack content hash differs"]
 
 
 def lock_summary(doc: dict[str, Any]) -> str:

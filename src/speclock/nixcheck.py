@@ -184,7 +184,7 @@ def build_checks(flake: Path, *, override: list[str] | None = None) -> list[str]
     override = poisoned_nixpkgs(flake) if override is None else override
     names = nix_eval_json(flake, f"checks.{SYSTEM}", "--apply", "builtins.attrNames", *(override or []))
     run_nix(["nix", "build", "--offline", "--no-link", *(override or []),
-             *[f".#checks.{SYSTEM}.{n}" for n in names]], cwd=flake)
+             *[f".#checks.{SYSTEM}.\"{n}\"" for n in names]], cwd=flake)
     return names
 
 

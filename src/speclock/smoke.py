@@ -142,7 +142,7 @@ def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] 
     except json.JSONDecodeError as err:
         raise BadInput(f"{manifest_path}: not valid JSON: {err}", hint="the drafter's manifest is written by the training tools") from None
     try:  # the training branch's lookup, when present, is the one definition
-        from speclock.train import lookup_reference  # type: ignore[attr-defined]
+        from speclock.train.export import lookup_reference  # type: ignore[import-not-found]
     except ImportError:
         lookup_reference = None
     if lookup_reference is not None:
@@ -155,15 +155,28 @@ def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] 
 
 
 def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[str, Any]:
-    """speclock's own speculative decoder on the same drafter and prompts (slow on a CPU)."""
+    """speclock's own speculative decoder (training branch) on the same drafter and prompts; slow on a CPU.
+
+    It feeds the drafter the layers recorded in its manifest (`aux_layers_after`, what it was trained
+    on), not the config's ids: that is what makes it an independent judge of the engine's wiring.
+    """
     try:
-        from speclock.engines import reference
+        from speclock.engines.reference import load_target, run_reference
+        from speclock.train.export import load_drafter
     except ImportError as err:
-        raise EnvironmentProblem(f"the reference decoder is not available: {err}") from None
-    judge = getattr(reference, "judge", None)
-    if judge is None:
-        raise EnvironmentProblem("speclock.engines.reference has no judge(target, draft, prompt_ids, k, max_tokens)")
-    return judge(inp.target, inp.draft, prompt_ids, inp.k, inp.max_tokens)
+        raise EnvironmentProblem(f"the reference decoder is not available in this build: {err}",
+                                 hint="use --reference recorded (the result in the drafter's manifest) or --reference off") from None
+    target, tokenizer = load_target(inp.target)
+    drafter, manifest = load_drafter(inp.draft, target)
+    done = [0]
+
+    def progress(i, n, metrics):
+        if i == n or i - done[0] >= 10:
+            done[0] = i
+            _log(f"reference: {i}/{n} prompts, mean acceptance length so far {metrics['mean_acceptance_length']:.3f}")
+
+    run = run_reference(target, tokenizer, drafter, manifest["aux_layers_after"], prompt_ids, inp.k, inp.max_tokens, progress=progress)
+    return run.metrics
 
 
 def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[int]], engine_metrics: dict | None) -> dict[str, Any]:
@@ -189,6 +202,22 @@ def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[
 
 
 # ---------------------------------------------------------------- the run
+
+def visible_arch(stack) -> str | None:
+    """The stack arch name of the visible GPU (sm_100 -> sm_100a when the stack targets that), or None."""
+    if not stack.is_gpu:
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception:
+        return None
+    plain = f"sm_{major}{minor}"
+    return plain + "a" if plain + "a" in stack.gpu["archs"] else plain
+
 
 def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
@@ -284,7 +313,9 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
             raise EnvironmentProblem(f"the engine package {report['engine']['package']} is not installed here",
                                      hint="run inside the image, or install the stack's engine in this environment")
         engine = get_engine(inp.stack.engine["name"])
-        settings = dict(inp.stack.engine["settings"])
+        arch = visible_arch(inp.stack)
+        settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
+        report.setdefault("gpu", {})["arch"] = arch
         run["stage"] = "plain (no drafter)"
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
@@ -324,8 +355,8 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         _log(f"reference: {report['reference']['note']}")
     failures = failures_of(evaluate(report, inp.thresholds))
     if not run["completed"]:
-        failures = [f"engine failed during {run['stage']}: {run['error']}"] + [
-            f for f in failures if not f.startswith(("engine run", "lossless"))]
+        # Counters of a run that did not finish say nothing about the drafter: report the crash alone.
+        failures = [f"engine failed during {run['stage']}: {run['error']}"]
     report["failures"] = failures
     report["verdict"] = "fail" if failures else "pass"
     if code == 0 and failures:

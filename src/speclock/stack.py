@@ -67,6 +67,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "cuda": ("str", False, "", "CUDA release (e.g. 13.0); empty for a CPU stack", None),
         "archs": ("list[str]", False, [], "GPU architectures the image targets", list(ARCH_MIN_CUDA)),
         "known_gaps": ("list[str]", False, [], "accepted arch gaps: 'library:arch reason'", None),
+        "arch_settings": ("table", False, {}, "engine settings per GPU arch, merged over engine.settings on that arch (e.g. an attention backend with code for Blackwell)", None),
     },
     "patches": {
         "series": ("list[str]", False, [], "patch files under patches/<engine>/, applied in order", None),
@@ -152,6 +153,13 @@ class Stack:
     @property
     def patch_series(self) -> list[str]:
         return list(self.data["patches"]["series"])
+
+    def engine_settings_for(self, arch: str | None) -> dict[str, Any]:
+        """engine.settings with the GPU arch's overrides (gpu.arch_settings) applied."""
+        merged = dict(self.engine["settings"])
+        if arch:
+            merged.update(self.gpu["arch_settings"].get(arch, {}))
+        return merged
 
     @property
     def is_gpu(self) -> bool:
@@ -286,6 +294,11 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
             if have < need:
                 raise bad("gpu.archs", f"{arch} needs CUDA {need[0]}.{need[1]} or newer; gpu.cuda is {cuda}",
                           f"raise gpu.cuda to {need[0]}.{need[1]}+ or drop {arch}")
+    for arch, settings in s["gpu"]["arch_settings"].items():
+        if arch not in archs:
+            raise bad(f"gpu.arch_settings.{arch}", f"{arch} is not in gpu.archs", ", ".join(archs) or "add the arch to gpu.archs")
+        if not isinstance(settings, dict):
+            raise bad(f"gpu.arch_settings.{arch}", "expected a table of engine settings", "e.g. { attention_backend = \"FLASHINFER\" }")
     if s["kernels"]["build"] and not cuda:
         raise bad("kernels.build", "kernels need a GPU stack", "set gpu.cuda and gpu.archs, or remove kernels.build")
     n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
@@ -314,7 +327,35 @@ def load_stack(name_or_path: str | Path, root: Path | None = None) -> Stack:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise BadInput(f"{path}: not valid TOML: {err}", hint="fix the syntax at the line and column given") from None
     data = validate(raw, path)
-    return Stack(name=data["name"], path=path, data=data, source_sha256=canonical_sha256(data))
+    return Stack(name=data["name"], path=path, data=data, source_sha256=canonical_sha256(pinned_view(data)))
+
+
+# Keys that never change what a lock resolves (how the smoke test runs and judges, which drafter
+# folder is copied): editing them needs no re-lock.
+UNPINNED = ("description", "draft", "smoke.thresholds", "smoke.num_prompts", "smoke.max_tokens",
+            "smoke.num_speculative_tokens")
+
+
+def pinned_view(data: Any) -> Any:
+    """The stack as locks see it: UNPINNED keys and empty values dropped, so neither a threshold edit
+    nor a new optional key with an empty default puts existing locks out of date."""
+    view = json.loads(json.dumps(data))
+    for dotted in UNPINNED:
+        if dotted in view:  # validated data keeps nested sections flat ("smoke.thresholds")
+            view.pop(dotted)
+            continue
+        parent, _, key = dotted.rpartition(".")
+        holder = view.get(parent, {}) if parent else view
+        if isinstance(holder, dict):
+            holder.pop(key, None)
+    return _prune_empty(view)
+
+
+def _prune_empty(data: Any) -> Any:
+    if isinstance(data, dict):
+        pruned = {k: _prune_empty(v) for k, v in data.items()}
+        return {k: v for k, v in pruned.items() if v not in ("", [], {}, None)}
+    return data
 
 
 def canonical_sha256(data: Any) -> str:

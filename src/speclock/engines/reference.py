@@ -145,7 +145,7 @@ def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_id
                 accepted += 1
             counters.add(accepted)
             new = drafts[:accepted] + [choice[accepted]]
-            tcache.crop(n + 1 + accepted)
+            _crop(tcache, n + 1 + accepted)
             aux = _aux(o.hidden_states, aux_layers_after)[:, :accepted + 1]
             seq.extend(new)
             for tok in new:
@@ -153,6 +153,13 @@ def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_id
                 if tok in stop or len(out) >= max_tokens:
                     break
         return out[:max_tokens]
+
+
+def _crop(cache, keep: int) -> None:
+    """Keep the first `keep` positions of a transformers cache (negative crop: portable across versions)."""
+    drop = cache.get_seq_length() - keep
+    if drop > 0:
+        cache.crop(-drop)
 
 
 @dataclass
@@ -210,3 +217,55 @@ def run_baseline(target, tokenizer, prompt_ids: list[list[int]], max_tokens: int
     if next(target.parameters()).device.type == "cuda":
         torch.cuda.synchronize()
     return outs, time.perf_counter() - t0
+
+
+# --- the engine interface (speclock.engines): the reference decoder as one more engine ---------
+NAME = "reference"
+
+
+def version(package: str = "speclock") -> str:
+    from speclock import __version__
+
+    return __version__
+
+
+class ReferenceSession:
+    """`speclock.engines` session: greedy generation (speculative when a drafter is given), counters."""
+
+    def __init__(self, config):
+        settings = dict(getattr(config, "settings", {}) or {})
+        device = settings.get("device") or "cpu"
+        self.model, self.tok = load_target(config.target, device, settings.get("dtype"))
+        self.k = int(getattr(config, "num_speculative_tokens", 3))
+        self.counters_ = SpecCounters(k=self.k)
+        self.drafter = self.layers = None
+        if getattr(config, "draft", None):
+            from speclock.train.export import load_drafter
+
+            self.drafter, manifest = load_drafter(config.draft, self.model, device, check_target_dir=Path(config.target))
+            self.layers = manifest["aux_layers_after"]
+        self.stop_ids = eos_ids(self.model, self.tok)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        if self.drafter is None:
+            return [greedy_generate(self.model, p, max_tokens, self.stop_ids) for p in prompts]
+        return [speculative_generate(self.model, self.drafter, self.layers, p, self.k, max_tokens, self.stop_ids, self.counters_)
+                for p in prompts]
+
+    def counters(self):
+        c = self.counters_
+        try:
+            from speclock.engines import SpecCounters as EngineCounters
+        except ImportError:  # engines package without the shared counters type
+            return c.metrics()
+        return EngineCounters(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, tuple(c.accepted_per_position))
+
+    def captured_layers(self) -> list[int] | None:
+        return list(self.layers) if self.layers else None
+
+    def stop(self) -> None:
+        self.model = self.drafter = None
+
+
+def start(config) -> ReferenceSession:
+    return ReferenceSession(config)

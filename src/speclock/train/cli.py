@@ -111,6 +111,14 @@ def _reference(args) -> int:
     return 0
 
 
+def _prompts(args) -> int:
+    from speclock.train.data import write_prompt_file
+
+    n = write_prompt_file(args.out, args.num_prompts, args.max_chars)
+    print(f"wrote {n} ShareGPT prompts to {args.out}")
+    return 0
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("train", help="EAGLE-3 drafter training pipeline and reference decoder",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,6 +135,11 @@ def add_commands(sub) -> None:
         sp = tsub.add_parser(stage, help=text)
         _add_pipeline_args(sp)
         sp.set_defaults(func=_run_stages([stage]))
+    pp = tsub.add_parser("prompts", help="write ShareGPT first turns to a small JSONL (to carry to a GPU host)")
+    pp.add_argument("--out", type=Path, required=True)
+    pp.add_argument("-n", "--num-prompts", type=int, default=14000)
+    pp.add_argument("--max-chars", type=int, default=2000)
+    pp.set_defaults(func=_prompts)
     r = tsub.add_parser("reference", help="run the reference speculative decoder on a drafter; --record stores the result")
     r.add_argument("--drafter", type=Path, required=True, help="exported drafter folder (vLLM format + manifest)")
     r.add_argument("--target", type=Path, required=True, help="the target as a Hugging Face folder")

