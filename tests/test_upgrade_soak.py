@@ -45,7 +45,7 @@ def test_a_real_soak_on_vllm_cpu_keeps_acceptance_and_outputs(tmp_path):
     if draft is None:
         pytest.fail("models/smollm2-135m-eagle3 is missing (the default stack's drafter)")
     code = main(["soak", "--target", str(converted_target()), "--draft", str(draft), "--num-prompts", "8",
-                 "--max-tokens", "32", "--minutes", "0.01", "--max-windows", "3", "--out", str(tmp_path)])
+                 "--max-tokens", "32", "--minutes", "10", "--max-windows", "3", "--out", str(tmp_path)])
     doc = json.loads((tmp_path / "soak.json").read_text())
     assert code == 0, doc["failures"]
     assert len(doc["windows"]) == 3 and doc["schema"] == "speclock.soak/v1"
