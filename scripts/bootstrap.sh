@@ -40,6 +40,8 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$ROOT/scripts/requirements-host-data.txt"
   echo "$want" > "$stamp"
 fi
+# Small tools, outside the stamp: a no-op when already installed.
+"$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-lint.txt"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" 2>/dev/null \
   || "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT"
 log "ready: $VENV (activate with: . $VENV/bin/activate)"
