@@ -28,7 +28,7 @@ def ensure_in_docker(record: dict) -> str:
     if DOCKER.image_exists(ref):
         return ref
     if record["builder"] == "buildah":
-        print(f"copying {ref} from buildah's store into docker", flush=True)
+        print(f"copying {ref} from buildah's store into docker", file=sys.stderr, flush=True)
         rc, tail = stream(["buildah", "--storage-driver", "overlay", "push", ref, f"docker-daemon:{ref}"], quiet=True)
         if rc != 0:
             raise EnvironmentProblem(f"could not copy {ref} into docker:\n{tail[-1000:]}", hint="check that dockerd runs")
