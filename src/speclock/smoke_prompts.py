@@ -8,7 +8,6 @@ A prompt file is JSONL: each line an object with "turns" (MT-Bench: the first tu
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -77,42 +76,18 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
 
 
 def prompts_sha256(texts: list[str]) -> str:
-    """Identity of a prompt set (texts in order), used in reference-result keys."""
-    return hashlib.sha256(json.dumps(texts, ensure_ascii=False).encode()).hexdigest()
+    """Identity of a prompt set (texts in order), used in reference-result keys (the training side's hash)."""
+    from speclock.prompts import prompts_sha256 as shared
+
+    return shared(texts)
 
 
 def weights_sha256(model_dir: str | Path) -> str:
-    """Identity of a model's tensors: sha256 over (name, dtype, shape, bytes) by name; config excluded.
+    """Identity of a model's tensors (config excluded): the same hash as the drafter manifests use.
 
-    Matches `speclock.models.target_sha256` (training branch). A drafter keeps its identity when
-    only its config changes, so a recorded reference still judges an engine fed the wrong layers.
+    A drafter keeps its identity when only its config changes, so a recorded reference still
+    judges an engine that is fed the wrong layers.
     """
-    import struct
+    from speclock.models import target_sha256
 
-    model_dir = Path(model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise BadInput(f"{model_dir} holds no *.safetensors weights", hint="point at a Hugging Face model folder")
-    where = {}
-    for path in files:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                where[name] = (path, info, 8 + n)
-    h = hashlib.sha256()
-    for name in sorted(where):
-        path, info, base = where[name]
-        start, end = info["data_offsets"]
-        h.update(json.dumps([name, info["dtype"], info["shape"]]).encode())
-        with open(path, "rb") as f:
-            f.seek(base + start)
-            left = end - start
-            while left:
-                block = f.read(min(left, 1 << 22))
-                if not block:
-                    raise BadInput(f"{path}: tensor {name} is truncated")
-                h.update(block)
-                left -= len(block)
-    return h.hexdigest()
+    return target_sha256(model_dir)
