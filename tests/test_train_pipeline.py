@@ -102,3 +102,58 @@ def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_ru
     assert summary["steps"] == full["steps"]
     for (name, p), q in zip(straight.named_parameters(), resumed.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
+
+
+@pytest.mark.parametrize("store,bytes_per_token", [("fp8", 2897), ("fp8-all", 2325)])
+def test_fp8_stores_hold_the_bf16_states_within_e4m3_precision(quick_run, tmp_path, store, bytes_per_token):
+    import torch
+    from speclock.errors import BadInput
+    from speclock.models import target_sha256
+    from speclock.train.data import read_done
+    from speclock.train.extract import extract_hidden_states, gather_states, load_shards
+    from speclock.train.pipeline import load_target_model, quick_settings
+
+    work, target = quick_run
+    s = quick_settings(tmp_path, target=target)
+    model, _ = load_target_model(s, "cpu")
+    responses = list(read_done(work / "responses.jsonl").values())
+    def extract(folder, kind):
+        return extract_hidden_states(model, responses, tmp_path / folder, [2, 15, 27], target_sha256(target),
+                                     s.fit.max_len, s.extract_batch_tokens, s.shard_tokens, log=lambda m: None, store=kind)
+
+    idx = extract("h", store)
+    assert idx["store"] == store and idx["bytes_per_token"] == bytes_per_token
+    extract("b", "bf16")  # the same pass in bf16, in this process (same numerics)
+    ref, q = load_shards(tmp_path / "b"), load_shards(tmp_path / "h")
+    assert torch.equal(ref["input_ids"], q["input_ids"]) and ref["spans"] == q["spans"]
+    for name in ("aux", "final"):
+        exact = gather_states(ref, name, ref["spans"]).float()
+        got = gather_states(q, name, q["spans"]).float()
+        if name == "final" and store == "fp8":
+            assert torch.equal(exact, got)  # the labels' source stays bf16
+            continue
+        # e4m3 keeps 3 mantissa bits: every element within 1/16 of its own size, or of a tiny
+        # fraction of its (token, layer) row's largest magnitude for the subnormal range.
+        H = 576
+        rows, rows_q = exact.view(-1, H), got.view(-1, H)
+        amax = rows.abs().amax(-1, keepdim=True)
+        assert ((rows - rows_q).abs() <= rows.abs() / 16 + amax * 2**-9 / 448 * 2).all(), name
+        assert (rows - rows_q).abs().max() > 0  # really quantized
+    with pytest.raises(BadInput, match="pass the same --hidden-store"):
+        extract("h", "bf16")
+
+
+def test_held_out_sequences_are_scored_per_training_step(quick_run, tmp_path):
+    from speclock.train.extract import load_shards
+    from speclock.train.fit import train_drafter
+    from speclock.train.pipeline import load_target_model, quick_settings
+
+    work, target = quick_run
+    s = quick_settings(tmp_path, target=target)
+    model, _ = load_target_model(s, "cpu")
+    data = load_shards(work / "hidden")
+    _, summary = train_drafter(data, model, replace(s.fit, holdout_sequences=3, max_steps=4), tmp_path / "c", "cpu",
+                               log=lambda m: None)
+    assert summary["holdout"]["sequences"] == 3
+    assert len(summary["holdout"]["acc_per_step"]) == s.fit.ttt_steps
+    assert all(0.0 <= a <= 1.0 for a in summary["holdout"]["acc_per_step"])

