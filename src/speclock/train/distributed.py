@@ -84,9 +84,9 @@ def run_with_torchrun(s, stages: list[str], resume: bool, nproc: int) -> dict:
 
     if under_torchrun():
         raise BadInput("--nproc given inside a torchrun run", hint="launch with `speclock train --nproc N` or with torchrun, not both")
-    backend, kind = backend_for(s.device, nproc)
-    if nproc == 1:
+    if isinstance(nproc, int) and nproc == 1:  # one process: exactly the plain path, no torchrun
         return run_all(s, stages, resume)
+    backend, kind = backend_for(s.device, nproc)
     pre = [x for x in stages if x not in DIST_STAGES and stages.index(x) < _first(stages, DIST_STAGES)]
     mid = [x for x in stages if x in DIST_STAGES]
     post = [x for x in stages if x not in DIST_STAGES and x not in pre]
