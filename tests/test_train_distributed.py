@@ -150,6 +150,17 @@ def test_stages_that_need_one_process_are_refused_under_torchrun():
         check_stages(["generate", "extract"])
 
 
+def test_launched_ranks_run_this_speclock_with_nvlink_multicast_off(monkeypatch):
+    from speclock.train.distributed import launch_env, torchrun_command
+
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    env = launch_env()
+    assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"], env["NVSHMEM_DISABLE_NVLS"]) == ("0", "1", "1")
+    assert env["PYTHONPATH"].split(":")[0] == str(train_support.ROOT / "src")
+    cmd = torchrun_command(4, ["speclock", "train"])
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m"]
+
+
 def test_sequences_are_dealt_to_ranks_once_each_and_balanced():
     from speclock.train.distributed import ranks_share
 

@@ -339,6 +339,7 @@ def setup(requested_device: str) -> DistContext | None:
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh
 
+    os.environ.update(LAUNCH_ENV)  # also when torchrun was started by hand: NCCL reads these at communicator init
     world, rank, local = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     backend, kind = backend_for(requested_device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if kind == "cuda":
