@@ -237,6 +237,23 @@ def test_two_processes_train_the_same_drafter_as_one_for_the_same_global_batches
 
 
 @pytest.mark.slow
+def test_two_processes_match_one_with_gradient_clipping(extracted, trained, tiny, tmp_path):
+    """clip_grad_norm_ over FSDP2's sharded gradients clips by the global norm (as training does by default).
+    Adam turns float32 noise in near-zero gradients into ~1e-6 weight differences: tolerance 1e-5."""
+    from speclock.train.distributed import run_with_torchrun
+    from speclock.train.pipeline import run_all
+
+    _, two = extracted
+    _, target = tiny
+    a, b = _copy_work(two, tmp_path / "one"), _copy_work(two, tmp_path / "two")
+    run_all(_settings(a, target, grad_clip=0.5), ["fit"])
+    run_with_torchrun(_settings(b, target, grad_clip=0.5), ["fit"], True, 2)
+    _assert_same_training(_ckpt(a), _ckpt(b), atol=1e-5)
+    unclipped = _ckpt(trained[0])["drafter"]["midlayer.self_attn.q_proj.weight"]
+    assert (unclipped - _ckpt(a)["drafter"]["midlayer.self_attn.q_proj.weight"]).abs().max() > 1e-4  # clipping did act
+
+
+@pytest.mark.slow
 def test_interrupted_two_process_training_resumes_to_the_same_weights(trained, tiny, tmp_path):
     """Stopped (checkpointed) after 5 of 10 steps, resumed by two processes, and by one: both equal the
     uninterrupted two-process run; the N-process checkpoint exports on one process."""
