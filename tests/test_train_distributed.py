@@ -8,7 +8,6 @@ checkpoints) does not depend on the target's size.
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
