@@ -39,8 +39,12 @@ def gpu_info() -> dict:
 
     info = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "python": platform.python_version()}
     if torch.cuda.is_available():
-        info.update(gpus=torch.cuda.device_count(), gpu_name=torch.cuda.get_device_name(0),
-                    cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())))
+        info.update(gpus=torch.cuda.device_count(), gpu_name=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+        try:
+            v = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception as err:  # informational only
+            info["nccl"] = f"unknown ({err})"
     return info
 
 
