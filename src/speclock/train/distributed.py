@@ -42,7 +42,9 @@ LAUNCH_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", 
 
 # --- launching ------------------------------------------------------------------------------------
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """Launched as one rank of a process group (torchrun's env:// contract), not a plain run that
+    happens to see RANK in a job's environment."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def backend_for(device: str, nproc: int) -> tuple[str, str]:
