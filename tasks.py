@@ -81,10 +81,11 @@ def gate(c, report, baseline=None):
     _speclock(c, "gate", report, *_flags(baseline=baseline))
 
 
-@task(help={"quick": "every stage on a CPU at toy scale", "args": "more arguments for `speclock train all`"})
-def train(c, quick=False, args=""):
+@task(help={"quick": "every stage on a CPU at toy scale", "nproc": "extract and fit in N processes (torchrun, FSDP2)",
+            "args": "more arguments for `speclock train all`"})
+def train(c, quick=False, nproc=None, args=""):
     """Train an EAGLE-3 drafter: generate, extract, fit, export, reference (see docs/training.md)."""
-    _speclock(c, "train", "all", *_flags(quick=quick), *shlex.split(args))
+    _speclock(c, "train", "all", *_flags(quick=quick, nproc=nproc), *shlex.split(args))
 
 
 @task(help={"fast": "skip the slow tests (real image builds, engine runs)"})

@@ -77,3 +77,47 @@ def random_drafter(model, draft_vocab: int = 512, seed: int = 0):
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def tiny_target(folder: Path, seed: int = 0) -> Path:
+    """A random 4-layer Llama (hidden 32) with SmolLM2's tokenizer and chat template, saved as an HF folder.
+    Its lm_head only scores ids < 512 (the rest are 0), so the target's argmax falls in a 512-token
+    draft vocab and most response positions count in the loss."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight[512:] = 0
+        model.lm_head.weight[:512] *= 4
+    model.save_pretrained(folder)
+    src = real_target()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / name).exists():
+            shutil.copy(src / name, folder / name)
+    return folder
+
+
+def toy_responses(path: Path, n: int = 24, seed: int = 0, long_one: int = 150) -> list[dict]:
+    """n (prompt, response) records of random ids < 512, lengths 20..80, plus one of `long_one` tokens
+    (alone in its training batch: with 2 ranks one rank gets no sequence for that step)."""
+    import random
+
+    from speclock.train.data import append_records
+
+    rng = random.Random(seed)
+    recs = []
+    for i in range(n + 1):
+        total = long_one if i == n else rng.randint(20, 80)
+        p = rng.randint(4, 10)
+        recs.append({"id": f"toy-{i:03d}", "prompt_ids": [rng.randrange(512) for _ in range(p)],
+                     "response_ids": [rng.randrange(512) for _ in range(total - p)], "generator": "toy"})
+    append_records(path, recs)
+    return recs

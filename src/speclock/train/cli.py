@@ -4,6 +4,7 @@
     speclock train all --work W                 full run (GPU): target, generate, extract, fit, export, reference
     speclock train generate|extract|fit|export --work W   one stage (each resumes where it stopped)
     speclock train reference --drafter D --target T --record   judge a drafter, record into its manifest
+    speclock train all --work W --nproc 8       extract and fit on 8 GPUs (torchrun + FSDP2), the rest in one process
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--ref-workers", type=int, help="processes for the reference stage")
     p.add_argument("--no-resume", action="store_true", help="train from scratch even if a checkpoint exists")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="run extract and fit in N processes with torchrun (one GPU each; gloo on a CPU)")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
 
@@ -87,7 +90,12 @@ def _run_stages(stages: list[str]):
         from speclock.train.pipeline import run_all
 
         s = settings_from_args(args)
-        summary = run_all(s, stages, resume=not args.no_resume)
+        if args.nproc is not None:
+            from speclock.train.distributed import run_with_torchrun
+
+            summary = run_with_torchrun(s, stages, not args.no_resume, args.nproc)
+        else:
+            summary = run_all(s, stages, resume=not args.no_resume)
         if args.json:
             print(json.dumps(summary, indent=1, default=str))
         else:

@@ -135,6 +135,15 @@ class MidLayer(nn.Module):
         residual = residual + attn_out
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
+    def ttt_step(self, embeds, hidden, positions, attend):
+        """One unrolled TTT step of the layer: every use of its weights happens here, so FSDP2 can
+        gather them around this call (register_fsdp_forward_method). `attend(q, k, v)` (k, v already
+        expanded to all heads) does the step's weight-free attention and returns [B,T,heads*d]."""
+        attn = self.self_attn
+        q, k, v = attn.qkv(self.attn_input(embeds, hidden), positions)
+        out = attend(q, attn.expand_kv(k), attn.expand_kv(v))
+        return self.finish(attn.o_proj(out), hidden)
+
 
 @dataclass
 class DraftCache:
@@ -188,7 +197,6 @@ class Eagle3Drafter(nn.Module):
         step s at index i predicts token i+2+s (from target position i+1+s). input_ids: [B,T];
         aux: [B,T,3H]."""
         B, T = input_ids.shape
-        attn = self.midlayer.self_attn
         scale = 1.0 / math.sqrt(self.config.head_dim)
         hidden = self.fc(aux)
         base_pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)
@@ -197,13 +205,10 @@ class Eagle3Drafter(nn.Module):
         chain_k: list[torch.Tensor] = []
         chain_v: list[torch.Tensor] = []
         outputs = []
-        for s in range(steps):
-            ids = F.pad(input_ids[:, 1 + s:], (0, 1 + s), value=0)
-            embeds = self.embed_tokens[ids]
-            x = self.midlayer.attn_input(embeds, hidden)
-            q, k, v = attn.qkv(x, base_pos + s)
-            k, v = attn.expand_kv(k), attn.expand_kv(v)
-            if s == 0:
+
+        def attend(q, k, v):
+            nonlocal k0, v0
+            if k0 is None:
                 k0, v0 = k, v
                 scores = (q @ k0.transpose(-1, -2)) * scale
                 scores = scores.float().masked_fill(~causal, float("-inf"))
@@ -218,8 +223,11 @@ class Eagle3Drafter(nn.Module):
                 out = probs[..., :T] @ v0
                 for r, cv in enumerate(chain_v):
                     out = out + probs[..., T + r, None] * cv
-            out = out.transpose(1, 2).reshape(B, T, -1)
-            residual = self.midlayer.finish(attn.o_proj(out), hidden)
+            return out.transpose(1, 2).reshape(B, T, -1)
+
+        for s in range(steps):
+            ids = F.pad(input_ids[:, 1 + s:], (0, 1 + s), value=0)
+            residual = self.midlayer.ttt_step(self.embed_tokens[ids], hidden, base_pos + s, attend)
             outputs.append(self.lm_head(self.norm(residual)))
             hidden = residual
         return outputs

@@ -141,8 +141,10 @@ def _collate(data, idxs, max_len, device):
     return ids, lm, aux, fin, sum(n for _, n in spans)
 
 
-def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int):
-    """(weighted loss, per-step accuracies, per-step losses, counted positions)."""
+def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=None):
+    """(weighted loss, per-step accuracies, per-step losses). `reduce_counts` (distributed runs) turns this
+    process's per-step counts of loss positions into the global batch's, so each step is normalized by
+    the whole global batch and the processes' losses add up to the one-process loss."""
     import torch
 
     B, T = ids.shape
@@ -153,6 +155,9 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int):
         tp = tl[..., d2t_ids].float().softmax(-1)
         in_vocab = drafter.t2d[t_arg]
         del tl
+        counts = torch.stack([(lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]).sum() for s in range(steps)])
+        if reduce_counts is not None:
+            counts = reduce_counts(counts)
     outs = drafter.ttt_forward(ids, aux.to(drafter.fc.weight.dtype), steps)
     total = 0.0
     accs, losses = [], []
@@ -163,7 +168,7 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int):
         mask = lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]
         logp = logits[:, :n].float().log_softmax(-1)
         ce = -(tp[:, 1 + s:T - 1] * logp).sum(-1)
-        cnt = mask.sum().clamp(min=1)
+        cnt = counts[s].clamp(min=1)
         loss_s = (ce * mask).sum() / cnt
         total = total + (0.8 ** s) * loss_s
         with torch.no_grad():
@@ -185,8 +190,10 @@ def data_consistency(ids, lm, fin, target_head) -> float:
         return float(((pred == ids[:, 1:]) & mask).sum() / mask.sum().clamp(min=1))
 
 
-def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True):
-    """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary)."""
+def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True,
+                  dist=None):
+    """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary).
+    `dist` (speclock.train.distributed.DistContext): this process's share of a torchrun run."""
     import torch
     from speclock.train.drafter import DrafterConfig, Eagle3Drafter, count_parameters
 
@@ -201,6 +208,8 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     head = target.get_output_embeddings().weight.detach()
     drafter.init_from_target(target.get_input_embeddings().weight.detach().to(device), head.to(device),
                              target.model.norm.weight.detach().to(device))
+    if dist:
+        drafter = dist.shard_drafter(drafter)
     use_amp = device.startswith("cuda")
     target_head = head.to(device, torch.bfloat16 if use_amp else torch.float32)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -215,8 +224,15 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         saved = torch.load(ckpt, map_location=device, weights_only=False)
         if _settings(saved["fit_config"]) != _settings(asdict(cfg)) or saved["vocab"] != vocab.tolist():
             raise BadInput(f"{ckpt} was written with other settings or data", hint="use a fresh --work folder, or pass --no-resume")
-        drafter.load_state_dict(saved["drafter"], strict=False)
-        opt.load_state_dict(saved["optimizer"])
+        if dist:
+            dist.load_checkpoint(drafter, opt, saved)
+        else:
+            drafter.load_state_dict(saved["drafter"], strict=False)
+            if saved.get("optimizer_keys") == "fqn":  # written by a torchrun run
+                from speclock.train.distributed import optimizer_state_by_position
+
+                saved["optimizer"] = optimizer_state_by_position(saved["optimizer"], drafter)
+            opt.load_state_dict(saved["optimizer"])
         state = saved["state"]
         log(f"fit: resumed at epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
     log(f"fit: {count_parameters(drafter) / 1e6:.2f}M trainable parameters, draft vocab {cfg.draft_vocab_size} "
@@ -224,6 +240,8 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         f"{'bf16 autocast' if use_amp else 'float32'} on {device}")
 
     def save():
+        if dist:
+            return dist.save_checkpoint(drafter, opt, ckpt, {"state": state, "fit_config": asdict(cfg), "vocab": vocab.tolist()})
         tmp = ckpt.with_name("checkpoint.pt.tmp")
         torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": state,
                     "fit_config": asdict(cfg), "vocab": vocab.tolist()}, tmp)
@@ -237,26 +255,36 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     window = {"loss": [], "acc": []}
     t_last = t_start = time.perf_counter()
     stop = False
+
+    def _elapsed():  # rank 0's clock in distributed runs: every rank must stop at the same step
+        e = time.perf_counter() - t_start
+        return dist.from_rank0(e) if dist else e
     while state["epoch"] < cfg.epochs and not stop:
         batches = epochs_batches[state["epoch"]]
         while state["batch"] < len(batches):
             if cfg.max_steps and state["step"] >= cfg.max_steps:
                 stop = True
                 break
-            if cfg.time_budget_s and time.perf_counter() - t_start > cfg.time_budget_s:
+            if cfg.time_budget_s and _elapsed() > cfg.time_budget_s:
                 log(f"fit: time budget of {cfg.time_budget_s:.0f}s spent at step {state['step']}; stopping (checkpointed)")
                 stop = True
                 break
-            ids, lm, aux, fin, ntok = _collate(data, batches[state["batch"]], cfg.max_len, device)
+            if dist:
+                ids, lm, aux, fin, ntok = dist.collate_local(_collate, data, batches[state["batch"]], cfg.max_len, device)
+            else:
+                ids, lm, aux, fin, ntok = _collate(data, batches[state["batch"]], cfg.max_len, device)
             for g in opt.param_groups:
                 progress = state["step"] / max(1, schedule_steps)
                 if cfg.time_budget_s:
-                    progress = max(progress, (time.perf_counter() - t_start) / cfg.time_budget_s)
+                    progress = max(progress, _elapsed() / cfg.time_budget_s)
                 g["lr"] = _lr_at(state["step"], progress, cfg)
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_amp):
-                loss, accs, losses = ttt_loss(drafter, target_head, ids, lm, aux, fin, cfg.ttt_steps)
+                loss, accs, losses = ttt_loss(drafter, target_head, ids, lm, aux, fin, cfg.ttt_steps,
+                                              reduce_counts=dist.all_reduce_sum if dist else None)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * dist.grad_scale if dist else loss).backward()
+            if dist:
+                loss, accs, losses = dist.global_metrics(loss, accs, losses, cfg.ttt_steps)
             torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
             opt.step()
             state["batch"] += 1
@@ -295,7 +323,10 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                                  "acc_per_step": acc_mean, "tokens": state["tokens"]})
     state["seconds"] += time.perf_counter() - t_last
     save()
+    # Every rank scores the held-out set: under FSDP2 each forward is a collective.
     held_final = evaluate_holdout(drafter, target_head, data, held_ids, cfg, device) if held_ids else []
+    if dist and not dist.is_main:
+        return drafter, None
     if held_final:
         log(f"fit: held-out accuracy per step at the end {held_final[:3]}")
     train_hist = [h for h in state["history"] if "loss" in h]

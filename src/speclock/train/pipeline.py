@@ -133,7 +133,7 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
                               time_budget_s=s.gen_time_budget_s)
 
 
-def stage_extract(s: Settings, model, layers: list[int]) -> dict:
+def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
     from speclock.models import target_sha256
     from speclock.train.data import read_done
     from speclock.train.extract import extract_hidden_states
@@ -141,17 +141,28 @@ def stage_extract(s: Settings, model, layers: list[int]) -> dict:
     responses = list(read_done(s.work / "responses.jsonl").values())
     if not responses:
         raise BadInput(f"{s.work}/responses.jsonl holds no responses", hint="run `speclock train generate` first")
+    if ctx:  # torchrun: this rank's share, then the merged index
+        from speclock.train.distributed import extract_sharded
+
+        return extract_sharded(ctx, model, responses, s.work / "hidden", layers, target_sha256(s.target_dir), s.fit.max_len,
+                               s.extract_batch_tokens, s.shard_tokens, log=log, store=s.hidden_store)
+    if (s.work / "hidden" / "parts").is_dir():  # rank folders of a torchrun run: count their shards as done
+        from speclock.train.distributed import merge_indexes
+
+        merge_indexes(s.work / "hidden")
     return extract_hidden_states(model, responses, s.work / "hidden", layers, target_sha256(s.target_dir),
                                  s.fit.max_len, s.extract_batch_tokens, s.shard_tokens, log=log, store=s.hidden_store)
 
 
-def stage_fit(s: Settings, model, device: str, resume: bool = True):
+def stage_fit(s: Settings, model, device: str, resume: bool = True, ctx=None):
     from speclock.train.extract import load_shards
     from speclock.train.fit import train_drafter
 
     # On a GPU the whole data set lives in GPU memory (a few GB at this scale): no loader needed.
     data = load_shards(s.work / "hidden", device=device if device.startswith("cuda") else "cpu")
-    return train_drafter(data, model, s.fit, s.work / "ckpt", device, log=log, resume=resume), data["index"]
+    quiet = ctx is not None and not ctx.is_main
+    return train_drafter(data, model, s.fit, s.work / "ckpt", device, log=(lambda m: None) if quiet else log, resume=resume,
+                         dist=ctx), data["index"]
 
 
 def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: dict, hidden_index: dict) -> dict:
@@ -277,18 +288,35 @@ def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: i
 
 
 def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
-    """Run the named stages in order (target, generate, extract, fit, export, reference)."""
+    """Run the named stages in order (target, generate, extract, fit, export, reference).
+    Launched by torchrun, this process is one rank of extract/fit (speclock.train.distributed)."""
+    from speclock.train import distributed
+
+    ctx = distributed.setup(s.device)
+    try:
+        if ctx:
+            distributed.check_stages(stages)
+        return _run_all(s, stages, resume, ctx)
+    finally:
+        if ctx:
+            ctx.close()
+
+
+def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     import torch
 
     t0 = time.perf_counter()
     s.work.mkdir(parents=True, exist_ok=True)
-    device = pick_device(s.device)
+    device = ctx.device if ctx else pick_device(s.device)
     if device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
     summary: dict = {"device": device, "stages": {}}
     if "target" in stages or s.target is None:
         ts = time.perf_counter()
-        stage_target(s)
+        if ctx is None or ctx.is_main:  # one converter, the other ranks wait for its folder
+            stage_target(s)
+        if ctx:
+            ctx.barrier()
         summary["stages"]["target"] = round(time.perf_counter() - ts, 2)
     model, tok = load_target_model(s, device)
     layers = s.aux_layers_after or default_aux_layers(model.config.num_hidden_layers)
@@ -301,7 +329,7 @@ def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
         summary["stages"]["generate"] = round(time.perf_counter() - ts, 2)
     if "extract" in stages:
         ts = time.perf_counter()
-        idx = stage_extract(s, model, layers)
+        idx = stage_extract(s, model, layers, ctx)
         summary["extract"] = {"tokens": idx["tokens"], "sequences": idx["sequences"], "bytes_per_token": idx["bytes_per_token"],
                               "store": idx.get("store", "bf16"),
                               **(idx.get("last_run") or {})}
@@ -309,7 +337,7 @@ def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
     drafter = None
     if "fit" in stages:
         ts = time.perf_counter()
-        (drafter, fit_summary), hidden_index = stage_fit(s, model, device, resume)
+        (drafter, fit_summary), hidden_index = stage_fit(s, model, device, resume, ctx)
         summary["fit"] = fit_summary
         summary["stages"]["fit"] = round(time.perf_counter() - ts, 2)
     if "export" in stages:
@@ -327,7 +355,10 @@ def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
                                                workers=s.ref_workers, also_record_in=[s.work / "export" / "sglang"])
         summary["stages"]["reference"] = round(time.perf_counter() - ts, 2)
     summary["seconds"] = round(time.perf_counter() - t0, 2)
-    (s.work / "run-summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    if ctx:
+        summary.update(nproc=ctx.world, backend=ctx.backend)
+    if ctx is None or ctx.is_main:
+        (s.work / "run-summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
 
 
