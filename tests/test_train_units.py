@@ -45,6 +45,48 @@ def test_training_time_test_equals_step_by_step_drafting():
             assert torch.allclose(logits[0, -1], outs[s][0, t], atol=1e-5), (t, s)
 
 
+def check_fused_loss_matches_plain(backend: str) -> None:
+    """ttt_loss through speclock.kernels.eagle3_loss (what GPU training uses) equals the plain path:
+    loss, per-step accuracy, and the gradients of lm_head and fc (float32: the kernel's precision)."""
+    import torch
+    from speclock.train.fit import ttt_loss
+
+    torch.manual_seed(1)
+    B, T, steps = 2, 10, 3
+    ids = torch.randint(0, 50, (B, T))
+    lm = torch.ones(B, T, dtype=torch.bool)
+    lm[:, :3] = False  # the prompt
+    aux, fin, head = torch.randn(B, T, 96), torch.randn(B, T, 32), torch.randn(50, 32)
+    results = []
+    for fused in (None, backend):
+        d = _tiny_drafter().float()
+        d.embed_tokens = d.embed_tokens.float()
+        loss, accs, _ = ttt_loss(d, head, ids, lm, aux, fin, steps, fused=fused)
+        loss.backward()
+        results.append((float(loss.detach()), accs, d.lm_head.weight.grad.clone(), d.fc.weight.grad.clone()))
+    (l0, a0, g0, f0), (l1, a1, g1, f1) = results
+    assert abs(l0 - l1) <= 1e-5 * abs(l0) and a0 == pytest.approx(a1), (l0, l1, a0, a1)
+    assert torch.allclose(g0, g1, rtol=1e-4, atol=1e-6) and torch.allclose(f0, f1, rtol=1e-4, atol=1e-6)
+
+
+def test_the_fused_loss_gives_the_same_loss_accuracy_and_gradients_as_the_plain_one():
+    check_fused_loss_matches_plain("reference")
+
+
+def test_the_fused_triton_loss_under_the_interpreter_matches_the_plain_one():
+    import os
+    import subprocess
+    import sys
+
+    train_support.need("triton")
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.path.join(here, "..", "src")]))
+    proc = subprocess.run([sys.executable, "-c", "import test_train_units as t; "
+                           "t.check_fused_loss_matches_plain('triton-interpret'); print('ALL OK')"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
 def test_d2t_maps_draft_ids_to_target_ids():
     d = _tiny_drafter()
     assert d.draft_to_target_ids().tolist() == list(range(0, 40, 2))

@@ -51,6 +51,8 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, help="padded tokens per training batch")
     p.add_argument("--max-steps", type=int, help="stop training after this many steps")
     p.add_argument("--holdout", type=int, help="sequences kept out of training and scored each epoch")
+    p.add_argument("--unfused-loss", action="store_true", help="on a GPU, compute the loss from full logits instead of "
+                   "speclock's fused Triton kernel (same result, more memory; for comparisons)")
     p.add_argument("--gen-time-budget", type=float, help="stop generating after this many seconds (resumable)")
     p.add_argument("--fit-time-budget", type=float, help="stop training after this many seconds (checkpointed)")
     p.add_argument("--device", default="", help="cpu, cuda, cuda:1 (default: cuda if available)")
@@ -77,7 +79,8 @@ def settings_from_args(args) -> "Settings":
     }.items() if v is not None}
     fit = {k: v for k, v in {"epochs": args.epochs, "ttt_steps": args.ttt_steps, "draft_vocab_size": args.draft_vocab,
                              "lr": args.lr, "batch_tokens": args.batch_tokens, "max_steps": args.max_steps,
-                             "time_budget_s": args.fit_time_budget, "holdout_sequences": args.holdout}.items() if v is not None}
+                             "time_budget_s": args.fit_time_budget, "holdout_sequences": args.holdout,
+                             "fused_loss": False if getattr(args, "unfused_loss", False) else None}.items() if v is not None}
     s = replace(s, **upd)
     s.fit = replace(s.fit, **fit)
     if s.num_prompts < 1:

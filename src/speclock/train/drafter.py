@@ -192,10 +192,11 @@ class Eagle3Drafter(nn.Module):
             self.norm.weight.copy_(final_norm.to(self.norm.weight.dtype))
 
     # --- training: training-time test ---------------------------------------------------------
-    def ttt_forward(self, input_ids: torch.Tensor, aux: torch.Tensor, steps: int):
+    def ttt_forward(self, input_ids: torch.Tensor, aux: torch.Tensor, steps: int, normed_only: bool = False):
         """Unroll `steps` drafting steps over every anchor. Returns per step (logits [B,T,Vd]) where
         step s at index i predicts token i+2+s (from target position i+1+s). input_ids: [B,T];
-        aux: [B,T,3H]."""
+        aux: [B,T,3H]. normed_only: the final-norm outputs [B,T,H] instead of logits (for the
+        fused loss, which applies lm_head itself without materialising the logits)."""
         B, T = input_ids.shape
         scale = 1.0 / math.sqrt(self.config.head_dim)
         hidden = self.fc(aux)
@@ -228,7 +229,8 @@ class Eagle3Drafter(nn.Module):
         for s in range(steps):
             ids = F.pad(input_ids[:, 1 + s:], (0, 1 + s), value=0)
             residual = self.midlayer.ttt_step(self.embed_tokens[ids], hidden, base_pos + s, attend)
-            outputs.append(self.lm_head(self.norm(residual)))
+            normed = self.norm(residual)
+            outputs.append(normed if normed_only else self.lm_head(normed))
             hidden = residual
         return outputs
 

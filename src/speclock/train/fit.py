@@ -36,6 +36,7 @@ class FitConfig:
     checkpoint_every: int = 200
     grad_clip: float = 0.5
     holdout_sequences: int = 0  # sequences kept out of training, scored at each epoch end (generalisation)
+    fused_loss: bool = True  # on a GPU, one process: speclock's Triton loss (same result, less memory)
     max_steps: int = 0  # 0 = no cap (the quick mode and tests cap it)
     time_budget_s: float = 0.0  # 0 = no limit; else stop (checkpointed) after this many seconds
 
@@ -114,7 +115,7 @@ def _lr_at(step: int, progress: float, cfg: FitConfig) -> float:
 
 def _settings(fit_config: dict) -> dict:
     """The fit settings that must match to resume (stop conditions may change between runs)."""
-    return {k: v for k, v in fit_config.items() if k not in ("max_steps", "time_budget_s", "checkpoint_every")}
+    return {k: v for k, v in fit_config.items() if k not in ("max_steps", "time_budget_s", "checkpoint_every", "fused_loss")}
 
 
 def _collate(data, idxs, max_len, device):
@@ -141,11 +142,17 @@ def _collate(data, idxs, max_len, device):
     return ids, lm, aux, fin, sum(n for _, n in spans)
 
 
-def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=None):
+def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=None, fused: str | None = None):
     """(weighted loss, per-step accuracies, per-step losses). `reduce_counts` (distributed runs) turns this
     process's per-step counts of loss positions into the global batch's, so each step is normalized by
-    the whole global batch and the processes' losses add up to the one-process loss."""
+    the whole global batch and the processes' losses add up to the one-process loss.
+    `fused`: a speclock.kernels.eagle3_loss backend ("triton" on a GPU): the draft lm_head, the soft
+    cross-entropy and the top-1 count in one chunked kernel, never holding [tokens x draft vocab]
+    logits (same loss and gradients; one-process runs only, as FSDP2 shards lm_head)."""
     import torch
+
+    if fused and reduce_counts is not None:
+        raise BadInput("the fused loss runs in one-process training only", hint="drop --nproc, or pass --unfused-loss")
 
     B, T = ids.shape
     d2t_ids = drafter.draft_to_target_ids()
@@ -158,7 +165,7 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
         counts = torch.stack([(lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]).sum() for s in range(steps)])
         if reduce_counts is not None:
             counts = reduce_counts(counts)
-    outs = drafter.ttt_forward(ids, aux.to(drafter.fc.weight.dtype), steps)
+    outs = drafter.ttt_forward(ids, aux.to(drafter.fc.weight.dtype), steps, normed_only=bool(fused))
     total = 0.0
     accs, losses = [], []
     for s, logits in enumerate(outs):
@@ -166,6 +173,12 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
         if n <= 0:
             break
         mask = lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]
+        if fused:
+            loss_s, acc = _fused_step(drafter, logits[:, :n][mask], tp[:, 1 + s:T - 1][mask], fused)
+            total = total + (0.8 ** s) * loss_s
+            accs.append(acc)
+            losses.append(float(loss_s.detach()))
+            continue
         logp = logits[:, :n].float().log_softmax(-1)
         ce = -(tp[:, 1 + s:T - 1] * logp).sum(-1)
         cnt = counts[s].clamp(min=1)
@@ -177,6 +190,21 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
         accs.append(float(acc))
         losses.append(float(loss_s.detach()))
     return total, accs, losses
+
+
+def _fused_step(drafter, hidden_rows, probs_rows, backend: str):
+    """One TTT step through speclock.kernels.eagle3_loss: (mean soft CE over the rows, accuracy)."""
+    import torch
+    from speclock.kernels import eagle3_loss
+
+    if hidden_rows.shape[0] == 0:
+        return hidden_rows.sum() * 0.0, 0.0
+    weight = drafter.lm_head.weight
+    # The Triton kernel takes bf16 on a GPU; autocast off so that the dtypes are what we pass.
+    dtype = torch.bfloat16 if hidden_rows.is_cuda else weight.dtype
+    with torch.autocast(device_type="cuda", enabled=False):
+        loss, correct = eagle3_loss(hidden_rows.to(dtype), weight.to(dtype), probs_rows, backend=backend)
+    return loss, float(correct) / hidden_rows.shape[0]
 
 
 def data_consistency(ids, lm, fin, target_head) -> float:
@@ -211,6 +239,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     if dist:
         drafter = dist.shard_drafter(drafter)
     use_amp = device.startswith("cuda")
+    fused = "triton" if (cfg.fused_loss and use_amp and not dist) else None
     target_head = head.to(device, torch.bfloat16 if use_amp else torch.float32)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     train_ids, held_ids = split_holdout(len(data["spans"]), cfg.holdout_sequences, cfg.seed)
@@ -237,7 +266,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         log(f"fit: resumed at epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
     log(f"fit: {count_parameters(drafter) / 1e6:.2f}M trainable parameters, draft vocab {cfg.draft_vocab_size} "
         f"(covers {vocab_stats['coverage_of_response_tokens']:.1%} of response tokens), {total_steps} steps, "
-        f"{'bf16 autocast' if use_amp else 'float32'} on {device}")
+        f"{'bf16 autocast' if use_amp else 'float32'} on {device}{', fused Triton loss' if fused else ''}")
 
     def save():
         if dist:
@@ -280,7 +309,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                 g["lr"] = _lr_at(state["step"], progress, cfg)
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss, accs, losses = ttt_loss(drafter, target_head, ids, lm, aux, fin, cfg.ttt_steps,
-                                              reduce_counts=dist.all_reduce_sum if dist else None)
+                                              reduce_counts=dist.all_reduce_sum if dist else None, fused=fused)
             opt.zero_grad(set_to_none=True)
             (loss * dist.grad_scale if dist else loss).backward()
             if dist:
