@@ -52,11 +52,13 @@ def _copy_work(src: Path, dst: Path, with_ckpt: bool = False) -> Path:
 
 def _by_sequence(hidden: Path) -> dict:
     """sequence id -> its tensors, from the (merged) index."""
-    from speclock.train.extract import load_shards
+    from speclock.train.extract import gather_states, load_shards
 
     data = load_shards(hidden)
     ids = [i for sh in data["index"]["shards"] for i in sh["ids"]]
-    return {sid: {k: data[k][s:s + n] for k in ("input_ids", "loss_mask", "aux", "final")}
+    # aux/final through gather_states: the store may be fp8 (the default), dequantized here
+    return {sid: {**{k: data[k][s:s + n] for k in ("input_ids", "loss_mask")},
+                  **{k: gather_states(data, k, [(s, n)]) for k in ("aux", "final")}}
             for sid, (s, n) in zip(ids, data["spans"])}
 
 
