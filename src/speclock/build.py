@@ -250,6 +250,29 @@ def staged_containerfile(ctx: Path, labels: dict[str, str], *, with_kernels: boo
     return path
 
 
+def build_args_for(stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str,
+                   kernel_base_ref: str | None = None) -> dict[str, str]:
+    """The Containerfile's build arguments for a staged context; the kernel ones only for kernel stacks."""
+    target = stack.target
+    build_args = {
+        "BASE_IMAGE": base_ref,
+        "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
+        "PATCH_SERIES": " ".join(stack.patch_series),
+        "STACK_NAME": stack.name,
+        "TARGET_GGUF": target["gguf"],
+        "TARGET_DTYPE": target["dtype"],
+        "PROMPTS_FILE": stack.smoke["prompts_file"],
+        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
+        "WHEELS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt"]),
+        "PATCHES_SHA256": _tree_sha256(ctx, ["tools", "patches"]),
+        "ASSETS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
+    }
+    if kernel_base_ref:
+        build_args["KERNEL_BASE_IMAGE"] = kernel_base_ref
+        build_args["KERNELS_SHA256"] = _tree_sha256(ctx, ["wheels/kernels.txt", "kernel-tools"])
+    return build_args
+
+
 def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print,
                       key: str = "base") -> str:
     """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
@@ -369,23 +392,8 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
             "labels": labels, "patches": stack.patch_series}
     info_path = ctx / "config" / "image.json"
     info_path.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    target = stack.target
-    build_args = {
-        "BASE_IMAGE": base_ref,
-        "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
-        "PATCH_SERIES": " ".join(stack.patch_series),
-        "STACK_NAME": stack.name,
-        "TARGET_GGUF": target["gguf"],
-        "TARGET_DTYPE": target["dtype"],
-        "PROMPTS_FILE": stack.smoke["prompts_file"],
-        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
-        "WHEELS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt"]),
-        "PATCHES_SHA256": _tree_sha256(ctx, ["tools", "patches"]),
-        "ASSETS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
-    }
+    build_args = build_args_for(stack, lock, ctx, base_ref, kernel_base_ref)
     if kernel_base_ref:
-        build_args["KERNEL_BASE_IMAGE"] = kernel_base_ref
-        build_args["KERNELS_SHA256"] = _tree_sha256(ctx, ["wheels/kernels.txt", "kernel-tools"])
         progress(f"  kernels: {', '.join(stack.kernels)} for {', '.join(stack.gpu['archs'])} (nvcc stage, then only the library)")
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
     containerfile = staged_containerfile(ctx, labels, with_kernels=bool(stack.kernels))
