@@ -460,8 +460,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(record, indent=2, sort_keys=True))
         if result["verdict"] not in ("pass", "smoke-skipped"):
+            doctor_failed = result.get("doctor", {}).get("failed")
+            read = (f"{result['outputs']}/doctor.json (doctor failed: {', '.join(doctor_failed)})" if doctor_failed
+                    else f"{result['outputs']}/summary.md and report.json")
             raise CheckFailed(f"the image {record['ref']} was built but its self-check failed (exit {result['exit_code']})",
-                              hint=f"read {result['outputs']}/summary.md and report.json; push-image refuses it until it passes")
+                              hint=f"read {read}; push-image refuses it until it passes")
         return 0
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
