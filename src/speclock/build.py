@@ -196,7 +196,7 @@ def image_ref(stack: Stack, tag: str) -> str:
 def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revision: str) -> dict[str, str]:
     epoch = lock["source_date_epoch"]
     engine = stack.engine
-    labels = {
+    return {
         "org.opencontainers.image.title": f"speclock-{stack.name}",
         "org.opencontainers.image.description": stack.data.get("description", ""),
         "org.opencontainers.image.source": source_url(),
@@ -216,10 +216,6 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
         f"{LABEL_PREFIX}.patches": ",".join(stack.patch_series) or "none",
         f"{LABEL_PREFIX}.base": lock["base"].get("sha256") or lock["base"].get("ref", ""),
     }
-    if stack.kernels:  # only on images that carry kernels, so other images keep their labels
-        labels[f"{LABEL_PREFIX}.kernels"] = ",".join(stack.kernels)
-        labels[f"{LABEL_PREFIX}.kernel-archs"] = ",".join(stack.gpu["archs"])
-    return labels
 
 
 def containerfile_text(with_kernels: bool) -> str:
