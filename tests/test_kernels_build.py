@@ -126,3 +126,12 @@ def test_stack_cuda_too_old_is_reported_before_the_nvcc_mismatch(tmp_path):
         build.build_fp8_library(["sm_100a"], tmp_path / "o", nvcc=_fake_nvcc(tmp_path, "13.0"), cuda="12.4",
                                 progress=lambda m: None)
     assert "gpu.cuda" in str(err.value) and "12.8" in str(err.value)
+
+
+@pytest.mark.slow
+def test_two_builds_give_the_same_library(tmp_path):
+    """Reproducible images need a reproducible library: nvcc's PID-named temp files must not leak into it."""
+    nvcc = _real_nvcc()
+    first = build.build_fp8_library(["sm_90a"], tmp_path / "a", nvcc=nvcc, progress=lambda m: None)
+    second = build.build_fp8_library(["sm_90a"], tmp_path / "b", nvcc=nvcc, progress=lambda m: None)
+    assert first["library_sha256"] == second["library_sha256"]

@@ -112,3 +112,15 @@ def test_engine_settings_for_an_arch_merge_the_override():
     stack = load_stack("vllm-cu130")
     assert stack.engine_settings_for("sm_100a")["attention_backend"] == "FLASHINFER"
     assert "attention_backend" not in stack.engine_settings_for("sm_90a")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "stacks").glob("*.toml")), ids=lambda p: p.stem)
+def test_each_stacks_drafter_is_the_export_for_its_engine(path):
+    """The drafter's config ids are the ones its manifest gives for the stack's engine (SGLang shifts Llama ids by 1)."""
+    stack = load_stack(path)
+    folder = ROOT / stack.draft["path"]
+    if not (folder / "speclock-manifest.json").is_file():
+        pytest.skip(f"{stack.draft['path']} is not committed (a drafter supplied at deployment)")
+    manifest = json.loads((folder / "speclock-manifest.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == manifest["engine_layer_ids"][stack.engine["name"]]

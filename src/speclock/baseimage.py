@@ -22,14 +22,14 @@ from speclock.layout import cache_dir
 from speclock.stack import Stack
 
 
-def recipe(stack: Stack, source_date_epoch: int) -> dict[str, Any]:
+def recipe(stack: Stack, source_date_epoch: int, extra_packages: list[str] | None = None) -> dict[str, Any]:
     base = stack.base
     return {
         "tool": "mmdebstrap",
         "suite": base["suite"],
         "mirror": base["mirror"],
         "variant": base["variant"],
-        "packages": sorted(base["packages"]),
+        "packages": sorted(set(base["packages"]) | set(extra_packages or [])),
         "source_date_epoch": source_date_epoch,
         "format": "tar",
         "mode": "root",
@@ -77,14 +77,17 @@ def build_rootfs(rec: dict[str, Any], *, progress=print) -> Path:
     return out
 
 
-def lock_base(stack: Stack, *, previous_epoch: int | None = None, progress=print) -> dict[str, Any]:
-    """The lock's `base` entry: the recipe and the sha256 of the tarball it produces (or the image ref)."""
+def lock_base(stack: Stack, *, previous_epoch: int | None = None, extra_packages: list[str] | None = None,
+              progress=print) -> dict[str, Any]:
+    """The lock's `base` entry: the recipe and the sha256 of the tarball it produces (or the image ref).
+
+    `extra_packages`: the kernel builder base (`kernel_base` in the lock) is the same recipe plus these."""
     if stack.base["kind"] == "image":
         return {"kind": "image", "ref": stack.base["ref"]}
     # A fixed epoch (midnight UTC of the lock day) makes the tarball byte-identical across rebuilds.
     today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     epoch = previous_epoch or int(today.timestamp())
-    rec = recipe(stack, epoch)
+    rec = recipe(stack, epoch, extra_packages)
     tar = build_rootfs(rec, progress=progress)
     from speclock.lock import file_sha256
 

@@ -26,11 +26,19 @@ from speclock import __version__, baseimage, wheelhouse
 from speclock.builders import Builder, get_builder
 from speclock.errors import BadInput, CheckFailed
 from speclock.layout import cache_dir
-from speclock.lock import check_lock, lock_path, read_lock
+from speclock.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock
 from speclock.stack import REPO_ROOT, Stack, load_stack
 
 CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
 BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"
+# The kernel builder stage, spliced into CONTAINERFILE at its @kernels markers for stacks with kernels.build.
+KERNELS_CONTAINERFILE = REPO_ROOT / "containers" / "kernels.Containerfile"
+KERNELS_STAGE_MARK = "# @kernels-stage"
+KERNELS_COPY_MARK = "# @kernels-copy"
+KERNELS_IN_IMAGE = "/opt/speclock/kernels"  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
+# What the kernel build step runs: speclock.kernels.build and the modules it imports, plus the CUDA source.
+KERNEL_TOOL_FILES = ("__init__.py", "errors.py", "stack.py", "kernels/__init__.py", "kernels/build.py",
+                     "kernels/csrc/fp8_pack.cu")
 # Modules the build steps run (model conversion, patching). Only these reach the early stages,
 # so editing any other source file rebuilds the final layers alone.
 TOOL_MODULES = ("__init__.py", "cli.py", "errors.py", "layout.py", "stack.py", "models.py", "patches.py", "versions.py")
@@ -101,10 +109,16 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     wheels = ctx / "wheels"
     wheelhouse.link_into(lock, wheels)
     keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | {"requirements.txt", "assets.txt"}
+    if stack.kernels:
+        keep.add("kernels.txt")
     for stale in wheels.iterdir():
         if stale.name not in keep:
             stale.unlink()
-    for name, pkgs in (("requirements.txt", lock["packages"]), ("assets.txt", lock["assets"])):
+    lists = [("requirements.txt", lock["packages"]), ("assets.txt", lock["assets"])]
+    if stack.kernels:
+        check_kernel_toolchain(stack, lock["packages"] + lock["assets"])
+        lists.append(("kernels.txt", kernel_toolchain(lock)))
+    for name, pkgs in lists:
         text = wheelhouse.requirements_text(pkgs)
         target = wheels / name
         if not target.is_file() or target.read_text() != text:
@@ -114,6 +128,13 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     tools = {f"speclock/{m}": src_root / m for m in TOOL_MODULES if (src_root / m).is_file()}
     tools[f"stacks/{stack.path.name}"] = stack.path  # the patch step reads the series from the stack
     _sync_tree(tools, ctx / "tools")
+    # Kernel build inputs in a folder of their own, so editing them never rebuilds the patch or asset layers.
+    if stack.kernels:
+        kernel_tools = {f"speclock/{m}": src_root / m for m in KERNEL_TOOL_FILES}
+        kernel_tools[f"stacks/{stack.path.name}"] = stack.path
+        _sync_tree(kernel_tools, ctx / "kernel-tools")
+    elif (ctx / "kernel-tools").exists():
+        shutil.rmtree(ctx / "kernel-tools")
 
     engine = stack.engine["name"]
     series_dir = REPO_ROOT / "patches" / engine
@@ -157,8 +178,10 @@ def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
     h = hashlib.sha256()
     h.update(b"lock:" + lock["lock_sha256"].encode() + b"\n")
     h.update(b"containerfile:" + _sha256_file(CONTAINERFILE).encode() + b"\n")
+    if "kernel_base" in lock:  # the spliced kernel stage is an input of these images only
+        h.update(b"kernels-containerfile:" + _sha256_file(KERNELS_CONTAINERFILE).encode() + b"\n")
     for rel, path in sorted(_tree_files(ctx).items()):
-        if rel.startswith("wheels/") and rel not in ("wheels/requirements.txt", "wheels/assets.txt"):
+        if rel.startswith("wheels/") and rel not in ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt"):
             continue
         if rel in ("config/image.json", "Containerfile"):  # derived from the inputs, not inputs
             continue
@@ -195,21 +218,64 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
     }
 
 
-def staged_containerfile(ctx: Path, labels: dict[str, str]) -> Path:
-    """containers/Containerfile plus one LABEL instruction (one step, not one per label)."""
+def containerfile_text(with_kernels: bool) -> str:
+    """containers/Containerfile, with the kernel builder stage and its one COPY spliced in when asked."""
+    text = CONTAINERFILE.read_text()
+    lines = text.splitlines(keepends=True)
+    marks = {m: [i for i, l in enumerate(lines) if l.startswith(m)] for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK)}
+    if any(len(v) != 1 for v in marks.values()):
+        raise BadInput(f"{CONTAINERFILE} must hold exactly one '{KERNELS_STAGE_MARK}' and one '{KERNELS_COPY_MARK}' line",
+                       hint="restore the marker comments where the kernel stage and its COPY belong")
+    if not with_kernels:
+        return text
+    lines[marks[KERNELS_COPY_MARK][0]] = f"COPY --from=kernels {KERNELS_IN_IMAGE} {KERNELS_IN_IMAGE}\n"
+    lines[marks[KERNELS_STAGE_MARK][0]] = KERNELS_CONTAINERFILE.read_text()
+    # A FROM ${ARG} needs the ARG declared before the first FROM.
+    first_from = next(i for i, l in enumerate(lines) if l.startswith("FROM "))
+    lines.insert(first_from, "ARG KERNEL_BASE_IMAGE\n")
+    return "".join(lines)
+
+
+def staged_containerfile(ctx: Path, labels: dict[str, str], *, with_kernels: bool = False) -> Path:
+    """containers/Containerfile (+ the kernel stage for stacks with kernels.build) plus one LABEL instruction."""
     quoted = " \\\n      ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items()))
-    text = CONTAINERFILE.read_text().rstrip("\n") + f"\n# labels added by speclock build-image\nLABEL {quoted}\n"
+    text = containerfile_text(with_kernels).rstrip("\n") + f"\n# labels added by speclock build-image\nLABEL {quoted}\n"
     path = ctx / "Containerfile"
     if not path.is_file() or path.read_text() != text:
         path.write_text(text)
     return path
 
 
-def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print) -> str:
-    base = lock["base"]
+def build_args_for(stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str,
+                   kernel_base_ref: str | None = None) -> dict[str, str]:
+    """The Containerfile's build arguments for a staged context; the kernel ones only for kernel stacks."""
+    target = stack.target
+    build_args = {
+        "BASE_IMAGE": base_ref,
+        "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
+        "PATCH_SERIES": " ".join(stack.patch_series),
+        "STACK_NAME": stack.name,
+        "TARGET_GGUF": target["gguf"],
+        "TARGET_DTYPE": target["dtype"],
+        "PROMPTS_FILE": stack.smoke["prompts_file"],
+        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
+        "WHEELS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt"]),
+        "PATCHES_SHA256": _tree_sha256(ctx, ["tools", "patches"]),
+        "ASSETS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
+    }
+    if kernel_base_ref:
+        build_args["KERNEL_BASE_IMAGE"] = kernel_base_ref
+        build_args["KERNELS_SHA256"] = _tree_sha256(ctx, ["wheels/kernels.txt", "kernel-tools"])
+    return build_args
+
+
+def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print,
+                      key: str = "base") -> str:
+    """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
+    base = lock[key]
     if base["kind"] == "image":
         return base["ref"]
-    ref = f"localhost/speclock-base:{base['sha256'][:16]}"
+    ref = f"localhost/speclock-{key.replace('_', '-')}:{base['sha256'][:16]}"
     if builder.image_exists(ref):
         return ref
     tar = baseimage.verified_rootfs(base, progress=progress)
@@ -302,6 +368,13 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     progress("[2/4] base image")
     base_ref = ensure_base_image(stack, lock, builder, progress=progress)
     progress(f"  base: {base_ref}")
+    kernel_base_ref = None
+    if stack.kernels:
+        if "kernel_base" not in lock:
+            raise CheckFailed(f"{lock_file} has no kernel_base, but {stack.path} has kernels.build",
+                              hint=f"run `invoke lock --stack {stack.name}` (it locks the kernel builder base)")
+        kernel_base_ref = ensure_base_image(stack, lock, builder, progress=progress, key="kernel_base")
+        progress(f"  kernel builder base: {kernel_base_ref} (+ {', '.join(stack.data['kernels']['builder_packages'])})")
     progress("[3/4] staging the build context")
     ctx = cache_dir() / "contexts" / context_name(stack, lock_file)
     stage_context(stack, lock, ctx, lock_file=lock_file)
@@ -315,22 +388,11 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
             "labels": labels, "patches": stack.patch_series}
     info_path = ctx / "config" / "image.json"
     info_path.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    target = stack.target
-    build_args = {
-        "BASE_IMAGE": base_ref,
-        "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
-        "PATCH_SERIES": " ".join(stack.patch_series),
-        "STACK_NAME": stack.name,
-        "TARGET_GGUF": target["gguf"],
-        "TARGET_DTYPE": target["dtype"],
-        "PROMPTS_FILE": stack.smoke["prompts_file"],
-        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
-        "WHEELS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt"]),
-        "PATCHES_SHA256": _tree_sha256(ctx, ["tools", "patches"]),
-        "ASSETS_SHA256": _tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
-    }
+    build_args = build_args_for(stack, lock, ctx, base_ref, kernel_base_ref)
+    if kernel_base_ref:
+        progress(f"  kernels: {', '.join(stack.kernels)} for {', '.join(stack.gpu['archs'])} (nvcc stage, then only the library)")
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
-    containerfile = staged_containerfile(ctx, labels)
+    containerfile = staged_containerfile(ctx, labels, with_kernels=bool(stack.kernels))
     t0 = time.monotonic()
     image_id = builder.build(containerfile=containerfile, context=ctx, tag=ref, build_args=build_args, labels={},
                              target="runtime", no_cache=no_cache, timestamp=lock["source_date_epoch"])
@@ -364,8 +426,23 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
     verdict = json.loads(verdict_file.read_text()) if verdict_file.is_file() else {"verdict": "fail", "error": "no selfcheck.json written"}
     result = {"verdict": verdict.get("verdict", "fail"), "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
               "outputs": str(out)}
+    doctor_file = out / "doctor.json"
+    if doctor_file.is_file():
+        doc = json.loads(doctor_file.read_text())
+        result["doctor"] = {"verdict": doc.get("verdict", "fail"), "failed": doc.get("failed", []),
+                            "checks": {c["name"]: c["status"] for c in doc.get("checks", [])}}
+    smoke = verdict.get("stages", {}).get("smoke", {})
+    if smoke.get("skipped"):
+        result["smoke_skipped"] = smoke.get("note", "skipped")
     record["selfcheck"] = result
     write_record(stack.name, record)
+    if "doctor" in result:
+        progress(f"doctor in the image: {result['doctor']['verdict']}"
+                 + (f" (failed: {', '.join(result['doctor']['failed'])})" if result["doctor"]["failed"] else ""))
+    if smoke.get("skipped"):
+        # A GPU stack built on a machine without a GPU: doctor is the proof here, smoke waits for a GPU host.
+        progress(f"smoke SKIPPED: {smoke.get('note')}; run `speclock run-image --stack {stack.name}` on a GPU host "
+                 "(SPECLOCK_RUN_ARGS='--gpus all') for the smoke test and gate")
     progress(f"self-check verdict: {result['verdict']} (exit {proc.returncode}, {result['seconds']} s); outputs in {out}")
     return result
 
@@ -379,8 +456,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(record, indent=2, sort_keys=True))
         if result["verdict"] not in ("pass", "smoke-skipped"):
+            doctor_failed = result.get("doctor", {}).get("failed")
+            read = (f"{result['outputs']}/doctor.json (doctor failed: {', '.join(doctor_failed)})" if doctor_failed
+                    else f"{result['outputs']}/summary.md and report.json")
             raise CheckFailed(f"the image {record['ref']} was built but its self-check failed (exit {result['exit_code']})",
-                              hint=f"read {result['outputs']}/summary.md and report.json; push-image refuses it until it passes")
+                              hint=f"read {read}; push-image refuses it until it passes")
         return 0
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))

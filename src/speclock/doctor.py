@@ -16,6 +16,8 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
   gpu-archs       every compiled extension has SASS or usable PTX for each stack GPU arch
                   (cuobjdump), as a table per library; known gaps in the stack are accepted
   cuda-driver     CUDA runtime vs driver and the visible GPU's compute capability (cuda-python)
+  kernels         speclock's own CUDA kernel library (kernels.build) holds a cubin for exactly each
+                  stack GPU arch and no PTX (cuobjdump), and is the one its kernels.json describes
 
 All engine questions go to the engine's Python in one subprocess (`speclock.engine_probe`).
 Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine missing.
@@ -40,7 +42,7 @@ from speclock.patches import (DirTree, default_site_packages, engine_subprocess,
 from speclock.stack import REPO_ROOT, Stack, load_stack
 
 ENGINE_CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
-CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
+CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver", "kernels")
 MANIFEST = "speclock-manifest.json"
 DOCTOR_SCHEMA = "speclock.doctor/v1"
 # Language-model class inside multimodal wrappers, by the text config's model_type.
@@ -318,6 +320,53 @@ def check_gpu_archs(ctx: Context) -> Check:
     return Check("gpu-archs", "pass", f"{len(rows)} libraries have code for {', '.join(targets)}", detail)
 
 
+def kernels_dir() -> Path | None:
+    """Where the built kernel library should be: $SPECLOCK_KERNELS_DIR, else the image's folder (in an image)."""
+    import os
+    if os.environ.get("SPECLOCK_KERNELS_DIR"):
+        return Path(os.environ["SPECLOCK_KERNELS_DIR"])
+    return IMAGE.root / "kernels" if in_image() or IMAGE.lock_file.is_file() else None
+
+
+def check_kernels(ctx: Context) -> Check:
+    from speclock.kernels import build as kbuild
+
+    if not ctx.stack.kernels:
+        return Check("kernels", "skip", "the stack builds no speclock kernels (kernels.build is empty)")
+    folder = kernels_dir()
+    if folder is None:
+        return Check("kernels", "skip", "the kernel library is built into the image (kernels stage): run doctor inside "
+                                        "the image, or set SPECLOCK_KERNELS_DIR to a `speclock kernels-build` folder")
+    targets = list(ctx.stack.gpu["archs"])
+    lib, man_path = folder / kbuild.FP8_LIBRARY, folder / kbuild.MANIFEST
+    if not lib.is_file() or not man_path.is_file():
+        return Check("kernels", "fail", f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}: the image was built "
+                                        "without its kernels stage; rebuild it with `speclock build-image`", {"dir": str(folder)})
+    man = json.loads(man_path.read_text())
+    detail: dict = {"dir": str(folder), "manifest": man, "targets": targets}
+    problems = []
+    if man.get("abi") != kbuild.ABI_VERSION:
+        problems.append(f"ABI {man.get('abi')}, speclock needs {kbuild.ABI_VERSION}")
+    if man.get("library_sha256") != kbuild._sha256(lib):
+        problems.append(f"{kbuild.FP8_LIBRARY} is not the library {kbuild.MANIFEST} describes (sha256 differs)")
+    tool = cuda_arch.find_cuobjdump(extra_roots=[ctx.site_packages] if ctx.site_packages else None)
+    inv = cuda_arch.inventory(lib, tool=tool)
+    rows = cuda_arch.coverage_table([lib], folder, targets, tool=tool)
+    detail.update({"rows": rows, "table": cuda_arch.format_table(rows, targets) if rows else "", "cuobjdump": str(tool)})
+    missing = [t for t in targets if not rows or rows[0]["targets"][t]["kind"] != "exact"]
+    if missing:
+        problems.append(f"no cubin for {', '.join(missing)}: the library was not built for this gpu.archs; rebuild the image")
+    extra = sorted(set(inv.sass) - set(targets))
+    if extra or inv.ptx:
+        problems.append(f"code beyond gpu.archs: {', '.join(extra + inv.ptx)}")
+    if sorted(man.get("archs", [])) != sorted(targets):
+        problems.append(f"{kbuild.MANIFEST} lists {', '.join(man.get('archs', []))}, gpu.archs is {', '.join(targets)}")
+    if problems:
+        return Check("kernels", "fail", f"{kbuild.FP8_LIBRARY}: " + "; ".join(problems), detail)
+    return Check("kernels", "pass", f"{kbuild.FP8_LIBRARY} (nvcc {man.get('nvcc')}) has a cubin for exactly "
+                                    f"{', '.join(inv.sass)} and no PTX", detail)
+
+
 def _cuda_release(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
@@ -395,6 +444,7 @@ def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Ch
         "aux-layers": lambda: check_aux_layers(ctx, facts, manifest),
         "gpu-archs": lambda: check_gpu_archs(ctx),
         "cuda-driver": lambda: check_cuda(ctx),
+        "kernels": lambda: check_kernels(ctx),
     }
     results = []
     for name in selected:
@@ -427,7 +477,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
               f" ({ctx.python_note})")
         for r in results:
             print(f"{r.status.upper():5} {r.name:14} {r.reason}")
-            if r.name == "gpu-archs" and r.details.get("table"):
+            if r.name in ("gpu-archs", "kernels") and r.details.get("table"):
                 print(r.details["table"])
         print(f"verdict: {verdict} ({len(failed)} failed, {sum(r.status == 'warn' for r in results)} warnings) "
               f"in {time.time() - t0:.1f} s")

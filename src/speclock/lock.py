@@ -136,6 +136,36 @@ def _portable_urls(entries: list[dict[str, Any]], progress) -> None:
              + (f"; not on PyPI, kept local: {', '.join(kept)}" if kept else ""))
 
 
+# PyPI wheels that together make nvcc (compiler, cicc, crt and runtime headers, CCCL headers, static
+# cudart) plus cuobjdump to check the cubins: what the kernel builder stage installs, hash-checked.
+KERNEL_TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl",
+                    "nvidia-cuda-cuobjdump")
+
+
+def kernel_toolchain(lock_or_entries: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lock entries of KERNEL_TOOLCHAIN (engine dependencies or python.build_only), by name."""
+    entries = lock_or_entries if isinstance(lock_or_entries, list) else lock_or_entries["packages"] + lock_or_entries["assets"]
+    by_name = {e["name"]: e for e in entries}
+    return [by_name[n] for n in KERNEL_TOOLCHAIN if n in by_name]
+
+
+def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
+    """BadInput unless every wheel of the nvcc toolchain is locked, naming the stack key to add them to."""
+    have = {e["name"]: e for e in kernel_toolchain(entries)}
+    missing = [n for n in KERNEL_TOOLCHAIN if n not in have]
+    if missing:
+        major = (stack.gpu["cuda"] or "13").split(".")[0]
+        raise BadInput(f"{stack.path}: kernels.build needs the nvcc toolchain wheels in the lock, and {', '.join(missing)} "
+                       "are not among the resolved packages",
+                       hint=f"add exact pins of CUDA {major}.x to python.build_only, e.g. "
+                            + ", ".join(f"'{n}==<version>'" for n in missing) + " (`pip index versions NAME` lists them)")
+    nvcc_major = have["nvidia-cuda-nvcc"]["version"].split(".")[0]
+    if stack.gpu["cuda"] and nvcc_major != stack.gpu["cuda"].split(".")[0]:
+        raise BadInput(f"{stack.path}: the locked nvidia-cuda-nvcc is {have['nvidia-cuda-nvcc']['version']}, "
+                       f"another major release than gpu.cuda = {stack.gpu['cuda']}",
+                       hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda")
+
+
 def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     """Resolve the stack to a complete lock document (not yet written)."""
     index = stack.torch["index"] or None
@@ -163,6 +193,12 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         except json.JSONDecodeError:
             epoch = None
     base = baseimage.lock_base(stack, previous_epoch=epoch, progress=progress)
+    kernel_base = None
+    if stack.kernels:
+        check_kernel_toolchain(stack, installed + assets)
+        progress(f"kernel builder base: the base plus {', '.join(stack.data['kernels']['builder_packages']) or 'nothing'}")
+        kernel_base = baseimage.lock_base(stack, previous_epoch=epoch, progress=progress,
+                                          extra_packages=stack.data["kernels"]["builder_packages"])
     doc: dict[str, Any] = {
         "schema": LOCK_SCHEMA,
         "stack": stack.name,
@@ -176,6 +212,8 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         "excluded": [p for p in packages if p["name"] in excluded],
         "assets": assets,
     }
+    if kernel_base is not None:
+        doc["kernel_base"] = kernel_base  # only stacks with kernels.build: other locks keep their shape
     doc["lock_sha256"] = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
     return doc
 

@@ -74,6 +74,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     },
     "kernels": {
         "build": ("list[str]", False, [], "speclock kernels compiled into the image", list(KNOWN_KERNELS)),
+        "builder_packages": ("list[str]", False, [], "Debian packages added to the base for the kernel builder stage only (nvcc's host compiler, e.g. g++); never in the runtime image", None),
     },
     "target": {
         "name": ("str", True, None, "model name, used for the folder in the image", None),
@@ -160,6 +161,11 @@ class Stack:
         if arch:
             merged.update(self.gpu["arch_settings"].get(arch, {}))
         return merged
+
+    @property
+    def kernels(self) -> list[str]:
+        """speclock kernels compiled into the image (kernels.build); empty for CPU stacks."""
+        return list(self.data["kernels"]["build"])
 
     @property
     def is_gpu(self) -> bool:
@@ -301,6 +307,19 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
             raise bad(f"gpu.arch_settings.{arch}", "expected a table of engine settings", "e.g. { attention_backend = \"FLASHINFER\" }")
     if s["kernels"]["build"] and not cuda:
         raise bad("kernels.build", "kernels need a GPU stack", "set gpu.cuda and gpu.archs, or remove kernels.build")
+    kernels = s["kernels"]
+    if kernels["builder_packages"] and not kernels["build"]:
+        raise bad("kernels.builder_packages", "set, but kernels.build is empty: nothing would use the builder stage",
+                  "remove kernels.builder_packages, or list kernels in kernels.build")
+    if kernels["build"] and not archs:
+        raise bad("gpu.archs", "kernels.build needs the GPU architectures to compile for", "e.g. ['sm_90a', 'sm_100a']")
+    # nvcc drives a host C++ compiler; the builder base (base + these) is the only place it exists.
+    if kernels["build"] and base["kind"] == "debian-rootfs" and not kernels["builder_packages"]:
+        raise bad("kernels.builder_packages", "kernels.build needs a host compiler for nvcc in the builder stage",
+                  "kernels.builder_packages = ['g++']")
+    if kernels["builder_packages"] and base["kind"] != "debian-rootfs":
+        raise bad("kernels.builder_packages", "only for base.kind = 'debian-rootfs' (an image base must carry its own compiler)",
+                  "remove kernels.builder_packages")
     n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
     if n > s["smoke"]["num_speculative_tokens"]:
         raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",

@@ -130,7 +130,9 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
                            nvcc_archs=nvcc_known_archs(nvcc))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart=static",
+    # --strip-all: nvcc names its temporary files after its PID and one of them lands in .symtab, so
+    # unstripped libraries differ run to run (and so would image digests); ctypes needs only .dynsym.
+    cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart=static", "-Xlinker", "--strip-all",
            *gencode_flags(archs), str(FP8_SOURCE)]
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         lib_tmp = Path(tmp) / FP8_LIBRARY
