@@ -117,7 +117,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     lists = [("requirements.txt", lock["packages"]), ("assets.txt", lock["assets"])]
     if stack.kernels:
         check_kernel_toolchain(stack, lock["packages"] + lock["assets"])
-        lists.append(("kernels.txt", kernel_toolchain(lock)))
+        lists.append(("kernels.txt", kernel_toolchain(lock["packages"] + lock["assets"])))
     for name, pkgs in lists:
         text = wheelhouse.requirements_text(pkgs)
         target = wheels / name

@@ -142,9 +142,8 @@ KERNEL_TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidi
                     "nvidia-cuda-cuobjdump")
 
 
-def kernel_toolchain(lock_or_entries: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The lock entries of KERNEL_TOOLCHAIN (engine dependencies or python.build_only), by name."""
-    entries = lock_or_entries if isinstance(lock_or_entries, list) else lock_or_entries["packages"] + lock_or_entries["assets"]
+def kernel_toolchain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lock entries (packages + assets) of KERNEL_TOOLCHAIN, by name: engine dependencies or python.build_only."""
     by_name = {e["name"]: e for e in entries}
     return [by_name[n] for n in KERNEL_TOOLCHAIN if n in by_name]
 

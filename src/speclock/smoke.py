@@ -250,14 +250,6 @@ def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tok
     return outputs, seconds, delta, captured
 
 
-def compare_outputs(plain: list[list[int]], spec: list[list[int]], prompt_ids: list[list[int]] | None = None,
-                    judge=None) -> dict[str, Any]:
-    """Token-for-token losslessness, divergences at numeric ties told apart (speclock.lossless)."""
-    from speclock.lossless import compare
-
-    return compare(plain, spec, prompt_ids, judge)
-
-
 def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
     """The report with everything known before the engine runs (what a failed run still reports)."""
     tcfg = json.loads((inp.target / "config.json").read_text())
@@ -334,13 +326,13 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         base_tps, spec_tps = sum(map(len, plain)) / plain_s, sum(map(len, spec)) / spec_s
         report["throughput"] = {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
                                 "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}
-        judge = None
-        if plain != spec:
-            from speclock.lossless import float32_judge
+        from speclock import lossless
 
+        judge = None
+        if plain != spec:  # the float32 judge loads the target: only when something diverged
             run["stage"] = "lossless (judging divergences)"
-            judge = float32_judge(inp.target, log=_log)
-        report["lossless"] = compare_outputs(plain, spec, prompt_ids, judge)
+            judge = lossless.float32_judge(inp.target, log=_log)
+        report["lossless"] = lossless.compare(plain, spec, prompt_ids, judge)
         if report["lossless"]["numeric_ties"]:
             _log(f"lossless: {report['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
                  f"(float32 margin <= tie limit), {report['lossless']['mismatches']} real mismatch(es)")

@@ -395,19 +395,14 @@ def _part_indexes(hidden: Path) -> dict[str, dict]:
 def extract_sharded(ctx: DistContext, model, responses: list[dict], hidden: Path, layers: list[int], target_sha: str,
                     max_len: int, batch_tokens: int, shard_tokens: int, log=print, store: str = "bf16") -> dict:
     """This rank's share of the extraction, then (rank 0) the merged index; returns the merged index."""
-    from speclock.train.extract import extract_hidden_states, load_index
+    from speclock.train.extract import check_index_matches, extract_hidden_states, load_index
 
     hidden.mkdir(parents=True, exist_ok=True)
     mine = part_dir(hidden, ctx.world, ctx.rank)
     prefix = mine.relative_to(hidden).as_posix() + "/"
     merged = load_index(hidden)
-    if merged is not None and (merged["target_sha256"] != target_sha or merged["aux_layers_after"] != layers):
-        raise BadInput(f"{hidden}/index.json was made for another target or other layers "
-                       f"({merged['target_sha256'][:12]}, {merged['aux_layers_after']})",
-                       hint="use a fresh --work folder, or delete the hidden-state folder")
-    if merged is not None and merged.get("store", "bf16") != store:
-        raise BadInput(f"{hidden}/index.json holds a {merged.get('store', 'bf16')} store, this run asks for {store}",
-                       hint="pass the same --hidden-store as the first run, or use a fresh --work folder")
+    if merged is not None:
+        check_index_matches(merged, hidden, target_sha, layers, store)
     base_done = set() if merged is None else {i for sh in merged["shards"] if not sh["file"].startswith(prefix) for i in sh["ids"]}
     other_done = {i for name, idx in _part_indexes(hidden).items() if name + "/" != prefix for sh in idx["shards"] for i in sh["ids"]}
     share = [r for r in ranks_share(responses, ctx.rank, ctx.world) if r["id"] not in base_done | other_done]

@@ -47,17 +47,29 @@ def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
     return list(layers)
 
 
-STORES = ("bf16", "fp8", "fp8-all")
+# Which of the two stored states ("aux" [3H], "final" [H]) each store keeps in fp8.
+FP8_PARTS = {"bf16": (), "fp8": ("aux",), "fp8-all": ("aux", "final")}
+STORES = tuple(FP8_PARTS)
 
 
 def bytes_per_token(hidden_size: int, store: str = "bf16") -> int:
-    aux = 3 * hidden_size + 3 * 4 if store.startswith("fp8") else 3 * hidden_size * 2
-    final = hidden_size + 4 if store == "fp8-all" else hidden_size * 2
-    return aux + final + 4 + 1
+    rows = {"aux": 3, "final": 1}  # H-wide rows per token; an fp8 row is H bytes + a float32 scale
+    return sum(n * (hidden_size + 4 if part in FP8_PARTS[store] else 2 * hidden_size) for part, n in rows.items()) + 4 + 1
 
 
 def _store_keys(store: str) -> list[str]:
-    return (["aux"] if store == "bf16" else ["aux_q", "aux_scale"]) + (["final_q", "final_scale"] if store == "fp8-all" else ["final"])
+    return [k for part in ("aux", "final") for k in ((part + "_q", part + "_scale") if part in FP8_PARTS[store] else (part,))]
+
+
+def check_index_matches(index: dict, where: Path, target_sha: str, layers: list[int], store: str) -> None:
+    """A rerun must extend a store made for the same target, layers and store kind."""
+    if index["target_sha256"] != target_sha or index["aux_layers_after"] != layers:
+        raise BadInput(f"{where}/index.json was made for another target or other layers "
+                       f"({index['target_sha256'][:12]}, {index['aux_layers_after']})",
+                       hint="use a fresh --work folder, or delete the hidden-state folder")
+    if index.get("store", "bf16") != store:
+        raise BadInput(f"{where}/index.json holds a {index.get('store', 'bf16')} store, this run asks for {store}",
+                       hint="pass the same --hidden-store as the first run, or use a fresh --work folder")
 
 
 _FP8_BACKEND: dict[str, str] = {}  # device type -> the fp8 backend that works there (chosen once)
@@ -82,19 +94,14 @@ def fp8_backend(x, log=print) -> str:
     return _FP8_BACKEND[kind]
 
 
-class _Fp8Packer:
-    """fp8_pack over the last dimension of [..., H]: q as uint8 [..., H], scale [...]."""
+def _pack_rows(x, log=print):
+    """fp8_pack over the last dimension of [..., H]: (q as uint8 [..., H], scale [...])."""
+    import torch
+    from speclock.kernels import fp8_pack
 
-    def __init__(self, log=print):
-        self.log = log
-
-    def __call__(self, x):
-        import torch
-        from speclock.kernels import fp8_pack
-
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        q, scale = fp8_pack(rows, backend=fp8_backend(rows, self.log))
-        return q.view(torch.uint8).reshape(x.shape), scale.reshape(x.shape[:-1])
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    q, scale = fp8_pack(rows, backend=fp8_backend(rows, log))
+    return q.view(torch.uint8).reshape(x.shape), scale.reshape(x.shape[:-1])
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -132,14 +139,8 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
                            "fp8-all": "float8_e4m3fn + float32 scale per token and layer"}[store],
                  "max_len": max_len, "bytes_per_token": bytes_per_token(cfg.hidden_size, store), "shards": [],
                  "tokens": 0, "sequences": 0}
-    elif index["target_sha256"] != target_sha or index["aux_layers_after"] != aux_layers_after:
-        raise BadInput(f"{out_dir}/index.json was made for another target or other layers "
-                       f"({index['target_sha256'][:12]}, {index['aux_layers_after']})",
-                       hint="use a fresh --work folder, or delete the hidden-state folder")
-    elif index.get("store", "bf16") != store:
-        raise BadInput(f"{out_dir}/index.json holds a {index.get('store', 'bf16')} store, this run asks for {store}",
-                       hint="pass the same --hidden-store as the first run, or use a fresh --work folder")
-    packer = _Fp8Packer(log) if store != "bf16" else None
+    else:
+        check_index_matches(index, out_dir, target_sha, aux_layers_after, store)
     keys = _store_keys(store)
     done = {sid for sh in index["shards"] for sid in sh["ids"]}
     todo = [r for r in responses if r["id"] not in done and r["response_ids"]]
@@ -197,17 +198,16 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
                 lens.append(len(full))
             o = target.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True)
             hs = o.hidden_states
+            # [B, T, rows, H]: three aux rows and one final row per token; fp8 packs each row.
+            parts = {"aux": torch.stack([hs[k] for k in aux_layers_after], 2), "final": hs[-1].unsqueeze(2)}
             states = {}
-            if store == "bf16":
-                states["aux"] = torch.cat([hs[k] for k in aux_layers_after], -1).to(torch.bfloat16).cpu()
-            else:
-                aq, ascale = packer(torch.stack([hs[k] for k in aux_layers_after], 2).to(torch.bfloat16))
-                states.update(aux_q=aq.flatten(2).cpu(), aux_scale=ascale.cpu())
-            if store == "fp8-all":
-                fq, fscale = packer(hs[-1].to(torch.bfloat16))
-                states.update(final_q=fq.cpu(), final_scale=fscale.unsqueeze(-1).cpu())
-            else:
-                states["final"] = hs[-1].to(torch.bfloat16).cpu()
+            for part, x in parts.items():
+                x = x.to(torch.bfloat16)
+                if part in FP8_PARTS[store]:
+                    q, scale = _pack_rows(x, log)
+                    states.update({part + "_q": q.flatten(2).cpu(), part + "_scale": scale.cpu()})
+                else:
+                    states[part] = x.flatten(2).cpu()
             for j, r in enumerate(seqs):
                 n = lens[j]
                 lm = torch.zeros(n, dtype=torch.uint8)
@@ -254,7 +254,6 @@ def load_shards(out_dir: Path, device: str = "cpu") -> dict:
     data = {k: torch.cat(v) for k, v in parts.items()}
     data["spans"] = spans
     data["index"] = index
-    data["store"] = store
     return data
 
 
