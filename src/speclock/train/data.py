@@ -186,6 +186,34 @@ def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "fi
 
 
 # --- resumable output ----------------------------------------------------------------------
+def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int = 0, notes: dict | None = None) -> dict:
+    """One JSONL prompt file from several: (source, count) each, a seeded random `count` of its
+    records (0 = all), ids kept (they are unique per source), written atomically, with
+    `<out>.sources.json` beside it (what came from where; the export copies it into the manifest)."""
+    import random
+
+    records, per_source = [], {}
+    for src, count in sources:
+        recs = load_prompt_records(str(src), None)
+        if count and count < len(recs):
+            recs = random.Random(seed).sample(recs, count)
+        per_source[Path(str(src)).name] = len(recs)
+        records.extend(recs)
+    ids = [r["id"] for r in records]
+    if len(set(ids)) != len(ids):
+        raise BadInput("the prompt sources share ids; give each file its own id prefix")
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps({"id": r["id"], "prompt": r["prompt"]}) + "\n")
+    summary = {"prompts": len(records), "per_source": per_source, "seed": seed, **({"notes": notes} if notes else {})}
+    side = out.with_name(out.name + ".sources.json")
+    side.write_text(json.dumps(summary, indent=1) + "\n")
+    os.replace(tmp, out)
+    return summary
+
+
 def read_done(path: Path) -> dict[str, dict]:
     """Records already written; cuts a torn last line (interrupted write) off the file."""
     done: dict[str, dict] = {}

@@ -6,6 +6,11 @@ graph replay per token: this loop runs the target's own weights (taken from the 
 transformers model, so the distribution is the target's) with one fixed-shape decode step that is
 captured once as a CUDA graph and replayed for every step of every batch. On a CPU it runs the
 same code eagerly (used by the tests to check it against transformers token for token).
+
+Greedy by default. `temperature` > 0 samples instead (Gumbel-max over logits / temperature, with an
+optional min-p cut: tokens below min_p x the top probability are never drawn); the draw happens
+inside the captured graph, so sampling costs no extra launches. Used to synthesise prompts
+(speclock.train.selfprompt); training responses stay greedy.
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ class StaticLlamaGenerator:
     name = "static"
 
     def __init__(self, model, tokenizer, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
-                 use_cuda_graph: bool | None = None):
+                 use_cuda_graph: bool | None = None, temperature: float = 0.0, min_p: float = 0.0,
+                 stop_ids: list[int] | None = None):
         cfg = model.config
         if getattr(cfg, "model_type", "") != "llama" or getattr(cfg, "attention_bias", False):
             raise BadInput(f"the static generator supports Llama-style targets, not {cfg.model_type!r}",
                            hint="use --generator transformers or openai")
         self.cfg, self.tok = cfg, tokenizer
+        if temperature < 0 or not 0 <= min_p < 1:
+            raise BadInput(f"temperature must be >= 0 and min_p in [0, 1) (got {temperature}, {min_p})")
+        self.temperature, self.min_p = float(temperature), float(min_p)
         self.B, self.P, self.N = batch_size, max_prompt_tokens, max_new_tokens
         self.L = max_prompt_tokens + max_new_tokens
         p = dict(model.named_parameters())
@@ -60,7 +69,7 @@ class StaticLlamaGenerator:
                 p[pre + "mlp.down_proj.weight"],
             ))
         self.stop = sorted({int(x) for x in _as_list(getattr(model.generation_config, "eos_token_id", None))
-                            + _as_list(cfg.eos_token_id) + _as_list(tokenizer.eos_token_id)})
+                            + _as_list(cfg.eos_token_id) + _as_list(tokenizer.eos_token_id) + list(stop_ids or [])})
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop[0]
         inv = 1.0 / (self.theta ** (torch.arange(0, self.d, 2, device=self.dev, dtype=torch.float32) / self.d))
         freqs = torch.arange(self.L, device=self.dev, dtype=torch.float32)[:, None] * inv
@@ -105,6 +114,17 @@ class StaticLlamaGenerator:
     def _logits(self, x):
         return _rms(x, self.final_norm, self.eps) @ self.lm_head.t()
 
+    def _pick(self, logits):
+        """[B, V] logits -> [B] next tokens: argmax, or a tempered min-p draw (Gumbel-max)."""
+        if self.temperature <= 0:
+            return logits.argmax(-1)
+        z = logits.float() / self.temperature
+        if self.min_p > 0:
+            p = z.softmax(-1)
+            z = z.masked_fill(p < self.min_p * p.amax(-1, keepdim=True), float("-inf"))
+        u = torch.rand_like(z).clamp_(min=1e-20)
+        return (z - torch.log(-torch.log(u))).argmax(-1)
+
     def _decode_step(self):
         x = self.embed[self.tok]
         cos, sin = self.cos_table[self.pos][:, None, None], self.sin_table[self.pos][:, None, None]
@@ -118,7 +138,7 @@ class StaticLlamaGenerator:
 
         for i in range(self.nl):
             x = self._block(i, x, cos, sin, mask, write)
-        self.next_tok.copy_(self._logits(x)[:, -1].argmax(-1))
+        self.next_tok.copy_(self._pick(self._logits(x)[:, -1]))
 
     def _prefill(self, ids, pad_len, P):
         pos = (torch.arange(P, device=self.dev)[None] - pad_len[:, None]).clamp(min=0)
@@ -136,7 +156,7 @@ class StaticLlamaGenerator:
         x = self.embed[ids]
         for i in range(self.nl):
             x = self._block(i, x, cos, sin, mask, write)
-        return self._logits(x[:, -1:])[:, -1].argmax(-1)
+        return self._pick(self._logits(x[:, -1:])[:, -1])
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:

