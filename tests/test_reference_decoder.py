@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 import train_support
@@ -103,3 +106,27 @@ def test_target_without_chat_template_is_refused(tmp_path):
     (bare / "tokenizer_config.json").write_text(__import__("json").dumps(tc))
     with pytest.raises(BadInput, match="no chat template"):
         load_target_model(Settings(work=tmp_path / "w", target=bare), "cpu")
+
+
+def test_reference_cli_json_is_parseable_and_progress_goes_to_stderr(tmp_path):
+    """`speclock train reference --json` on the real pair: stdout is one JSON document (progress
+    lines go to stderr), and the counters it reports are consistent."""
+    import json as _json
+    import subprocess
+    from speclock.engines.reference import check_counters
+
+    target = train_support.real_target()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(_json.dumps({"prompt": "Name three primary colours."}) + "\n"
+                       + _json.dumps({"prompt": "What is 12 times 7?"}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "speclock", "train", "reference", "--drafter",
+                        str(train_support.COMMITTED_DRAFTER), "--target", str(target), "--prompts", str(prompts),
+                        "-n", "2", "-k", "3", "--max-tokens", "8", "--device", "cpu", "--json"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(train_support.ROOT / "src")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = _json.loads(r.stdout)
+    (res,) = out["reference"]
+    check_counters(res["metrics"])
+    assert res["key"]["num_prompts"] == 2 and res["key"]["max_tokens"] == 8 and res["metrics"]["num_drafts"] > 0
+    assert "reference worker 0: 2/2 prompts" in r.stderr and "mean acceptance length" in r.stderr

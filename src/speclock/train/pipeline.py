@@ -13,6 +13,7 @@ used for the committed SmolLM2-135M drafter.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -79,7 +80,8 @@ def pick_device(requested: str) -> str:
 
 
 def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    """Progress goes to stderr, so a command's --json output on stdout stays parseable."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def stage_target(s: Settings) -> Path:
@@ -228,7 +230,15 @@ def _reference_worker(job: dict) -> dict:
     torch.set_num_threads(job.get("threads", 1))
     model, tok = load_target(job["target_dir"], job["device"], job["dtype"])
     drafter, manifest = load_drafter(job["drafter_dir"], model, job["device"])
-    run = run_reference(model, tok, drafter, manifest["aux_layers_after"], job["ids"], job["k"], job["max_tokens"])
+    every = max(1, len(job["ids"]) // 8)
+
+    def progress(done: int, total: int, m: dict) -> None:
+        if done % every == 0 or done == total:
+            log(f"reference worker {job.get('worker', 0)}: {done}/{total} prompts, "
+                f"mean acceptance length so far {m['mean_acceptance_length']:.3f}")
+
+    run = run_reference(model, tok, drafter, manifest["aux_layers_after"], job["ids"], job["k"], job["max_tokens"],
+                        progress=progress)
     return {"metrics": run.metrics, "outputs": run.outputs, "tokens": run.tokens, "seconds": run.seconds,
             "device": run.device, "dtype": run.dtype}
 
@@ -271,8 +281,10 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
     for mt in max_tokens_list:
         log(f"reference: {len(ids)} prompts, k={k}, max_tokens={mt}, {device} {dtype}, {workers} worker(s)")
         jobs = [{"target_dir": str(target_dir), "drafter_dir": str(drafter_dir), "device": device, "dtype": dtype,
-                 "ids": ids[w::workers], "k": k, "max_tokens": mt} for w in range(workers)]
+                 "ids": ids[w::workers], "k": k, "max_tokens": mt, "worker": w} for w in range(workers)]
         jobs = [j for j in jobs if j["ids"]]
+        for j in jobs:  # the CPU's threads shared among the workers (one worker keeps them all)
+            j["threads"] = max(1, (os.cpu_count() or 1) // len(jobs))
         if len(jobs) == 1:
             parts = [_reference_worker(jobs[0])]
         else:
