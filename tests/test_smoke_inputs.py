@@ -8,7 +8,7 @@ import pytest
 from smoke_faults import converted_target, random_drafter, write_stack
 from speclock.cli import main
 from speclock.errors import BadInput
-from speclock.smoke_prompts import load_prompts, packaged_file, prompts_sha256
+from speclock.prompts import load_prompts, packaged_file, prompts_sha256
 
 
 @pytest.fixture(scope="module")

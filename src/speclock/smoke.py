@@ -61,7 +61,7 @@ def default_out_dir(stack_name: str) -> Path:
 def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
     """Paths from the flags, else from the image layout (inside an image), else from the stack."""
     from speclock.layout import IMAGE, in_image
-    from speclock.smoke_prompts import packaged_file
+    from speclock.prompts import packaged_file
     from speclock.stack import load_stack
 
     inside = in_image()
@@ -127,7 +127,10 @@ def image_identity() -> dict[str, str]:
 # ---------------------------------------------------------------- reference
 
 def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
-    from speclock.smoke_prompts import prompts_sha256, weights_sha256
+    # Tensors only (config excluded): a drafter keeps its identity when only its config changes,
+    # so a recorded reference still judges an engine that is fed the wrong layers.
+    from speclock.models import target_sha256 as weights_sha256
+    from speclock.prompts import prompts_sha256
 
     return {"target_sha256": weights_sha256(inp.target), "drafter_sha256": weights_sha256(inp.draft),
             "prompts_sha256": prompts_sha256(texts), "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
@@ -223,7 +226,7 @@ def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
     import hashlib
 
-    from speclock.smoke_prompts import weights_sha256
+    from speclock.models import target_sha256 as weights_sha256
 
     key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
                       weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
@@ -282,12 +285,13 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
 def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     """Run the smoke test; return (report, exit code). The report is written to inp.out_dir/report.json."""
     from speclock.gate import evaluate, failures_of
-    from speclock.smoke_prompts import chat_prompt_ids, load_prompts
+    from speclock.prompts import chat_prompt_ids, load_prompts
 
     t_start = time.perf_counter()
-    texts = load_prompts(inp.prompts_file, inp.num_prompts)
+    texts = load_prompts(inp.prompts_file)
     if len(texts) < inp.num_prompts:
         _log(f"{inp.prompts_file} holds {len(texts)} prompts; using all of them")
+    texts = texts[:inp.num_prompts]
     try:
         from transformers import AutoTokenizer
     except ImportError as err:

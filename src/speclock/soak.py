@@ -72,10 +72,10 @@ def markdown(doc: dict[str, Any]) -> str:
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
     """Start the engine with the drafter once; run windows until `minutes` have passed (at least two)."""
     from speclock.engines import EngineConfig, get_engine, package_version
-    from speclock.smoke_prompts import chat_prompt_ids, load_prompts
+    from speclock.prompts import chat_prompt_ids, load_prompts
     from transformers import AutoTokenizer
 
-    texts = load_prompts(inp.prompts_file, inp.num_prompts)
+    texts = load_prompts(inp.prompts_file)[:inp.num_prompts]  # all of them when the file holds fewer (as smoke)
     tokenizer = AutoTokenizer.from_pretrained(str(inp.target))
     prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
     engine = get_engine(inp.stack.engine["name"])
