@@ -5,7 +5,10 @@ builds up in a long-lived engine: caches, drafter state, counters). A fresh smok
 that, so the soak keeps one engine up and measures acceptance window by window (each window =
 the smoke prompts once, counters as deltas around it), then gates on drift: the worst window's
 mean acceptance length may be at most `--max-drift` (relative) below the first window's. It
-also reports whether greedy outputs stayed identical to the first window's.
+also compares each window's greedy outputs with the first window's: batches take other shapes from
+window to window, so bf16 near-ties of the target may flip (speclock.lossless); each divergence is
+judged by the target in float32 after the engine stops, and a real mismatch (a token the target
+clearly does not prefer) fails the soak.
 
 Writes soak.json (windows, drift, verdict) and soak.md to --out. Exit 0 pass, 1 drift over the
 limit (or the engine failed), 2 bad input, 3 engine missing.
@@ -43,6 +46,10 @@ def judge(windows: list[dict[str, Any]], max_drift: float, *, min_windows: int =
     failures = []
     if len(windows) < min_windows:
         failures.append(f"only {len(windows)} window(s) ran; a drift needs at least {min_windows} (raise --minutes)")
+    bad = [i + 1 for i, w in enumerate(windows) if w.get("mismatches")]
+    if bad:
+        failures.append(f"greedy outputs changed beyond numeric ties in window(s) {bad} (same prompts, same engine): "
+                        f"state that builds up in the engine changes what it generates; see first_mismatches in soak.json")
     d = drift_of(windows)
     if d["worst_drop"] > max_drift:
         w = windows[d["worst_window"]]
@@ -57,16 +64,32 @@ def markdown(doc: dict[str, Any]) -> str:
              f"({len(doc['windows'])} windows in {doc['seconds']:.0f} s)", "",
              f"drift of mean acceptance length: worst {doc['drift']['worst_drop']:.1%}, last {doc['drift']['last_drop']:.1%} "
              f"(limit {doc['max_drift']:.0%}); outputs identical to the first window: "
-             f"{sum(w['outputs_same'] for w in doc['windows'])}/{len(doc['windows'])}", "",
-             "| window | start s | mean acc. length | acceptance rate | per position | tok/s | outputs same |",
-             "|---|---|---|---|---|---|---|"]
+             f"{sum(w['outputs_same'] for w in doc['windows'])}/{len(doc['windows'])}; prompts parting at numeric ties / "
+             f"real mismatches: {sum(w.get('numeric_ties', 0) for w in doc['windows'])} / "
+             f"{sum(w.get('mismatches', 0) for w in doc['windows'])}", "",
+             "| window | start s | mean acc. length | acceptance rate | per position | tok/s | outputs same | ties / mismatches |",
+             "|---|---|---|---|---|---|---|---|"]
     for i, w in enumerate(doc["windows"]):
         pos = ", ".join(f"{r:.3f}" for r in w["per_position"])
         lines.append(f"| {i + 1} | {w['t_start_s']:.0f} | {w['mean_acceptance_length']:.3f} | {w['acceptance_rate']:.3f} "
-                     f"| {pos} | {w['tok_s']:.1f} | {'yes' if w['outputs_same'] else 'NO'} |")
+                     f"| {pos} | {w['tok_s']:.1f} | {'yes' if w['outputs_same'] else 'NO'} "
+                     f"| {w.get('numeric_ties', 0)} / {w.get('mismatches', 0)} |")
     if doc["failures"]:
         lines += ["", "Failures:"] + [f"- {f}" for f in doc["failures"]]
     return "\n".join(lines) + "\n"
+
+
+def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]] | None,
+                       differing: dict[int, list[list[int]]], prompt_ids: list[list[int]]) -> None:
+    """Each window's `numeric_ties` and `mismatches` against the first window (speclock.lossless)."""
+    from speclock import lossless
+
+    judge_fn = lossless.float32_judge(inp.target, log=_log) if differing else None
+    for i, w in enumerate(windows):
+        c = lossless.compare(first, differing[i], prompt_ids, judge_fn) if i in differing else None
+        w["numeric_ties"], w["mismatches"] = (c["numeric_ties"], c["mismatches"]) if c else (0, 0)
+        if c and c["first_mismatches"]:
+            w["first_mismatches"] = c["first_mismatches"]
 
 
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
@@ -87,6 +110,7 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     windows: list[dict[str, Any]] = []
     error = None
     first_outputs = None
+    differing: dict[int, list[list[int]]] = {}  # window index -> outputs that differ from the first window's
     started = time.perf_counter()
     try:
         session.generate(prompt_ids[:1], 4)  # warm-up, as in the smoke test
@@ -103,6 +127,8 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
                             "per_position": [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]],
                             "num_drafts": drafts, "tok_s": round(sum(map(len, outputs)) / seconds, 2),
                             "outputs_same": outputs == first_outputs})
+            if outputs != first_outputs:
+                differing[len(windows) - 1] = outputs
             w = windows[-1]
             _log(f"window {len(windows)}: mean acceptance length {w['mean_acceptance_length']:.3f}, {w['tok_s']:.0f} tok/s")
             elapsed = time.perf_counter() - started
@@ -112,6 +138,7 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
         error = f"{type(err).__name__}: {err}"
     finally:
         session.stop()
+    _judge_divergences(inp, windows, first_outputs, differing, prompt_ids)
     ok, failures = judge(windows, max_drift)
     if error:
         ok, failures = False, [f"the engine failed after {len(windows)} window(s): {error}"] + failures
