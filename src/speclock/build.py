@@ -37,11 +37,11 @@ KERNELS_STAGE_MARK = "# @kernels-stage"
 KERNELS_COPY_MARK = "# @kernels-copy"
 KERNELS_IN_IMAGE = "/opt/speclock/kernels"  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
 # What the kernel build step runs: speclock.kernels.build and the modules it imports, plus the CUDA source.
-KERNEL_TOOL_FILES = ("__init__.py", "errors.py", "stack.py", "kernels/__init__.py", "kernels/build.py",
+KERNEL_TOOL_FILES = ("__init__.py", "errors.py", "files.py", "stack.py", "kernels/__init__.py", "kernels/build.py",
                      "kernels/csrc/fp8_pack.cu")
 # Modules the build steps run (model conversion, patching). Only these reach the early stages,
 # so editing any other source file rebuilds the final layers alone.
-TOOL_MODULES = ("__init__.py", "cli.py", "errors.py", "layout.py", "stack.py", "models.py", "patches.py", "versions.py")
+TOOL_MODULES = ("__init__.py", "cli.py", "errors.py", "files.py", "args.py", "layout.py", "stack.py", "models.py", "patches.py", "versions.py")
 LABEL_PREFIX = "io.speclock"
 
 

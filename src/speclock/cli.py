@@ -15,6 +15,7 @@ import traceback
 
 from speclock import __version__
 from speclock.errors import SpeclockError
+from speclock.files import current_input, os_error
 
 COMMAND_MODULES = [
     "speclock.stack",
@@ -61,13 +62,31 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    debug = bool(args.verbose or os.environ.get("SPECLOCK_DEBUG"))
     try:
         return int(args.func(args) or 0)
     except SpeclockError as err:
-        if args.verbose or os.environ.get("SPECLOCK_DEBUG"):
-            traceback.print_exc()
-        print(f"speclock {args.command}: error: {err}", file=sys.stderr)
-        return err.exit_code
+        return _fail(args.command, err, debug)
     except KeyboardInterrupt:
         print(f"speclock {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:
+        # Disk full, permission denied, a directory where a file belongs: the user can act on it.
+        return _fail(args.command, os_error(err), debug)
+    except Exception as err:  # a defect or an input no reader checked: never exit 1 ("check failed")
+        if debug:
+            traceback.print_exc()
+        where = current_input()
+        cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
+        print(f"speclock {args.command}: error: unexpected failure"
+              + (f" while reading {where}" if where else "") + f": {cause}\n"
+              "  what to do: check that input; if it is valid, rerun with SPECLOCK_DEBUG=1 (or -v) and report the "
+              "traceback to the speclock maintainers", file=sys.stderr)
+        return 3
+
+
+def _fail(command: str, err: SpeclockError, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"speclock {command}: error: {err}", file=sys.stderr)
+    return err.exit_code
