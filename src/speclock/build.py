@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +26,9 @@ from typing import Any
 
 from speclock import __version__, baseimage, wheelhouse
 from speclock.builders import Builder, get_builder
-from speclock.errors import BadInput, CheckFailed
+from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.files import (atomic_output, atomic_write_text, clean_stale_temps, confined,
+                            file_sha256, os_error, read_json)
 from speclock.layout import cache_dir
 from speclock.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock
 from speclock.stack import REPO_ROOT, Stack, load_stack
@@ -45,22 +49,23 @@ TOOL_MODULES = ("__init__.py", "cli.py", "errors.py", "files.py", "args.py", "la
 LABEL_PREFIX = "io.speclock"
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+_sha256_file = file_sha256  # the one helper (speclock.files); the old name stays for callers
+
+
+def _new_file_mode() -> int:
+    """The mode open() would give a new file (0666 less the umask): staged files keep the modes
+    they had before the atomic writer (whose temp files start at 0600), so image layers do not change."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _sync_file(src: Path, dest: Path) -> None:
     """Copy only when the content differs, so unchanged files keep their metadata (and caches hit)."""
     if dest.is_file() and dest.stat().st_size == src.stat().st_size and _sha256_file(dest) == _sha256_file(src):
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    with atomic_output(dest, binary=True, mode=_new_file_mode()) as out, open(src, "rb") as fh:
+        shutil.copyfileobj(fh, out, 1 << 20)
 
 
 def _sync_tree(files: dict[str, Path], dest: Path) -> None:
@@ -122,7 +127,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
         text = wheelhouse.requirements_text(pkgs)
         target = wheels / name
         if not target.is_file() or target.read_text() != text:
-            target.write_text(text)
+            atomic_write_text(target, text, mode=_new_file_mode())
 
     src_root = REPO_ROOT / "src" / "speclock"
     tools = {f"speclock/{m}": src_root / m for m in TOOL_MODULES if (src_root / m).is_file()}
@@ -140,14 +145,15 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     series_dir = REPO_ROOT / "patches" / engine
     patch_files = {}
     for name in stack.patch_series:
-        path = series_dir / name
+        # a series entry is data: it must name a file inside patches/<engine>/ (no '..', no absolute path)
+        path = confined(series_dir, name, what="patch", source=f"{stack.path}: patches.series")
         if not path.is_file():
             raise BadInput(f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
                            hint="add the patch file or remove it from patches.series")
         patch_files[f"{engine}/{name}"] = path
     _sync_tree(patch_files, ctx / "patches")
 
-    draft = (REPO_ROOT / stack.draft["path"]).resolve()
+    draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
     if not (draft / "config.json").is_file():
         raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} has no config.json",
                        hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
@@ -242,7 +248,7 @@ def staged_containerfile(ctx: Path, labels: dict[str, str], *, with_kernels: boo
     text = containerfile_text(with_kernels).rstrip("\n") + f"\n# labels added by speclock build-image\nLABEL {quoted}\n"
     path = ctx / "Containerfile"
     if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
+        atomic_write_text(path, text, mode=_new_file_mode())
     return path
 
 
@@ -293,32 +299,117 @@ def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, p
     return ref
 
 
+# A content tag: the first 16 hex digits of the inputs hash (a docker tag's grammar allows more; a
+# record's tag names files and images, so it must stay one plain name).
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+BUILDERS = ("buildah", "docker")
+# Keys every build record holds, with their JSON types (run-image, push-image and upgrade read them).
+RECORD_KEYS = {"stack": str, "tag": str, "ref": str, "builder": str, "image_id": str}
+RECORD_OPTIONAL = {"inputs_sha256": str, "lock_sha256": str, "labels": dict, "patches": list, "build_seconds": float,
+                   "total_seconds": float, "no_cache": bool, "built_at": str, "layers": list,
+                   "candidate": bool, "lock_file": str, "selfcheck": dict}
+STALE_TEMP_S = 600.0  # a record is written in milliseconds: a temp this old was left by a killed run
+
+
+def check_tag(tag: str, *, what: str = "--tag") -> str:
+    if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
+        raise BadInput(f"{what} {tag!r} is not an image tag (letters, digits, '_', '.', '-'; no '/')",
+                       hint="give the content tag a build printed, e.g. from `speclock build-image --json`")
+    return tag
+
+
 def records_dir(stack_name: str) -> Path:
-    path = cache_dir() / "images" / stack_name
-    path.mkdir(parents=True, exist_ok=True)
+    """$SPECLOCK_CACHE/images/<stack>: the build records; temps a killed run left are removed here."""
+    path = None
+    try:
+        path = cache_dir() / "images" / stack_name
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        where = path or os.environ.get("SPECLOCK_CACHE") or "the speclock cache"
+        if err.errno in (errno.EEXIST, errno.ENOTDIR):
+            raise BadInput(f"the build records folder {where}: a part of this path is a file, where a folder belongs",
+                           hint="remove or rename that file, or point SPECLOCK_CACHE at a folder") from None
+        raise os_error(err, where, "create the build records folder") from None
+    clean_stale_temps(path, older_than_s=STALE_TEMP_S)
     return path
+
+
+def _record_hint(stack_name: str, builder: str) -> str:
+    return (f"build it again: `speclock build-image --stack {stack_name} --builder {builder}` writes a new record "
+            "over this one (a candidate's: run the same `speclock upgrade` again)")
+
+
+def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
+    """A build record's shape, and that it names this stack's own image: its tag names files and its
+    ref is run and pushed, so a record can only point at `localhost/speclock-<stack>:<tag>`."""
+    from speclock.files import expect
+
+    hint = _record_hint(stack_name, builder)
+    if not isinstance(record, dict):
+        raise BadInput(f"{path}: the build record holds a JSON {type(record).__name__}, where an object belongs", hint=hint)
+    for key, kind in RECORD_KEYS.items():
+        if key not in record:
+            raise BadInput(f"{path}: the build record has no key {key!r}", hint=hint)
+        expect(record[key], kind, f"key {key!r}", path=path, hint=hint)
+    for key, kind in RECORD_OPTIONAL.items():
+        if key in record:
+            expect(record[key], kind, f"key {key!r}", path=path, hint=hint)
+    if not TAG_RE.fullmatch(record["tag"]):
+        raise BadInput(f"{path}: key 'tag' {record['tag']!r} is not an image tag (a plain name: letters, digits, '_.-')",
+                       hint=hint)
+    if tag is not None and record["tag"] != tag:
+        raise BadInput(f"{path}: key 'tag' is {record['tag']!r}, but the file is the record of tag {tag!r}", hint=hint)
+    if record["builder"] != builder:
+        raise BadInput(f"{path}: key 'builder' is {record['builder']!r}, but the file is a {builder} record", hint=hint)
+    if record["stack"] != stack_name:
+        raise BadInput(f"{path}: key 'stack' is {record['stack']!r}, but the file is a record of stack {stack_name!r}",
+                       hint=hint)
+    want = f"localhost/speclock-{stack_name}:{record['tag']}"
+    if record["ref"] != want:
+        raise BadInput(f"{path}: key 'ref' is {record['ref']!r}; a record of stack {stack_name} names {want}", hint=hint)
+    if not record["image_id"] or record["image_id"].startswith("-") or any(c.isspace() for c in record["image_id"]):
+        raise BadInput(f"{path}: key 'image_id' {record['image_id']!r} is not an image id", hint=hint)
+    sc = record.get("selfcheck")
+    if sc is not None:
+        for key, kind in (("verdict", str), ("exit_code", int), ("outputs", str)):
+            if key in sc:
+                expect(sc[key], kind, f"key 'selfcheck.{key}'", path=path, hint=hint)
+    return record
 
 
 def write_record(stack_name: str, record: dict[str, Any]) -> Path:
-    path = records_dir(stack_name) / f"{record['tag']}.{record['builder']}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """The record under its tag and (not for candidates) as the stack's latest: each written whole
+    (fsynced temp, then rename), over whatever was there, a corrupt file included."""
+    tag = check_tag(record["tag"], what="the record's tag")
+    builder = record["builder"]
+    if builder not in BUILDERS:
+        raise BadInput(f"unknown builder {builder!r} in a build record", hint=f"use one of {', '.join(BUILDERS)}")
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    path = records_dir(stack_name) / f"{tag}.{builder}.json"
+    atomic_write_text(path, text)
     if record.get("candidate"):  # an upgrade candidate never becomes the stack's latest (push-image's default)
         return path
-    latest = records_dir(stack_name) / f"latest.{record['builder']}.json"
-    tmp = latest.with_name(latest.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, latest)
+    atomic_write_text(records_dir(stack_name) / f"latest.{builder}.json", text)
     return path
 
 
+def record_path(stack_name: str, builder: str, tag: str | None = None) -> Path:
+    if builder not in BUILDERS:
+        raise BadInput(f"unknown builder {builder!r}", hint=f"use one of {', '.join(BUILDERS)}")
+    if tag is not None:
+        check_tag(tag)
+    return records_dir(stack_name) / (f"{tag}.{builder}.json" if tag else f"latest.{builder}.json")
+
+
 def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
-    path = records_dir(stack_name) / (f"{tag}.{builder}.json" if tag else f"latest.{builder}.json")
-    if not path.is_file():
-        raise BadInput(f"no {builder} build of stack {stack_name}{' with tag ' + tag if tag else ''} is recorded",
-                       hint=f"run `invoke build-image --stack {stack_name} --builder {builder}` first")
-    return json.loads(path.read_text())
+    path = record_path(stack_name, builder, tag)
+    if not path.exists() and not path.is_symlink():
+        raise BadInput(f"no {builder} build of stack {stack_name}{' with tag ' + tag if tag else ''} is recorded "
+                       f"(no {path})",
+                       hint=f"run `speclock build-image --stack {stack_name} --builder {builder}` first")
+    hint = _record_hint(stack_name, builder)
+    record = read_json(path, what="build record", expect=dict, hint=hint)
+    return check_record(record, path, stack_name, builder, tag)
 
 
 @contextlib.contextmanager
@@ -387,7 +478,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     info = {"stack": stack.name, "tag": tag, "ref": ref, "inputs_sha256": inputs, "lock_sha256": lock["lock_sha256"],
             "labels": labels, "patches": stack.patch_series}
     info_path = ctx / "config" / "image.json"
-    info_path.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(info_path, json.dumps(info, indent=2, sort_keys=True) + "\n", mode=_new_file_mode())
     build_args = build_args_for(stack, lock, ctx, base_ref, kernel_base_ref)
     if kernel_base_ref:
         progress(f"  kernels: {', '.join(stack.kernels)} for {', '.join(stack.gpu['archs'])} (nvcc stage, then only the library)")
@@ -422,16 +513,23 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
     t0 = time.monotonic()
     proc = run_image(ref, ["selfcheck", "--out", "/out", *(args or [])], out_dir=out,
                      env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]})
-    verdict_file = out / "selfcheck.json"
-    verdict = json.loads(verdict_file.read_text()) if verdict_file.is_file() else {"verdict": "fail", "error": "no selfcheck.json written"}
-    result = {"verdict": verdict.get("verdict", "fail"), "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
-              "outputs": str(out)}
+    verdict = _image_output(out / "selfcheck.json")
+    result = {"verdict": verdict.get("verdict") if isinstance(verdict.get("verdict"), str) else "fail",
+              "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1), "outputs": str(out)}
+    if "error" in verdict:
+        result["error"] = verdict["error"]
     doctor_file = out / "doctor.json"
     if doctor_file.is_file():
-        doc = json.loads(doctor_file.read_text())
-        result["doctor"] = {"verdict": doc.get("verdict", "fail"), "failed": doc.get("failed", []),
-                            "checks": {c["name"]: c["status"] for c in doc.get("checks", [])}}
-    smoke = verdict.get("stages", {}).get("smoke", {})
+        doc = _image_output(doctor_file)
+        failed = doc.get("failed", [])
+        checks = doc.get("checks", [])
+        result["doctor"] = {"verdict": doc.get("verdict") if isinstance(doc.get("verdict"), str) else "fail",
+                            "failed": [str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
+                            "checks": {str(c.get("name")): str(c.get("status")) for c in checks if isinstance(c, dict)}
+                            if isinstance(checks, list) else {}}
+    stages = verdict.get("stages")
+    smoke = stages.get("smoke", {}) if isinstance(stages, dict) else {}
+    smoke = smoke if isinstance(smoke, dict) else {}
     if smoke.get("skipped"):
         result["smoke_skipped"] = smoke.get("note", "skipped")
     record["selfcheck"] = result
@@ -445,6 +543,16 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
                  "(SPECLOCK_RUN_ARGS='--gpus all') for the smoke test and gate")
     progress(f"self-check verdict: {result['verdict']} (exit {proc.returncode}, {result['seconds']} s); outputs in {out}")
     return result
+
+
+def _image_output(path: Path) -> dict[str, Any]:
+    """A JSON result the image wrote into /out; missing or damaged counts as a failed self-check."""
+    if not path.is_file():
+        return {"verdict": "fail", "error": f"no {path.name} written"}
+    try:
+        return read_json(path, what="self-check result")
+    except BadInput as err:
+        return {"verdict": "fail", "error": err.message}
 
 
 def _cmd_build(args: argparse.Namespace) -> int:

@@ -20,12 +20,31 @@ def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str
     except FileNotFoundError:
         raise EnvironmentProblem(f"{cmd[0]} is not installed", hint=f"install {cmd[0]} or choose another --builder") from None
     assert proc.stdout is not None
-    for line in proc.stdout:
-        tail.append(line.rstrip())
-        if not quiet:
-            sys.stderr.write(prefix + line)  # progress for people; stdout stays for results (--json)
-            sys.stderr.flush()
-    return proc.wait(), "\n".join(tail)
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            if not quiet:
+                sys.stderr.write(prefix + line)  # progress for people; stdout stays for results (--json)
+                sys.stderr.flush()
+        return proc.wait(), "\n".join(tail)
+    except BaseException:
+        # Ctrl-C (or any failure here): stop the builder too, never leave it running behind us
+        stop(proc)
+        raise
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 1.5) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`: a Ctrl-C ends the command within about 2 s."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except OSError:
+        pass
 
 
 def capture(cmd: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

