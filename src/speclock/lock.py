@@ -3,25 +3,38 @@
 The resolver is pip itself (`pip install --dry-run --report`) run for the IMAGE's Python and
 platform, not the host's, so the lock is what the image installs. The result is data in
 `locks/<stack>.lock` (JSON); code never hard-codes a version.
+
+What a lock's checks prove, and what they do not:
+- `lock_sha256` is a plain sha256 of the lock's content. It detects corruption and accidental
+  hand edits. It proves NOTHING about authenticity: anyone can edit a lock and recompute it.
+- Authenticity comes from `read_lock`'s provenance checks plus `speclock lock --check` against
+  the (reviewed) stack file: every entry's filename is a plain file name equal to the basename of
+  its URL, a wheel's name and version match the entry's, the URL is https on PyPI's hosts or on
+  the host of an index a stack file names (file:// is still allowed for the one local torch wheel),
+  and each sha256 is 64 hex digits. `lock --check` then says whether the lock was made from the
+  stack as it is. A crafted lock can pass all of this only by naming real files on allowed indexes
+  with their hashes - so a lock diff in a pull request still needs review (which versions, which
+  indexes); the checks make sure that what the diff shows is what fetch downloads and installs.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from speclock import baseimage
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.files import atomic_write_json, expect, plain_name, read_json
+from speclock.files import file_sha256  # noqa: F401  (re-exported: other modules import it from here)
 from speclock.stack import REPO_ROOT, Stack, canonical_sha256, load_stack, pinned_view
 
 LOCK_SCHEMA = "speclock.lock/v1"
@@ -97,7 +110,7 @@ def _entry(item: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": normalize_name(item["metadata"]["name"]),
         "version": item["metadata"]["version"],
-        "filename": url.rsplit("/", 1)[-1].replace("%2B", "+"),
+        "filename": _url_basename(url),  # URL-decoded, as read_lock checks it
         "url": url,
         "sha256": sha,
     }
@@ -187,9 +200,11 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     previous = lock_path(stack)
     epoch = None
     if previous.is_file():
-        try:
-            epoch = json.loads(previous.read_text()).get("source_date_epoch") or None
-        except json.JSONDecodeError:
+        try:  # keep the previous lock's epoch (same base bytes); an unreadable old lock just gives a new one
+            old = read_json(previous, what="lock file")
+            epoch = old.get("source_date_epoch") if isinstance(old.get("source_date_epoch"), int) else None
+            epoch = epoch or None
+        except BadInput:
             epoch = None
     base = baseimage.lock_base(stack, previous_epoch=epoch, progress=progress)
     kernel_base = None
@@ -218,42 +233,221 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
 
 
 def write_lock(path: Path, doc: dict[str, Any]) -> None:
-    """Write atomically: a crash leaves the old lock or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically (fsynced): a crash leaves the old lock or the new one, never half of one."""
+    atomic_write_json(path, doc, indent=1, sort_keys=True)
 
 
-def read_lock(path: Path) -> dict[str, Any]:
-    """Read and sanity-check a lock file; BadInput names the file and what is wrong."""
-    if not path.is_file():
-        raise BadInput(f"no lock file {path}", hint=f"run `invoke lock --stack {path.stem}`")
+ENTRY_KEYS = ("name", "version", "filename", "url", "sha256")
+ENTRY_LISTS = ("packages", "assets", "excluded")
+# Hosts every stack may download from (PyPI's simple index and its file host).
+PYPI_HOSTS = ("files.pythonhosted.org", "pypi.org")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_RELOCK = "re-create it with `speclock lock --stack NAME` (never edit a lock by hand)"
+
+
+def _stack_index_urls(stacks_folder: Path) -> list[str]:
+    """Index URLs the stack files in a folder name (torch.index and any other '*index*' key)."""
+    import tomllib
+
+    urls: list[str] = []
+
+    def walk(node: Any, key: str = "") -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, str(k))
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, key)
+        elif isinstance(node, str) and "index" in key.lower() and node.startswith(("https://", "http://")):
+            urls.append(node)
+
     try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise BadInput(f"{path}: not valid JSON (line {err.lineno}): {err.msg}", hint="re-create it with `invoke lock`") from None
+        files = sorted(stacks_folder.glob("*.toml")) if stacks_folder.is_dir() else []
+    except OSError:
+        files = []
+    for f in files:
+        try:
+            walk(tomllib.loads(f.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a broken stack file is its own reader's problem; it just allows no index here
+    return urls
+
+
+def allowed_sources(path: Path, stack: Stack | None = None) -> tuple[set[str], set[tuple[str, str]]]:
+    """(https hosts, (scheme, host:port) of declared indexes) that lock URLs may point at.
+
+    From PyPI, the stack given, the repository's stacks/*.toml and the stacks/ folder next to the
+    lock's folder (an upgrade candidate's) - never from the lock itself, which could name anything."""
+    urls = _stack_index_urls(REPO_ROOT / "stacks") + _stack_index_urls(Path(path).resolve().parent.parent / "stacks")
+    if stack is not None:
+        urls += _stack_index_urls(stack.path.parent) if stack.path.parent.name == "stacks" else []
+        urls += [u for u in [str(stack.torch.get("index") or "")] if u]
+    hosts = set(PYPI_HOSTS)
+    declared: set[tuple[str, str]] = set()
+    for url in urls:
+        parsed = urllib.parse.urlparse(url)
+        if parsed.hostname:
+            declared.add((parsed.scheme, parsed.netloc.lower()))
+            if parsed.scheme == "https":
+                hosts.add(parsed.hostname.lower())
+    return hosts, declared
+
+
+def _norm_dist(name: str) -> str:
+    # PEP 503 names (runs of -_. are one separator, case-insensitive); wheels write them with '_'
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _norm_version(version: str) -> str:
+    # PEP 427: a wheel's version has '-' escaped as '_'
+    return version.replace("_", "-").lower()
+
+
+def _url_problem(url: str, hosts: set[str], declared: set[tuple[str, str]]) -> str | None:
+    try:
+        parsed = urllib.parse.urlparse(url)
+        netloc = parsed.netloc.lower()
+        host = (parsed.hostname or "").lower()
+    except ValueError as err:
+        return f"is not a valid URL ({err})"
+    if parsed.scheme == "file":
+        # Still allowed: locks/cpu-vllm.lock takes torch from a local wheel (to be removed).
+        if netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            return "is a file:// URL with a host; only file:///absolute/path is allowed"
+        return None
+    if parsed.scheme not in ("https", "http"):
+        return f"has scheme {parsed.scheme or 'none'!r}; only https (or file://) is allowed"
+    if parsed.username or parsed.password:
+        return "carries credentials; a lock never holds them"
+    if parsed.scheme == "https" and host in hosts:
+        return None
+    if (parsed.scheme, netloc) in declared:
+        return None  # an index a stack file names explicitly, with this scheme and port
+    if parsed.scheme == "http":
+        return "is plain http; only https is allowed (or an http index a stack file names)"
+    return (f"points at host {host!r}, which no stack allows (allowed: {', '.join(sorted(hosts))}, "
+            "and the hosts of indexes the stack files name)")
+
+
+def _url_basename(url: str) -> str:
+    return urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1])
+
+
+def _check_entry_shape(entry: Any, where: str, path: Path) -> str:
+    """An entry is an object of non-empty strings; returns how messages name it ("packages[3] (torch)")."""
+    expect(entry, dict, where, path=path, hint=_RELOCK)
+    name = entry.get("name")
+    label = f"{where} ({name[:80]})" if isinstance(name, str) and name else where
+    for key in ENTRY_KEYS:
+        value = entry.get(key)
+        if value is None:
+            raise BadInput(f"{path}: {label}: key '{key}' is missing", hint=_RELOCK)
+        expect(value, str, f"{label}.{key}", path=path, hint=_RELOCK)
+        if not value:
+            raise BadInput(f"{path}: {label}: key '{key}' is empty", hint=_RELOCK)
+    if "mirror_url" in entry:
+        expect(entry["mirror_url"], str, f"{label}.mirror_url", path=path, hint=_RELOCK)
+    return label
+
+
+def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: set[tuple[str, str]]) -> None:
+    """One package entry: shape, a plain file name, provenance of its URL(s), sha256 format."""
+    label = _check_entry_shape(entry, where, path)
+    filename = entry["filename"]
+    try:  # fetch stores <sha256>/<filename>: a '/' or '..' here would write outside the wheelhouse
+        plain_name(filename, what="filename")
+        bad = filename.startswith(".") or any(ord(c) < 32 for c in filename)
+    except BadInput:
+        bad = True
+    if bad:
+        raise BadInput(f"{path}: {label}: key 'filename' {filename[:200]!r} is not a plain file name "
+                       "(no '/', no '..', no leading '.', no control characters)",
+                       hint="a lock entry's filename is the last part of its URL; " + _RELOCK)
+    if not _HEX64.fullmatch(entry["sha256"]):
+        raise BadInput(f"{path}: {label}.sha256 {entry['sha256'][:80]!r} is not 64 lower-case hex digits", hint=_RELOCK)
+    for key in ("url", "mirror_url"):
+        if key not in entry:
+            continue
+        url = entry[key]
+        if key == "mirror_url" and not url.startswith("file:///"):
+            raise BadInput(f"{path}: {label}.mirror_url {url[:200]!r} is not a file:/// URL (a mirror is a local copy)",
+                           hint=_RELOCK)
+        problem = _url_problem(url, hosts, declared)
+        if problem:
+            raise BadInput(f"{path}: {label}.{key} {url[:200]!r} {problem}", hint=_RELOCK)
+        base = _url_basename(url)
+        if base != filename:
+            raise BadInput(f"{path}: {label}.filename {filename!r} is not the file its {key} names ({base!r})",
+                           hint="a lock entry's filename is the last part of its URL; " + _RELOCK)
+    if filename.endswith(".whl"):
+        parts = filename[:-4].split("-")
+        if len(parts) not in (5, 6):
+            raise BadInput(f"{path}: {label}.filename {filename!r} is not a wheel file name "
+                           "(NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl)", hint=_RELOCK)
+        if _norm_dist(parts[0]) != _norm_dist(entry["name"]) or _norm_version(parts[1]) != _norm_version(entry["version"]):
+            raise BadInput(f"{path}: {label}: the wheel {filename!r} is {parts[0]} {parts[1]}, the entry says "
+                           f"{entry['name']} {entry['version']}", hint=_RELOCK)
+
+
+def _check_base(base: Any, key: str, path: Path) -> None:
+    expect(base, dict, key, path=path, hint=_RELOCK)
+    kind = base.get("kind")
+    if kind == "image":
+        expect(base.get("ref"), str, f"{key}.ref", path=path, hint=_RELOCK)
+        return
+    if kind != "debian-rootfs":
+        raise BadInput(f"{path}: {key}.kind is {kind!r}, where 'debian-rootfs' or 'image' belongs", hint=_RELOCK)
+    sha = expect(base.get("sha256"), str, f"{key}.sha256", path=path, hint=_RELOCK)
+    if not _HEX64.fullmatch(sha):
+        raise BadInput(f"{path}: {key}.sha256 is not 64 lower-case hex digits", hint=_RELOCK)
+    rec = expect(base.get("recipe"), dict, f"{key}.recipe", path=path, hint=_RELOCK)
+    for field in ("tool", "suite", "mirror", "variant", "format", "mode"):
+        expect(rec.get(field), str, f"{key}.recipe.{field}", path=path, hint=_RELOCK)
+    for i, pkg in enumerate(expect(rec.get("packages"), list, f"{key}.recipe.packages", path=path, hint=_RELOCK)):
+        expect(pkg, str, f"{key}.recipe.packages[{i}]", path=path, hint=_RELOCK)
+    expect(rec.get("source_date_epoch"), int, f"{key}.recipe.source_date_epoch", path=path, hint=_RELOCK)
+    for field, types in (("command", str), ("size", int), ("source_date_epoch", int)):
+        if field in base:
+            expect(base[field], types, f"{key}.{field}", path=path, hint=_RELOCK)
+
+
+def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
+    """Read a lock and check its shape, hash and provenance; BadInput (exit 2) names the file and key.
+
+    Nothing is written or downloaded before this passes, so a filename with '../' or a URL on an
+    unknown host is refused before fetch touches the disk. `stack` (when given) adds its index's host
+    to the allowed ones."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"no lock file {path}", hint=f"run `speclock lock --stack {path.stem}`")
+    doc = read_json(path, what="lock file", expect=dict, hint=_RELOCK)
     if doc.get("schema") != LOCK_SCHEMA:
-        raise BadInput(f"{path}: schema is {doc.get('schema')!r}, expected {LOCK_SCHEMA!r}", hint="re-create it with `invoke lock`")
-    for key in ("stack", "stack_sha256", "packages", "base", "lock_sha256", "assets"):
+        raise BadInput(f"{path}: schema is {str(doc.get('schema'))[:80]!r}, expected {LOCK_SCHEMA!r}", hint=_RELOCK)
+    for key, types in (("stack", str), ("stack_sha256", str), ("packages", list), ("assets", list),
+                       ("base", dict), ("lock_sha256", str)):
         if key not in doc:
-            raise BadInput(f"{path}: key '{key}' is missing", hint="re-create it with `invoke lock`")
-    for i, pkg in enumerate(doc["packages"] + doc["assets"]):
-        for key in ("name", "version", "filename", "url", "sha256"):
-            if not isinstance(pkg.get(key), str) or not pkg[key]:
-                raise BadInput(f"{path}: package #{i} has no '{key}'", hint="re-create it with `invoke lock`")
-        if not re.fullmatch(r"[0-9a-f]{64}", pkg["sha256"]):
-            raise BadInput(f"{path}: package {pkg['name']} has a malformed sha256", hint="re-create it with `invoke lock`")
+            raise BadInput(f"{path}: key '{key}' is missing", hint=_RELOCK)
+        expect(doc[key], types, key, path=path, hint=_RELOCK)
+    for key, types in (("excluded", list), ("stack_data", dict), ("python", dict), ("resolver", dict),
+                       ("kernel_base", dict), ("source_date_epoch", int)):
+        if key in doc:
+            expect(doc[key], types, key, path=path, hint=_RELOCK)
+    plain_name(doc["stack"], what="stack", source=path)
+    for key in ENTRY_LISTS:
+        for i, entry in enumerate(doc.get(key, [])):
+            _check_entry_shape(entry, f"{key}[{i}]", path)
+    _check_base(doc["base"], "base", path)
+    if "kernel_base" in doc:
+        _check_base(doc["kernel_base"], "kernel_base", path)
+    # The hash first (it names corruption and hand edits as such), then what a recomputed hash cannot hide.
     expected = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
     if expected != doc["lock_sha256"]:
-        raise BadInput(f"{path}: content does not match its lock_sha256 (edited by hand?)",
-                       hint="re-create it with `invoke lock`; never edit a lock by hand")
+        raise BadInput(f"{path}: content does not match its lock_sha256 (edited by hand, or corrupted)",
+                       hint=_RELOCK)
+    hosts, declared = allowed_sources(path, stack)
+    for key in ENTRY_LISTS:
+        for i, entry in enumerate(doc.get(key, [])):
+            check_entry(entry, f"{key}[{i}]", path, hosts, declared)
     return doc
 
 
@@ -280,9 +474,9 @@ def lock_summary(doc: dict[str, Any]) -> str:
 
 def _cmd_lock(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
-    path = lock_path(stack)
+    path = Path(args.lock) if args.lock else lock_path(stack)
     if args.check:
-        doc = read_lock(path)
+        doc = read_lock(path, stack=stack)
         diffs = check_lock(stack, doc)
         if args.json:
             print(json.dumps({"stack": stack.name, "lock": str(path), "in_sync": not diffs, "differences": diffs}, indent=2))
@@ -308,13 +502,7 @@ def add_commands(sub) -> None:
                                    "digest, and write locks/<stack>.lock atomically. --check only compares.")
     p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
     p.add_argument("--check", action="store_true", help="exit 1 if the stack and its lock disagree; write nothing")
+    p.add_argument("--lock", metavar="PATH", help="the lock file to check or write (default locks/<stack>.lock)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_lock)
 
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
