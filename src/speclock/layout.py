@@ -61,8 +61,26 @@ def in_image() -> bool:
 
 
 def cache_dir() -> Path:
-    """Host cache (wheelhouse, base rootfs, engine wheels): outside git, reused across builds and CI runs."""
-    base = os.environ.get("SPECLOCK_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "speclock")
+    """Host cache (wheelhouse, base rootfs, engine wheels): outside git, reused across builds and CI runs.
+
+    A cache path at or under a regular file is bad input (exit 2) naming the file; no traceback."""
+    from speclock.errors import BadInput
+    from speclock.files import os_error
+
+    setting = os.environ.get("SPECLOCK_CACHE")
+    base = setting or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "speclock")
     path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
+    source = "SPECLOCK_CACHE" if setting else ("XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the default")
+    # The nearest part of the path that exists must be a directory (mkdir would say EEXIST/ENOTDIR).
+    for part in [path, *path.parents]:
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                raise BadInput(f"the cache folder {path} ({source}) cannot be made: {part} is a file, where a "
+                               "directory belongs",
+                               hint="point SPECLOCK_CACHE at a folder (or a path where one can be made), or move that file")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, path, "make the cache folder") from None
     return path
