@@ -14,15 +14,16 @@ hardlinked package cache, so two engines that share torch's CUDA libraries store
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.files import atomic_write_json, os_error, read_json
 from speclock.layout import cache_dir
 
 MARKER = ".speclock-env.json"
@@ -37,17 +38,22 @@ EXTRA = {
 
 def envs_root() -> Path:
     path = cache_dir() / "envs"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, path, "make the engine env folder") from None
     return path
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
     name, sep, version = spec.partition("==")
     name = name.strip().lower()
-    if not sep or not version or name not in KNOWN:
-        raise BadInput(f"engine spec {spec!r} is not NAME==VERSION with NAME in {', '.join(KNOWN)}",
+    version = version.strip()
+    # The version names a folder that an incomplete install gets removed from: a plain version only.
+    if not sep or name not in KNOWN or not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}", version):
+        raise BadInput(f"engine spec {spec!r} is not NAME==VERSION with NAME in {', '.join(KNOWN)} and a plain version",
                        hint="e.g. vllm==0.33.0 or sglang==0.5.23")
-    return name, version.strip()
+    return name, version
 
 
 def env_dir(spec: str) -> Path:
@@ -61,12 +67,22 @@ def env_python(spec: str) -> Path | None:
     marker = d / MARKER
     if not marker.is_file():
         return None
-    try:
-        info = json.loads(marker.read_text())
-    except ValueError:
+    try:  # a marker that is not our JSON object (binary, torn, edited) means: not complete, redo
+        info = read_json(marker, what="engine env marker")
+    except BadInput:
         return None
     py = d / "bin" / "python"
     return py if info.get("spec") == spec and py.exists() else None
+
+
+def env_python_for_dir(d: Path) -> Path | None:
+    """The python of a cached env folder whose marker is complete (for `list`), else None."""
+    try:
+        info = read_json(d / MARKER, what="engine env marker")
+    except BadInput:
+        return None
+    spec = info.get("spec")
+    return (d / "bin" / "python") if isinstance(spec, str) and (d / "bin" / "python").exists() else None
 
 
 def _base_python() -> str:
@@ -88,34 +104,60 @@ def ensure(spec: str, log=print) -> Path:
         return py
     name, version = parse_spec(spec)
     d = env_dir(spec)
-    if d.exists():
+    if d.exists() or d.is_symlink():
         log(f"engine env {d}: incomplete from an earlier run, removing it")
-        shutil.rmtree(d)
+        try:
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d)
+            else:
+                d.unlink()
+        except OSError as err:
+            raise os_error(err, d, "remove the incomplete engine env") from None
     uv_cache = cache_dir() / "uv"  # same filesystem as the envs, so installs hardlink from it
     env = dict(os.environ, UV_CACHE_DIR=str(uv_cache), UV_LINK_MODE="hardlink")
     if "SSL_CERT_FILE" not in env and Path("/etc/ssl/certs/ca-certificates.crt").exists():
         env["SSL_CERT_FILE"] = "/etc/ssl/certs/ca-certificates.crt"  # intercepting proxies
     t0 = time.time()
     log(f"engine env {d}: creating with {_base_python()}")
-    subprocess.run(_uv() + ["venv", "--python", _base_python(), str(d)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    _run(_uv() + ["venv", "--python", _base_python(), str(d)], env=env, what=f"creating the env {d}",
+         stdout=subprocess.DEVNULL)
     cmd = _uv() + ["pip", "install", "--python", str(d / "bin" / "python"), f"{name}=={version}", *EXTRA.get(spec, [])]
     log(f"engine env {d}: {' '.join(cmd[1:])}")
-    proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
-        raise EnvironmentProblem(f"installing {spec} into {d} failed (exit {proc.returncode})",
-                                 hint="see the uv output above; the env is left incomplete and is redone on the next run")
-    freeze = subprocess.run(_uv() + ["pip", "freeze", "--python", str(d / "bin" / "python")],
-                            env=env, capture_output=True, text=True, check=True).stdout
+    _run(cmd, env=env, what=f"installing {spec} into {d}")
+    freeze = _run(_uv() + ["pip", "freeze", "--python", str(d / "bin" / "python")], env=env,
+                  what=f"listing the packages of {d}", capture_output=True, text=True).stdout
     info = {"spec": spec, "installed_s": round(time.time() - t0, 1), "packages": freeze.split()}
-    tmp = d / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(info, indent=1))
-    tmp.rename(d / MARKER)
+    # The marker is written last and atomically (fsynced): it exists only for a complete env.
+    atomic_write_json(d / MARKER, info, indent=1)
     log(f"engine env {d}: ready in {info['installed_s']} s")
     return d / "bin" / "python"
 
 
+def _run(cmd: list[str], *, env: dict, what: str, **kw) -> subprocess.CompletedProcess:
+    """Run uv; a missing uv or a failed step is an environment problem (exit 3), not a traceback."""
+    try:
+        proc = subprocess.run(cmd, env=env, **kw)
+    except OSError as err:
+        raise EnvironmentProblem(f"{what}: cannot run {cmd[0]}: {err.strerror or err}",
+                                 hint="install uv (pip install uv) in the speclock environment") from None
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"{what} failed (exit {proc.returncode})",
+                                 hint="see the uv output above; the env is left incomplete and is redone on the next run")
+    return proc
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except SpeclockError as err:
+        print(f"speclock.engine_envs: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("speclock.engine_envs: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m speclock.engine_envs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -129,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for d in sorted(envs_root().iterdir()):
         marker = d / MARKER
-        state = "ready" if marker.is_file() else "incomplete"
+        state = "ready" if marker.is_file() and env_python_for_dir(d) else "incomplete"
         print(f"{d.name:24} {state}")
     return 0
 
