@@ -15,7 +15,6 @@ sha256), written to temporary names first and renamed, so a failed build leaves 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.files import atomic_output, atomic_write_text, file_sha256
 from speclock.stack import ARCH_MIN_CUDA
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -107,7 +107,7 @@ def gencode_flags(archs: list[str]) -> list[str]:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return file_sha256(path)
 
 
 def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = None,
@@ -150,10 +150,12 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
             "library_sha256": _sha256(lib_tmp),
             "command": [Path(cmd[0]).name, *cmd[1:-1], FP8_SOURCE.name],
         }
-        man_tmp = Path(tmp) / MANIFEST
-        man_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(lib_tmp, out_dir / FP8_LIBRARY)
-        os.replace(man_tmp, out_dir / MANIFEST)
+        # fsynced and renamed into place one by one (speclock.files), the library first: a manifest
+        # never describes a library that is not there
+        with atomic_output(out_dir / FP8_LIBRARY, binary=True, mode=lib_tmp.stat().st_mode & 0o777) as out, \
+                open(lib_tmp, "rb") as fh:
+            shutil.copyfileobj(fh, out, 1 << 20)
+        atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n", mode=0o644)
     return manifest
 
 

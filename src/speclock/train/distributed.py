@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from speclock.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.files import atomic_output, atomic_write_text, read_json
 
 DIST_STAGES = ("extract", "fit")
 # NVLink multicast (NVLS / symmetric-memory multicast) stays off: see the stack's GPU notes.
@@ -104,7 +105,7 @@ def run_with_torchrun(s, stages: list[str], resume: bool, nproc: int) -> dict:
         for old in ctl.glob("error-rank*.json"):
             old.unlink()
         settings_file = ctl / "settings.json"
-        settings_file.write_text(json.dumps(settings_to_json(replace(s, device=kind)), indent=1) + "\n")
+        atomic_write_text(settings_file, json.dumps(settings_to_json(replace(s, device=kind)), indent=1) + "\n")
         (s.work / "run-summary.json").unlink(missing_ok=True)
         cmd = torchrun_command(nproc, ["speclock.train.distributed", str(settings_file), ",".join(mid)]
                                + ([] if resume else ["--no-resume"]))
@@ -113,14 +114,15 @@ def run_with_torchrun(s, stages: list[str], resume: bool, nproc: int) -> dict:
         rc = subprocess.run(cmd, env=launch_env()).returncode
         if rc != 0:
             raise _rank_error(ctl, rc)
-        part = json.loads((s.work / "run-summary.json").read_text())
+        part = read_json(s.work / "run-summary.json", what="run summary of the torchrun ranks",
+                         hint="run the same command again: it resumes where the ranks stopped")
         summary.update(_without(part, "seconds", keep=summary))
         summary["stages"]["torchrun"] = round(time.perf_counter() - ts, 2)
     if post:
         summary.update(_without(run_all(s, post, resume), "seconds", keep=summary))
     summary["nproc"], summary["backend"] = nproc, backend
     summary["seconds"] = round(time.perf_counter() - t0, 2)
-    (s.work / "run-summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(s.work / "run-summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary
 
 
@@ -150,9 +152,14 @@ def _rank_error(ctl: Path, rc: int) -> SpeclockError:
     from speclock import errors
 
     for p in sorted(ctl.glob("error-rank*.json")):
-        e = json.loads(p.read_text())
-        cls = getattr(errors, e["class"], errors.CheckFailed)
-        return cls(f"rank {e['rank']}: {e['message']}", hint=e.get("hint"))
+        try:
+            e = read_json(p, what="rank error")
+            cls = {"BadInput": errors.BadInput, "CheckFailed": errors.CheckFailed,
+                   "EnvironmentProblem": errors.EnvironmentProblem}.get(e.get("class"), errors.CheckFailed)
+            hint = e.get("hint")
+            return cls(f"rank {e.get('rank')}: {e.get('message')}", hint=hint if isinstance(hint, str) else None)
+        except BadInput:  # a rank killed while writing it: report the exit code instead
+            continue
     return EnvironmentProblem(f"torchrun exited with {rc} (a rank crashed; its traceback is above)",
                               hint="see the first rank's error above; rerun resumes where the run stopped")
 
@@ -164,15 +171,20 @@ def settings_to_json(s) -> dict:
     return d
 
 
-def settings_from_json(d: dict):
+def settings_from_json(d: dict, source: Path | str = "settings"):
     from speclock.train.fit import FitConfig
     from speclock.train.pipeline import Settings
 
+    if not isinstance(d, dict) or not isinstance(d.get("fit"), dict):
+        raise BadInput(f"{source}: key 'fit' is missing or not an object (not a settings file speclock wrote)",
+                       hint="run `speclock train all --nproc N` again: it writes the settings afresh")
     d = dict(d)
     fit_names = {f.name for f in fields(FitConfig)}
     d["fit"] = FitConfig(**{k: v for k, v in d["fit"].items() if k in fit_names})
     for k in ("work", "target", "gguf"):
-        d[k] = None if d[k] is None else Path(d[k])
+        if d.get(k) is not None and not isinstance(d[k], str):
+            raise BadInput(f"{source}: key {k!r} is not a path string", hint="run `speclock train all --nproc N` again")
+        d[k] = None if d.get(k) is None else Path(d[k])
     names = {f.name for f in fields(Settings)}
     return Settings(**{k: v for k, v in d.items() if k in names})
 
@@ -190,12 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        s = settings_from_json(json.loads(args.settings.read_text()))
+        s = settings_from_json(read_json(args.settings, what="distributed settings"), args.settings)
         run_all(s, [x for x in args.stages.split(",") if x], resume=not args.no_resume)
         return 0
     except SpeclockError as err:
         # torchrun reports every failure as exit 1: the parent re-raises this with its own exit code.
-        (args.settings.parent / f"error-rank{rank:03d}.json").write_text(json.dumps(
+        atomic_write_text(args.settings.parent / f"error-rank{rank:03d}.json", json.dumps(
             {"rank": rank, "class": type(err).__name__, "message": err.message, "hint": err.hint}))
         print(f"speclock train (rank {rank}): error: {err}", file=sys.stderr)
         return err.exit_code
@@ -302,10 +314,9 @@ class DistContext:
         model_sd = get_model_state_dict(drafter, options=self._sd_options())
         optim_sd = get_optimizer_state_dict(drafter, opt, options=self._sd_options())
         if self.is_main:
-            tmp = path.with_name(path.name + ".tmp")
-            torch.save({"drafter": model_sd, "optimizer": optim_sd, "optimizer_keys": "fqn", "world_size": self.world,
-                        **extra}, tmp)
-            os.replace(tmp, path)
+            with atomic_output(path, binary=True) as fh:
+                torch.save({"drafter": model_sd, "optimizer": optim_sd, "optimizer_keys": "fqn", "world_size": self.world,
+                            **extra}, fh)
         self.barrier()
 
     def load_checkpoint(self, drafter, opt, saved: dict) -> None:

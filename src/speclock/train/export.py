@@ -12,7 +12,6 @@ So a drafter trained on the states after layers [a, b, c] is written as [a, b, c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from speclock.errors import BadInput, CheckFailed
+from speclock.files import atomic_write_text, file_sha256, fsync_dir  # file_sha256: importable from here too
 
 MANIFEST_NAME = "speclock-manifest.json"
 MANIFEST_SCHEMA = "speclock.drafter/v1"
@@ -88,6 +88,7 @@ def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _clean_swap_leftovers(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         save_file(drafter_tensors(drafter), str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -98,13 +99,31 @@ def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[
         os.chmod(tmp, 0o755)
         for child in tmp.iterdir():
             os.chmod(child, 0o644)
+            with open(child, "rb") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        # A folder cannot be renamed over a non-empty one: move the old one aside, the new one in, then
+        # delete the old. A kill in between leaves dot-folders that the next export removes.
+        old = None
         if out_dir.exists():
-            shutil.rmtree(out_dir)
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / out_dir.name)
         os.replace(tmp, out_dir)
+        fsync_dir(out_dir.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _clean_swap_leftovers(out_dir: Path) -> None:
+    """Folders a killed export left beside `out_dir` (its own temp and old-copy prefixes only)."""
+    for prefix in (f".{out_dir.name}.tmp-", f".{out_dir.name}.old-"):
+        for stale in out_dir.parent.glob(prefix + "*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def drafter_sha256(folder: Path) -> str:
@@ -200,11 +219,7 @@ def record_reference(folder: Path, key: dict, metrics: dict, extra: dict | None 
     if extra:
         rec.update(extra)
     m["reference"].append(rec)
-    p = Path(folder) / MANIFEST_NAME
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(m, indent=2) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p)
+    atomic_write_text(Path(folder) / MANIFEST_NAME, json.dumps(m, indent=2) + "\n", mode=0o644)
     return m
 
 
@@ -237,9 +252,3 @@ def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Pa
     return drafter.eval(), manifest
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from speclock.errors import BadInput
+from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir
 
 SCHEMA = "speclock.hidden/v1"
 
@@ -105,9 +106,15 @@ def _pack_rows(x, log=print):
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """A file a library wrote to `tmp` (safetensors wants a path): fsync, rename over `dest`, fsync the folder."""
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest)
+    fsync_dir(dest.parent)
 
 
 def load_index(out_dir: Path) -> dict | None:
@@ -131,6 +138,7 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
     cfg = target.config
     check_aux_layers(aux_layers_after, cfg.num_hidden_layers)
     out_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(out_dir)  # shards a killed run was writing
     index = load_index(out_dir)
     if index is None:
         index = {"schema": SCHEMA, "target_sha256": target_sha, "aux_layers_after": aux_layers_after,
@@ -165,9 +173,9 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
             **{k: torch.cat(pending[k]).contiguous() for k in keys},
             "offsets": offsets.to(torch.int64),
         }
-        tmp = out_dir / (name + ".tmp")
+        tmp = out_dir / (TEMP_PREFIX + name)  # named so the next run's clean_stale_temps removes a killed run's
         save_file(tensors, str(tmp))
-        os.replace(tmp, out_dir / name)
+        _publish(tmp, out_dir / name)
         index["shards"].append({"file": name, "ids": pending["ids"], "tokens": int(offsets[-1])})
         index["tokens"] += int(offsets[-1])
         index["sequences"] += len(pending["ids"])

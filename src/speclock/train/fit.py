@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from speclock.errors import BadInput
+from speclock.files import atomic_output, atomic_write_text, clean_stale_temps
 
 
 @dataclass
@@ -227,6 +227,8 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
 
     torch.manual_seed(cfg.seed)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if not dist or dist.is_main:
+        clean_stale_temps(ckpt_dir)  # a checkpoint a killed run was writing
     ckpt = ckpt_dir / "checkpoint.pt"
     tcfg = target.config
     dcfg = DrafterConfig.from_target(tcfg, cfg.draft_vocab_size)
@@ -271,10 +273,9 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     def save():
         if dist:
             return dist.save_checkpoint(drafter, opt, ckpt, {"state": state, "fit_config": asdict(cfg), "vocab": vocab.tolist()})
-        tmp = ckpt.with_name("checkpoint.pt.tmp")
-        torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": state,
-                    "fit_config": asdict(cfg), "vocab": vocab.tolist()}, tmp)
-        os.replace(tmp, ckpt)
+        with atomic_output(ckpt, binary=True) as fh:  # a kill mid-save leaves the previous checkpoint
+            torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                        "fit_config": asdict(cfg), "vocab": vocab.tolist()}, fh)
 
     probe = [b for e in epochs_batches[:1] for b in e[:4]]
     consistency = [data_consistency(*_collate(data, b, cfg.max_len, device)[:2], _collate(data, b, cfg.max_len, device)[3], target_head)
@@ -368,5 +369,5 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                "data_greedy_consistency": data_check,
                "holdout": {"sequences": len(held_ids), "tokens": sum(data["spans"][i][1] for i in held_ids),
                            "acc_per_step": held_final} if held_ids else None}
-    (ckpt_dir / "fit-summary.json").write_text(json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n")
+    atomic_write_text(ckpt_dir / "fit-summary.json", json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n")
     return drafter, summary

@@ -402,7 +402,9 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     if ctx:
         summary.update(nproc=ctx.world, backend=ctx.backend)
     if ctx is None or ctx.is_main:
-        (s.work / "run-summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        from speclock.files import atomic_write_text
+
+        atomic_write_text(s.work / "run-summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary
 
 
