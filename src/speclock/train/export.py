@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from speclock.errors import BadInput, CheckFailed
-from speclock.files import atomic_write_text, file_sha256, fsync_dir  # file_sha256: importable from here too
+from speclock.files import atomic_write_text, expect, file_sha256, fsync_dir, read_json  # file_sha256: importable here too
 
 MANIFEST_NAME = "speclock-manifest.json"
 MANIFEST_SCHEMA = "speclock.drafter/v1"
@@ -169,12 +169,23 @@ def read_manifest(folder: Path) -> dict:
     p = Path(folder) / MANIFEST_NAME
     if not p.is_file():
         raise BadInput(f"{folder} has no {MANIFEST_NAME}", hint="export the drafter with `speclock train export`")
-    try:
-        m = json.loads(p.read_text())
-    except ValueError as err:
-        raise BadInput(f"{p}: not valid JSON ({err})") from err
+    hint = "export the drafter again with `speclock train export` (or restore the folder from git)"
+    m = read_json(p, what="drafter manifest", hint=hint)
     if m.get("schema") != MANIFEST_SCHEMA:
-        raise BadInput(f"{p}: schema is {m.get('schema')!r}, expected {MANIFEST_SCHEMA!r}")
+        raise BadInput(f"{p}: key 'schema' is {m.get('schema')!r}, expected {MANIFEST_SCHEMA!r}", hint=hint)
+    target = m.get("target")
+    if target is not None:  # what check_manifest_matches_target and the reference key read
+        expect(target, dict, "key 'target'", path=p, hint=hint)
+        for key, kind in (("name", str), ("sha256", str), ("num_hidden_layers", int), ("hidden_size", int),
+                          ("vocab_size", int)):
+            if key in target:
+                expect(target[key], kind, f"key 'target.{key}'", path=p, hint=hint)
+    if "reference" in m:
+        expect(m["reference"], list, "key 'reference'", path=p, hint=hint)
+        for i, rec in enumerate(m["reference"]):
+            expect(rec, dict, f"key 'reference[{i}]'", path=p, hint=hint)
+            if "key" in rec:
+                expect(rec["key"], dict, f"key 'reference[{i}].key'", path=p, hint=hint)
     return m
 
 
@@ -182,7 +193,11 @@ def check_manifest_matches_target(manifest: dict, target_dir: Path, target_confi
     """The drafter was trained on this target: same weights hash and shape; raises CheckFailed if not."""
     from speclock.models import target_sha256
 
-    t = manifest["target"]
+    t = manifest.get("target")
+    missing = [k for k in ("name", "sha256", "num_hidden_layers", "hidden_size", "vocab_size") if k not in (t or {})]
+    if missing:
+        raise BadInput(f"the drafter manifest has no target {', '.join(missing)} (key 'target')",
+                       hint="export the drafter again with `speclock train export`")
     sha = target_sha256(target_dir)
     if sha != t["sha256"]:
         raise CheckFailed(f"the drafter was trained on target {t['name']} (weights sha256 {t['sha256'][:16]}...), "
@@ -233,7 +248,22 @@ def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Pa
     manifest = read_manifest(folder)
     if check_target_dir is not None:
         check_manifest_matches_target(manifest, check_target_dir, target.config)
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg_path = folder / "config.json"
+    hint = "export the drafter again with `speclock train export` (or restore the folder from git)"
+    cfg = read_json(cfg_path, what="drafter config", hint=hint)
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                "vocab_size", "draft_vocab_size"):
+        if key not in cfg:
+            raise BadInput(f"{cfg_path}: no key {key!r}", hint=hint)
+        if expect(cfg[key], int, f"key {key!r}", path=cfg_path, hint=hint) < 1:
+            raise BadInput(f"{cfg_path}: key {key!r} is {cfg[key]}, where a positive integer belongs", hint=hint)
+    for key in ("rms_norm_eps", "rope_theta"):
+        if key not in cfg:
+            raise BadInput(f"{cfg_path}: no key {key!r}", hint=hint)
+        if expect(cfg[key], float, f"key {key!r}", path=cfg_path, hint=hint) <= 0:
+            raise BadInput(f"{cfg_path}: key {key!r} is {cfg[key]}, where a positive number belongs", hint=hint)
+    if "max_position_embeddings" in cfg:
+        expect(cfg["max_position_embeddings"], int, "key 'max_position_embeddings'", path=cfg_path, hint=hint)
     dcfg = DrafterConfig(hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
                          num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
                          intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg["rms_norm_eps"],

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from speclock.errors import BadInput
-from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir
+from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir, plain_name
 
 SCHEMA = "speclock.hidden/v1"
 
@@ -121,9 +121,18 @@ def load_index(out_dir: Path) -> dict | None:
     p = out_dir / "index.json"
     if not p.exists():
         return None
-    idx = json.loads(p.read_text())
+    from speclock.files import read_json
+
+    hint = f"delete {out_dir} and run `speclock train extract` again"
+    idx = read_json(p, what="hidden-state index", hint=hint)
     if idx.get("schema") != SCHEMA:
-        raise BadInput(f"{p}: not a speclock hidden-state index (schema {idx.get('schema')!r})")
+        raise BadInput(f"{p}: not a speclock hidden-state index (key 'schema' is {idx.get('schema')!r})", hint=hint)
+    if not isinstance(idx.get("shards"), list) or not all(
+            isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("ids"), list)
+            for sh in idx["shards"]):
+        raise BadInput(f"{p}: key 'shards' is not a list of {{file, ids}} objects", hint=hint)
+    for sh in idx["shards"]:  # shard names come from data: each must be a file of this folder
+        plain_name(sh["file"], what="shard file", source=p)
     return idx
 
 

@@ -75,6 +75,29 @@ def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: 
     return batches
 
 
+def load_checkpoint(path: Path, device: str) -> dict:
+    """A checkpoint this module wrote; a damaged one is bad input naming the file, not a crash."""
+    import pickle
+
+    import torch
+
+    hint = "delete it (or pass --no-resume) and run `speclock train fit` again"
+    try:
+        saved = torch.load(path, map_location=device, weights_only=False)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, AttributeError, ImportError, KeyError,
+            IndexError, TypeError, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})",
+                       hint=hint) from None
+    except OSError as err:
+        from speclock.files import os_error
+
+        raise os_error(err, path, "read the checkpoint") from None
+    if not isinstance(saved, dict) or not all(k in saved for k in ("drafter", "fit_config", "vocab")) \
+            or not isinstance(saved["fit_config"], dict) or "draft_vocab_size" not in saved["fit_config"]:
+        raise BadInput(f"{path}: not a speclock checkpoint (keys drafter, fit_config, vocab)", hint=hint)
+    return saved
+
+
 def split_holdout(num_sequences: int, holdout: int, seed: int) -> tuple[list[int], list[int]]:
     """(training ids, held-out ids): a seeded draw of `holdout` sequences, the rest in order."""
     if holdout < 0 or (holdout and holdout >= num_sequences):
@@ -252,7 +275,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     total_steps = min(schedule_steps, cfg.max_steps) if cfg.max_steps else schedule_steps
     state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
     if resume and ckpt.exists():
-        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        saved = load_checkpoint(ckpt, device)
         if _settings(saved["fit_config"]) != _settings(asdict(cfg)) or saved["vocab"] != vocab.tolist():
             raise BadInput(f"{ckpt} was written with other settings or data", hint="use a fresh --work folder, or pass --no-resume")
         if dist:

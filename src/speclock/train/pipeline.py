@@ -214,7 +214,10 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
             "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
     sources = Path(source + ".sources.json")  # written by data.mix_prompt_files
     if source != "sharegpt" and sources.is_file():
-        data["prompt_sources"] = json.loads(sources.read_text())
+        from speclock.files import read_json
+
+        data["prompt_sources"] = read_json(sources, what="prompt sources file",
+                                           hint=f"delete it and {source} and run `speclock train generate` again")
     training = dict(fit_summary)
     training["fit_config"] = asdict(s.fit)
     manifest = build_manifest(target_name=s.target_name, target_sha=target_sha256(s.target_dir), target_config=model.config,
@@ -417,9 +420,15 @@ def _load_trained(s: Settings, model, device: str):
     ckpt = s.work / "ckpt" / "checkpoint.pt"
     if not ckpt.exists():
         raise BadInput(f"no checkpoint at {ckpt}", hint="run `speclock train fit` first")
-    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    from speclock.files import read_json
+    from speclock.train.fit import load_checkpoint
+
+    saved = load_checkpoint(ckpt, "cpu")
     dcfg = DrafterConfig.from_target(model.config, saved["fit_config"]["draft_vocab_size"])
     drafter = Eagle3Drafter(dcfg)
     drafter.load_state_dict(saved["drafter"], strict=False)
-    summary = json.loads((s.work / "ckpt" / "fit-summary.json").read_text())["summary"]
+    summary_file = s.work / "ckpt" / "fit-summary.json"
+    summary = read_json(summary_file, what="fit summary", hint="run `speclock train fit` again").get("summary")
+    if not isinstance(summary, dict):
+        raise BadInput(f"{summary_file}: key 'summary' is missing or not an object", hint="run `speclock train fit` again")
     return (drafter, summary), load_index(s.work / "hidden")
