@@ -17,7 +17,6 @@ Whether code runs on a GPU of compute capability M.m:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -28,7 +27,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.files import TEMP_PREFIX, atomic_write_json, read_json
 from speclock.layout import cache_dir
 
 CUOBJDUMP_PACKAGE = "nvidia-cuda-cuobjdump"
@@ -99,18 +99,26 @@ def find_cuobjdump(extra_roots: list[Path] | None = None, download: bool = True)
         if proc.returncode != 0 or not have:
             raise EnvironmentProblem(f"cannot download {CUOBJDUMP_PACKAGE}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}",
                                      hint=f"install it (pip install {CUOBJDUMP_PACKAGE}) or set SPECLOCK_CUOBJDUMP")
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
-    with zipfile.ZipFile(have[-1]) as z:
-        z.extractall(tmp)
-    found = _cuobjdump_in(tmp)
-    if not found:
-        raise EnvironmentProblem(f"{have[-1].name} holds no cuobjdump binary")
-    found.chmod(0o755)
-    tools.parent.mkdir(parents=True, exist_ok=True)
-    if tools.exists():
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, tools)
+    # Unpacked into a temp folder renamed into place (a folder: speclock.files writes files), removed
+    # on any failure, Ctrl-C included, so a killed run never leaves a half-unpacked tool behind.
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f"{TEMP_PREFIX}cuobjdump."))
+    try:
+        try:
+            with zipfile.ZipFile(have[-1]) as z:
+                z.extractall(tmp)
+        except (zipfile.BadZipFile, EOFError) as err:
+            have[-1].unlink(missing_ok=True)  # a damaged download: fetched again next time
+            raise EnvironmentProblem(f"{have[-1]} is not a whole wheel ({err}); removed",
+                                     hint="run the command again to download it again") from None
+        found = _cuobjdump_in(tmp)
+        if not found:
+            raise EnvironmentProblem(f"{have[-1].name} holds no cuobjdump binary")
+        found.chmod(0o755)
+        tools.parent.mkdir(parents=True, exist_ok=True)
+        if not tools.exists():
+            os.replace(tmp, tools)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return _cuobjdump_in(tools)
 
 
@@ -166,8 +174,9 @@ def inventory(lib: Path, tool: Path | None = None, use_cache: bool = True) -> In
     lib = Path(lib)
     cache = cache_dir() / "cuobjdump-inventory" / f"{_cache_key(lib)}.json"
     if use_cache and cache.is_file():
-        data = json.loads(cache.read_text())
-        return Inventory(str(lib), data["sass"], data["ptx"])
+        cached = _read_inventory_cache(cache)
+        if cached is not None:
+            return Inventory(str(lib), *cached)
     tool = tool or find_cuobjdump()
     elf = _run_list(tool, "--list-elf", lib)
     ptx = _run_list(tool, "--list-ptx", lib)
@@ -180,13 +189,22 @@ def inventory(lib: Path, tool: Path | None = None, use_cache: bool = True) -> In
     inv = Inventory(str(lib), sass, ptxs)
     if use_cache:
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"sass": inv.sass, "ptx": inv.ptx}))
-            os.replace(tmp, cache)
-        except OSError:
-            pass  # a read-only image: no cache, still correct
+            atomic_write_json(cache, {"sass": inv.sass, "ptx": inv.ptx}, indent=None)
+        except (OSError, SpeclockError):
+            pass  # a read-only image or a full disk: no cache, still correct
     return inv
+
+
+def _read_inventory_cache(cache: Path) -> tuple[list[str], list[str]] | None:
+    """A cached inventory, or None when it is damaged (then it is recomputed and written again)."""
+    try:
+        data = read_json(cache, what="cuobjdump inventory cache")
+    except SpeclockError:
+        return None
+    sass, ptx = data.get("sass"), data.get("ptx")
+    if not all(isinstance(x, list) and all(isinstance(a, str) for a in x) for x in (sass, ptx)):
+        return None
+    return sass, ptx
 
 
 def _sort_key(arch: str):

@@ -168,8 +168,10 @@ def _vllm_runner_ids(config: dict):
 
 
 def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch: str | None = None) -> dict:
-    with open(config_path) as f:
+    with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
+    if not isinstance(config, dict):  # doctor checks the config first; this answers, never crashes the batch
+        return {"ok": False, "reason": f"{config_path} holds a JSON {type(config).__name__}, not an object"}
     ids = _draft_ids(config)
     cls = resolve(engine, arch)
     if cls is None:

@@ -111,12 +111,150 @@ def package_version(package: str) -> str:
 
 
 def aux_layer_ids(draft: Path, num_target_layers: int) -> tuple[list[int], str]:
-    """The drafter's configured aux hidden-state layer ids and where they came from."""
-    import json
+    """The drafter's configured aux hidden-state layer ids and where they came from (config checked: BadInput)."""
+    from speclock.models import draft_aux_ids, read_model_config
 
-    cfg = json.loads((draft / "config.json").read_text())
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = draft_aux_ids(read_model_config(draft, what="drafter"))
     if ids:
-        return [int(i) for i in ids], "draft config"
+        return ids, "draft config"
     n = num_target_layers
     return [2, n // 2, n - 3], "engine default (2, N//2, N-3)"
+
+
+# --- starting and stopping engines: Ctrl-C must not leave an engine process behind ------------
+
+STOP_GRACE_S = 1.0  # after Ctrl-C: how long stop() may take before the engine's processes are killed
+KILL_GRACE_S = 0.5  # after SIGTERM, before SIGKILL
+
+
+def _descendants(root: int | None = None) -> set[int]:
+    """PIDs of every live descendant of `root` (this process), from /proc; empty where there is no /proc."""
+    import os
+
+    root = root or os.getpid()
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode("ascii", "replace")
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] == "Z":  # a zombie is already gone
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_processes(pids: set[int], grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM each process and its own process group (a server started with a new session), then SIGKILL."""
+    import os
+    import signal
+    import time
+
+    own_group = os.getpgrp()
+
+    def send(sig) -> None:
+        for pid in pids:
+            try:
+                pgid = os.getpgid(pid)
+                if pgid != own_group and pgid == pid:  # it leads its own group: take the group with it
+                    os.killpg(pgid, sig)
+                else:
+                    os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                os.waitpid(pid, os.WNOHANG)  # reap our own children so they do not linger as zombies
+            except (ChildProcessError, OSError):
+                pass
+
+    def alive() -> set[int]:
+        live = set()
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except (ChildProcessError, OSError):
+                pass
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    stat = fh.read().decode("ascii", "replace")
+                if stat[stat.rindex(")") + 2:].split()[0] != "Z":
+                    live.add(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        return live
+
+    if not pids:
+        return
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.02)
+    left = alive()
+    if left:
+        pids = left
+        send(signal.SIGKILL)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and alive():
+            time.sleep(0.02)
+
+
+class running:
+    """`with running(engine, config) as session:` starts the engine and always stops it.
+
+    On Ctrl-C (or any exit that is not an ordinary exception) stop() gets STOP_GRACE_S, then every
+    process the engine started (its server, its engine-core workers, their process groups) is
+    killed, so the command ends within about 2 s and leaves no engine behind.
+    """
+
+    def __init__(self, engine: ModuleType, config: EngineConfig, *, stop_timeout_s: float = 600.0):
+        self.engine, self.config, self.stop_timeout_s = engine, config, stop_timeout_s
+        self.session = None
+        self._before: set[int] = set()
+
+    def __enter__(self):
+        self._before = _descendants()
+        try:
+            self.session = self.engine.start(self.config)
+        except BaseException as err:
+            self._cleanup(interrupted=not isinstance(err, Exception))
+            raise
+        return self.session
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._cleanup(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
+
+    def _cleanup(self, *, interrupted: bool) -> None:
+        import threading
+
+        session, self.session = self.session, None
+        stopped = True
+        if session is not None:
+            errors: list[BaseException] = []
+
+            def stop() -> None:
+                try:
+                    session.stop()
+                except BaseException as err:  # noqa: BLE001 - an engine that fails to stop is killed below
+                    errors.append(err)
+
+            t = threading.Thread(target=stop, name="speclock-engine-stop", daemon=True)
+            t.start()
+            t.join(STOP_GRACE_S if interrupted else self.stop_timeout_s)
+            stopped = not t.is_alive() and not errors
+        if interrupted or not stopped:
+            kill_processes(_descendants() - self._before)

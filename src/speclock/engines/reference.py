@@ -177,9 +177,10 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from speclock.models import read_model_config
+
     target_dir = Path(target_dir)
-    if not (target_dir / "config.json").is_file():
-        raise BadInput(f"{target_dir} is not a Hugging Face model folder (no config.json)")
+    read_model_config(target_dir, what="target")  # a missing, binary or misshapen config.json is BadInput, named
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype)).to(device).eval()
@@ -240,7 +241,12 @@ class ReferenceSession:
         self.counters_ = SpecCounters(k=self.k)
         self.drafter = self.layers = None
         if getattr(config, "draft", None):
+            from speclock.models import read_drafter_manifest, read_model_config
             from speclock.train.export import load_drafter
+
+            # Check the drafter's files here (named BadInput) before the training code reads them.
+            read_model_config(config.draft, what="drafter")
+            read_drafter_manifest(config.draft, required=True)
 
             self.drafter, manifest = load_drafter(config.draft, self.model, device, check_target_dir=Path(config.target))
             self.layers = manifest["aux_layers_after"]

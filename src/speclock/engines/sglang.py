@@ -119,10 +119,11 @@ class _MetaSession:
         if self.config.draft is None:
             return None
         from speclock.engines import aux_layer_ids
+        from speclock.models import config_architecture, config_layer_count, read_model_config
 
-        tcfg = json.loads((self.config.target / "config.json").read_text())
-        ids, _ = aux_layer_ids(self.config.draft, int(tcfg.get("num_hidden_layers") or 0))
-        return captured_layers_for(ids, (tcfg.get("architectures") or [""])[0])
+        tcfg = read_model_config(self.config.target, what="target")
+        ids, _ = aux_layer_ids(self.config.draft, config_layer_count(tcfg))
+        return captured_layers_for(ids, config_architecture(tcfg) or "")
 
     def _take(self, results: list[dict[str, Any]]) -> list[list[int]]:
         self.metas += [r.get("meta_info") or {} for r in results]
