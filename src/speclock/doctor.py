@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -36,6 +37,9 @@ from pathlib import Path
 
 from speclock import cuda_arch, engine_envs
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.files import expect, read_json
+from speclock.models import (DRAFT_MANIFEST, config_architecture, read_drafter_manifest, read_model_config,
+                             require_model_folder, stack_model_path)
 from speclock.layout import IMAGE, in_image
 from speclock.patches import (DirTree, default_site_packages, engine_subprocess, installed_version, last_json,
                               load_series, run_static_probes)
@@ -43,7 +47,7 @@ from speclock.stack import REPO_ROOT, Stack, load_stack
 
 ENGINE_CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
 CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver", "kernels")
-MANIFEST = "speclock-manifest.json"
+MANIFEST = DRAFT_MANIFEST
 DOCTOR_SCHEMA = "speclock.doctor/v1"
 # Language-model class inside multimodal wrappers, by the text config's model_type.
 INNER_BY_MODEL_TYPE = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
@@ -99,11 +103,22 @@ def resolve_python(stack: Stack, python: str | None) -> tuple[str | None, str]:
     return None, f"{dist} {version} is not installed in this Python ({sys.executable}); pass --python"
 
 
-def _repo_path(rel: str) -> Path | None:
+def _repo_path(rel: str, what: str, stack: Stack) -> Path | None:
+    """A model path from the stack file: inside the repository (a stack is data; it must not point elsewhere)."""
     if not rel:
         return None
-    p = Path(rel)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return stack_model_path(REPO_ROOT, rel, what, getattr(stack, "path", None) or f"stack {stack.name}")
+
+
+def _given_file(value: str | None, option: str, what: str) -> Path | None:
+    if not value:
+        return None
+    p = Path(value)
+    if not p.exists():
+        raise BadInput(f"{option} {p}: no {what} there", hint=f"give the path of an existing {what}")
+    if p.is_dir():
+        raise BadInput(f"{option} {p} is a directory, where the {what} file belongs", hint=f"give the {what} file itself")
+    return p
 
 
 def build_context(args: argparse.Namespace) -> Context:
@@ -116,13 +131,23 @@ def build_context(args: argparse.Namespace) -> Context:
     else:
         stack = load_stack(args.stack or "cpu-vllm")
         lock = REPO_ROOT / "locks" / f"{stack.name}.lock"
-        target = _repo_path(stack.target["path"]) if stack.target["path"] else None
-        draft = _repo_path(stack.draft["path"])
-    lock = Path(args.lock) if args.lock else lock
-    target = Path(args.target) if args.target else target
-    draft = Path(args.draft) if args.draft else draft
+        target = _repo_path(stack.target["path"], "target.path", stack) if stack.target["path"] else None
+        draft = _repo_path(stack.draft["path"], "draft.path", stack)
+    lock = _given_file(args.lock, "--lock", "lock file") or lock
+    if args.target:
+        # A folder named on the command line must be a model folder: a typo must not turn into a skipped check.
+        target = require_model_folder(args.target, what="target", option="--target")
+        read_model_config(target, what="target", option="--target")
+    if args.draft:
+        draft = require_model_folder(args.draft, what="drafter", option="--draft")
+        read_model_config(draft, what="drafter", option="--draft")
+        read_drafter_manifest(draft, required=True)
+    if args.python and not Path(args.python).is_file() and not shutil.which(args.python):
+        raise BadInput(f"--python {args.python}: no Python executable there", hint="give the engine's python (a path or a command on PATH)")
     python, note = resolve_python(stack, args.python)
     site = None
+    if args.site_packages and not Path(args.site_packages).is_dir():
+        raise BadInput(f"--site-packages {args.site_packages} is not a folder", hint="give the engine's site-packages folder")
     if python:
         site = Path(args.site_packages) if args.site_packages else default_site_packages(python)
     return Context(stack, python, note, site, lock, target, draft, args.arch)
@@ -131,35 +156,28 @@ def build_context(args: argparse.Namespace) -> Context:
 # ---------------------------------------------------------------- target and drafter facts
 
 def _read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except ValueError as err:
-        raise BadInput(f"{path}: {what} is not valid JSON: {err}", hint="fix or regenerate the file") from None
+    """A JSON object (BadInput naming the file for binary, non-UTF-8, invalid JSON or another JSON type)."""
+    return read_json(path, what=what, hint="fix or regenerate the file")
 
 
 def load_manifest(draft_dir: Path | None) -> dict | None:
-    if not draft_dir:
+    """The drafter's manifest, checked (speclock.models.read_drafter_manifest); None when there is none."""
+    if not draft_dir or not Path(draft_dir).is_dir():
         return None
-    p = draft_dir / MANIFEST
-    if not p.is_file():
-        return None
-    data = _read_json(p, "the drafter manifest")
-    if not isinstance(data.get("aux_layers_after"), list):
-        raise BadInput(f"{p}: 'aux_layers_after' is missing or not a list", hint="the manifest contract: speclock.drafter/v1")
-    return data
+    return read_drafter_manifest(draft_dir)
 
 
 def target_facts(ctx: Context, manifest: dict | None) -> dict:
     """Architecture, layer count and inner language-model class of the target."""
     facts: dict = {"arch": None, "num_hidden_layers": None, "inner": None, "source": None}
     cfg_path = ctx.target_dir / "config.json" if ctx.target_dir else None
-    if cfg_path and cfg_path.is_file():
-        cfg = _read_json(cfg_path, "the target config")
-        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
-        facts["arch"] = (cfg.get("architectures") or [None])[0]
+    if cfg_path and (cfg_path.exists() or cfg_path.is_symlink()):
+        cfg = read_model_config(ctx.target_dir, what="target")  # types checked: BadInput naming file and key
+        text = cfg.get("text_config") or None
+        facts["arch"] = config_architecture(cfg)
         facts["num_hidden_layers"] = cfg.get("num_hidden_layers") or (text or {}).get("num_hidden_layers")
         if text:
-            facts["inner"] = (text.get("architectures") or [None])[0] or INNER_BY_MODEL_TYPE.get(text.get("model_type", ""))
+            facts["inner"] = config_architecture(text) or INNER_BY_MODEL_TYPE.get(text.get("model_type") or "")
         facts["source"] = str(cfg_path)
     if manifest and isinstance(manifest.get("target"), dict):
         t = manifest["target"]
@@ -190,9 +208,17 @@ def ask_engine(ctx: Context, request: dict, timeout: int = 240) -> dict:
 def check_lock(ctx: Context) -> Check:
     if not ctx.lock_path or not ctx.lock_path.is_file():
         return Check("lock-versions", "warn", f"no lock file at {ctx.lock_path}: versions not compared (run `speclock lock`)")
-    lock = _read_json(ctx.lock_path, "the lock")
+    lock = _read_json(ctx.lock_path, "lock")
     if lock.get("schema") != "speclock.lock/v1" or not isinstance(lock.get("packages"), list):
         raise BadInput(f"{ctx.lock_path}: not a speclock.lock/v1 lock", hint="regenerate it with `speclock lock`")
+    hint = "regenerate it with `speclock lock`"
+    for i, pkg in enumerate(lock["packages"]):
+        expect(pkg, dict, f"packages[{i}]", path=ctx.lock_path, hint=hint)
+        expect(pkg.get("name"), str, f"packages[{i}].name", path=ctx.lock_path, hint=hint)
+        expect(pkg.get("version"), str, f"packages[{i}].version", path=ctx.lock_path, hint=hint)
+    for i, item in enumerate(expect(lock.get("excluded", []), list, "excluded", path=ctx.lock_path, hint=hint)):
+        name = item.get("name") if isinstance(item, dict) else item
+        expect(name, str, f"excluded[{i}]" + (".name" if isinstance(item, dict) else ""), path=ctx.lock_path, hint=hint)
     answer = ctx.engine_answers.get("dists")
     if not answer or not answer["ok"]:
         return Check("lock-versions", "fail", f"could not list the engine Python's packages: {(answer or {}).get('error', ctx.python_note)}")
@@ -278,6 +304,7 @@ def check_aux_layers(ctx: Context, facts: dict, manifest: dict | None) -> Check:
                                    "(it compares the engine's layers with the manifest's aux_layers_after)")
     if not (ctx.draft_dir / "config.json").is_file():
         return Check(name, "fail", f"drafter {ctx.draft_dir} has no config.json")
+    read_model_config(ctx.draft_dir, what="drafter")  # its ids go to the engine: their types are checked first
     if not facts["arch"] or not facts["num_hidden_layers"]:
         return Check(name, "warn", "target architecture or layer count unknown: aux-layers could not run")
     a = ctx.engine_answers.get("capture")
@@ -342,7 +369,13 @@ def check_kernels(ctx: Context) -> Check:
     if not lib.is_file() or not man_path.is_file():
         return Check("kernels", "fail", f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}: the image was built "
                                         "without its kernels stage; rebuild it with `speclock build-image`", {"dir": str(folder)})
-    man = json.loads(man_path.read_text())
+    hint = "rebuild the kernel library with `speclock kernels-build` (or the image with `speclock build-image`)"
+    man = read_json(man_path, what="kernel library manifest", hint=hint)
+    for key, types in (("abi", (int, str)), ("library_sha256", str), ("nvcc", str)):
+        if man.get(key) is not None:
+            expect(man[key], types, key, path=man_path, hint=hint)
+    for i, a in enumerate(expect(man.get("archs", []), list, "archs", path=man_path, hint=hint)):
+        expect(a, str, f"archs[{i}]", path=man_path, hint=hint)
     detail: dict = {"dir": str(folder), "manifest": man, "targets": targets}
     problems = []
     if man.get("abi") != kbuild.ABI_VERSION:
@@ -410,6 +443,8 @@ def check_cuda(ctx: Context) -> Check:
 def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Check]:
     selected = [c for c in CHECKS if not only or c in only]
     manifest = load_manifest(ctx.draft_dir)
+    if ctx.draft_dir and (ctx.draft_dir / "config.json").is_file():
+        read_model_config(ctx.draft_dir, what="drafter")  # before its path goes to the engine probe
     facts = target_facts(ctx, manifest)
     engine = ctx.stack.engine["name"]
     request: dict = {}

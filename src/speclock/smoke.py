@@ -21,12 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.args import non_negative_float, positive_int
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
+from speclock.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.files import expect, os_error, read_json
+from speclock.models import (DRAFT_MANIFEST, check_reference_record, config_architecture,
+                             read_drafter_manifest, read_model_config, stack_model_path)
 from speclock.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MANIFEST = "speclock-manifest.json"
+MANIFEST = DRAFT_MANIFEST
 
 
 def _log(msg: str) -> None:
@@ -77,11 +81,15 @@ def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
     elif inside:
         target = IMAGE.target_dir
     elif stack.target["path"]:
-        target = REPO_ROOT / stack.target["path"]
+        target = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", getattr(stack, "path", None))
     else:
         raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; on the host give the converted folder",
                        hint="--target DIR (e.g. made by `python -m speclock.models convert`)")
-    draft = Path(args.draft) if args.draft else (IMAGE.draft_dir if inside else REPO_ROOT / stack.draft["path"])
+    if args.draft:
+        draft = Path(args.draft)
+    else:
+        draft = IMAGE.draft_dir if inside else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path",
+                                                                getattr(stack, "path", None))
     if args.prompts:
         prompts = Path(args.prompts)
     elif inside:
@@ -90,9 +98,10 @@ def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
         prompts = packaged_file(smoke["prompts_file"])
     else:
         raise BadInput(f"stack {stack.name} names no prompts", hint="--prompts FILE (JSONL)")
-    for what, path in (("target", target), ("draft", draft)):
-        if not (path / "config.json").is_file():
-            raise BadInput(f"{what} {path} is not a model folder (no config.json)", hint=f"pass --{what} DIR")
+    # Every model file smoke reads is checked here, before an engine starts or anything is written.
+    read_model_config(target, what="target", option="--target")
+    read_model_config(draft, what="draft", option="--draft")
+    read_drafter_manifest(draft)  # optional, but when present its recorded references must be well-formed
     thresholds = dict(stack.thresholds)
     for key in ("min_mean_acceptance_length", "min_speedup", "max_reference_gap"):
         override = getattr(args, key, None)
@@ -101,12 +110,29 @@ def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
     n = args.num_prompts or smoke["num_prompts"]
     if n < 1 or (args.max_tokens is not None and args.max_tokens < 1):
         raise BadInput("--num-prompts and --max-tokens must be at least 1")
+    out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir(stack.name), "--out")
+    plain_cache = prepare_out_dir(Path(args.plain_cache), "--plain-cache") if getattr(args, "plain_cache", None) else None
     return SmokeInputs(
         stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
         max_tokens=args.max_tokens or smoke["max_tokens"], k=smoke["num_speculative_tokens"],
-        out_dir=Path(args.out) if args.out else default_out_dir(stack.name), reference=args.reference,
+        out_dir=out_dir, reference=args.reference,
         server_url=args.server or "", plain_server_url=args.plain_server or "", thresholds=thresholds,
-        plain_cache=Path(args.plain_cache) if getattr(args, "plain_cache", None) else None)
+        plain_cache=plain_cache)
+
+
+def prepare_out_dir(path: Path, option: str) -> Path:
+    """Create an output folder up front: a file in the way, no permission or a full disk is reported (exit 2/3)
+    before the engine runs for minutes, not after."""
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"{option} {path} is a file, where an output folder belongs", hint=f"give {option} a folder path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, path, "create the output folder") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise EnvironmentProblem(f"permission denied: cannot write into {path}",
+                                 hint=f"give {option} a folder this user may write")
+    return path
 
 
 def image_identity() -> dict[str, str]:
@@ -116,9 +142,10 @@ def image_identity() -> dict[str, str]:
     info: dict[str, Any] = {}
     if in_image() and IMAGE.build_info.is_file():
         try:
-            info = json.loads(IMAGE.build_info.read_text())
-        except (OSError, json.JSONDecodeError):
-            info = {}
+            info = read_json(IMAGE.build_info, what="image build info")
+        except SpeclockError:
+            info = {}  # the identity is informational: a damaged image.json leaves it empty, never crashes
+    info = {k: v for k, v in info.items() if isinstance(v, str)}
     ref = os.environ.get("SPECLOCK_IMAGE_REF") or info.get("ref") or info.get("tag") or ("" if in_image() else "host")
     digest = os.environ.get("SPECLOCK_IMAGE_DIGEST") or info.get("digest") or ""
     return {"ref": str(ref), "digest": str(digest)}
@@ -136,25 +163,30 @@ def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
             "prompts_sha256": prompts_sha256(texts), "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
 
 
+REFERENCE_KEY_FIELDS = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
+
+
 def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The recorded reference metrics for `key` in a drafter manifest, or None."""
-    if not manifest_path.is_file():
+    """The recorded reference metrics for `key` in a drafter manifest, or None.
+
+    Every record is checked first (speclock.models.check_reference_record): a record of the wrong
+    shape is BadInput naming the manifest and the key, never a crash and never a match. A match
+    needs all six key fields equal with equal JSON types (3 is not "3", 1 is not true).
+    """
+    if not manifest_path.exists() and not manifest_path.is_symlink():
         return None
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
-        raise BadInput(f"{manifest_path}: not valid JSON: {err}", hint="the drafter's manifest is written by the training tools") from None
-    try:  # the training branch's lookup, when present, is the one definition
-        from speclock.train.export import lookup_reference  # type: ignore[import-not-found]
-    except ImportError:
-        lookup_reference = None
-    if lookup_reference is not None:
-        found = lookup_reference(manifest, key)
-        return found.get("metrics", found) if isinstance(found, dict) else None
-    for entry in manifest.get("reference") or []:
-        if isinstance(entry, dict) and entry.get("key") == key:
-            return entry.get("metrics")
-    return None
+    manifest = read_drafter_manifest(manifest_path.parent) if manifest_path.name == DRAFT_MANIFEST else None
+    if manifest is None:  # a manifest under another name (tests, tools): read and check it the same way
+        from speclock.models import check_drafter_manifest
+
+        manifest = check_drafter_manifest(read_json(manifest_path, what="drafter manifest"), manifest_path)
+    found = None
+    for i, rec in enumerate(manifest.get("reference") or []):
+        check_reference_record(rec, f"reference[{i}]", manifest_path)
+        rkey = rec["key"]
+        if all(type(rkey.get(f)) is type(key.get(f)) and rkey.get(f) == key.get(f) for f in REFERENCE_KEY_FIELDS):
+            found = rec["metrics"]  # the last record for a key wins (record_reference replaces in place)
+    return found
 
 
 def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[str, Any]:
@@ -199,7 +231,8 @@ def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[
                            "run with --reference live, or record one with the training tools")
         return section
     if engine_metrics is not None:
-        ref_len = float(section["metrics"]["mean_acceptance_length"])
+        ref_len = float(expect(section["metrics"].get("mean_acceptance_length"), float,
+                               "reference metrics mean_acceptance_length", path=inp.draft / MANIFEST))
         section["gap"] = abs(ref_len - engine_metrics["mean_acceptance_length"]) / ref_len if ref_len else None
     return section
 
@@ -237,8 +270,8 @@ def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tok
     """Start, warm up, generate with counters as deltas, stop. Returns (outputs, seconds, counters, captured)."""
     t0 = time.perf_counter()
     _log(f"starting {engine.NAME} {label}")
-    session = engine.start(config)
-    try:
+    # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
+    with running(engine, config) as session:
         _log(f"{engine.NAME} {label} ready in {time.perf_counter() - t0:.1f} s; generating {len(prompt_ids)} prompts x {max_tokens} tokens")
         session.generate(prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
         before = session.counters()
@@ -247,15 +280,32 @@ def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tok
         seconds = time.perf_counter() - t1
         delta = session.counters() - before
         captured = session.captured_layers()
-    finally:
-        session.stop()
     _log(f"{label}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
     return outputs, seconds, delta, captured
 
 
+def read_plain_cache(cache_file: Path, n_prompts: int) -> tuple[list[list[int]], float] | None:
+    """Cached no-drafter outputs, or None when absent or damaged (a cache is rebuilt, never trusted blindly)."""
+    if not cache_file.is_file():
+        return None
+    try:
+        cached = read_json(cache_file, what="plain-output cache")
+        outputs = expect(cached.get("outputs"), list, "outputs", path=cache_file)
+        seconds = expect(cached.get("seconds"), float, "seconds", path=cache_file)
+        if len(outputs) != n_prompts or seconds <= 0:
+            raise BadInput(f"{cache_file}: {len(outputs)} outputs for {n_prompts} prompts, {seconds} s")
+        for i, out in enumerate(outputs):
+            for j, tok in enumerate(expect(out, list, f"outputs[{i}]", path=cache_file)):
+                expect(tok, int, f"outputs[{i}][{j}]", path=cache_file)
+    except BadInput as err:
+        _log(f"ignoring a damaged plain-output cache ({str(err).splitlines()[0]}); running without the drafter again")
+        return None
+    return outputs, float(seconds)
+
+
 def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
     """The report with everything known before the engine runs (what a failed run still reports)."""
-    tcfg = json.loads((inp.target / "config.json").read_text())
+    tcfg = read_model_config(inp.target, what="target")
     n_layers = int(tcfg.get("num_hidden_layers") or 0)
     ids, ids_source = aux_layer_ids(inp.draft, n_layers)
     engine = inp.stack.engine
@@ -266,7 +316,7 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
         "image": image_identity(),
         "engine": {"name": engine["name"], "package": engine["package"], "version": package_version(engine["package"]),
                    "pinned_version": engine["version"], "mode": "server" if inp.server_url else "offline"},
-        "target": {"path": str(inp.target), "arch": (tcfg.get("architectures") or ["?"])[0], "num_layers": n_layers},
+        "target": {"path": str(inp.target), "arch": config_architecture(tcfg) or "?", "num_layers": n_layers},
         "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
         "num_speculative_tokens": inp.k,
         "max_tokens": inp.max_tokens,
@@ -312,15 +362,18 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         run["stage"] = "plain (no drafter)"
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
-        if cache_file and cache_file.is_file():
-            cached = json.loads(cache_file.read_text())
-            plain, plain_s = cached["outputs"], cached["seconds"]
+        cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
+        if cached is not None:
+            plain, plain_s = cached
             _log(f"plain outputs reused from {cache_file}")
             report["lossless"]["plain_from"] = str(cache_file)
         else:
             plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
             if cache_file:
-                write_atomic(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
+                try:
+                    write_atomic(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
+                except OSError as err:
+                    raise os_error(err, cache_file, "write the plain-output cache") from None
         run["stage"] = "speculative (with drafter)"
         spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url)
         spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
@@ -349,23 +402,31 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         run["error"] = f"{type(err).__name__}: {err}"
         _log("engine failure:\n" + traceback.format_exc(limit=6))
         code = 1
+    reference_error = None
     try:
         report["reference"] = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
     except (BadInput, EnvironmentProblem) as err:
         report["reference"] = {"status": "not computed", "metrics": None, "gap": None, "note": str(err)}
+        if isinstance(err, BadInput):  # a damaged recorded reference is bad input, never a silent "no reference"
+            reference_error = err
     if report["reference"].get("note"):
         _log(f"reference: {report['reference']['note']}")
     failures = failures_of(evaluate(report, inp.thresholds))
     if not run["completed"]:
         # Counters of a run that did not finish say nothing about the drafter: report the crash alone.
         failures = [f"engine failed during {run['stage']}: {run['error']}"]
+    if reference_error is not None:
+        failures = failures + [f"reference: {str(reference_error).splitlines()[0]}"]
     report["failures"] = failures
     report["verdict"] = "fail" if failures else "pass"
     if code == 0 and failures:
-        code = 1
+        code = BadInput.exit_code if reference_error is not None else 1
     run["seconds"] = round(time.perf_counter() - t_start, 2)
     validate_report(report, "the report being written")
-    path = write_report(inp.out_dir / "report.json", report)
+    try:
+        path = write_report(inp.out_dir / "report.json", report)
+    except OSError as err:
+        raise os_error(err, inp.out_dir / "report.json", "write the report") from None
     _log(f"wrote {path} in {run['seconds']:.1f} s")
     return report, code
 
@@ -382,14 +443,14 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
     p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
     p.add_argument("--prompts", help="JSONL prompt file (default: the image's, or the stack's MT-Bench questions)")
-    p.add_argument("--num-prompts", type=int, help="prompts to use (default: the stack's smoke.num_prompts)")
-    p.add_argument("--max-tokens", type=int, help="new tokens per prompt (default: the stack's smoke.max_tokens)")
+    p.add_argument("--num-prompts", type=positive_int, help="prompts to use (default: the stack's smoke.num_prompts)")
+    p.add_argument("--max-tokens", type=positive_int, help="new tokens per prompt (default: the stack's smoke.max_tokens)")
     p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
                    help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
                         "run the reference decoder now (slow on a CPU), or skip")
     p.add_argument("--server", help="URL of a running engine server with the drafter (instead of starting the engine)")
     p.add_argument("--plain-server", help="URL of the same model served without a drafter (with --server)")
-    p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=float,
+    p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=non_negative_float,
                    help="override the stack's floor (e.g. to show that a too-high floor fails)")
     p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
                                           "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)")

@@ -23,9 +23,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speclock.args import positive_float, positive_int
 from speclock.errors import BadInput
 
 SOAK_SCHEMA = "speclock.soak/v1"
+
+
+def drift_limit(text: str) -> float:
+    """--max-drift: a relative drop in [0, 1) (argparse type: a bad one is exit 2 at parse time)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed: give a relative drop from 0 up to (not including) 1")
+    return value
 
 
 def _log(msg: str) -> None:
@@ -94,7 +109,7 @@ def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]
 
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
     """Start the engine with the drafter once; run windows until `minutes` have passed (at least two)."""
-    from speclock.engines import EngineConfig, get_engine, package_version
+    from speclock.engines import EngineConfig, get_engine, package_version, running
     from speclock.prompts import chat_prompt_ids, load_prompts
     from transformers import AutoTokenizer
 
@@ -104,14 +119,30 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     engine = get_engine(inp.stack.engine["name"])
     config = EngineConfig(inp.target, inp.draft, inp.k, dict(inp.stack.engine["settings"]), inp.server_url)
     t0 = time.perf_counter()
-    session = engine.start(config)
-    _log(f"{engine.NAME} with drafter ready in {time.perf_counter() - t0:.1f} s; soaking for {minutes} min "
-         f"({len(prompt_ids)} prompts x {inp.max_tokens} tokens per window)")
     windows: list[dict[str, Any]] = []
-    error = None
-    first_outputs = None
     differing: dict[int, list[list[int]]] = {}  # window index -> outputs that differ from the first window's
     started = time.perf_counter()
+    # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
+    with running(engine, config) as session:
+        _log(f"{engine.NAME} with drafter ready in {time.perf_counter() - t0:.1f} s; soaking for {minutes} min "
+             f"({len(prompt_ids)} prompts x {inp.max_tokens} tokens per window)")
+        started = time.perf_counter()
+        error, first_outputs = _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, differing, started)
+    _judge_divergences(inp, windows, first_outputs, differing, prompt_ids)
+    ok, failures = judge(windows, max_drift)
+    if error:
+        ok, failures = False, [f"the engine failed after {len(windows)} window(s): {error}"] + failures
+    return {"schema": SOAK_SCHEMA, "stack": inp.stack.name,
+            "engine": f"{inp.stack.engine['package']} {package_version(inp.stack.engine['package']) or '?'}",
+            "minutes": minutes, "max_drift": max_drift, "seconds": round(time.perf_counter() - started, 1),
+            "prompts": len(prompt_ids), "max_tokens": inp.max_tokens, "num_speculative_tokens": inp.k,
+            "windows": windows, "drift": drift_of(windows), "verdict": "pass" if ok else "fail", "failures": failures}
+
+
+def _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, differing, started):
+    """Generate window after window into `windows`; returns (the engine's error (a finding) or None, the first
+    window's outputs). Ctrl-C propagates (the caller's `running` kills the engine)."""
+    first_outputs = None
     try:
         session.generate(prompt_ids[:1], 4)  # warm-up, as in the smoke test
         while True:
@@ -135,31 +166,26 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
             if (elapsed >= minutes * 60 and len(windows) >= 2) or (max_windows and len(windows) >= max_windows):
                 break
     except Exception as err:  # an engine crash mid-soak is a finding, not a traceback
-        error = f"{type(err).__name__}: {err}"
-    finally:
-        session.stop()
-    _judge_divergences(inp, windows, first_outputs, differing, prompt_ids)
-    ok, failures = judge(windows, max_drift)
-    if error:
-        ok, failures = False, [f"the engine failed after {len(windows)} window(s): {error}"] + failures
-    return {"schema": SOAK_SCHEMA, "stack": inp.stack.name,
-            "engine": f"{inp.stack.engine['package']} {package_version(inp.stack.engine['package']) or '?'}",
-            "minutes": minutes, "max_drift": max_drift, "seconds": round(time.perf_counter() - started, 1),
-            "prompts": len(prompt_ids), "max_tokens": inp.max_tokens, "num_speculative_tokens": inp.k,
-            "windows": windows, "drift": drift_of(windows), "verdict": "pass" if ok else "fail", "failures": failures}
+        return f"{type(err).__name__}: {err}", first_outputs
+    return None, first_outputs
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
     from speclock.report import write_atomic
     from speclock.smoke import resolve_inputs
 
+    from speclock.files import os_error
+
     if args.minutes <= 0 or not 0 <= args.max_drift < 1:
         raise BadInput("--minutes must be > 0 and --max-drift in [0, 1)", hint="e.g. --minutes 60 --max-drift 0.05")
-    inp = resolve_inputs(args)
+    inp = resolve_inputs(args)  # checks the models, the prompts' path and creates --out up front
     doc = run_soak(inp, args.minutes, args.max_drift, max_windows=args.max_windows)
     out = Path(args.out) if args.out else inp.out_dir
-    write_atomic(out / "soak.json", json.dumps(doc, indent=2) + "\n")
-    write_atomic(out / "soak.md", markdown(doc))
+    for name, text in (("soak.json", json.dumps(doc, indent=2) + "\n"), ("soak.md", markdown(doc))):
+        try:
+            write_atomic(out / name, text)
+        except OSError as err:
+            raise os_error(err, out / name, "write the soak result") from None
     print(markdown(doc))
     for f in doc["failures"]:
         print(f"  - {f}", file=sys.stderr)
@@ -172,8 +198,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("soak", help="repeat the smoke test's drafted run on one engine for N minutes; gate on drift",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_smoke_arguments(p)
-    p.add_argument("--minutes", type=float, default=10.0, help="how long to keep generating (default 10)")
-    p.add_argument("--max-drift", type=float, default=0.05,
+    p.add_argument("--minutes", type=positive_float, default=10.0, help="how long to keep generating (default 10)")
+    p.add_argument("--max-drift", type=drift_limit, default=0.05,
                    help="largest allowed relative drop of mean acceptance length from the first window (default 0.05)")
-    p.add_argument("--max-windows", type=int, help="stop after this many windows even if time is left")
+    p.add_argument("--max-windows", type=positive_int, help="stop after this many windows even if time is left")
     p.set_defaults(func=_cmd_soak)
