@@ -74,14 +74,19 @@ def test_a_baseline_of_another_stack_or_engine_is_bad_input(key, value):
         check_baseline_matches(sample_report(), sample_report(**{key: value}), "base.json")
 
 
-def test_a_baseline_measured_with_another_drafter_is_bad_input():
-    def with_drafter(sha):
-        r = sample_report()
-        r["reference"] = dict(r.get("reference") or {}, key={"drafter_sha256": sha})
-        return r
+def with_drafter(sha, report=None):
+    r = report or sample_report()
+    r["reference"] = dict(r.get("reference") or {}, key={"drafter_sha256": sha, "target_sha256": "c" * 64,
+                                                         "prompts_sha256": "d" * 64, "num_prompts": 80, "k": 3,
+                                                         "max_tokens": 64})
+    return r
 
+
+def test_a_baseline_measured_with_another_drafter_is_bad_input():
     check_baseline_matches(with_drafter("a" * 64), with_drafter("a" * 64), "base.json")
-    check_baseline_matches(with_drafter("a" * 64), sample_report(), "base.json")  # no drafter recorded: nothing to compare
+    # No drafter recorded on one side: the identity check cannot be skipped by leaving it out (issue #15).
+    with pytest.raises(BadInput, match="base.json: key 'reference.key.drafter_sha256' is missing"):
+        check_baseline_matches(with_drafter("a" * 64), sample_report(), "base.json")
     with pytest.raises(BadInput, match="measured with drafter bbbbbbbbbbbb"):
         check_baseline_matches(with_drafter("a" * 64), with_drafter("b" * 64), "base.json")
 
@@ -96,7 +101,12 @@ def test_stored_baselines_are_found_by_stack_and_engine_version(tmp_path):
 
 def test_junit_and_markdown_list_each_check(tmp_path):
     rp = tmp_path / "report.json"
-    rp.write_text(json.dumps(sample_report(metrics__mean_acceptance_length=1.5)))
+    # A consistent report with mean acceptance length 1.5 (500 accepted over 1000 drafts).
+    rp.write_text(json.dumps(sample_report(metrics__num_accepted_tokens=500, metrics__accepted_per_position=[300, 150, 50],
+                                           metrics__acceptance_rate=500 / 3000, metrics__mean_acceptance_length=1.5,
+                                           metrics__acceptance_per_position=[0.3, 0.15, 0.05],
+                                           reference__metrics={"mean_acceptance_length": 1.55},
+                                           reference__gap=abs(1.55 - 1.5) / 1.55)))
     stack = write_stack(tmp_path, min_mean_acceptance_length=2.0)
     result = run_gate(rp, baseline="none", stack=str(stack), junit=tmp_path / "j.xml", md=tmp_path / "s.md")
     assert not result.ok

@@ -38,8 +38,10 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
         from speclock.errors import CheckFailed
 
         raise CheckFailed(f"refusing to push {record['ref']}: {reason}",
-                          hint="run the self-check (`invoke build-image` runs it; or `speclock selfcheck-image`) "
-                               "and fix what it reports, or pass --force to push anyway")
+                          hint=f"`speclock build-image --stack {stack_name} --builder {builder_name}` (or `invoke "
+                               f"build-image`) runs the image's self-check and records its verdict; fix what it reports "
+                               f"(`speclock run-image --stack {stack_name}` runs the self-check again to look at it), "
+                               "or pass --force to push anyway")
     builder = get_builder(builder_name)
     dest = destination(registry, stack_name, record["tag"], repository)
     digest = builder.push(record["ref"], dest, insecure=is_loopback(registry) if insecure is None else insecure)

