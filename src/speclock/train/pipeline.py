@@ -106,6 +106,9 @@ def load_target_model(s: Settings, device: str, dtype: str | None = None):
     from speclock.prompts import require_chat_template
 
     tdir = s.target_dir
+    if not (Path(tdir) / "config.json").is_file():  # else transformers takes the path for a Hub repo id
+        raise BadInput(f"the target {tdir} is not a Hugging Face model folder (no config.json there)",
+                       hint="pass --target FOLDER of a converted model, or leave --target out to convert the packaged GGUF")
     tok = AutoTokenizer.from_pretrained(tdir)
     require_chat_template(tok, f"the target {tdir}")
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
