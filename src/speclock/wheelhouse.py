@@ -46,7 +46,7 @@ TIMEOUT_S = 60
 STALE_S = 600
 # After Ctrl-C (or the first failure), how long running downloads get to notice the stop and clean up
 # before their temp files are removed for them (a download blocked in a socket read cannot notice).
-STOP_GRACE_S = 1.0
+STOP_GRACE_S = 0.5
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
