@@ -288,11 +288,14 @@ def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, p
     ctx = cache_dir() / "contexts" / f"base-{base['sha256'][:16]}"
     ctx.mkdir(parents=True, exist_ok=True)
     target = ctx / "base.tar"
+    clean_stale_temps(ctx)  # a copy a killed run left half-done
     if not target.exists():
         try:
             os.link(tar, target)
         except OSError:
-            shutil.copyfile(tar, target)
+            # whole or not at all: a half copy under the final name would be imported as the base next time
+            with atomic_output(target, binary=True, mode=_new_file_mode()) as out, open(tar, "rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
     progress(f"importing the base rootfs as {ref}")
     builder.build(containerfile=BASE_CONTAINERFILE, context=ctx, tag=ref, build_args={}, labels={},
                   target=None, no_cache=False, timestamp=base["source_date_epoch"])
