@@ -377,17 +377,17 @@ def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: s
             raise BadInput(f"{path}: {label}.{key} {url[:200]!r} {problem}", hint=_RELOCK)
         base = _url_basename(url)
         if base != filename:
-            raise BadInput(f"{path}: {label}.filename {filename!r} is not the file its {key} names ({base!r})",
+            raise BadInput(f"{path}: {label}.filename {filename[:200]!r} is not the file its {key} names ({base[:200]!r})",
                            hint="a lock entry's filename is the last part of its URL; " + _RELOCK)
-    if filename.endswith(".whl"):
-        parts = filename[:-4].split("-")
-        if len(parts) not in (5, 6):
-            raise BadInput(f"{path}: {label}.filename {filename!r} is not a wheel file name "
-                           "(NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl)", hint=_RELOCK)
-        if _norm_dist(parts[0]) != _norm_dist(entry["name"]) or _norm_version(parts[1]) != _norm_version(entry["version"]):
-            raise BadInput(f"{path}: {label}: the wheel {filename!r} is {parts[0]} {parts[1]}, the entry says "
-                           f"{entry['name']} {entry['version']}", hint=_RELOCK)
-
+    if not filename.endswith(".whl"):  # pip resolves with --only-binary: every locked file is a wheel
+        raise BadInput(f"{path}: {label}: key 'filename' {filename[:200]!r} is not a wheel (*.whl)", hint=_RELOCK)
+    parts = filename[:-4].split("-")
+    if len(parts) not in (5, 6):
+        raise BadInput(f"{path}: {label}.filename {filename[:200]!r} is not a wheel file name "
+                       "(NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl)", hint=_RELOCK)
+    if _norm_dist(parts[0]) != _norm_dist(entry["name"]) or _norm_version(parts[1]) != _norm_version(entry["version"]):
+        raise BadInput(f"{path}: {label}: the wheel {filename[:200]!r} is {parts[0]} {parts[1]}, the entry says "
+                       f"{entry['name'][:80]} {entry['version'][:80]}", hint=_RELOCK)
 
 def _check_base(base: Any, key: str, path: Path) -> None:
     expect(base, dict, key, path=path, hint=_RELOCK)
