@@ -537,3 +537,23 @@ def test_a_wheel_name_from_data_that_is_not_a_plain_wheel_name_never_matches(nam
 def test_bad_input_from_unit_helpers():
     with pytest.raises(BadInput, match="leaves the engine"):
         patches.DirTree(Path("/tmp")).read("../etc/passwd")
+
+
+@pytest.mark.parametrize("record", ["dir", "under-a-file"])
+def test_apply_refuses_an_unwritable_record_before_patching(env, record):
+    stack = env.series({"0001-outer.patch": GOOD})
+    (env.root / "dir").mkdir()
+    (env.root / "file").write_text("x")
+    path = env.root / "dir" if record == "dir" else env.root / "file" / "rec.json"
+    before = snapshot(env.root)
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
+                           "--no-runtime-probes", "--record", str(path))
+    assert_clean_refusal(code, err, allowed=(2,), names="--record")
+    assert_nothing_written(before, snapshot(env.root))
+
+
+def test_a_python_that_does_not_exist_is_exit_2(env):
+    stack = env.series({"0001-outer.patch": GOOD})
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--python", str(env.root / "no-python"),
+                           "--no-runtime-probes")
+    assert_clean_refusal(code, err, allowed=(2,), names="no-python")

@@ -998,9 +998,29 @@ def version_arg(text: str) -> str:
 
 def default_site_packages(python: str | None = None) -> Path:
     py = python or sys.executable
-    out = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    return Path(out)
+    try:
+        proc = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, timeout=120)
+    except OSError as err:
+        raise BadInput(f"--python {py} cannot be run: {err.strerror or err}", hint="give the engine's python") from None
+    except subprocess.TimeoutExpired:
+        raise EnvironmentProblem(f"--python {py} did not answer within 120 s") from None
+    if proc.returncode != 0 or not proc.stdout.strip():
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentProblem(f"{py} could not tell its site-packages: {tail}", hint="give --site-packages")
+    return Path(proc.stdout.strip())
+
+
+def _check_output_path(path: Path, option: str) -> None:
+    """Refuse an output path that cannot be written, before anything else is written."""
+    if path.is_dir():
+        raise BadInput(f"{option} {path} is a directory, where a file belongs", hint="give a file path")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInput(f"{option} {path}: {parent} is a file, where a directory belongs",
+                               hint="choose another path")
+            break
 
 
 # ---------------------------------------------------------------- apply (image build)
@@ -1163,6 +1183,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
+    if args.record:
+        _check_output_path(Path(args.record), "--record")
     site = Path(args.site_packages) if args.site_packages else default_site_packages(args.python)
     print(f"applying {len(stack.patch_series)} patch(es) of stack {stack.name} to {site}")
     rec = apply_series(stack, site, python=args.python, record=Path(args.record) if args.record else None,
@@ -1180,6 +1202,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     site = Path(args.site_packages) if args.site_packages else default_site_packages(args.python)
+    if not site.is_dir():
+        raise BadInput(f"--site-packages {site} is not a directory", hint="give the engine's site-packages folder")
     rec = verify_series(stack, site, python=args.python, run_probes=not args.no_runtime_probes)
     if args.json:
         print(json.dumps(rec, indent=2))
