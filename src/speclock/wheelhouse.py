@@ -367,8 +367,9 @@ def _stop_workers(stop: threading.Event, tasks: queue.SimpleQueue, threads: list
 def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) -> None:
     """Lay out a build's wheel directory: hard links (or copies) to verified store entries.
 
-    Each entry is verified again unless this process verified it and it is untouched since; a
-    corrupt one is fetched again (ensure_entry)."""
+    Callers fetch first (build and upgrade do: `fetch` hashes every entry on every build); an entry
+    that changed since this process verified it (truncated, rewritten) is verified again and, when
+    corrupt, fetched again (ensure_entry). Entries this process never fetched are linked as they are."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -377,7 +378,7 @@ def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) ->
         src = entry_path(pkg, store)
         if not src.is_file():
             raise BadInput(f"{pkg['filename']} is not in the wheelhouse", hint=f"run `invoke fetch --stack {lock['stack']}`")
-        if not _still_verified(src, pkg["sha256"]):
+        if src in _verified and not _still_verified(src, pkg["sha256"]):
             src, _ = ensure_entry(pkg, store)
         target = confined(dest, plain_name(pkg["filename"], what="filename"), what="wheel")
         try:
