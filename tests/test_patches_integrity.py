@@ -557,3 +557,21 @@ def test_a_python_that_does_not_exist_is_exit_2(env):
     code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--python", str(env.root / "no-python"),
                            "--no-runtime-probes")
     assert_clean_refusal(code, err, allowed=(2,), names="no-python")
+
+
+def test_ctrl_c_during_apply_puts_every_file_back(env, monkeypatch):
+    stack = env.series({"0001-outer.patch": GOOD})
+    real, calls = patches._refresh_bytecode, []
+
+    def interrupted(source):
+        calls.append(source)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(source)
+
+    monkeypatch.setattr(patches, "_refresh_bytecode", interrupted)
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
+                           "--no-runtime-probes")
+    assert code == 130, err
+    assert (env.engine / "vllm" / "tiny.py").read_text() == MODULE
+    assert not [p for p in env.root.rglob("*") if p.name.startswith(".speclock-tmp")]

@@ -56,7 +56,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speclock.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
+from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.files import (atomic_output, atomic_write_bytes, atomic_write_json, atomic_write_text, clean_stale_temps, confined,
                             file_sha256, os_error, plain_name, read_text)
 from speclock.layout import IMAGE, cache_dir, in_image
