@@ -354,3 +354,27 @@ def test_ctrl_c_stops_fetch_within_2_seconds_and_leaves_no_part(tmp_path, server
     assert not list(cache.rglob(".part-*")), "a half-written download was left"
     assert not [p for p in cache.rglob("*.whl")], "nothing should have finished"
     assert len(server.hits) <= 3, "queued downloads must be cancelled, not started"
+
+
+def test_cached_engine_wheel_is_verified_on_every_use(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "wheels" / "vllm-0.1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("vllm/__init__.py", "x = 1\n" * 1000)
+    assert wheelhouse.cached_wheel_intact(wheel)  # a complete zip from before sidecars: accepted, recorded
+    assert wheel.with_name(wheel.name + ".sha256").read_text().strip() == file_sha256(wheel)
+    assert wheelhouse.cached_wheel_intact(wheel)
+    wheel.write_bytes(wheel.read_bytes()[:-20])  # truncated
+    assert not wheelhouse.cached_wheel_intact(wheel)
+    wheel.with_name(wheel.name + ".sha256").unlink()
+    assert not wheelhouse.cached_wheel_intact(wheel)  # no record, and not a complete zip
+
+
+def test_wheelhouse_path_that_is_a_file_is_a_clean_error(tmp_path, server, env):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "wheelhouse").write_text("x")
+    lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", [wheel_entry(server, "demo-a")])
+    code, _, err = fetch_cli(make_stack(tmp_path, server), lock, env)
+    assert_clean_refusal(code, err, allowed=(2,), names=str(tmp_path / "cache" / "wheelhouse"))

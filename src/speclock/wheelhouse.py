@@ -26,12 +26,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from speclock.args import positive_int
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
-from speclock.files import TEMP_PREFIX, clean_stale_temps, confined, file_sha256, os_error, plain_name
+from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, file_sha256, os_error, plain_name
 from speclock.layout import cache_dir
 from speclock.lock import lock_path, read_lock
 from speclock.stack import load_stack
@@ -64,13 +65,13 @@ _verified: dict[Path, tuple[int, int, int, int, str]] = {}
 
 def store_dir() -> Path:
     path = cache_dir() / "wheelhouse"
+    if (path.exists() or path.is_symlink()) and not path.is_dir():
+        raise BadInput(f"{path} is a file, where the wheelhouse folder belongs",
+                       hint="move that file away, or point SPECLOCK_CACHE at another folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise os_error(err, path, "make the wheelhouse folder") from None
-    if not path.is_dir():
-        raise BadInput(f"{path} is a file, where the wheelhouse folder belongs",
-                       hint="move that file away, or point SPECLOCK_CACHE at another folder")
     return path
 
 
@@ -392,6 +393,43 @@ def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) ->
                 shutil.copyfile(src, target)
         except OSError as err:
             raise os_error(err, target, "place the wheel at") from None
+
+
+# --- wheels cached outside the lock (engine wheels that `pip download` put in cache_dir()/wheels) ---
+
+def _wheel_sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def record_cached_wheel(path: Path) -> str:
+    """After downloading a wheel into a cache: record its sha256 beside it (atomically)."""
+    sha = file_sha256(path)
+    atomic_write_text(_wheel_sidecar(path), sha + "\n")
+    return sha
+
+
+def cached_wheel_intact(path: Path) -> bool:
+    """Before using a cached wheel: True when it still hashes to the recorded sha256. A wheel cached
+    before sidecars existed is accepted once if it is a complete zip (a truncated one is not), and
+    recorded. False means: delete it and download it again."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    side = _wheel_sidecar(path)
+    try:
+        recorded = side.read_text(encoding="ascii").strip() if side.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        recorded = None
+    if recorded is not None:
+        return _HEX64.fullmatch(recorded) is not None and file_sha256(path) == recorded
+    try:
+        with zipfile.ZipFile(path) as zf:
+            if zf.testzip() is not None:
+                return False
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return False
+    record_cached_wheel(path)
+    return True
 
 
 def requirements_text(packages: list[dict[str, Any]]) -> str:
