@@ -73,6 +73,9 @@ def _mutate(server, change):
 PROVENANCE = {
     "foreign https host": (lambda e: e.update(url="https://evil.example/files/" + e["filename"]), "which no stack allows"),
     "plain http elsewhere": (lambda e: e.update(url="http://evil.example/" + e["filename"]), "only https"),
+    "odd port on an allowed host": (lambda e: e.update(url="https://files.pythonhosted.org:8443/" + e["filename"]),
+                                    "which no stack allows"),
+    "invalid port": (lambda e: e.update(url="https://files.pythonhosted.org:99999/" + e["filename"]), "invalid port"),
     "ftp scheme": (lambda e: e.update(url="ftp://files.pythonhosted.org/" + e["filename"]), "scheme 'ftp'"),
     "credentials in url": (lambda e: e.update(url="https://u:p@files.pythonhosted.org/" + e["filename"]), "credentials"),
     "filename is not the url's": (lambda e: e.update(filename="demo_a-1.0-py2-none-any.whl"), "is not the file its url names"),

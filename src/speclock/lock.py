@@ -319,13 +319,17 @@ def _url_problem(url: str, hosts: set[str], declared: set[tuple[str, str]]) -> s
         return f"has scheme {parsed.scheme or 'none'!r}; only https (or file://) is allowed"
     if parsed.username or parsed.password:
         return "carries credentials; a lock never holds them"
-    if parsed.scheme == "https" and host in hosts:
+    try:
+        port = parsed.port
+    except ValueError:
+        return "has an invalid port"
+    if parsed.scheme == "https" and host in hosts and port in (None, 443):
         return None
     if (parsed.scheme, netloc) in declared:
         return None  # an index a stack file names explicitly, with this scheme and port
     if parsed.scheme == "http":
         return "is plain http; only https is allowed (or an http index a stack file names)"
-    return (f"points at host {host!r}, which no stack allows (allowed: {', '.join(sorted(hosts))}, "
+    return (f"points at {netloc!r}, which no stack allows (allowed: https on {', '.join(sorted(hosts))}, "
             "and the hosts of indexes the stack files name)")
 
 
