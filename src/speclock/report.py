@@ -110,6 +110,18 @@ def _check_type(source: str, key: str, value: Any, types: tuple) -> None:
         raise BadInput(f"{source}: key '{key}': {value} is not a finite number", hint=_HINT)
 
 
+def _non_finite(node: Any, where: str) -> str | None:
+    """The key of the first non-finite number anywhere in the document, or None."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where or "(top level)"
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k)))
+        if found:
+            return found
+    return None
+
+
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=_TOLERANCE)
 
@@ -120,6 +132,9 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
         raise BadInput(f"{source}: not a JSON object (a {files.json_type(data)})", hint=_HINT)
     if data.get("schema") != SCHEMA_ID:
         raise BadInput(f"{source}: key 'schema': {files._short(data.get('schema'))} is not {SCHEMA_ID!r}", hint=_HINT)
+    odd = _non_finite(data, "")
+    if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused
+        raise BadInput(f"{source}: key '{odd}': not a finite number", hint=_HINT)
     for key, types in REQUIRED.items():
         found, value = _get(data, key)
         if not found:
@@ -220,6 +235,9 @@ def _check_reference(data: dict[str, Any], bad) -> None:
         if isinstance(ref_len, bool) or not isinstance(ref_len, (int, float)) or not math.isfinite(ref_len) or ref_len <= 0:
             raise bad("reference.metrics.mean_acceptance_length", f"{files._short(ref_len)} is not a positive number")
     gap = ref.get("gap")
+    if gap is None and ref_len is not None and (data.get("run") or {}).get("completed") is not False:
+        # smoke computes the gap whenever both runs measured: leaving it out would skip the integration check
+        raise bad("reference.gap", "missing, but the reference and the engine both measured acceptance")
     if gap is not None:
         if ref_len is None:
             raise bad("reference.metrics.mean_acceptance_length", "missing, but reference.gap is given")
