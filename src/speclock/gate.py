@@ -282,7 +282,7 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
         return
     from speclock.lock import normalize_name, read_lock
 
-    doc = read_lock(lock)
+    doc = read_lock(lock, stack=stack)  # the stack adds its own index host to the allowed ones
     if doc.get("stack") != stack.name:
         raise BadInput(f"{lock}: key 'stack' is {files._short(doc.get('stack'))}, not the stack {stack.name}",
                        hint=f"re-create the lock with `invoke lock --stack {stack.name}`")

@@ -79,6 +79,10 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from speclock.report import human_table
     from speclock.smoke import resolve_inputs, run_smoke
 
+    if args.stack:  # a bad --stack is bad input for every stage: refuse it before anything is written
+        from speclock.stack import load_stack
+
+        load_stack(args.stack)
     out = Path(args.out or "/tmp/speclock-out")
     args.out = str(out)
     if out.exists() and not out.is_dir():
