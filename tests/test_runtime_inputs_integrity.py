@@ -512,3 +512,28 @@ def test_safetensors_header_of_the_wrong_shape_is_bad_input(tmp_path):
         path = write(tmp_path / "model.safetensors", struct.pack("<Q", len(header)) + header)
         with pytest.raises(BadInput, match="model.safetensors"):
             models.target_sha256(tmp_path)
+
+
+def test_an_ordinary_exit_stops_the_engine_in_this_thread_and_kills_nothing(tmp_path):
+    calls = []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    class Gentle:
+        NAME = "gentle"
+
+        def start(self, config):
+            class Session:
+                def stop(self):
+                    calls.append(threading.current_thread() is threading.main_thread())
+            return Session()
+
+    try:
+        with engines.running(Gentle(), engines.EngineConfig(tmp_path)):
+            pass
+        with pytest.raises(ValueError):  # an engine error: stopped the ordinary way, the error kept
+            with engines.running(Gentle(), engines.EngineConfig(tmp_path)):
+                raise ValueError("engine crashed")
+        assert calls == [True, True] and alive(child.pid)  # a process the engine did not start is left alone
+    finally:
+        child.kill()
+        child.wait()

@@ -124,7 +124,7 @@ def aux_layer_ids(draft: Path, num_target_layers: int) -> tuple[list[int], str]:
 # --- starting and stopping engines: Ctrl-C must not leave an engine process behind ------------
 
 STOP_GRACE_S = 1.0  # after Ctrl-C: how long stop() may take before the engine's processes are killed
-KILL_GRACE_S = 0.5  # after SIGTERM, before SIGKILL
+KILL_GRACE_S = 0.4  # after SIGTERM, before SIGKILL
 
 
 def _descendants(root: int | None = None) -> set[int]:
@@ -221,8 +221,8 @@ class running:
     killed, so the command ends within about 2 s and leaves no engine behind.
     """
 
-    def __init__(self, engine: ModuleType, config: EngineConfig, *, stop_timeout_s: float = 600.0):
-        self.engine, self.config, self.stop_timeout_s = engine, config, stop_timeout_s
+    def __init__(self, engine: ModuleType, config: EngineConfig):
+        self.engine, self.config = engine, config
         self.session = None
         self._before: set[int] = set()
 
@@ -239,22 +239,23 @@ class running:
         self._cleanup(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
 
     def _cleanup(self, *, interrupted: bool) -> None:
-        import threading
-
         session, self.session = self.session, None
-        stopped = True
+        if not interrupted:
+            if session is not None:
+                session.stop()  # as always: in this thread, as long as the engine needs
+            return
+        # Ctrl-C: the engine gets STOP_GRACE_S to stop itself (in a thread, so a stuck shutdown cannot
+        # hold the command), then whatever it started is killed.
         if session is not None:
-            errors: list[BaseException] = []
+            import threading
 
             def stop() -> None:
                 try:
                     session.stop()
-                except BaseException as err:  # noqa: BLE001 - an engine that fails to stop is killed below
-                    errors.append(err)
+                except BaseException:  # noqa: BLE001 - an engine that fails to stop is killed below
+                    pass
 
             t = threading.Thread(target=stop, name="speclock-engine-stop", daemon=True)
             t.start()
-            t.join(STOP_GRACE_S if interrupted else self.stop_timeout_s)
-            stopped = not t.is_alive() and not errors
-        if interrupted or not stopped:
-            kill_processes(_descendants() - self._before)
+            t.join(STOP_GRACE_S)
+        kill_processes(_descendants() - self._before)
