@@ -18,6 +18,8 @@ from pathlib import Path
 from speclock.stack import canonical_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
+# The base of the committed cpu-vllm lock: what the stack copies below give (lock --check compares it).
+COMMITTED_BASE = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())["base"]
 
 
 class WheelServer:
@@ -101,7 +103,7 @@ def seal(doc: dict) -> dict:
 def make_lock(path: Path, entries: list[dict], *, assets: list[dict] | None = None) -> Path:
     doc = {"schema": "speclock.lock/v1", "stack": "cpu-vllm", "stack_sha256": "0" * 64,
            "packages": entries, "assets": assets or [], "excluded": [],
-           "base": {"kind": "image", "ref": "docker.io/library/debian:bookworm"}, "source_date_epoch": 0}
+           "base": COMMITTED_BASE, "source_date_epoch": COMMITTED_BASE["source_date_epoch"]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(seal(doc), indent=1))
     return path

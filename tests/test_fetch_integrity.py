@@ -121,6 +121,31 @@ def test_unrecomputed_edit_is_refused_as_a_hash_mismatch(tmp_path):
     assert "lock_sha256" in err
 
 
+def _committed_with(tmp_path, change) -> Path:
+    doc = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())
+    change(doc)
+    path = tmp_path / "locks" / "cpu-vllm.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(seal(doc)))
+    return path
+
+
+@pytest.mark.parametrize("field,value", [("suite", "--customize-hook=touch /pwned"), ("mirror", "http://x y/"),
+                                         ("mode", "unshare"), ("variant", "custom")])
+def test_base_recipe_values_a_stack_cannot_give_are_refused(tmp_path, field, value):
+    path = _committed_with(tmp_path, lambda d: d["base"]["recipe"].update({field: value}))
+    code, _, err = run_cli("lock", "--check", "--lock", str(path))
+    assert_clean_refusal(code, err, allowed=(2,), names=f"base.recipe.{field}")
+    assert str(path) in err
+
+
+def test_crafted_recipe_with_an_honest_stack_hash_fails_lock_check(tmp_path):
+    path = _committed_with(tmp_path, lambda d: d["base"]["recipe"].update(mirror="https://evil.example/debian"))
+    code, _, err = run_cli("lock", "--check", "--lock", str(path))
+    assert code == 1, err
+    assert "base.recipe.mirror: lock has 'https://evil.example/debian', stack says 'http://deb.debian.org/debian'" in err
+
+
 @pytest.mark.parametrize("stack", sorted(p.stem for p in (ROOT / "stacks").glob("*.toml")))
 def test_committed_locks_pass_the_provenance_checks(stack):
     code, out, err = run_cli("lock", "--check", "--stack", stack)

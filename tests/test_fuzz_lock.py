@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fetch_server import WheelServer, make_stack, seal, wheel_entry
+from fetch_server import COMMITTED_BASE, WheelServer, make_stack, seal, wheel_entry
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from speclock.errors import BadInput
 from speclock.lock import read_lock
@@ -45,7 +45,7 @@ def world(tmp_path_factory):
     entries = [wheel_entry(server, "demo-a"), wheel_entry(server, "demo-b", "2.0.post1")]
     doc = seal({"schema": "speclock.lock/v1", "stack": stack.name, "stack_sha256": stack.source_sha256,
                 "packages": entries[:1], "assets": entries[1:], "excluded": [],
-                "base": {"kind": "image", "ref": "docker.io/library/debian:bookworm"}, "source_date_epoch": 0})
+                "base": COMMITTED_BASE, "source_date_epoch": COMMITTED_BASE["source_date_epoch"]})
     (root / "locks").mkdir()
     lock = root / "locks" / "cpu-vllm.lock"
     lock.write_text(json.dumps(doc, indent=1))

@@ -285,7 +285,11 @@ def allowed_sources(path: Path, stack: Stack | None = None) -> tuple[set[str], s
     hosts = set(PYPI_HOSTS)
     declared: set[tuple[str, str]] = set()
     for url in urls:
-        parsed = urllib.parse.urlparse(url)
+        try:
+            parsed = urllib.parse.urlparse(url)
+            parsed.port  # noqa: B018  (raises ValueError on a malformed port)
+        except ValueError:
+            continue  # a malformed index URL allows nothing (the stack reader reports it)
         if parsed.hostname:
             declared.add((parsed.scheme, parsed.netloc.lower()))
             if parsed.scheme == "https":
@@ -393,6 +397,11 @@ def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: s
         raise BadInput(f"{path}: {label}: the wheel {filename[:200]!r} is {parts[0]} {parts[1]}, the entry says "
                        f"{entry['name'][:80]} {entry['version'][:80]}", hint=_RELOCK)
 
+_RECIPE_VALUES = {"tool": r"mmdebstrap", "format": r"tar", "mode": r"root", "suite": r"[a-z][a-z0-9.-]*",
+                  "variant": r"minbase|essential|apt|required|important|standard",
+                  "mirror": r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/+-]*)?"}
+
+
 def _check_base(base: Any, key: str, path: Path) -> None:
     expect(base, dict, key, path=path, hint=_RELOCK)
     kind = base.get("kind")
@@ -405,11 +414,18 @@ def _check_base(base: Any, key: str, path: Path) -> None:
     if not _HEX64.fullmatch(sha):
         raise BadInput(f"{path}: {key}.sha256 is not 64 lower-case hex digits", hint=_RELOCK)
     rec = expect(base.get("recipe"), dict, f"{key}.recipe", path=path, hint=_RELOCK)
-    for field in ("tool", "suite", "mirror", "variant", "format", "mode"):
-        expect(rec.get(field), str, f"{key}.recipe.{field}", path=path, hint=_RELOCK)
+    # The recipe becomes mmdebstrap's command line, run as root: only values a stack can produce.
+    for field, pattern in _RECIPE_VALUES.items():
+        value = expect(rec.get(field), str, f"{key}.recipe.{field}", path=path, hint=_RELOCK)
+        if not re.fullmatch(pattern, value):
+            raise BadInput(f"{path}: {key}.recipe.{field} {value[:80]!r} is not a value a stack gives", hint=_RELOCK)
     for i, pkg in enumerate(expect(rec.get("packages"), list, f"{key}.recipe.packages", path=path, hint=_RELOCK)):
         expect(pkg, str, f"{key}.recipe.packages[{i}]", path=path, hint=_RELOCK)
-    expect(rec.get("source_date_epoch"), int, f"{key}.recipe.source_date_epoch", path=path, hint=_RELOCK)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", pkg):
+            raise BadInput(f"{path}: {key}.recipe.packages[{i}] {pkg[:80]!r} is not a Debian package name", hint=_RELOCK)
+    epoch = expect(rec.get("source_date_epoch"), int, f"{key}.recipe.source_date_epoch", path=path, hint=_RELOCK)
+    if epoch < 0:
+        raise BadInput(f"{path}: {key}.recipe.source_date_epoch is negative", hint=_RELOCK)
     for field, types in (("command", str), ("size", int), ("source_date_epoch", int)):
         if field in base:
             expect(base[field], types, f"{key}.{field}", path=path, hint=_RELOCK)
@@ -464,10 +480,29 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix}: lock has {old!r}, stack says {new!r}"]
 
 
+def _base_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
+    """The lock's base recipes against what the stack gives (they are not covered by stack_sha256)."""
+    out = []
+    wanted = {"base": None}
+    if "kernel_base" in doc or stack.kernels:
+        wanted["kernel_base"] = list(stack.data.get("kernels", {}).get("builder_packages") or [])
+    for key, extra in wanted.items():
+        have = doc.get(key)
+        if not isinstance(have, dict):
+            out.append(f"{key}: missing from the lock")
+            continue
+        if stack.base["kind"] == "image":
+            out += _diff({"kind": have.get("kind"), "ref": have.get("ref")}, {"kind": "image", "ref": stack.base["ref"]}, key)
+            continue
+        rec = have.get("recipe") or {}
+        out += _diff(rec, baseimage.recipe(stack, rec.get("source_date_epoch", 0), extra), f"{key}.recipe")
+    return out
+
+
 def check_lock(stack: Stack, doc: dict[str, Any]) -> list[str]:
     """What differs between the stack file and what its lock was made from (empty = in sync)."""
     if doc["stack_sha256"] == stack.source_sha256:
-        return []
+        return _base_diffs(stack, doc)  # same stack: the recipes must be the ones it gives
     return _diff(pinned_view(doc.get("stack_data", {})), pinned_view(stack.data)) or ["stack content hash differs"]
 
 
