@@ -406,3 +406,16 @@ def test_wheelhouse_path_that_is_a_file_is_a_clean_error(tmp_path, server, env):
     lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", [wheel_entry(server, "demo-a")])
     code, _, err = fetch_cli(make_stack(tmp_path, server), lock, env)
     assert_clean_refusal(code, err, allowed=(2,), names=str(tmp_path / "cache" / "wheelhouse"))
+
+
+def test_lock_writer_is_atomic_and_cleans_a_killed_writers_temp(tmp_path):
+    from speclock.files import TEMP_PREFIX
+    from speclock.lock import write_lock
+
+    old_temp = tmp_path / f"{TEMP_PREFIX}cpu-vllm.lock.abc"
+    old_temp.write_text("{half")
+    os.utime(old_temp, (time.time() - 3600, time.time() - 3600))
+    doc = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())
+    write_lock(tmp_path / "cpu-vllm.lock", doc)
+    assert (tmp_path / "cpu-vllm.lock").read_text() == (ROOT / "locks" / "cpu-vllm.lock").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-vllm.lock"]

@@ -33,7 +33,7 @@ from typing import Any
 
 from speclock import baseimage
 from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
-from speclock.files import atomic_write_json, expect, plain_name, read_json
+from speclock.files import atomic_write_json, clean_stale_temps, expect, plain_name, read_json
 from speclock.files import file_sha256  # noqa: F401  (re-exported: other modules import it from here)
 from speclock.stack import REPO_ROOT, Stack, canonical_sha256, load_stack, pinned_view
 
@@ -233,7 +233,11 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
 
 
 def write_lock(path: Path, doc: dict[str, Any]) -> None:
-    """Write atomically (fsynced): a crash leaves the old lock or the new one, never half of one."""
+    """Write atomically (fsynced): a crash leaves the old lock or the new one, never half of one.
+
+    Temps a killed writer left beside it go first (only ones untouched for 10 minutes: a lock is
+    written in well under a second, so an older temp belongs to no running writer)."""
+    clean_stale_temps(Path(path).parent, older_than_s=600)
     atomic_write_json(path, doc, indent=1, sort_keys=True)
 
 
