@@ -666,6 +666,12 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         cand = write_candidate(current, pins, stack_file=Path(args.candidate_stack) if args.candidate_stack else None)
     baseline = require_baseline(cand.current, Path(args.baseline) if args.baseline else None)
     out = Path(args.out) if args.out else cand.out
+    try:  # a --out under a file (or unwritable) is found now, not after an hour of building
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        from speclock.files import os_error
+
+        raise os_error(err, out, "create the --out folder") from None
     clean_leftovers(cand.folder, out)
     log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; baseline {baseline}")
     res = run_upgrade(cand, baseline, builder_name=args.builder, relock=args.relock, rebuild=args.rebuild,
