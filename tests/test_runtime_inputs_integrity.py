@@ -315,6 +315,8 @@ def test_a_prompt_file_that_is_a_directory_or_missing_is_exit_2(tmp_path):
     (["soak", "--max-drift", "-0.1"], "--max-drift"), (["soak", "--max-drift", "nan"], "--max-drift"),
     (["soak", "--max-windows", "0"], "--max-windows"), (["soak", "--num-prompts", "-1"], "--num-prompts"),
     (["selfcheck", "--max-tokens", "-3"], "--max-tokens"),
+    (["smoke", "--server", "localhost:8000"], "--server"), (["smoke", "--server", "file:///etc/passwd"], "--server"),
+    (["soak", "--plain-server", "http://:x"], "--plain-server"), (["smoke", "--server", "http://h:port"], "--server"),
 ])
 def test_numbers_are_checked_when_the_command_line_is_parsed(tmp_path, argv, option):
     code, _, err = run_cli(*argv, "--out", tmp_path / "out")

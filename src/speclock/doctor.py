@@ -141,7 +141,7 @@ def build_context(args: argparse.Namespace) -> Context:
     if args.draft:
         draft = require_model_folder(args.draft, what="drafter", option="--draft")
         read_model_config(draft, what="drafter", option="--draft")
-        read_drafter_manifest(draft, required=True)
+        read_drafter_manifest(draft)  # checked when present; `speclock doctor --draft` also requires it (_cmd_doctor)
     if args.python and not Path(args.python).is_file() and not shutil.which(args.python):
         raise BadInput(f"--python {args.python}: no Python executable there", hint="give the engine's python (a path or a command on PATH)")
     python, note = resolve_python(stack, args.python)
@@ -497,6 +497,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         if c not in CHECKS:
             raise BadInput(f"--only: unknown check {c!r}", hint=f"checks: {', '.join(CHECKS)}")
     ctx = build_context(args)
+    if args.draft:
+        # Named on doctor's command line, a drafter without its manifest would only turn aux-layers into a
+        # warning and the verdict into a pass: refuse it instead.
+        read_drafter_manifest(args.draft, required=True)
     log = None if args.json else (lambda m: print(f"  .. {m}", file=sys.stderr, flush=True))
     results = run_doctor(ctx, only, log=log)
     failed = [r for r in results if r.status == "fail"]

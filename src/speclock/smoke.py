@@ -438,6 +438,20 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return code
 
 
+def server_url(text: str) -> str:
+    """--server/--plain-server: an http(s) URL with a host (argparse type: anything else is exit 2 at parse time)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with a host (e.g. http://127.0.0.1:8000)")
+    return text
+
+
 def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", help="stack name or path (default: the image's stack; on the host cpu-vllm)")
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
@@ -448,8 +462,8 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
                    help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
                         "run the reference decoder now (slow on a CPU), or skip")
-    p.add_argument("--server", help="URL of a running engine server with the drafter (instead of starting the engine)")
-    p.add_argument("--plain-server", help="URL of the same model served without a drafter (with --server)")
+    p.add_argument("--server", type=server_url, help="URL of a running engine server with the drafter (instead of starting the engine)")
+    p.add_argument("--plain-server", type=server_url, help="URL of the same model served without a drafter (with --server)")
     p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=non_negative_float,
                    help="override the stack's floor (e.g. to show that a too-high floor fails)")
     p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
