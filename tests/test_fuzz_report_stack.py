@@ -35,6 +35,7 @@ RAW = "\u0000raw\u0000"  # stands for a raw (non-JSON) token in the written text
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10, max_value=10_000),
                     st.integers(min_value=-(10 ** 40), max_value=10 ** 40),
+                    st.sampled_from([2 ** 63, -(2 ** 63) - 1, 10 ** 400, -(10 ** 400), 2 ** 62]),
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
@@ -182,7 +183,7 @@ def test_fuzz_a_report_that_is_any_json_is_refused(tmp_path, monkeypatch, value)
 # --- (b) stack files ---------------------------------------------------------------------------
 
 toml_values = st.sampled_from(["nan", "inf", "-inf", "+nan", "1979-05-27", "07:32:00", "1979-05-27T07:32:00Z",
-                               "99999999999999999999", "-5", "0", "1e308", "''", '"../../etc"', "[1, 'a']",
+                               "99999999999999999999", "1" + "0" * 400, "-5", "0", "1e308", "''", '"../../etc"', "[1, 'a']",
                                "{ a = nan }", "[[1], [2.5]]", "true", '"x"', "[]", "{}", "0.5", "[nan]"])
 stack_keys = st.sampled_from(["min_mean_acceptance_length", "min_acceptance_per_position", "min_speedup",
                               "max_relative_drop", "max_reference_gap", "num_speculative_tokens", "max_tokens",

