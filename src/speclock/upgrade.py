@@ -666,6 +666,8 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         cand = write_candidate(current, pins, stack_file=Path(args.candidate_stack) if args.candidate_stack else None)
     baseline = require_baseline(cand.current, Path(args.baseline) if args.baseline else None)
     out = Path(args.out) if args.out else cand.out
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file, where a folder belongs", hint="give a folder for summary.md, junit.xml, upgrade.json")
     try:  # a --out under a file (or unwritable) is found now, not after an hour of building
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
