@@ -26,7 +26,7 @@ from typing import Any
 
 from speclock import __version__, baseimage, wheelhouse
 from speclock.builders import Builder, get_builder
-from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.errors import BadInput, CheckFailed
 from speclock.files import (atomic_output, atomic_write_text, clean_stale_temps, confined,
                             file_sha256, os_error, read_json)
 from speclock.layout import cache_dir
