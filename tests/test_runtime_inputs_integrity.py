@@ -539,3 +539,11 @@ def test_an_ordinary_exit_stops_the_engine_in_this_thread_and_kills_nothing(tmp_
     finally:
         child.kill()
         child.wait()
+
+
+def test_temp_files_a_killed_run_left_in_the_out_folder_are_cleaned_on_the_next_run(tmp_path):
+    out = tmp_path / "out"
+    stale = write(out / f"{TEMP_PREFIX}report.json.abc123", "{half")
+    keep = write(out / "notes.txt", "mine")
+    assert smoke.prepare_out_dir(out, "--out") == out
+    assert not stale.exists() and keep.exists()

@@ -43,9 +43,15 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         raise BadInput(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if not gguf_path.is_file():
         raise BadInput(f"GGUF file not found: {gguf_path}", hint="pass the path of a .gguf file")
-    with open(gguf_path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise BadInput(f"{gguf_path} is not a GGUF file (its first bytes are not 'GGUF')")
+    try:
+        with open(gguf_path, "rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        from speclock.files import os_error
+
+        raise os_error(err, gguf_path, "read the GGUF file") from None
+    if magic != b"GGUF":
+        raise BadInput(f"{gguf_path} is not a GGUF file (its first bytes are not 'GGUF')")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise BadInput(f"output folder {out_dir} exists and is not empty", hint="remove it or choose another --out")
     try:
@@ -389,6 +395,12 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"wrote {out} (weights sha256 {target_sha256(out)})")
         else:
             print(target_sha256(args.folder))
+    except OSError as err:  # disk full, permission denied: exit 2/3 with the path, not a traceback
+        from speclock.files import os_error
+
+        err = os_error(err)
+        print(f"speclock.models: error: {err}", file=sys.stderr)
+        return err.exit_code
     except SpeclockError as err:
         print(f"speclock.models: error: {err}", file=sys.stderr)
         return err.exit_code

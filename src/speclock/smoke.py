@@ -24,7 +24,7 @@ from typing import Any
 from speclock.args import non_negative_float, positive_int
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
 from speclock.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.files import expect, os_error, read_json
+from speclock.files import clean_stale_temps, expect, os_error, read_json
 from speclock.models import (DRAFT_MANIFEST, check_reference_record, config_architecture,
                              read_drafter_manifest, read_model_config, stack_model_path)
 from speclock.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
@@ -132,6 +132,7 @@ def prepare_out_dir(path: Path, option: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise EnvironmentProblem(f"permission denied: cannot write into {path}",
                                  hint=f"give {option} a folder this user may write")
+    clean_stale_temps(path)  # temp files a killed run left (the writers' TEMP_PREFIX)
     return path
 
 
