@@ -38,7 +38,10 @@ def _settings(work: Path, target: Path, **fit):
 def _cli(*argv) -> int:
     from speclock.cli import main
 
-    return main(["train", *map(str, argv)])
+    try:
+        return main(["train", *map(str, argv)])
+    except SystemExit as stop:  # numbers are checked when parsed (argparse exits 2)
+        return stop.code
 
 
 def _copy_work(src: Path, dst: Path, with_ckpt: bool = False) -> Path:

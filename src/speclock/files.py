@@ -228,8 +228,8 @@ def atomic_output(path: str | os.PathLike, *, binary: bool = False, mode: int | 
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        # mkstemp makes 0600 files; give the mode open() would (0666 less the umask) unless told.
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
@@ -238,6 +238,19 @@ def atomic_output(path: str | os.PathLike, *, binary: bool = False, mode: int | 
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once at import: os.umask is process-wide, not safe to flip while threads write
+
+
+def _umask() -> int:
+    return _UMASK
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
