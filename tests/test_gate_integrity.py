@@ -509,3 +509,11 @@ def test_in_an_image_the_images_stack_and_lock_judge(tmp_path, monkeypatch):
     (root / "lock.json").write_text("{}")
     code, out, err = gate(REAL)
     assert_clean_refusal(code, err, allowed=(2,), names=str(root / "lock.json"))
+
+
+@pytest.mark.parametrize("argv", [("stack", "check", "/dev/zero"), ("gate", "/dev/zero"),
+                                  ("gate", str(REAL), "--baseline", "/dev/zero")])
+def test_a_device_where_a_file_belongs_is_refused_not_read_forever(argv):
+    code, out, err = run_cli(*argv)
+    assert_clean_refusal(code, err, allowed=(2,), names="/dev/zero: the")
+    assert "not a regular file" in err

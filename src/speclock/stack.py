@@ -431,6 +431,8 @@ def load_stack_named(name: Any, root: Path | None = None, *, source: str | None 
 
 def _load(path: Path) -> Stack:
     hint = "give a stack file (TOML, UTF-8); see `speclock stack schema`"
+    if path.exists() and not path.is_dir() and not path.is_file():  # /dev/zero or a FIFO would never end
+        raise BadInput(f"{path}: the stack file is not a regular file", hint=hint)
     text = files.read_text(path, what="stack file", hint=hint)
     try:
         raw = tomllib.loads(text)
