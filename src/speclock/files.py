@@ -73,6 +73,8 @@ def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None 
         raise BadInput(f"{path}: the {what} is a directory, where a file belongs", hint=hint or "give the file itself")
     if not path.exists():
         raise BadInput(f"no {what} at {path}", hint=hint or "check the path")
+    if not path.is_file():  # a FIFO or a device would be read forever
+        raise BadInput(f"{path}: the {what} is not a regular file", hint=hint or "give a regular file")
     try:
         return path.read_bytes()
     except OSError as err:
@@ -100,8 +102,14 @@ def parse_json(text: str, path: str | os.PathLike, *, what: str = "JSON file", e
     """Parse JSON text and check its top-level type; NaN and Infinity are refused (not JSON)."""
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
+
+    def finite_float(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):  # 1e999 parses as inf
+            raise ValueError(f"{literal} is not a finite number")
+        return value
     try:
-        data = json.loads(text, parse_constant=no_constants)
+        data = json.loads(text, parse_constant=no_constants, parse_float=finite_float)
     except json.JSONDecodeError as err:
         raise BadInput(f"{path}:{err.lineno}:{err.colno}: the {what} is not valid JSON: {err.msg}",
                        hint=hint or f"fix the {what} or write it again with the command that made it") from None
