@@ -407,7 +407,11 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     try:
         report["reference"] = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
     except (BadInput, EnvironmentProblem) as err:
-        report["reference"] = {"status": "not computed", "metrics": None, "gap": None, "note": str(err)}
+        try:  # keep the key: without it the report cannot be matched to a baseline's drafter
+            key = reference_key(inp, texts)
+        except (BadInput, EnvironmentProblem):
+            key = None
+        report["reference"] = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": str(err)}
         if isinstance(err, BadInput):  # a damaged recorded reference is bad input, never a silent "no reference"
             reference_error = err
     if report["reference"].get("note"):
@@ -423,7 +427,15 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     if code == 0 and failures:
         code = BadInput.exit_code if reference_error is not None else 1
     run["seconds"] = round(time.perf_counter() - t_start, 2)
-    validate_report(report, "the report being written")
+    try:
+        validate_report(report, "the report being written")
+    except BadInput as err:
+        # The engine's own counters contradict each other (or the reference disagrees with them): that is
+        # a failed check of the engine, not bad input from the user. The report is still written, for
+        # diagnosis; gate refuses it (exit 2) if anyone tries to pass it off.
+        report["failures"] = report["failures"] + [f"inconsistent measurements: {str(err).splitlines()[0]}"]
+        report["verdict"] = "fail"
+        code = code or 1
     try:
         path = write_report(inp.out_dir / "report.json", report)
     except OSError as err:

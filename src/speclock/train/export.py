@@ -219,8 +219,11 @@ def reference_key(target_sha: str, drafter_sha: str, prompts: list[str], k: int,
 def lookup_reference(manifest: dict, key: dict) -> dict | None:
     """The recorded reference-decoder metrics for exactly this key, or None."""
     fields = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
-    for rec in manifest.get("reference", []):
-        if all(rec.get("key", {}).get(f) == key.get(f) for f in fields):
+    records = manifest.get("reference", [])
+    for rec in records if isinstance(records, list) else []:
+        # A record of the wrong shape never matches (smoke refuses such a manifest through speclock.models).
+        if (isinstance(rec, dict) and isinstance(rec.get("key"), dict) and isinstance(rec.get("metrics"), dict)
+                and all(rec["key"].get(f) == key.get(f) for f in fields)):
             return rec["metrics"]
     return None
 
