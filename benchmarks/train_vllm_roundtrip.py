@@ -30,7 +30,7 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from speclock.prompts import chat_prompt_ids, load_prompts
+    from speclock.spec.prompts import chat_prompt_ids, load_prompts
 
     tok = AutoTokenizer.from_pretrained(a.target)
     ids = [chat_prompt_ids(tok, t) for t in load_prompts(a.prompts, a.n)]

@@ -1,6 +1,6 @@
 # The Nix image's layout, labels and runtime config for one stack: pure data (builtins only), so
 # `nix eval .#lib.image.<stack>` and the offline checks can compare it with the Containerfile,
-# speclock.layout and speclock.build.labels_for without nixpkgs.
+# speclock.core.layout and speclock.build.image.labels_for without nixpkgs.
 { root, containerfile, revision }:
 let
   u = import ./util.nix;
@@ -14,11 +14,11 @@ let
     if hits == [ ] then u.fail "${path}: cannot find ${what}" else builtins.head (builtins.head hits);
 
   version = readMatch "/src/speclock/__init__.py" "__version__ = \"([^\"]+)\"" "__version__";
-  # speclock.build.source_url's default (used when neither SPECLOCK_SOURCE_URL nor a git remote is set).
-  sourceUrl = readMatch "/src/speclock/build.py" "else \"(https://[^\"]+)\"" "the default source URL in source_url()";
-  labelPrefix = readMatch "/src/speclock/build.py" "LABEL_PREFIX = \"([^\"]+)\"" "LABEL_PREFIX";
+  # speclock.build.image.source_url's default (used when neither SPECLOCK_SOURCE_URL nor a git remote is set).
+  sourceUrl = readMatch "/src/speclock/build/image.py" "else \"(https://[^\"]+)\"" "the default source URL in source_url()";
+  labelPrefix = readMatch "/src/speclock/build/image.py" "LABEL_PREFIX = \"([^\"]+)\"" "LABEL_PREFIX";
 
-  # Paths inside the image; speclock.layout.ImageLayout reads them (tests/test_nix_flake.py compares).
+  # Paths inside the image; speclock.core.layout.ImageLayout reads them (tests/test_nix_flake.py compares).
   layout = stackName: {
     venv = cf.venv;
     root = home;
@@ -38,7 +38,7 @@ let
   providedDestinations = l: {
     "${l.venv}" = "venv (locked wheels, patch series applied)";
     "${l.patches_applied}" = "the patch record of the venv build";
-    "${l.target_dir}" = "assets: the target GGUF converted by speclock.models";
+    "${l.target_dir}" = "assets: the target GGUF converted by speclock.drafter.models";
     "${builtins.dirOf l.prompts_file}" = "assets: the smoke prompts";
     "${l.draft_dir}" = "the stack's draft.path from the flake source";
     "${l.patches_dir}" = "the stack's patch series";
@@ -46,7 +46,7 @@ let
     "${l.src}" = "src/speclock, compiled with checked-hash .pyc";
   };
 
-  # Hash of what reaches the image (the Nix analogue of speclock.build.inputs_hash; it is not
+  # Hash of what reaches the image (the Nix analogue of speclock.build.image.inputs_hash; it is not
   # the same number, because the Nix image has a different base).
   inputsFor = s:
     builtins.hashString "sha256" (builtins.concatStringsSep "\n" [
@@ -70,7 +70,7 @@ let
       created = u.isoUtc s.sourceDateEpoch;
       layout = l;
       destinations = providedDestinations l;
-      # The same keys as speclock.build.labels_for; values from the lock.
+      # The same keys as speclock.build.image.labels_for; values from the lock.
       labels = {
         "org.opencontainers.image.title" = "speclock-${s.name}";
         "org.opencontainers.image.description" = s.description;

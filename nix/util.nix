@@ -27,7 +27,7 @@ rec {
   lower = [ "a" "b" "c" "d" "e" "f" "g" "h" "i" "j" "k" "l" "m" "n" "o" "p" "q" "r" "s" "t" "u" "v" "w" "x" "y" "z" ];
   toLower = builtins.replaceStrings upper lower;
 
-  # PEP 503 name normalization, as speclock.lock.normalize_name does it.
+  # PEP 503 name normalization, as speclock.spec.lock.normalize_name does it.
   normalizeName = name: toLower (concatStringsSep "-" (splitOn "[-_.]+" name));
 
   listToAttrsBy = key: xs: builtins.listToAttrs (map (x: { name = x.${key}; value = x; }) xs);
@@ -50,7 +50,7 @@ rec {
   deepForce = v: builtins.deepSeq v v;
 
   # UTC "YYYY-MM-DDTHH:MM:SSZ" of a Unix time (days-to-civil, proleptic Gregorian), as
-  # speclock.build labels_for writes org.opencontainers.image.created.
+  # speclock.build.image labels_for writes org.opencontainers.image.created.
   isoUtc = epoch:
     let
       pad = n: if n < 10 then "0${toString n}" else toString n;

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from speclock.stack import canonical_sha256
+from speclock.spec.stack import canonical_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 # The base of the committed cpu-vllm lock: what the stack copies below give (lock --check compares it).

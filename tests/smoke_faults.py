@@ -114,18 +114,18 @@ def write_stack(tmp: Path, name: str = "cpu-vllm", **thresholds) -> Path:
 def converted_target() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (bf16), converted once into the host cache.
 
-    Uses the training branch's `speclock.models` when present, else converts here (ENVIRONMENT.md:
+    Uses the training branch's `speclock.drafter.models` when present, else converts here (ENVIRONMENT.md:
     load the GGUF with transformers, drop quantization_config, save_pretrained).
     """
     import os
 
-    from speclock.layout import cache_dir
+    from speclock.core.layout import cache_dir
 
     out = Path(os.environ.get("SPECLOCK_TEST_TARGET") or cache_dir() / "test-models" / "SmolLM2-135M-Instruct")
     if (out / "config.json").is_file() and list(out.glob("*.safetensors")):
         return out
     try:
-        from speclock import models  # type: ignore[attr-defined]
+        from speclock.drafter import models  # type: ignore[attr-defined]
 
         convert = getattr(models, "convert_gguf_to_hf", None)
     except ImportError:

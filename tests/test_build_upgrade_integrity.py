@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 
-from speclock.errors import BadInput
-from speclock.files import TEMP_PREFIX
+from speclock.core.errors import BadInput
+from speclock.core.files import TEMP_PREFIX
 
 STACK = "cpu-vllm"
 TAG = "0123456789abcdef"
@@ -80,7 +80,7 @@ def test_corrupt_build_record_is_bad_input_naming_file_and_key(cache, content, k
 
 
 def test_the_recommended_recovery_overwrites_a_corrupt_record(cache):
-    from speclock.build import read_record, write_record
+    from speclock.build.image import read_record, write_record
 
     latest = record_file(cache)
     by_tag = record_file(cache, f"{TAG}.buildah.json")
@@ -133,7 +133,7 @@ def test_missing_record_names_the_file_and_a_command_that_exists(cache):
 
 
 def test_stale_temps_in_the_records_folder_are_removed(cache):
-    from speclock.build import STALE_TEMP_S, records_dir
+    from speclock.build.image import STALE_TEMP_S, records_dir
 
     folder = record_file(cache).parent
     old = folder / f"{TEMP_PREFIX}latest.buildah.json.x1"
@@ -150,7 +150,7 @@ def test_stale_temps_in_the_records_folder_are_removed(cache):
 # --- Ctrl-C: the builder and the container are stopped --------------------------------------------
 
 def test_ctrl_c_stops_the_builder_subprocess_within_two_seconds(tmp_path):
-    from speclock.builders._proc import stream
+    from speclock.build.builders._proc import stream
 
     pidfile = tmp_path / "pid"
     def interrupt(*_):
@@ -171,7 +171,7 @@ def test_ctrl_c_stops_the_builder_subprocess_within_two_seconds(tmp_path):
 
 
 def test_ctrl_c_in_run_image_removes_the_named_container(monkeypatch):
-    from speclock import runner
+    from speclock.build import run as runner
 
     calls = []
     def fake_run(cmd, **kw):
@@ -236,7 +236,7 @@ def test_engine_of_another_family_is_refused_before_any_work(cache):
 
 
 def test_upgrade_leftovers_are_cleaned(tmp_path):
-    from speclock.upgrade import clean_leftovers
+    from speclock.upgrade.flow import clean_leftovers
 
     folder = tmp_path / "cpu-vllm-engine-1"
     out = tmp_path / "out"
@@ -252,7 +252,7 @@ def test_upgrade_leftovers_are_cleaned(tmp_path):
 
 
 def test_a_damaged_candidate_record_is_checked_like_any_record(tmp_path):
-    from speclock.build import check_record
+    from speclock.build.image import check_record
 
     with pytest.raises(BadInput, match="'ref'"):
         check_record(valid_record(ref="evil:1"), tmp_path / "r.json", STACK, "buildah", TAG)
@@ -408,7 +408,7 @@ def test_damaged_checkpoint_is_bad_input(tmp_path):
 
 
 def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeypatch):
-    from speclock import build
+    from speclock.build import image as build
 
     class Interrupted:
         name = "buildah"

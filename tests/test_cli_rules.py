@@ -1,6 +1,6 @@
 """The rules every `speclock` command keeps, checked across the whole CLI by introspection.
 
-- Every numeric option is checked when parsed (a speclock.args type): -1, 0 where a count is asked,
+- Every numeric option is checked when parsed (a speclock.core.args type): -1, 0 where a count is asked,
   NaN, infinity and text are refused with exit 2 before any work starts.
 - Every command's --help works.
 - Every command that takes --stack refuses a stack that does not exist, or a name that leaves
@@ -14,7 +14,7 @@ import argparse
 import pytest
 
 from fuzz_support import assert_clean_refusal, run_cli
-from speclock import args as argtypes
+from speclock.core import args as argtypes
 from speclock.cli import build_parser
 
 CHECKED_TYPES = {getattr(argtypes, n) for n in ("positive_int", "non_negative_int", "positive_float",
@@ -33,7 +33,7 @@ def _numeric_options():
     for prefix, parser in _commands(build_parser()):
         for action in parser._actions:
             if action.type is not None and (action.type in (int, float) or action.type in CHECKED_TYPES
-                                            or getattr(action.type, "__module__", "") == "speclock.args"):
+                                            or getattr(action.type, "__module__", "") == "speclock.core.args"):
                 yield " ".join(prefix), (action.option_strings or [action.dest])[-1], action
 
 
@@ -48,7 +48,7 @@ def test_the_cli_has_numeric_options_to_check():
 @pytest.mark.parametrize("command,option,action", NUMERIC, ids=[f"{c}:{o}" for c, o, _ in NUMERIC])
 def test_every_numeric_option_is_checked_at_parse_time(command, option, action):
     assert action.type not in (int, float), (
-        f"`speclock {command} {option}` uses plain {action.type.__name__}: use a speclock.args type so "
+        f"`speclock {command} {option}` uses plain {action.type.__name__}: use a speclock.core.args type so "
         "nonsense is refused when parsed")
     for bad in ("-1", "nan", "inf", "-inf", "ten", ""):
         with pytest.raises((argparse.ArgumentTypeError, ValueError, TypeError)):

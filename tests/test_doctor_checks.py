@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from speclock import engine_envs
-from speclock.doctor import Context, build_context, check_aux_layers, check_lock, load_manifest, run_doctor, target_facts
-from speclock.errors import BadInput
+from speclock.engines import envs as engine_envs
+from speclock.verify.doctor import Context, build_context, check_aux_layers, check_lock, load_manifest, run_doctor, target_facts
+from speclock.core.errors import BadInput
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SMOL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30,
@@ -230,7 +230,7 @@ def test_sglang_layer_conventions_called_from_the_engine(tmp_path):
     }
     write_json(tmp_path / "req.json", request)
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.run([str(python), "-m", "speclock.engine_probe", "batch", str(tmp_path / "req.json")],
+    proc = subprocess.run([str(python), "-m", "speclock.engines.probe", "batch", str(tmp_path / "req.json")],
                           capture_output=True, text=True, env=env)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     after = {k: v["result"]["after_layers"] for k, v in out.items()}
@@ -340,4 +340,4 @@ def test_engine_missing_is_exit_3_with_the_install_command(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--stack", "vllm-kimi-0.17.1"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 3
-    assert "python -m speclock.engine_envs ensure vllm==0.17.1" in proc.stdout + proc.stderr
+    assert "python -m speclock.engines.envs ensure vllm==0.17.1" in proc.stdout + proc.stderr

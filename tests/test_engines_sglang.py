@@ -106,7 +106,7 @@ def test_starting_sglang_without_it_installed_is_an_environment_problem():
         pytest.skip("sglang is installed here; this checks the message on machines without it")
     except ImportError:
         pass
-    from speclock.errors import EnvironmentProblem
+    from speclock.core.errors import EnvironmentProblem
 
     with pytest.raises(EnvironmentProblem, match="SGLang is not importable"):
         get_engine("sglang").start(cfg())

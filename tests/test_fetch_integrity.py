@@ -18,11 +18,13 @@ import pytest
 
 from fetch_server import ROOT, WheelServer, copy_committed_lock, make_lock, make_stack, seal, wheel_entry
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock import baseimage, engine_envs, wheelhouse
-from speclock.errors import BadInput
-from speclock.files import file_sha256
-from speclock.lock import read_lock
-from speclock.stack import load_stack
+from speclock.spec import baseimage
+from speclock.engines import envs as engine_envs
+from speclock.build import wheelhouse
+from speclock.core.errors import BadInput
+from speclock.core.files import file_sha256
+from speclock.spec.lock import read_lock
+from speclock.spec.stack import load_stack
 
 
 @pytest.fixture
@@ -409,8 +411,8 @@ def test_wheelhouse_path_that_is_a_file_is_a_clean_error(tmp_path, server, env):
 
 
 def test_lock_writer_is_atomic_and_cleans_a_killed_writers_temp(tmp_path):
-    from speclock.files import TEMP_PREFIX
-    from speclock.lock import write_lock
+    from speclock.core.files import TEMP_PREFIX
+    from speclock.spec.lock import write_lock
 
     old_temp = tmp_path / f"{TEMP_PREFIX}cpu-vllm.lock.abc"
     old_temp.write_text("{half")

@@ -14,7 +14,7 @@ import pytest
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 STACK = "cpu-vllm"
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from fetch_server import COMMITTED_BASE, WheelServer, make_stack, seal, wheel_entry
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock.errors import BadInput
-from speclock.lock import read_lock
-from speclock.stack import load_stack
+from speclock.core.errors import BadInput
+from speclock.spec.lock import read_lock
+from speclock.spec.stack import load_stack
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 REPO = Path(__file__).resolve().parents[1]

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock import patches
-from speclock.errors import BadInput
+from speclock.patches import series as patches
+from speclock.core.errors import BadInput
 from test_patches_integrity import GOOD, MODULE
 
 ROOT = Path(__file__).resolve().parents[1]

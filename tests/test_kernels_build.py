@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from speclock.errors import BadInput, CheckFailed, EnvironmentProblem  # noqa: E402
+from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem  # noqa: E402
 from speclock.kernels import build  # noqa: E402
 
 ALL_ARCHS = ["sm_90a", "sm_100a", "sm_103a", "sm_120a"]
@@ -56,7 +56,7 @@ def test_new_enough_archs_pass_and_gencode_is_exact():
 
 
 def test_cpu_stack_asking_for_kernels_is_refused():
-    from speclock.stack import load_stack
+    from speclock.spec.stack import load_stack
     with pytest.raises(BadInput) as err:
         build.archs_for_stack(load_stack("cpu-vllm"))
     assert "gpu.cuda" in str(err.value) and "kernels.build" in str(err.value)

@@ -14,7 +14,7 @@ if str(ROOT / "src") not in sys.path:
 
 torch = pytest.importorskip("torch")
 
-from speclock.errors import BadInput, EnvironmentProblem  # noqa: E402
+from speclock.core.errors import BadInput, EnvironmentProblem  # noqa: E402
 from speclock.kernels import fp8_pack, fp8_unpack  # noqa: E402
 from speclock.kernels.reference import fp8_pack_reference, fp8_unpack_reference  # noqa: E402
 

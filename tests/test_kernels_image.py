@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from helpers import DOCKER, ROOT, speclock
-from speclock import build, doctor
-from speclock.errors import BadInput
-from speclock.lock import KERNEL_TOOLCHAIN, check_kernel_toolchain, read_lock
-from speclock.stack import load_stack
+from speclock.build import image as build
+from speclock.verify import doctor
+from speclock.core.errors import BadInput
+from speclock.spec.lock import KERNEL_TOOLCHAIN, check_kernel_toolchain, read_lock
+from speclock.spec.stack import load_stack
 
 GPU_STACKS = ("vllm-cu130", "sglang-cu130")
 NVCC = shutil.which("nvcc")

@@ -17,7 +17,7 @@ if str(ROOT / "src") not in sys.path:
 
 torch = pytest.importorskip("torch")
 
-from speclock.errors import BadInput, EnvironmentProblem  # noqa: E402
+from speclock.core.errors import BadInput, EnvironmentProblem  # noqa: E402
 from speclock.kernels import eagle3_loss  # noqa: E402
 from speclock.kernels.reference import eagle3_loss_reference  # noqa: E402
 

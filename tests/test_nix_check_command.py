@@ -1,4 +1,4 @@
-"""`speclock nix-check` (speclock.nixcheck.run_all): the offline flake checks as one command."""
+"""`speclock nix-check` (speclock.build.nixcheck.run_all): the offline flake checks as one command."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from speclock import nixcheck
-from speclock.errors import EnvironmentProblem
+from speclock.build import nixcheck
+from speclock.core.errors import EnvironmentProblem
 
 pytestmark = pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (apt-get install -y nix-bin)")
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from speclock import nixcheck
-from speclock.build import labels_for
-from speclock.layout import ImageLayout
-from speclock.lock import read_lock
-from speclock.stack import load_stack
-from speclock.wheelhouse import requirements_text
+from speclock.build import nixcheck
+from speclock.build.image import labels_for
+from speclock.core.layout import ImageLayout
+from speclock.spec.lock import read_lock
+from speclock.spec.stack import load_stack
+from speclock.build.wheelhouse import requirements_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SYS = nixcheck.SYSTEM

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from speclock import nixcheck
-from speclock.lock import read_lock
+from speclock.build import nixcheck
+from speclock.spec.lock import read_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 SYS = nixcheck.SYSTEM

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock import patches
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.patches import series as patches
+from speclock.core.errors import BadInput, EnvironmentProblem
 
 MODULE = textwrap.dedent('''\
     """A tiny engine module."""

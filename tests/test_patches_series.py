@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from speclock.errors import BadInput
-from speclock.patches import DirTree, Overlay, apply_hunks, check_series, parse_patch
-from speclock.versions import in_range, parse_range
+from speclock.core.errors import BadInput
+from speclock.patches.series import DirTree, Overlay, apply_hunks, check_series, parse_patch
+from speclock.core.versions import in_range, parse_range
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from speclock.patches import WheelTree, check_series, fetch_wheel, load_series
-from speclock.stack import load_stack
+from speclock.patches.series import WheelTree, check_series, fetch_wheel, load_series
+from speclock.spec.stack import load_stack
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STACK = "vllm-kimi-0.17.1"

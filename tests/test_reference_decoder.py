@@ -8,13 +8,13 @@ import sys
 import pytest
 
 import train_support
-from speclock.errors import CheckFailed
+from speclock.core.errors import CheckFailed
 
 N_TOKENS = 24
 
 
 def _prompts(tok, n):
-    from speclock.prompts import chat_prompt_ids
+    from speclock.spec.prompts import chat_prompt_ids
 
     texts = ["Write a short poem about the sea.", "What is 17 times 23? Explain step by step.",
              "List three uses of a paperclip."][:n]
@@ -91,7 +91,7 @@ def test_manifest_of_another_target_is_refused(tmp_path):
 
 def test_target_without_chat_template_is_refused(tmp_path):
     import shutil
-    from speclock.errors import BadInput
+    from speclock.core.errors import BadInput
     from speclock.train.pipeline import Settings, load_target_model
 
     target = train_support.real_target()

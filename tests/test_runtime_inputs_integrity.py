@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 
 from fuzz_support import assert_clean_refusal, run_cli, snapshot, assert_nothing_written
-from speclock import engines, models, smoke
-from speclock.errors import BadInput
-from speclock.files import TEMP_PREFIX
-from speclock.prompts import load_prompts
+from speclock import engines
+from speclock.drafter import models
+from speclock.verify import smoke
+from speclock.core.errors import BadInput
+from speclock.core.files import TEMP_PREFIX
+from speclock.spec.prompts import load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30,
@@ -165,7 +167,7 @@ def test_doctor_refuses_missing_target_lock_python_and_site_packages(tmp_path):
 
 
 def test_doctor_load_manifest_and_target_facts_raise_bad_input_only(tmp_path):
-    from speclock.doctor import Context, load_manifest, target_facts
+    from speclock.verify.doctor import Context, load_manifest, target_facts
 
     target, draft = models_in(tmp_path, manifest={**MANIFEST, "target": {"architecture": 7}})
     with pytest.raises(BadInput, match="target.architecture is number"):
@@ -431,14 +433,14 @@ def test_running_kills_the_engine_process_group_within_2_s_on_ctrl_c(tmp_path):
 
 
 def test_ctrl_c_during_smoke_and_soak_exits_130_kills_the_engine_and_writes_nothing(tmp_path, monkeypatch):
-    import speclock.prompts
+    import speclock.spec.prompts
 
     target, draft = models_in(tmp_path)
     prompts = prompts_in(tmp_path)
     fake_transformers = types.ModuleType("transformers")
     fake_transformers.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *_a, **_k: object())
     monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
-    monkeypatch.setattr(speclock.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
+    monkeypatch.setattr(speclock.spec.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
     monkeypatch.setattr(smoke, "package_version", lambda package: "0.0-test")
     monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
     for command in ("smoke", "soak"):
@@ -480,13 +482,13 @@ def test_an_engine_that_fails_to_start_leaves_nothing_running(tmp_path):
 # ---------------------------------------------------------------- one writer, one hash
 
 def test_models_file_sha256_is_the_one_helper():
-    from speclock import files
+    from speclock.core import files
 
     assert models.file_sha256 is files.file_sha256
 
 
 def test_a_damaged_cuobjdump_inventory_cache_is_recomputed_not_a_crash(tmp_path):
-    from speclock import cuda_arch
+    from speclock.verify import cuda_arch
 
     cache = write(tmp_path / "inv.json", b"\xff\x00")
     assert cuda_arch._read_inventory_cache(cache) is None

@@ -7,8 +7,8 @@ import pytest
 
 from smoke_faults import converted_target, random_drafter, write_stack
 from speclock.cli import main
-from speclock.errors import BadInput
-from speclock.prompts import load_prompts, packaged_file, prompts_sha256
+from speclock.core.errors import BadInput
+from speclock.spec.prompts import load_prompts, packaged_file, prompts_sha256
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import types
 import pytest
 
 import speclock.engines as engines
-import speclock.smoke as smoke
+import speclock.verify.smoke as smoke
 from fuzz_support import run_cli
-from speclock.report import load_report
-from speclock.errors import BadInput
+from speclock.verify.report import load_report
+from speclock.core.errors import BadInput
 from test_runtime_inputs_integrity import models_in, prompts_in
 
 
@@ -53,14 +53,14 @@ class CountingEngine:
 
 @pytest.fixture()
 def smoke_inputs(tmp_path, monkeypatch):
-    import speclock.prompts
+    import speclock.spec.prompts
 
     target, draft = models_in(tmp_path)
     prompts = prompts_in(tmp_path)
     fake_transformers = types.ModuleType("transformers")
     fake_transformers.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *_a, **_k: object())
     monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
-    monkeypatch.setattr(speclock.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
+    monkeypatch.setattr(speclock.spec.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
     monkeypatch.setattr(smoke, "package_version", lambda package: "0.0-test")
     monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import train_support
-from speclock import lossless
+from speclock.verify import lossless
 
 
 def fake_judge(margins):
@@ -50,7 +50,7 @@ def test_the_float32_judge_on_the_real_target_calls_a_clear_preference_a_mismatc
     train_support.need("torch", "transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from speclock.prompts import chat_prompt_ids
+    from speclock.spec.prompts import chat_prompt_ids
 
     target = train_support.real_target()
     tok = AutoTokenizer.from_pretrained(target)

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from smoke_faults import sample_report
-from speclock.errors import BadInput
-from speclock.report import human_table, load_report, validate_report, write_report
+from speclock.core.errors import BadInput
+from speclock.verify.report import human_table, load_report, validate_report, write_report
 
 
 def test_the_sample_report_is_valid_and_round_trips(tmp_path):

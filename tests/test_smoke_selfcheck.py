@@ -4,12 +4,12 @@ import json
 
 from smoke_faults import converted_target, random_drafter, write_stack
 from speclock.cli import main
-from speclock.selfcheck import _combine, run_doctor_stage
+from speclock.verify.selfcheck import _combine, run_doctor_stage
 
 
 def test_a_missing_doctor_is_a_failure_not_a_pass():
     try:
-        import speclock.doctor  # noqa: F401
+        import speclock.verify.doctor  # noqa: F401
     except ImportError:
         import argparse
 

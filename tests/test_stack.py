@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from speclock.errors import BadInput
-from speclock.stack import json_schema, load_stack
+from speclock.core.errors import BadInput
+from speclock.spec.stack import json_schema, load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT / "stacks" / "cpu-vllm.toml").read_text()
@@ -91,7 +91,7 @@ def test_json_schema_covers_every_section():
 
 
 def test_new_empty_optional_keys_do_not_change_the_pinned_hash():
-    from speclock.stack import canonical_sha256, pinned_view
+    from speclock.spec.stack import canonical_sha256, pinned_view
 
     stack = load_stack("cpu-vllm")
     grown = json.loads(json.dumps(stack.data))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import train_support
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.core.errors import BadInput, EnvironmentProblem
 
 LAYERS = [1, 2, 3]
 

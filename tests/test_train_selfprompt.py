@@ -10,7 +10,7 @@ import train_support
 
 
 def _prompts(tok, texts):
-    from speclock.prompts import chat_prompt_ids
+    from speclock.spec.prompts import chat_prompt_ids
 
     return [chat_prompt_ids(tok, t) for t in texts]
 
@@ -36,7 +36,7 @@ def test_static_generator_greedy_equals_transformers_generate():
 
 def test_sampling_is_seeded_varied_and_min_p_near_one_is_greedy():
     import torch
-    from speclock.errors import BadInput
+    from speclock.core.errors import BadInput
     from speclock.train.fastgen import StaticLlamaGenerator
 
     model, tok = train_support.target_model()
@@ -105,7 +105,7 @@ def test_self_prompts_are_distinct_and_a_rerun_adds_to_the_file(tmp_path):
 
 
 def test_a_foreign_file_is_refused_with_its_line(tmp_path):
-    from speclock.errors import BadInput
+    from speclock.core.errors import BadInput
     from speclock.train.selfprompt import synthesize_prompts
 
     model, tok = train_support.target_model()
@@ -119,7 +119,7 @@ def test_a_foreign_file_is_refused_with_its_line(tmp_path):
 
 
 def test_mix_draws_from_each_source_and_records_it(tmp_path):
-    from speclock.errors import BadInput
+    from speclock.core.errors import BadInput
     from speclock.train.data import load_prompt_records
     from speclock.train.data import mix_prompt_files
 

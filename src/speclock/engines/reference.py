@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 
 @dataclass
@@ -108,7 +108,7 @@ def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_id
     """Greedy speculative decoding of one prompt; updates `counters`; returns the new tokens."""
     import torch
     from transformers import DynamicCache
-    from speclock.train.drafter import DraftCache
+    from speclock.drafter.eagle3 import DraftCache
 
     dev = next(target.parameters()).device
     d2t_ids = drafter.draft_to_target_ids()
@@ -177,7 +177,7 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from speclock.models import read_model_config
+    from speclock.drafter.models import read_model_config
 
     target_dir = Path(target_dir)
     read_model_config(target_dir, what="target")  # a missing, binary or misshapen config.json is BadInput, named
@@ -241,7 +241,7 @@ class ReferenceSession:
         self.counters_ = SpecCounters(k=self.k)
         self.drafter = self.layers = None
         if getattr(config, "draft", None):
-            from speclock.models import read_drafter_manifest, read_model_config
+            from speclock.drafter.models import read_drafter_manifest, read_model_config
             from speclock.train.export import load_drafter
 
             # Check the drafter's files here (named BadInput) before the training code reads them.

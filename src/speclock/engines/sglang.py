@@ -20,7 +20,7 @@ import urllib.request
 from typing import Any
 
 from speclock.engines import EngineConfig, SpecCounters, package_version
-from speclock.errors import EnvironmentProblem
+from speclock.core.errors import EnvironmentProblem
 
 NAME = "sglang"
 
@@ -119,7 +119,7 @@ class _MetaSession:
         if self.config.draft is None:
             return None
         from speclock.engines import aux_layer_ids
-        from speclock.models import config_architecture, config_layer_count, read_model_config
+        from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 
         tcfg = read_model_config(self.config.target, what="target")
         ids, _ = aux_layer_ids(self.config.draft, config_layer_count(tcfg))

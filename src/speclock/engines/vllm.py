@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from speclock.engines import EngineConfig, SpecCounters, package_version
-from speclock.errors import EnvironmentProblem
+from speclock.core.errors import EnvironmentProblem
 
 NAME = "vllm"
 _PREFIX = "vllm:spec_decode_"

@@ -13,7 +13,7 @@ torch and triton are imported on first call, never at import time.
 
 from __future__ import annotations
 
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.core.errors import BadInput, EnvironmentProblem
 
 __all__ = ["eagle3_loss", "fp8_pack", "fp8_unpack"]
 

@@ -24,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speclock.errors import BadInput, CheckFailed, EnvironmentProblem
-from speclock.files import atomic_output, atomic_write_text, file_sha256
-from speclock.stack import ARCH_MIN_CUDA
+from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.files import atomic_output, atomic_write_text, file_sha256
+from speclock.spec.stack import ARCH_MIN_CUDA
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FP8_SOURCE = CSRC / "fp8_pack.cu"
@@ -150,7 +150,7 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
             "library_sha256": _sha256(lib_tmp),
             "command": [Path(cmd[0]).name, *cmd[1:-1], FP8_SOURCE.name],
         }
-        # fsynced and renamed into place one by one (speclock.files), the library first: a manifest
+        # fsynced and renamed into place one by one (speclock.core.files), the library first: a manifest
         # never describes a library that is not there
         with atomic_output(out_dir / FP8_LIBRARY, binary=True, mode=lib_tmp.stat().st_mode & 0o777) as out, \
                 open(lib_tmp, "rb") as fh:
@@ -205,7 +205,7 @@ def archs_for_stack(stack) -> tuple[list[str], str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.stack:
-        from speclock.stack import load_stack
+        from speclock.spec.stack import load_stack
         stack = load_stack(args.stack)
         archs, cuda = archs_for_stack(stack)
         if args.archs:
@@ -246,7 +246,7 @@ def add_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speclock.errors import SpeclockError
+    from speclock.core.errors import SpeclockError
     parser = _parser(argparse.ArgumentParser(prog="python -m speclock.kernels.build", description=__doc__,
                                              formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)

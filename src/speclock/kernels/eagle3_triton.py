@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 DEFAULT_CHUNK_BUDGET = 768 << 20  # bytes for one chunk's float32 logits (+ bf16 logit gradient when not in place)
 

@@ -14,8 +14,8 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from speclock.args import non_negative_float, non_negative_int, positive_float, positive_int, probability
-from speclock.errors import BadInput
+from speclock.core.args import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from speclock.core.errors import BadInput
 
 STAGES = ["target", "generate", "extract", "fit", "export", "reference"]
 
@@ -87,7 +87,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args) -> "Settings":
-    from speclock.layout import cache_dir
+    from speclock.core.layout import cache_dir
     from speclock.train.pipeline import Settings, quick_settings
 
     work = args.work or (cache_dir() / "train" / ("quick" if args.quick else "full"))

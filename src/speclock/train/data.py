@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
-from speclock.errors import BadInput, EnvironmentProblem
-from speclock.files import atomic_output, atomic_write_text, note_input, os_error
-from speclock.prompts import chat_prompt_ids, require_chat_template
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
+from speclock.spec.prompts import chat_prompt_ids, require_chat_template
 
 
 # --- prompt sources ------------------------------------------------------------------------

@@ -33,8 +33,8 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from speclock.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.files import atomic_output, atomic_write_text, read_json
+from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.files import atomic_output, atomic_write_text, read_json
 
 DIST_STAGES = ("extract", "fit")
 # NVLink multicast (NVLS / symmetric-memory multicast) stays off: see the stack's GPU notes.
@@ -149,7 +149,7 @@ def _free_gpu_memory() -> None:
 
 def _rank_error(ctl: Path, rc: int) -> SpeclockError:
     """The first rank's speclock error (with its exit code), else an environment problem."""
-    from speclock import errors
+    from speclock.core import errors
 
     for p in sorted(ctl.glob("error-rank*.json")):
         try:

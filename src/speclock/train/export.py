@@ -18,8 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from speclock.errors import BadInput, CheckFailed
-from speclock.files import atomic_write_text, expect, file_sha256, fsync_dir, read_json  # file_sha256: importable here too
+from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.files import atomic_write_text, expect, file_sha256, fsync_dir, read_json  # file_sha256: importable here too
 
 MANIFEST_NAME = "speclock-manifest.json"
 MANIFEST_SCHEMA = "speclock.drafter/v1"
@@ -128,7 +128,7 @@ def _clean_swap_leftovers(out_dir: Path) -> None:
 
 def drafter_sha256(folder: Path) -> str:
     """Identity of a drafter: its tensors (as target_sha256 hashes a target's)."""
-    from speclock.models import target_sha256
+    from speclock.drafter.models import target_sha256
 
     return target_sha256(folder)
 
@@ -140,7 +140,7 @@ def build_manifest(*, target_name: str, target_sha: str, target_config, aux_laye
         "target": {
             "name": target_name,
             "sha256": target_sha,
-            "sha256_of": "speclock.models.target_sha256: sha256 over (name, dtype, shape, bytes) of every weight tensor in the target's safetensors, by name",
+            "sha256_of": "speclock.drafter.models.target_sha256: sha256 over (name, dtype, shape, bytes) of every weight tensor in the target's safetensors, by name",
             "architecture": (getattr(target_config, "architectures", None) or ["?"])[0],
             "num_hidden_layers": target_config.num_hidden_layers,
             "hidden_size": target_config.hidden_size,
@@ -191,7 +191,7 @@ def read_manifest(folder: Path) -> dict:
 
 def check_manifest_matches_target(manifest: dict, target_dir: Path, target_config=None) -> None:
     """The drafter was trained on this target: same weights hash and shape; raises CheckFailed if not."""
-    from speclock.models import target_sha256
+    from speclock.drafter.models import target_sha256
 
     t = manifest.get("target")
     missing = [k for k in ("name", "sha256", "num_hidden_layers", "hidden_size", "vocab_size") if k not in (t or {})]
@@ -210,7 +210,7 @@ def check_manifest_matches_target(manifest: dict, target_dir: Path, target_confi
 
 
 def reference_key(target_sha: str, drafter_sha: str, prompts: list[str], k: int, max_tokens: int) -> dict:
-    from speclock.prompts import prompts_sha256
+    from speclock.spec.prompts import prompts_sha256
 
     return {"target_sha256": target_sha, "drafter_sha256": drafter_sha, "prompts_sha256": prompts_sha256(prompts),
             "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}
@@ -221,7 +221,7 @@ def lookup_reference(manifest: dict, key: dict) -> dict | None:
     fields = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
     records = manifest.get("reference", [])
     for rec in records if isinstance(records, list) else []:
-        # A record of the wrong shape never matches (smoke refuses such a manifest through speclock.models).
+        # A record of the wrong shape never matches (smoke refuses such a manifest through speclock.drafter.models).
         if (isinstance(rec, dict) and isinstance(rec.get("key"), dict) and isinstance(rec.get("metrics"), dict)
                 and all(rec["key"].get(f) == key.get(f) for f in fields)):
             return rec["metrics"]
@@ -245,7 +245,7 @@ def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Pa
     """An Eagle3Drafter from an exported folder, with the target's embeddings; (drafter, manifest)."""
     import torch
     from safetensors.torch import load_file
-    from speclock.train.drafter import DrafterConfig, Eagle3Drafter
+    from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     folder = Path(folder)
     manifest = read_manifest(folder)

@@ -30,8 +30,8 @@ import os
 import time
 from pathlib import Path
 
-from speclock.errors import BadInput
-from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir, plain_name
+from speclock.core.errors import BadInput
+from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir, plain_name
 
 SCHEMA = "speclock.hidden/v1"
 
@@ -121,7 +121,7 @@ def load_index(out_dir: Path) -> dict | None:
     p = out_dir / "index.json"
     if not p.exists():
         return None
-    from speclock.files import read_json
+    from speclock.core.files import read_json
 
     hint = f"delete {out_dir} and run `speclock train extract` again"
     idx = read_json(p, what="hidden-state index", hint=hint)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speclock.errors import BadInput
+from speclock.core.errors import BadInput
 
 
 def _rms(x, w, eps):

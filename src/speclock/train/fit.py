@@ -19,8 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from speclock.errors import BadInput
-from speclock.files import atomic_output, atomic_write_text, clean_stale_temps
+from speclock.core.errors import BadInput
+from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps
 
 
 @dataclass
@@ -89,7 +89,7 @@ def load_checkpoint(path: Path, device: str) -> dict:
         raise BadInput(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})",
                        hint=hint) from None
     except OSError as err:
-        from speclock.files import os_error
+        from speclock.core.files import os_error
 
         raise os_error(err, path, "read the checkpoint") from None
     if not isinstance(saved, dict) or not all(k in saved for k in ("drafter", "fit_config", "vocab")) \
@@ -246,7 +246,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary).
     `dist` (speclock.train.distributed.DistContext): this process's share of a torchrun run."""
     import torch
-    from speclock.train.drafter import DrafterConfig, Eagle3Drafter, count_parameters
+    from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter, count_parameters
 
     torch.manual_seed(cfg.seed)
     ckpt_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from speclock.errors import BadInput, EnvironmentProblem
+from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.train.fit import FitConfig
 
 
@@ -85,7 +85,7 @@ def log(msg: str) -> None:
 
 
 def stage_target(s: Settings) -> Path:
-    from speclock.models import convert_gguf_to_hf, find_packaged_gguf
+    from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf
 
     if s.target is not None:
         if not (s.target / "config.json").is_file():
@@ -103,7 +103,7 @@ def stage_target(s: Settings) -> Path:
 def load_target_model(s: Settings, device: str, dtype: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from speclock.prompts import require_chat_template
+    from speclock.spec.prompts import require_chat_template
 
     tdir = s.target_dir
     if not (Path(tdir) / "config.json").is_file():  # else transformers takes the path for a Hub repo id
@@ -167,7 +167,7 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
 
 
 def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
-    from speclock.models import target_sha256
+    from speclock.drafter.models import target_sha256
     from speclock.train.data import read_done
     from speclock.train.extract import extract_hidden_states
 
@@ -199,7 +199,7 @@ def stage_fit(s: Settings, model, device: str, resume: bool = True, ctx=None):
 
 
 def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: dict, hidden_index: dict) -> dict:
-    from speclock.models import target_sha256
+    from speclock.drafter.models import target_sha256
     from speclock.train.data import data_sha256, read_done
     from speclock.train.export import build_manifest, export_drafter
 
@@ -217,7 +217,7 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
             "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
     sources = Path(source + ".sources.json")  # written by data.mix_prompt_files
     if source != "sharegpt" and sources.is_file():
-        from speclock.files import read_json
+        from speclock.core.files import read_json
 
         data["prompt_sources"] = read_json(sources, what="prompt sources file",
                                            hint=f"delete it and {source} and run `speclock train generate` again")
@@ -272,8 +272,8 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
     are sums over prompts, so the merged result equals a single-process run)."""
     import multiprocessing as mp
     from transformers import AutoConfig, AutoTokenizer
-    from speclock.models import target_sha256
-    from speclock.prompts import chat_prompt_ids, load_prompts, require_chat_template
+    from speclock.drafter.models import target_sha256
+    from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
     from speclock.train.export import check_manifest_matches_target, drafter_sha256, read_manifest, record_reference, reference_key
 
     manifest = read_manifest(drafter_dir)
@@ -316,7 +316,7 @@ def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: i
                   dtype: str | None = None, prompts_file: str | None = None) -> dict:
     """Batch-1 tokens/s of the reference decoder with and without the drafter, on the same prompts."""
     from speclock.engines.reference import load_target, run_baseline, run_reference
-    from speclock.prompts import chat_prompt_ids, load_prompts
+    from speclock.spec.prompts import chat_prompt_ids, load_prompts
     from speclock.train.export import load_drafter
 
     model, tok = load_target(target_dir, device, dtype)
@@ -408,7 +408,7 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     if ctx:
         summary.update(nproc=ctx.world, backend=ctx.backend)
     if ctx is None or ctx.is_main:
-        from speclock.files import atomic_write_text
+        from speclock.core.files import atomic_write_text
 
         atomic_write_text(s.work / "run-summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary
@@ -418,12 +418,12 @@ def _load_trained(s: Settings, model, device: str):
     """The drafter from the last checkpoint (for `export` run on its own)."""
     import torch
     from speclock.train.extract import load_index
-    from speclock.train.drafter import DrafterConfig, Eagle3Drafter
+    from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     ckpt = s.work / "ckpt" / "checkpoint.pt"
     if not ckpt.exists():
         raise BadInput(f"no checkpoint at {ckpt}", hint="run `speclock train fit` first")
-    from speclock.files import read_json
+    from speclock.core.files import read_json
     from speclock.train.fit import load_checkpoint
 
     saved = load_checkpoint(ckpt, "cpu")

@@ -1,0 +1,48 @@
+"""Image builders behind one small interface; chosen by name from BUILDERS.
+
+buildah gives reproducible digests (fixed --timestamp, pinned storage driver); docker BuildKit
+is the builder most users have. Both read the same Containerfile and staged context.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from speclock.build.builders import buildah, docker
+
+
+class Builder(Protocol):
+    name: str
+
+    def check_available(self) -> str:
+        """Return a version string, or raise EnvironmentProblem saying how to install/start it."""
+
+    def image_exists(self, ref: str) -> bool: ...
+
+    def build(self, *, containerfile: Path, context: Path, tag: str, build_args: dict[str, str],
+              labels: dict[str, str], target: str | None, no_cache: bool, timestamp: int) -> str:
+        """Build and tag; stream progress to stdout; return the local image id."""
+
+    def image_id(self, ref: str) -> str: ...
+
+    def layers(self, ref: str) -> list[dict]:
+        """[{"size": bytes, "created_by": str}] from the image history, oldest first."""
+
+    def push(self, ref: str, dest: str, *, insecure: bool) -> str:
+        """Push to a registry; return the pushed manifest digest (sha256:...)."""
+
+    def remove(self, ref: str) -> None: ...
+
+
+BUILDERS: dict[str, Builder] = {"buildah": buildah.BUILDER, "docker": docker.BUILDER}
+
+
+def get_builder(name: str) -> Builder:
+    from speclock.core.errors import BadInput
+
+    if name not in BUILDERS:
+        raise BadInput(f"unknown builder {name!r}", hint=f"use one of: {', '.join(BUILDERS)}")
+    builder = BUILDERS[name]
+    builder.check_available()
+    return builder

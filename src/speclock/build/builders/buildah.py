@@ -1,0 +1,101 @@
+"""buildah: the reproducible builder (fixed timestamps, overlay storage pinned, OCI format)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from speclock.build.builders._proc import capture, stream
+from speclock.core.errors import CheckFailed, EnvironmentProblem
+
+# vfs and overlay give different digests for the same content: pin one.
+STORAGE = ["--storage-driver", os.environ.get("SPECLOCK_BUILDAH_STORAGE_DRIVER", "overlay")]
+
+
+class Buildah:
+    name = "buildah"
+
+    def _cmd(self, *args: str) -> list[str]:
+        return ["buildah", *STORAGE, *args]
+
+    def check_available(self) -> str:
+        if not shutil.which("buildah"):
+            raise EnvironmentProblem("buildah is not installed",
+                                     hint="apt-get install buildah (Debian/Ubuntu), or use --builder docker")
+        proc = capture(self._cmd("version", "--json"))
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"buildah does not work here: {proc.stderr.strip()[-500:]}",
+                                     hint="run as root or configure rootless buildah (subuid/subgid), or use --builder docker")
+        return json.loads(proc.stdout).get("version", "?")
+
+    def image_exists(self, ref: str) -> bool:
+        return capture(self._cmd("inspect", "--type", "image", ref)).returncode == 0
+
+    def build(self, *, containerfile, context, tag, build_args, labels, target, no_cache, timestamp) -> str:
+        cmd = self._cmd("build", "--format", "oci", "--layers", "--network", "none",
+                        "--identity-label=false", "--timestamp", str(timestamp), "-f", str(containerfile), "-t", tag)
+        if no_cache:
+            cmd.append("--no-cache")
+        cache_repo = os.environ.get("SPECLOCK_BUILDAH_CACHE_REPO")
+        if cache_repo:  # CI: layers from and to a registry repository (ci/speclock-upgrade.yml)
+            cmd += ["--cache-from", cache_repo, "--cache-to", cache_repo]
+        if target:
+            cmd += ["--target", target]
+        for key, value in build_args.items():
+            cmd += ["--build-arg", f"{key}={value}"]
+        for key, value in labels.items():
+            cmd += ["--label", f"{key}={value}"]
+        with tempfile.NamedTemporaryFile(prefix="speclock-iid-") as iid:
+            cmd += ["--iidfile", iid.name, str(context)]
+            rc, tail = stream(cmd)
+            if rc != 0:
+                raise CheckFailed(f"buildah build failed (exit {rc}):\n{tail[-2500:]}",
+                                  hint="read the step output above; fix the input it names and build again")
+            return Path(iid.name).read_text().strip()
+
+    def image_id(self, ref: str) -> str:
+        proc = capture(self._cmd("inspect", "--type", "image", "--format", "{{.FromImageID}}", ref))
+        if proc.returncode != 0:
+            raise CheckFailed(f"no image {ref} in buildah's store", hint="build it first")
+        return "sha256:" + proc.stdout.strip().removeprefix("sha256:")
+
+    def manifest_digest(self, ref: str) -> str:
+        proc = capture(self._cmd("inspect", "--type", "image", "--format", "{{.FromImageDigest}}", ref))
+        return proc.stdout.strip()
+
+    def layers(self, ref: str) -> list[dict]:
+        proc = capture(self._cmd("inspect", "--type", "image", ref))
+        data = json.loads(proc.stdout)
+        history = [h for h in data["History"] if not h.get("empty_layer")]
+        sizes = [l.get("size", 0) for l in (data.get("Docker", {}).get("rootfs", {}) or {}).get("layers", [])]
+        manifest = json.loads(data.get("Manifest") or "{}")
+        msizes = [l.get("size", 0) for l in manifest.get("layers", [])]  # compressed sizes
+        out = []
+        for i, h in enumerate(history):
+            out.append({"created_by": h.get("created_by", ""), "size": msizes[i] if i < len(msizes) else 0})
+        return out
+
+    def push(self, ref: str, dest: str, *, insecure: bool) -> str:
+        with tempfile.NamedTemporaryFile(prefix="speclock-digest-") as dfile:
+            cmd = self._cmd("push", "--digestfile", dfile.name)
+            if insecure:
+                cmd.append("--tls-verify=false")
+            rc, tail = stream(cmd + [ref, f"docker://{dest}"])
+            if rc != 0:
+                raise EnvironmentProblem(f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
+                                         hint="check the registry address, that it runs, your login (buildah login), "
+                                              "and --insecure for a plain-HTTP registry")
+            digest = Path(dfile.name).read_text().strip()
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise EnvironmentProblem(f"buildah reported no digest for {dest}")
+        return digest
+
+    def remove(self, ref: str) -> None:
+        capture(self._cmd("rmi", "-f", ref))
+
+
+BUILDER = Buildah()

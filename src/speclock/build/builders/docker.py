@@ -1,0 +1,106 @@
+"""docker with BuildKit: the builder most users have. Not reproducible (mtimes, `created`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from speclock.build.builders._proc import capture, stream
+from speclock.core.errors import CheckFailed, EnvironmentProblem
+
+
+def docker_cli() -> str:
+    """The CLI that can drive BuildKit here: Debian's docker.io client before a newer one without buildx."""
+    override = os.environ.get("SPECLOCK_DOCKER")
+    if override:
+        return override
+    if Path("/usr/bin/docker").is_file():
+        return "/usr/bin/docker"
+    return shutil.which("docker") or "docker"
+
+
+class Docker:
+    name = "docker"
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ, DOCKER_BUILDKIT="1")
+
+    def check_available(self) -> str:
+        cli = docker_cli()
+        if not shutil.which(cli):
+            raise EnvironmentProblem("docker is not installed", hint="apt-get install docker.io, or use --builder buildah")
+        proc = capture([cli, "version", "--format", "{{.Server.Version}}"], env=self._env())
+        if proc.returncode != 0 or not proc.stdout.strip():
+            raise EnvironmentProblem(f"the docker daemon is not reachable: {proc.stderr.strip()[-300:]}",
+                                     hint="start dockerd (e.g. `setsid dockerd >/tmp/dockerd.log 2>&1 &`) or use --builder buildah")
+        return proc.stdout.strip()
+
+    def image_exists(self, ref: str) -> bool:
+        return capture([docker_cli(), "image", "inspect", ref]).returncode == 0
+
+    def build(self, *, containerfile, context, tag, build_args, labels, target, no_cache, timestamp) -> str:
+        cmd = [docker_cli(), "build", "--progress", "plain", "--network", "none", "-f", str(containerfile), "-t", tag]
+        if no_cache:
+            cmd.append("--no-cache")
+        if target:
+            cmd += ["--target", target]
+        for key, value in build_args.items():
+            cmd += ["--build-arg", f"{key}={value}"]
+        for key, value in labels.items():
+            cmd += ["--label", f"{key}={value}"]
+        with tempfile.TemporaryDirectory(prefix="speclock-iid-") as tmp:
+            iid = Path(tmp) / "iid"
+            cmd += ["--iidfile", str(iid), str(context)]
+            rc, tail = stream(cmd, env=self._env())
+            if rc != 0:
+                raise CheckFailed(f"docker build failed (exit {rc}):\n{tail[-2500:]}",
+                                  hint="read the step output above; fix the input it names and build again")
+            return iid.read_text().strip()
+
+    def image_id(self, ref: str) -> str:
+        proc = capture([docker_cli(), "image", "inspect", "--format", "{{.Id}}", ref])
+        if proc.returncode != 0:
+            raise CheckFailed(f"no image {ref} in docker", hint="build it first")
+        return proc.stdout.strip()
+
+    def layers(self, ref: str) -> list[dict]:
+        proc = capture([docker_cli(), "history", "--no-trunc", "--format", "{{json .}}", ref])
+        rows = [json.loads(l) for l in proc.stdout.splitlines() if l.strip()]
+        out = []
+        for row in reversed(rows):
+            size = _parse_size(row.get("Size", "0B"))
+            if size:
+                out.append({"created_by": row.get("CreatedBy", ""), "size": size})
+        return out
+
+    def push(self, ref: str, dest: str, *, insecure: bool) -> str:
+        cli = docker_cli()
+        if capture([cli, "tag", ref, dest]).returncode != 0:
+            raise CheckFailed(f"could not tag {ref} as {dest}")
+        rc, tail = stream([cli, "push", dest])
+        if rc != 0:
+            raise EnvironmentProblem(f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
+                                     hint="check the registry address, that it runs, and `docker login`; "
+                                          "plain-HTTP registries other than 127.0.0.0/8 need dockerd's insecure-registries")
+        m = re.search(r"digest: (sha256:[0-9a-f]{64})", tail)
+        if not m:
+            raise EnvironmentProblem(f"docker push printed no digest for {dest}")
+        return m[1]
+
+    def remove(self, ref: str) -> None:
+        capture([docker_cli(), "rmi", "-f", ref])
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"([\d.]+)\s*([kKMG]?B)", text.strip())
+    if not m:
+        return 0
+    scale = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m[2]]
+    return int(float(m[1]) * scale)
+
+
+BUILDER = Docker()

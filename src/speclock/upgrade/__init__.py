@@ -1,0 +1,1 @@
+"""upgrade: lock, build, check and gate an engine upgrade candidate, then promote it."""

@@ -1,0 +1,408 @@
+"""`speclock gate REPORT [--baseline REPORT]`: pass or fail a smoke report against the stack's thresholds.
+
+The same `evaluate` decides a smoke run's own verdict (without a baseline), so the image's
+self-check and CI apply one set of rules. Outputs: a table, JUnit XML and Markdown for CI.
+Baseline reports live in `baselines/<stack>/<engine package>-<version>.json`.
+
+A gate that can be fooled is worse than none, so before any check runs:
+- the report must be consistent (speclock.verify.report.validate_report: counters that agree);
+- its engine must be the one its stack pins, in the stack file and in the stack's lock
+  (a report relabelled to another stack is refused);
+- a baseline must be a valid measurement of the same thing: same stack, engine family, k,
+  max_tokens, prompt count, and the same drafter, target and prompts by hash (reference.key);
+  a side that does not say which drafter it measured cannot be compared (exit 2);
+- a requested baseline that is missing is bad input; no baseline at all is a visible WARN
+  (table, JSON, JUnit, Markdown), never a silent pass of the regression check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from speclock.core import files
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.layout import REPO_ROOT
+from speclock.verify.report import _get, load_report
+
+# What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
+IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")
+_BASELINE_HINT = ("compare against a baseline of the same stack, engine, k, prompts, max_tokens and drafter "
+                  "(baselines/<stack>/<engine package>-<version>.json); record a new one by checking a passing "
+                  "report by hand and copying it there")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    value: Any
+    limit: str
+    kind: str  # engine | lossless | drafter | integration | speed | regression
+    detail: str = ""
+    warn: bool = False  # passed, but something was not checked (no baseline): shown as WARN everywhere
+
+    @property
+    def status(self) -> str:
+        return "WARN" if self.warn else ("PASS" if self.ok else "FAIL")
+
+    def reason(self) -> str:
+        return f"{self.name}: {self.detail or f'{_fmt(self.value)} (limit {self.limit})'}"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def _rel_drop(base: float, cur: float) -> float:
+    return (base - cur) / base if base else 0.0
+
+
+def check_baseline_matches(report: dict, baseline: dict, source: str, report_source: str = "the report") -> None:
+    """A baseline must be a valid measurement of the same thing: stack, engine family, k, prompts, length, drafter.
+
+    Both documents are already valid reports (load_report). The prompts are compared by content
+    (reference.key.prompts_sha256), not by prompts.source: the same file has one path on the host and
+    another inside an image.
+    """
+    def refuse(message: str) -> BadInput:
+        return BadInput(message, hint=_BASELINE_HINT)
+
+    m = baseline["metrics"]
+    if m["num_drafts"] <= 0 or m["mean_acceptance_length"] <= 0:
+        raise refuse(f"{source}: key 'metrics.num_drafts': the baseline never drafted ({m['num_drafts']} drafts, mean "
+                     f"acceptance length {m['mean_acceptance_length']}): nothing to compare report {report_source} against")
+    if (baseline.get("run") or {}).get("completed") is False:
+        raise refuse(f"{source}: key 'run.completed': the baseline's engine run did not complete; it cannot be the "
+                     f"baseline of report {report_source}")
+    for key in ("stack", "engine.name", "num_speculative_tokens", "prompts.count", "max_tokens", "target.arch"):
+        mine_found, mine = _get(report, key)
+        theirs_found, theirs = _get(baseline, key)
+        for found, where in ((mine_found, report_source), (theirs_found, source)):
+            if not found:
+                raise refuse(f"{where}: key '{key}' is missing, so baseline {source} cannot be matched to report {report_source}")
+        if mine != theirs:
+            raise refuse(f"{source}: baseline key '{key}' is {theirs!r}, the report {report_source} has {mine!r}")
+    # A baseline measured with another drafter says nothing about this one: a retrained drafter
+    # needs a new baseline, not a silent pass (or fail) against the old one's acceptance. Leaving the
+    # identity out of either side must not skip this.
+    for key in IDENTITY:
+        mine_found, mine = _get(report, key)
+        theirs_found, theirs = _get(baseline, key)
+        for found, where in ((mine_found, report_source), (theirs_found, source)):
+            if not found:
+                raise BadInput(f"{where}: key '{key}' is missing: without it baseline {source} cannot be matched to "
+                               f"report {report_source} (which drafter, target and prompts were measured?)",
+                               hint="use reports written by `speclock smoke` (it records reference.key); a report "
+                                    "without it can only be gated with --baseline none")
+        if mine != theirs:
+            what = key.rsplit(".", 1)[1].replace("_sha256", "")
+            raise refuse(f"{source}: the baseline was measured with {what} {str(theirs)[:12]}, the report "
+                         f"{report_source} with {str(mine)[:12]} (key '{key}')")
+
+
+def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[Check]:
+    """Every check the report must pass; a failed check's `kind` says where the fault most likely is."""
+    m, ll, tp = report["metrics"], report["lossless"], report["throughput"]
+    run = report.get("run") or {"completed": True, "error": None}
+    checks = [Check("engine run completed", bool(run.get("completed")), run.get("completed"), "true", "engine",
+                    "" if run.get("completed") else f"the engine failed: {run.get('error')}")]
+    checks.append(Check("lossless (spec == plain, token for token, up to numeric ties)", ll["checked"] > 0 and ll["mismatches"] == 0,
+                        f"{ll['mismatches']}/{ll['checked']} differ", "0 differ", "lossless",
+                        "" if ll["checked"] else "no outputs were compared"))
+    k = report["num_speculative_tokens"]
+    mal = m["mean_acceptance_length"]
+    floor = thresholds.get("min_mean_acceptance_length", 1.0)
+    checks.append(Check("mean acceptance length", mal >= floor, mal, f">= {floor}", "drafter"))
+    drafts = m["num_drafts"]
+    rates = [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]]
+    for i, pos_floor in enumerate(thresholds.get("min_acceptance_per_position") or []):
+        rate = rates[i] if i < len(rates) else 0.0
+        checks.append(Check(f"acceptance at position {i + 1} of {k}", rate >= pos_floor, rate, f">= {pos_floor}", "drafter"))
+    min_speedup = thresholds.get("min_speedup", 0.0)
+    if min_speedup:
+        sp = tp.get("speedup")
+        checks.append(Check("speedup (spec / plain tok/s)", sp is not None and sp >= min_speedup, sp, f">= {min_speedup}", "speed"))
+    ref = report.get("reference") or {}
+    if ref.get("gap") is not None:
+        limit = thresholds.get("max_reference_gap", 0.15)
+        rm = ref["metrics"]["mean_acceptance_length"]
+        checks.append(Check("engine vs reference acceptance (integration)", ref["gap"] <= limit, ref["gap"], f"<= {limit}",
+                            "integration", "" if ref["gap"] <= limit else
+                            f"engine mean acceptance length {mal:.3f} vs reference {rm:.3f} on the same drafter and prompts "
+                            f"(gap {ref['gap']:.3f} > {limit}): the engine integration is broken (e.g. wrong aux layers "
+                            f"captured), not the drafter"))
+    if baseline is not None:
+        limit = thresholds.get("max_relative_drop", 0.05)
+        base_mal = baseline["metrics"]["mean_acceptance_length"]
+        drop = _rel_drop(base_mal, mal)
+        checks.append(Check(f"acceptance length vs baseline ({baseline['engine']['version']})", drop <= limit, drop,
+                            f"<= {limit} relative drop", "regression",
+                            "" if drop <= limit else f"{mal:.3f} vs baseline {base_mal:.3f}: dropped {drop:.1%} (limit {limit:.0%})"))
+        if min_speedup and baseline["throughput"].get("speedup") and tp.get("speedup") is not None:
+            sdrop = _rel_drop(baseline["throughput"]["speedup"], tp["speedup"])
+            checks.append(Check("speedup vs baseline", sdrop <= limit, sdrop, f"<= {limit} relative drop", "regression"))
+    return checks
+
+
+def failures_of(checks: list[Check]) -> list[str]:
+    return [c.reason() for c in checks if not c.ok]
+
+
+def table(checks: list[Check]) -> str:
+    w = max(len(c.name) for c in checks)
+    lines = [f"{'check':<{w}}  {'result':<6}  {'value':<14}  limit"]
+    for c in checks:
+        lines.append(f"{c.name:<{w}}  {c.status:<6}  {_fmt(c.value):<14}  {c.limit}")
+    return "\n".join(lines)
+
+
+def junit_xml(checks: list[Check], suite: str = "speclock.gate") -> str:
+    fails = sum(not c.ok for c in checks)
+    skipped = sum(c.warn for c in checks)
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
+           f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(checks)}" failures="{fails}" errors="0" '
+           f'skipped="{skipped}">']
+    for c in checks:
+        out.append(f'  <testcase classname={quoteattr(suite + "." + c.kind)} name={quoteattr(c.name)}>')
+        if not c.ok:
+            out.append(f'    <failure message={quoteattr(c.reason())} type={quoteattr(c.kind)}>{escape(c.reason())}</failure>')
+        elif c.warn:  # CI shows a skipped case: the regression check did not run
+            out.append(f'    <skipped message={quoteattr("WARN: " + c.detail)}/>')
+        out.append(f"    <system-out>{escape(f'value {_fmt(c.value)}, limit {c.limit}' + (f'; WARN: {c.detail}' if c.warn else ''))}</system-out>")
+        out.append("  </testcase>")
+    out.append("</testsuite></testsuites>")
+    return "\n".join(out) + "\n"
+
+
+def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str | None,
+             warnings: list[str] | None = None) -> str:
+    ok = all(c.ok for c in checks)
+    warnings = warnings if warnings is not None else [c.detail for c in checks if c.warn]
+    m = report["metrics"]
+    lines = [f"### speclock gate: {'PASS' if ok else 'FAIL'}{' with WARN' if warnings else ''}: {report['stack']} on "
+             f"{report['engine']['name']} {report['engine']['version']}",
+             ""]
+    lines += [f"> **WARN**: {w}" for w in warnings] + ([""] if warnings else [])
+    lines += [f"mean acceptance length **{m['mean_acceptance_length']:.3f}**, acceptance rate {m['acceptance_rate']:.3f}, "
+              f"speedup {_fmt(report['throughput'].get('speedup'))}, lossless {report['lossless']['checked'] - report['lossless']['mismatches']}"
+              f"/{report['lossless']['checked']}; baseline: {baseline_source or 'none'}",
+              "", "| check | result | value | limit |", "|---|---|---|---|"]
+    for c in checks:
+        result = {"PASS": "pass", "FAIL": "**FAIL**", "WARN": "**WARN**"}[c.status]
+        lines.append(f"| {c.name} | {result} | {_fmt(c.value)} | {c.limit} |")
+    fails = [c for c in checks if not c.ok]
+    if fails:
+        lines += ["", "Failures:"] + [f"- ({c.kind}) {c.reason()}" for c in fails]
+    return "\n".join(lines) + "\n"
+
+
+def baseline_path(baselines_dir: Path, stack: str, engine_package: str, engine_version: str) -> Path:
+    """baselines/<stack>/<package>-<version>.json; every part comes from data, so each must be a plain name."""
+    folder = files.plain_name(stack, what="stack name")
+    name = files.plain_name(f"{engine_package}-{engine_version}.json", what="baseline file name")
+    return files.confined(baselines_dir, f"{folder}/{name}", what="baseline")
+
+
+def find_baseline(baselines_dir: Path, report: dict[str, Any]) -> Path | None:
+    """The stored baseline for the report's stack and engine version, if one is stored."""
+    pkg = report["engine"].get("package") or report["engine"]["name"]
+    path = baseline_path(baselines_dir, report["stack"], pkg, report["engine"]["version"])
+    return path if path.exists() else None
+
+
+def _lock_beside(stack) -> tuple[Path, bool]:
+    """The lock of a stack file: <root>/locks/<name>.lock next to <root>/stacks/. Required for the repo's stacks;
+    for a stack elsewhere (an upgrade candidate) it is checked when it is there."""
+    from speclock.core.layout import IMAGE, in_image
+    from speclock.spec.stack import stacks_dir
+
+    if in_image() and stack.path.resolve().parent == (IMAGE.root / "stacks").resolve():
+        return IMAGE.lock_file, True  # an image carries its stack's lock as lock.json
+    lock = stack.path.parent.parent / "locks" / f"{stack.name}.lock"
+    required = stack.path.resolve().parent == stacks_dir().resolve()
+    return lock, required
+
+
+def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: str = "the report"):
+    """The stack to judge by: --stack, else the image's, else stacks/<report's stack>.toml (a plain name, confined).
+
+    The report's engine must be the one that stack pins, in the stack file and in its lock.
+    """
+    from speclock.core.layout import IMAGE, in_image
+    from speclock.spec.stack import load_stack, load_stack_named
+
+    if stack_arg:
+        stack = load_stack(stack_arg)
+        lock, required = _lock_beside(stack)
+    elif in_image():
+        try:
+            stack_file = IMAGE.stack_file
+        except StopIteration:
+            raise EnvironmentProblem(f"no stack file in {IMAGE.root / 'stacks'}",
+                                     hint="run the gate in an image speclock built, or pass --stack") from None
+        stack = load_stack(stack_file)
+        lock, required = IMAGE.lock_file, True
+    else:
+        stack = load_stack_named(report["stack"], source=f"{report_source}: key 'stack'")
+        lock, required = _lock_beside(stack)
+    if stack.name != report["stack"]:
+        raise BadInput(f"{report_source}: the report is for stack {report['stack']!r}, the thresholds are from "
+                       f"{stack.name!r} ({stack.path})", hint="pass the report's own stack with --stack")
+    check_engine_matches(report, stack, lock if (required or lock.is_file()) else None, report_source)
+    return stack
+
+
+def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, report_source: str = "the report") -> None:
+    """The report's engine (name, package, version) is the one the stack pins, and the one its lock resolved."""
+    eng, pinned = report["engine"], stack.engine
+    hint = ("gate a report with the stack it was measured on: a report relabelled to another stack is refused, "
+            "and a report of another engine version needs that version's stack and lock")
+    pairs = [("engine.name", eng["name"], pinned["name"]),
+             ("engine.package", eng.get("package", pinned["package"]), pinned["package"]),
+             ("engine.version", eng["version"], pinned["version"])]
+    # smoke writes an empty version when the engine is not installed; such a run never completes, so the
+    # gate fails it ("engine run completed") and an empty version can never pass.
+    not_installed = eng["version"] == "" and (report.get("run") or {}).get("completed") is False
+    if not_installed:
+        pairs.pop()
+    for key, mine, theirs in pairs:
+        if mine != theirs:
+            raise BadInput(f"{report_source}: key '{key}' is {mine!r}, but stack {stack.name} ({stack.path}) pins "
+                           f"{theirs!r}", hint=hint)
+    if lock is None or not_installed:
+        return
+    from speclock.spec.lock import normalize_name, read_lock
+
+    doc = read_lock(lock, stack=stack)  # the stack adds its own index host to the allowed ones
+    if doc.get("stack") != stack.name:
+        raise BadInput(f"{lock}: key 'stack' is {files._short(doc.get('stack'))}, not the stack {stack.name}",
+                       hint=f"re-create the lock with `invoke lock --stack {stack.name}`")
+    versions = [p["version"] for p in doc["packages"] if normalize_name(p["name"]) == normalize_name(pinned["package"])]
+    if not versions:
+        raise BadInput(f"{lock}: the engine package {pinned['package']} is not in the lock",
+                       hint=f"re-create the lock with `invoke lock --stack {stack.name}`")
+    if eng["version"] not in versions:
+        raise BadInput(f"{report_source}: key 'engine.version' is {eng['version']!r}, but the lock {lock} resolved "
+                       f"{pinned['package']}=={versions[0]}", hint=hint)
+
+
+def thresholds_for(report: dict[str, Any], stack_arg: str | None) -> tuple[dict[str, Any], str]:
+    """The stack's thresholds (see resolve_stack) and the stack file they came from."""
+    stack = resolve_stack(report, stack_arg)
+    return dict(stack.thresholds), str(stack.path)
+
+
+@dataclass
+class GateResult:
+    ok: bool
+    checks: list[Check]
+    baseline: str | None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": "pass" if self.ok else "fail", "baseline": self.baseline, "warnings": list(self.warnings),
+                "checks": [dict(asdict(c), status=c.status) for c in self.checks], "failures": failures_of(self.checks)}
+
+
+def _stored_baseline(stack, baselines_dir: Path | None) -> tuple[Path | None, str]:
+    """(the stored baseline, None) or (None, why there is none): --baseline auto."""
+    from speclock.core.layout import IMAGE, in_image
+
+    bdir = baselines_dir or (IMAGE.baselines_dir if in_image() else REPO_ROOT / "baselines")
+    path = baseline_path(bdir, stack.name, stack.engine["package"], stack.engine["version"])
+    if path.exists():
+        return path, ""
+    if not bdir.is_dir():
+        return None, f"no baselines folder {bdir}"
+    return None, f"no stored baseline {path} for {stack.engine['package']} {stack.engine['version']}"
+
+
+def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | None = None,
+             baselines_dir: Path | None = None, junit: Path | None = None, md: Path | None = None) -> GateResult:
+    """Gate one report; write JUnit/Markdown when asked. Raises BadInput for bad reports, stacks or baselines.
+
+    Nothing is written until every input has been read and checked.
+    """
+    report_src = str(report_path)
+    report = load_report(report_path)
+    st = resolve_stack(report, stack, report_src)
+    thresholds = dict(st.thresholds)
+    if baselines_dir is not None and not Path(baselines_dir).is_dir():
+        raise BadInput(f"--baselines-dir {baselines_dir}: {'not a folder' if Path(baselines_dir).exists() else 'no such folder'}",
+                       hint="give the folder that holds <stack>/<engine package>-<version>.json (the repo's baselines/), "
+                            "or leave --baselines-dir out")
+    base_doc, base_src, warnings = None, None, []
+    if baseline is None or baseline == "none":
+        warnings.append("no baseline (--baseline none): the regression check against a baseline was skipped")
+    elif baseline == "auto":
+        found, why = _stored_baseline(st, Path(baselines_dir) if baselines_dir else None)
+        if found is None:
+            warnings.append(f"no baseline: {why}; the regression check against a baseline was skipped "
+                            "(record one by checking a passing report and copying it there, or pass --baseline REPORT)")
+        else:
+            base_src = str(found)
+    else:
+        base_src = str(baseline)
+    if base_src is not None:
+        base_doc = load_report(base_src, what="baseline report")
+        check_baseline_matches(report, base_doc, base_src, report_src)
+    checks = evaluate(report, thresholds, base_doc)
+    if base_doc is None:
+        checks.append(Check("acceptance length vs baseline", True, None, "a baseline report", "regression",
+                            warnings[0], warn=True))
+    result = GateResult(all(c.ok for c in checks), checks, base_src, warnings)
+    if junit:
+        files.atomic_write_text(junit, junit_xml(checks))
+    if md:
+        files.atomic_write_text(md, markdown(report, checks, base_src, warnings))
+    return result
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    result = run_gate(Path(args.report), baseline=args.baseline, stack=args.stack,
+                      baselines_dir=Path(args.baselines_dir) if args.baselines_dir else None,
+                      junit=Path(args.junit) if args.junit else None, md=Path(args.markdown) if args.markdown else None)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        for w in result.warnings:
+            print(f"WARN: {w}", file=sys.stderr)
+    else:
+        print(table(result.checks))
+        print(f"baseline: {result.baseline or 'none'}")
+        for w in result.warnings:
+            print(f"WARN: {w}")
+        print(f"gate: {'PASS' if result.ok else 'FAIL'}{' (with WARN: see above)' if result.warnings else ''}")
+        for f in failures_of(result.checks):
+            print(f"  - {f}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("gate", help="pass/fail a smoke report against the stack's thresholds and a baseline",
+                       description="Check a smoke report (speclock.smoke/v1) against the thresholds of its stack "
+                                   "([smoke.thresholds]) and, when one is given or stored, a baseline report. "
+                                   "No baseline is a WARN (the regression check is skipped). "
+                                   "Exit 0 pass, 1 fail, 2 bad report/stack/baseline.")
+    p.add_argument("report", help="report.json written by `speclock smoke`")
+    p.add_argument("--baseline", default="auto",
+                   help="baseline report; 'auto' (default) = baselines/<stack>/<engine package>-<version>.json if stored "
+                        "(else WARN); 'none' = skip (WARN); a path that does not exist is an error")
+    p.add_argument("--baselines-dir", help="where 'auto' looks (default: the repo's baselines/, or the image's); must exist")
+    p.add_argument("--stack", help="stack name (stacks/<name>.toml) or path to a .toml file for the thresholds "
+                                   "(default: the report's stack)")
+    p.add_argument("--junit", help="write JUnit XML here (one test case per check)")
+    p.add_argument("--markdown", help="write a Markdown summary here (for a CI comment)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_gate)

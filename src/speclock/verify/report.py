@@ -1,0 +1,312 @@
+"""The smoke report (`"schema": "speclock.smoke/v1"`, DESIGN.md): validation, reading, writing, a table.
+
+`speclock smoke` writes it, `speclock gate` and CI read it. `validate_report` is the one
+definition of what a valid report is: every key the gate reads has the right JSON type, and the
+counters agree with each other (a report whose numbers contradict each other is forged or broken,
+never judged). Errors name the file and the key that is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from speclock.core import files
+from speclock.core.errors import BadInput
+
+SCHEMA_ID = "speclock.smoke/v1"
+
+_NUM = (int, float)
+_NONE = type(None)
+# Required keys: dotted path -> allowed types (None as a type = JSON null allowed).
+REQUIRED: dict[str, tuple] = {
+    "schema": (str,),
+    "stack": (str,),
+    "image": (dict,),
+    "image.ref": (str,),
+    "image.digest": (str,),
+    "engine": (dict,),
+    "engine.name": (str,),
+    "engine.version": (str,),
+    "target": (dict,),
+    "target.path": (str,),
+    "target.arch": (str,),
+    "draft": (dict,),
+    "draft.path": (str,),
+    "draft.aux_layer_ids": (list,),
+    "draft.captured_layers": (list, _NONE),
+    "num_speculative_tokens": (int,),
+    "prompts": (dict,),
+    "prompts.source": (str,),
+    "prompts.count": (int,),
+    "metrics": (dict,),
+    "metrics.num_drafts": (int,),
+    "metrics.num_draft_tokens": (int,),
+    "metrics.num_accepted_tokens": (int,),
+    "metrics.accepted_per_position": (list,),
+    "metrics.acceptance_rate": _NUM,
+    "metrics.mean_acceptance_length": _NUM,
+    "throughput": (dict,),
+    "throughput.baseline_tok_s": _NUM + (_NONE,),
+    "throughput.spec_tok_s": _NUM + (_NONE,),
+    "throughput.speedup": _NUM + (_NONE,),
+    "lossless": (dict,),
+    "lossless.checked": (int,),
+    "lossless.mismatches": (int,),
+    "verdict": (str,),
+    "failures": (list,),
+}
+# Keys `speclock smoke` writes that older reports may lack; when present the gate, the table or the
+# baseline comparison reads them, so their type is checked like a required key's.
+OPTIONAL: dict[str, tuple] = {
+    "created": (str,),
+    "engine.package": (str,),
+    "engine.pinned_version": (str,),
+    "max_tokens": (int,),
+    "metrics.acceptance_per_position": (list,),
+    "lossless.numeric_ties": (int,),
+    "run": (dict,),
+    "run.completed": (bool,),
+    "run.error": (str, _NONE),
+    "run.stage": (str,),
+    "reference": (dict, _NONE),
+    "reference.status": (str,),
+    "reference.note": (str,),
+    "reference.gap": _NUM + (_NONE,),
+    "reference.metrics": (dict, _NONE),
+    "reference.key": (dict, _NONE),
+    "reference.key.target_sha256": (str,),
+    "reference.key.drafter_sha256": (str,),
+    "reference.key.prompts_sha256": (str,),
+    "reference.key.num_prompts": (int,),
+    "reference.key.k": (int,),
+    "reference.key.max_tokens": (int,),
+}
+_INT_LIMIT = 2 ** 63  # counters are 64-bit in every engine; a larger integer is no measurement
+# Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
+_TOLERANCE = 5e-4
+_HINT = "a report written by `speclock smoke` (schema speclock.smoke/v1), unedited; see docs/smoke.md"
+
+
+def _get(data: dict, dotted: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _type_names(types: tuple) -> str:
+    return " or ".join("null" if t is _NONE else t.__name__ for t in types)
+
+
+def _check_type(source: str, key: str, value: Any, types: tuple) -> None:
+    ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+    if not ok:
+        raise BadInput(f"{source}: key '{key}': expected {_type_names(types)}, got {files.json_type(value)} "
+                       f"{files._short(value)}", hint=_HINT)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{source}: key '{key}': {value} is not a finite number", hint=_HINT)
+
+
+def _non_finite(node: Any, where: str) -> str | None:
+    """The key of the first non-finite (or absurdly large) number anywhere in the document, or None."""
+    if (isinstance(node, float) and not math.isfinite(node)) or (isinstance(node, int) and abs(node) >= _INT_LIMIT):
+        return where or "(top level)"
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k)))
+        if found:
+            return found
+    return None
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=_TOLERANCE)
+
+
+def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
+    """Check a parsed report against the contract; raise BadInput naming the wrong key."""
+    if not isinstance(data, dict):
+        raise BadInput(f"{source}: not a JSON object (a {files.json_type(data)})", hint=_HINT)
+    if data.get("schema") != SCHEMA_ID:
+        raise BadInput(f"{source}: key 'schema': {files._short(data.get('schema'))} is not {SCHEMA_ID!r}", hint=_HINT)
+    odd = _non_finite(data, "")
+    if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused; 10**400 overflows a float
+        raise BadInput(f"{source}: key '{odd}': not a finite number in range (|x| < 2**63)", hint=_HINT)
+    for key, types in REQUIRED.items():
+        found, value = _get(data, key)
+        if not found:
+            raise BadInput(f"{source}: key '{key}': missing", hint=_HINT)
+        _check_type(source, key, value, types)
+    for key, types in OPTIONAL.items():
+        found, value = _get(data, key)
+        if found:
+            _check_type(source, key, value, types)
+
+    def bad(key: str, problem: str) -> BadInput:
+        return BadInput(f"{source}: key '{key}': {problem}", hint=_HINT)
+
+    if data["verdict"] not in ("pass", "fail"):
+        raise bad("verdict", f"{files._short(data['verdict'])} is not 'pass' or 'fail'")
+    if not all(isinstance(f, str) for f in data["failures"]):
+        raise bad("failures", "expected a list of strings")
+    if data["verdict"] == "pass" and data["failures"]:
+        raise bad("verdict", f"'pass' with {len(data['failures'])} failures listed")
+    k = data["num_speculative_tokens"]
+    if k < 1:
+        raise bad("num_speculative_tokens", f"{k} is below 1")
+    if "max_tokens" in data and data["max_tokens"] < 1:
+        raise bad("max_tokens", f"{data['max_tokens']} is below 1")
+    count = data["prompts"]["count"]
+    if count < 0:
+        raise bad("prompts.count", f"negative ({count})")
+    _check_metrics(data["metrics"], k, bad)
+    _check_lossless(data["lossless"], count, bad)
+    for key in ("baseline_tok_s", "spec_tok_s", "speedup"):
+        value = data["throughput"][key]
+        if value is not None and value < 0:
+            raise bad(f"throughput.{key}", f"negative ({value})")
+    if isinstance(data.get("reference"), dict):
+        _check_reference(data, bad)
+    return data
+
+
+def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
+    """The counters must agree with each other: the derived rates are computed from them, not trusted."""
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        if m[key] < 0:
+            raise bad(f"metrics.{key}", f"negative ({m[key]})")
+    drafts, tokens, accepted, per_pos = m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"], m["accepted_per_position"]
+    for i, v in enumerate(per_pos):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad(f"metrics.accepted_per_position[{i}]", f"expected a count, got {files._short(v)}")
+        if v > drafts:
+            raise bad(f"metrics.accepted_per_position[{i}]", f"{v} acceptances at one position exceed num_drafts {drafts}")
+    # A draft proposes at most k tokens (vLLM may propose fewer near max_tokens), never more.
+    if tokens > drafts * k:
+        raise bad("metrics.num_draft_tokens", f"{tokens} exceeds num_drafts x k = {drafts} x {k}")
+    if accepted > tokens:
+        raise bad("metrics.num_accepted_tokens", f"{accepted} exceeds num_draft_tokens {tokens}")
+    if len(per_pos) != k and not (drafts == 0 and not per_pos):  # a run that never drafted has no positions
+        raise bad("metrics.accepted_per_position", f"{len(per_pos)} positions for k = {k}")
+    if sum(per_pos) != accepted:
+        raise bad("metrics.accepted_per_position", f"sums to {sum(per_pos)}, num_accepted_tokens is {accepted}")
+    rate = accepted / tokens if tokens else 0.0
+    if not 0.0 <= m["acceptance_rate"] <= 1.0 or not _close(m["acceptance_rate"], rate):
+        raise bad("metrics.acceptance_rate", f"{files._short(m['acceptance_rate'])} is not num_accepted_tokens / num_draft_tokens "
+                                             f"= {accepted}/{tokens} = {rate:.6f}")
+    mal = 1.0 + accepted / drafts if drafts else 1.0
+    if not _close(m["mean_acceptance_length"], mal):
+        raise bad("metrics.mean_acceptance_length", f"{files._short(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
+                                                    f"num_drafts = 1 + {accepted}/{drafts} = {mal:.6f}")
+    rates = m.get("acceptance_per_position")
+    if rates is not None:
+        if len(rates) != len(per_pos):
+            raise bad("metrics.acceptance_per_position", f"{len(rates)} rates for {len(per_pos)} positions")
+        for i, (r, a) in enumerate(zip(rates, per_pos)):
+            want = a / drafts if drafts else 0.0
+            if (isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0
+                    or not _close(r, want)):
+                raise bad(f"metrics.acceptance_per_position[{i}]", f"{files._short(r)} is not accepted_per_position / "
+                                                                   f"num_drafts = {a}/{drafts}")
+
+
+def _check_lossless(ll: dict[str, Any], count: int, bad) -> None:
+    for key in ("checked", "mismatches", "numeric_ties"):
+        if key in ll and ll[key] < 0:
+            raise bad(f"lossless.{key}", f"negative ({ll[key]})")
+    if ll["checked"] > count:
+        raise bad("lossless.checked", f"{ll['checked']} outputs compared, but prompts.count is {count}")
+    if ll["mismatches"] > ll["checked"]:
+        raise bad("lossless.mismatches", f"{ll['mismatches']} exceeds lossless.checked {ll['checked']}")
+    if ll.get("numeric_ties", 0) + ll["mismatches"] > ll["checked"]:
+        raise bad("lossless.numeric_ties", f"{ll['numeric_ties']} ties + {ll['mismatches']} mismatches exceed "
+                                           f"lossless.checked {ll['checked']}")
+
+
+def _check_reference(data: dict[str, Any], bad) -> None:
+    """The reference section: its key describes this run, and its gap is the one its numbers give."""
+    ref = data["reference"]
+    metrics = ref.get("metrics")
+    ref_len = metrics.get("mean_acceptance_length") if isinstance(metrics, dict) else None
+    if ref_len is not None:
+        if isinstance(ref_len, bool) or not isinstance(ref_len, (int, float)) or not math.isfinite(ref_len) or ref_len <= 0:
+            raise bad("reference.metrics.mean_acceptance_length", f"{files._short(ref_len)} is not a positive number")
+    gap = ref.get("gap")
+    if gap is None and ref_len is not None and (data.get("run") or {}).get("completed") is not False:
+        # smoke computes the gap whenever both runs measured: leaving it out would skip the integration check
+        raise bad("reference.gap", "missing, but the reference and the engine both measured acceptance")
+    if gap is not None:
+        if ref_len is None:
+            raise bad("reference.metrics.mean_acceptance_length", "missing, but reference.gap is given")
+        want = abs(ref_len - data["metrics"]["mean_acceptance_length"]) / ref_len
+        if gap < 0 or not _close(gap, want):
+            raise bad("reference.gap", f"{gap} is not |reference - engine| / reference mean acceptance length = {want:.6f}")
+    key = ref.get("key")
+    if isinstance(key, dict):
+        for name in ("target_sha256", "drafter_sha256", "prompts_sha256"):
+            value = key.get(name)
+            if value is not None and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+                raise bad(f"reference.key.{name}", f"{files._short(value)} is not a sha256 (64 hex digits)")
+        for name, mine, label in (("k", data["num_speculative_tokens"], "num_speculative_tokens"),
+                                  ("max_tokens", data.get("max_tokens"), "max_tokens"),
+                                  ("num_prompts", data["prompts"]["count"], "prompts.count")):
+            if name in key and mine is not None and key[name] != mine:
+                raise bad(f"reference.key.{name}", f"{key[name]} differs from the report's {label} {mine}")
+
+
+def load_report(path: str | Path, *, what: str = "report file") -> dict[str, Any]:
+    """Read and validate a report file (UTF-8 JSON, the contract's shape and consistent counters)."""
+    hint = "give the JSON written by `speclock smoke --out DIR` (DIR/report.json)"
+    p = Path(path)
+    if p.exists() and not p.is_dir() and not p.is_file():  # /dev/zero or a FIFO would never end
+        raise BadInput(f"{path}: the {what} is not a regular file", hint=hint)
+    data = files.parse_json(files.read_text(path, what=what, hint=hint), path, what=what, expect=object, hint=hint)
+    return validate_report(data, str(path))
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Kept for callers that import it from here: the one atomic writer (fsynced), speclock.core.files."""
+    return files.atomic_write_text(path, text)
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> Path:
+    return files.atomic_write_json(path, report, indent=2)
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def human_table(report: dict[str, Any]) -> str:
+    """A short table for people: what ran, what it measured, the verdict."""
+    m, t, ll = report["metrics"], report["throughput"], report["lossless"]
+    ref = report.get("reference") or {}
+    per_pos = ", ".join(f"{r:.2f}" for r in m.get("acceptance_per_position", [])) or "-"
+    rows = [
+        ("stack", report["stack"]),
+        ("engine", f"{report['engine']['name']} {report['engine']['version']}"),
+        ("draft", f"{report['draft']['path']}  aux layers {report['draft']['aux_layer_ids']} "
+                  f"captured {report['draft']['captured_layers']}"),
+        ("prompts", f"{report['prompts']['count']} from {report['prompts']['source']}, k={report['num_speculative_tokens']}"),
+        ("lossless", f"{ll['checked'] - ll['mismatches'] - ll.get('numeric_ties', 0)}/{ll['checked']} identical, "
+                     f"{ll.get('numeric_ties', 0)} part at numeric ties, {ll['mismatches']} mismatched"),
+        ("mean acceptance length", _fmt(m["mean_acceptance_length"])),
+        ("acceptance rate", _fmt(m["acceptance_rate"])),
+        ("acceptance per position", per_pos),
+        ("reference acceptance length", _fmt((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else "")),
+        ("reference gap", _fmt(ref.get("gap"))),
+        ("tok/s plain -> spec", f"{_fmt(t['baseline_tok_s'], 1)} -> {_fmt(t['spec_tok_s'], 1)}  (speedup {_fmt(t['speedup'], 2)})"),
+        ("verdict", report["verdict"].upper()),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"  - {f}" for f in report["failures"]]
+    return "\n".join(lines)

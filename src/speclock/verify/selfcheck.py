@@ -1,0 +1,156 @@
+"""`speclock selfcheck`: the image's default command: doctor, then smoke, then gate.
+
+Writes doctor.json, report.json, gate.json, junit.xml, summary.md and selfcheck.json (the
+verdict recorded with the image) to the output folder (default /tmp/speclock-out, since an
+image's root filesystem is read-only). Every stage runs even when an earlier one failed, so
+one run shows everything that is wrong. Exit: 3 if any stage met an environment problem,
+else 2 for bad input, else 1 if anything failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput, SpeclockError
+from speclock.core.files import atomic_write_text, os_error
+
+
+def _log(msg: str) -> None:
+    print(f"selfcheck: {msg}", file=sys.stderr, flush=True)
+
+
+def run_doctor_stage(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """Run `speclock.verify.doctor` if this build has it; a missing doctor is a failure, not a pass.
+
+    Uses the doctor's own `build_context(args)` + `run_doctor(ctx) -> [Check]` (doctor branch);
+    other shapes (an exit code, a dict with ok/verdict) are accepted too.
+    """
+    try:
+        from speclock.verify import doctor  # type: ignore[attr-defined]
+    except ImportError as err:
+        return 1, {"ok": False, "error": f"doctor not available: {err}"}
+    run_doctor = getattr(doctor, "run_doctor", None)
+    if run_doctor is None:
+        return 1, {"ok": False, "error": "doctor not available: speclock.verify.doctor has no run_doctor()"}
+    try:
+        build_context = getattr(doctor, "build_context", None)
+        if build_context is not None:
+            ns = argparse.Namespace(stack=args.stack, python=None, site_packages=None, lock=None, target=args.target,
+                                    draft=args.draft, arch=None, only=None, json=True)
+            ctx = build_context(ns)
+            checks = run_doctor(ctx)
+            rows = [dict(vars(c)) for c in checks]
+            failed = [r["name"] for r in rows if r.get("status") == "fail"]
+            code = 3 if getattr(ctx, "python", "") is None else (1 if failed else 0)
+            return code, {"schema": getattr(doctor, "DOCTOR_SCHEMA", ""), "checks": rows, "failed": failed,
+                          "verdict": "fail" if code else "pass",
+                          "error": f"failed checks: {', '.join(failed)}" if failed else None}
+        result = run_doctor()
+    except SpeclockError as err:
+        return err.exit_code, {"ok": False, "error": str(err)}
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result, {"ok": result == 0, "exit_code": result}
+    data = result if isinstance(result, dict) else (result.to_json() if hasattr(result, "to_json") else vars(result))
+    code = data.get("exit_code")
+    if code is None:
+        code = 0 if data.get("ok", data.get("verdict") == "pass") else 1
+    return int(code), data
+
+
+def gpu_visible() -> bool:
+    return any(Path("/dev").glob("nvidia[0-9]*")) or bool(os.environ.get("SPECLOCK_ASSUME_GPU"))
+
+
+def _combine(codes: list[int]) -> int:
+    for c in (3, 2, 1):
+        if c in codes:
+            return c
+    return 0
+
+
+def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    from speclock.verify.gate import run_gate, table
+    from speclock.verify.report import human_table
+    from speclock.verify.smoke import resolve_inputs, run_smoke
+
+    if args.stack:  # a bad --stack is bad input for every stage: refuse it before anything is written
+        from speclock.spec.stack import load_stack
+
+        load_stack(args.stack)
+    out = Path(args.out or "/tmp/speclock-out")
+    args.out = str(out)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file, where the output folder belongs", hint="give a folder for the outputs")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, out, "create the output folder") from None
+    summary: dict[str, Any] = {"stages": {}}
+    codes: list[int] = []
+
+    _log("doctor")
+    code, doc = run_doctor_stage(args)
+    atomic_write_text(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
+    summary["stages"]["doctor"] = {"exit_code": code, "error": doc.get("error")}
+    codes.append(code)
+    _log(f"doctor: {'ok' if code == 0 else 'FAILED (exit %d)' % code}{': ' + doc['error'] if doc.get('error') else ''}")
+
+    smoke_code, report_path = None, out / "report.json"
+    try:
+        inp = resolve_inputs(args)
+        if inp.stack.is_gpu and not gpu_visible() and not inp.server_url:
+            note = f"stack {inp.stack.name} needs a GPU and none is visible: smoke test and gate skipped (doctor ran)"
+            _log(note)
+            summary["stages"]["smoke"] = {"skipped": True, "note": note}
+            summary["verdict"] = "smoke-skipped" if code == 0 else "fail"
+            atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+            return code
+        _log("smoke")
+        report, smoke_code = run_smoke(inp)
+        print(human_table(report))
+        summary["stages"]["smoke"] = {"exit_code": smoke_code, "verdict": report["verdict"], "failures": report["failures"]}
+    except SpeclockError as err:
+        smoke_code = err.exit_code
+        summary["stages"]["smoke"] = {"exit_code": smoke_code, "error": str(err)}
+        _log(f"smoke: {err}")
+    codes.append(smoke_code)
+
+    if report_path.is_file():
+        _log("gate")
+        try:
+            result = run_gate(report_path, baseline=args.baseline, stack=args.stack, junit=out / "junit.xml", md=out / "summary.md")
+            atomic_write_text(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
+            print(table(result.checks))
+            summary["stages"]["gate"] = {"exit_code": 0 if result.ok else 1, "baseline": result.baseline,
+                                         "warnings": result.warnings}
+            for w in result.warnings:
+                _log(f"gate: WARN: {w}")
+            codes.append(0 if result.ok else 1)
+        except SpeclockError as err:
+            summary["stages"]["gate"] = {"exit_code": err.exit_code, "error": str(err)}
+            codes.append(err.exit_code)
+            _log(f"gate: {err}")
+    final = _combine(codes)
+    summary["verdict"] = "pass" if final == 0 else "fail"
+    summary["exit_code"] = final
+    atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+    print(f"selfcheck: {summary['verdict'].upper()} (doctor {codes[0]}, smoke {smoke_code}"
+          f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}")
+    return final
+
+
+def add_commands(sub) -> None:
+    from speclock.verify.smoke import add_smoke_arguments
+
+    p = sub.add_parser("selfcheck", help="doctor + smoke + gate: the image's default command",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_smoke_arguments(p)
+    p.add_argument("--baseline", default="auto", help="baseline report for the gate ('auto' = the stored one for this "
+                                                      "stack and engine version, 'none' = skip)")
+    p.set_defaults(func=_cmd_selfcheck)
