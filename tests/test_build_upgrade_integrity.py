@@ -80,7 +80,7 @@ def test_corrupt_build_record_is_bad_input_naming_file_and_key(cache, content, k
 
 
 def test_the_recommended_recovery_overwrites_a_corrupt_record(cache):
-    from speclock.build.image import read_record, write_record
+    from speclock.build.records import read_record, write_record
 
     latest = record_file(cache)
     by_tag = record_file(cache, f"{TAG}.buildah.json")
@@ -133,7 +133,7 @@ def test_missing_record_names_the_file_and_a_command_that_exists(cache):
 
 
 def test_stale_temps_in_the_records_folder_are_removed(cache):
-    from speclock.build.image import STALE_TEMP_S, records_dir
+    from speclock.build.records import STALE_TEMP_S, records_dir
 
     folder = record_file(cache).parent
     old = folder / f"{TEMP_PREFIX}latest.buildah.json.x1"
@@ -252,7 +252,7 @@ def test_upgrade_leftovers_are_cleaned(tmp_path):
 
 
 def test_a_damaged_candidate_record_is_checked_like_any_record(tmp_path):
-    from speclock.build.image import check_record
+    from speclock.build.records import check_record
 
     with pytest.raises(BadInput, match="'ref'"):
         check_record(valid_record(ref="evil:1"), tmp_path / "r.json", STACK, "buildah", TAG)
@@ -374,7 +374,7 @@ def test_distributed_settings_of_the_wrong_shape_are_bad_input(tmp_path):
 
 
 def test_drafter_manifest_and_config_of_the_wrong_shape_are_bad_input(tmp_path):
-    from speclock.train.export import MANIFEST_NAME, MANIFEST_SCHEMA, read_manifest
+    from speclock.drafter.manifest import MANIFEST_NAME, MANIFEST_SCHEMA, read_manifest
 
     (tmp_path / MANIFEST_NAME).write_bytes(b"\x00\x01")
     with pytest.raises(BadInput, match=MANIFEST_NAME):

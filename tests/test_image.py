@@ -85,7 +85,8 @@ def test_push_refuses_an_image_without_a_passed_selfcheck(buildah_build, registr
 
 def test_selfcheck_runs_in_the_image_and_its_verdict_is_recorded(buildah_build, repo):
     """The image's own default path (doctor, smoke, gate) offline, read-only, non-root; fewer prompts."""
-    from speclock.build.image import read_record, selfcheck_image
+    from speclock.build.image import selfcheck_image
+    from speclock.build.records import read_record
     from speclock.spec.stack import load_stack
 
     stack = load_stack(repo / "stacks" / "cpu-vllm.toml")

@@ -24,8 +24,8 @@ def _prompts(tok, n):
 @pytest.mark.slow
 def test_speculative_output_equals_plain_greedy_with_any_drafter():
     """Lossless: same tokens as greedy decoding, with an untrained drafter and with the trained one."""
-    from speclock.engines.reference import eos_ids, greedy_generate, speculative_generate, SpecCounters, check_counters
-    from speclock.train.export import load_drafter
+    from speclock.drafter.reference import eos_ids, greedy_generate, speculative_generate, SpecCounters, check_counters
+    from speclock.drafter.manifest import load_drafter
 
     model, tok = train_support.target_model("float32")
     stop = eos_ids(model, tok)
@@ -42,8 +42,8 @@ def test_speculative_output_equals_plain_greedy_with_any_drafter():
 
 @pytest.mark.slow
 def test_counters_add_up_over_a_run():
-    from speclock.engines.reference import check_counters, run_reference
-    from speclock.train.export import load_drafter
+    from speclock.drafter.reference import check_counters, run_reference
+    from speclock.drafter.manifest import load_drafter
 
     model, tok = train_support.target_model("float32")
     drafter, manifest = load_drafter(train_support.COMMITTED_DRAFTER, model, "cpu")
@@ -57,7 +57,7 @@ def test_counters_add_up_over_a_run():
 
 
 def test_committed_manifest_follows_the_contract():
-    from speclock.train.export import drafter_sha256, lookup_reference, read_manifest
+    from speclock.drafter.manifest import drafter_sha256, lookup_reference, read_manifest
 
     m = read_manifest(train_support.COMMITTED_DRAFTER)
     assert m["schema"] == "speclock.drafter/v1"
@@ -79,7 +79,7 @@ def test_committed_manifest_follows_the_contract():
 def test_manifest_of_another_target_is_refused(tmp_path):
     import shutil
     import json as _json
-    from speclock.train.export import check_manifest_matches_target, read_manifest
+    from speclock.drafter.manifest import check_manifest_matches_target, read_manifest
 
     target = train_support.real_target()
     m = read_manifest(train_support.COMMITTED_DRAFTER)
@@ -113,7 +113,7 @@ def test_reference_cli_json_is_parseable_and_progress_goes_to_stderr(tmp_path):
     lines go to stderr), and the counters it reports are consistent."""
     import json as _json
     import subprocess
-    from speclock.engines.reference import check_counters
+    from speclock.drafter.reference import check_counters
 
     target = train_support.real_target()
     prompts = tmp_path / "p.jsonl"

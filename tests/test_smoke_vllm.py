@@ -35,8 +35,8 @@ def smoke(env, draft: Path, name: str, *extra: str) -> tuple[int, dict]:
 
 def live_reference_available() -> bool:
     try:
-        import speclock.engines.reference  # noqa: F401
-        import speclock.train.export  # noqa: F401
+        import speclock.drafter.reference  # noqa: F401
+        import speclock.drafter.manifest  # noqa: F401
     except ImportError:
         return False
     return True

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 
 def test_vllm_acceptance_matches_the_reference_decoder(tmp_path):
     train_support.need("vllm")
-    from speclock.engines.reference import run_reference
+    from speclock.drafter.reference import run_reference
     from speclock.spec.prompts import chat_prompt_ids, load_prompts
-    from speclock.train.export import load_drafter
+    from speclock.drafter.manifest import load_drafter
 
     target = train_support.real_target()
     drafter_dir = train_support.COMMITTED_DRAFTER

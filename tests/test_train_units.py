@@ -126,7 +126,7 @@ def test_aux_layer_outside_the_target_is_refused(layers):
 
 
 def test_counters_consistency_check_catches_broken_counters():
-    from speclock.engines.reference import SpecCounters, check_counters
+    from speclock.drafter.reference import SpecCounters, check_counters
 
     c = SpecCounters(k=3)
     for a in (3, 0, 1, 2):
@@ -225,7 +225,7 @@ def test_mtbench_prompts_are_the_80_first_turns():
 
 
 def test_lookup_reference_matches_the_whole_key(tmp_path):
-    from speclock.train.export import lookup_reference
+    from speclock.drafter.manifest import lookup_reference
 
     key = {"target_sha256": "t", "drafter_sha256": "d", "prompts_sha256": "p", "num_prompts": 80, "k": 3, "max_tokens": 64}
     manifest = {"reference": [{"key": key, "metrics": {"mean_acceptance_length": 2.0}}]}

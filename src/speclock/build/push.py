@@ -7,7 +7,7 @@ import ipaddress
 import json
 import sys
 
-from speclock.build.image import read_record
+from speclock.build.records import read_record
 from speclock.build.builders import get_builder
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack

@@ -1,6 +1,6 @@
 """Prompts for acceptance measurements: MT-Bench first turns, chat-templated by the target's tokenizer.
 
-Shared by the reference decoder (speclock.engines.reference), the drafter training pipeline and
+Shared by the reference decoder (speclock.drafter.reference), the drafter training pipeline and
 the smoke test, so that all of them judge a drafter on exactly the same token sequences.
 
 A prompt file is JSONL; each line is an object with one of: "turns" (MT-Bench question.jsonl:

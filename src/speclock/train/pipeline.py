@@ -231,8 +231,8 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
 def _reference_worker(job: dict) -> dict:
     """One process's share of a reference run (prompts job['ids']); spawn-safe."""
     import torch
-    from speclock.engines.reference import load_target, run_reference
-    from speclock.train.export import load_drafter
+    from speclock.drafter.reference import load_target, run_reference
+    from speclock.drafter.manifest import load_drafter
 
     torch.set_num_threads(job.get("threads", 1))
     model, tok = load_target(job["target_dir"], job["device"], job["dtype"])
@@ -251,7 +251,7 @@ def _reference_worker(job: dict) -> dict:
 
 
 def _merge_counters(parts: list[dict], k: int) -> dict:
-    from speclock.engines.reference import SpecCounters
+    from speclock.drafter.reference import SpecCounters
 
     c = SpecCounters(k=k)
     for p in parts:
@@ -274,7 +274,7 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
     from transformers import AutoConfig, AutoTokenizer
     from speclock.drafter.models import target_sha256
     from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
-    from speclock.train.export import check_manifest_matches_target, drafter_sha256, read_manifest, record_reference, reference_key
+    from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, read_manifest, record_reference, reference_key
 
     manifest = read_manifest(drafter_dir)
     check_manifest_matches_target(manifest, target_dir, AutoConfig.from_pretrained(target_dir))
@@ -315,9 +315,9 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
 def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens: int,
                   dtype: str | None = None, prompts_file: str | None = None) -> dict:
     """Batch-1 tokens/s of the reference decoder with and without the drafter, on the same prompts."""
-    from speclock.engines.reference import load_target, run_baseline, run_reference
+    from speclock.drafter.reference import load_target, run_baseline, run_reference
     from speclock.spec.prompts import chat_prompt_ids, load_prompts
-    from speclock.train.export import load_drafter
+    from speclock.drafter.manifest import load_drafter
 
     model, tok = load_target(target_dir, device, dtype)
     drafter, manifest = load_drafter(drafter_dir, model, device)

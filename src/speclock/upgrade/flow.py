@@ -31,6 +31,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, clean_stale_temps, read_json, read_text
+from speclock.build import records
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.stack import Stack, load_stack
 
@@ -263,11 +264,11 @@ def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) ->
         wheelhouse.fetch(lock, progress=lambda m: None)
         build.stage_context(stack, lock, ctx, lock_file=lock_file)
         tag = build.inputs_hash(ctx, lock)[:16]
-    record_file = build.records_dir(stack.name) / f"{tag}.{builder_name}.json"
+    record_file = records.records_dir(stack.name) / f"{tag}.{builder_name}.json"
     if not record_file.is_file():
         return None
     try:
-        record = build.check_record(read_json(record_file, what="build record"), record_file, stack.name, builder_name, tag)
+        record = records.check_record(read_json(record_file, what="build record"), record_file, stack.name, builder_name, tag)
     except BadInput as err:  # a damaged record: build again, which writes a whole new one over it
         progress(f"  ignoring the damaged build record ({err.message}); building the candidate again")
         return None
@@ -422,7 +423,7 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
 
     progress("[4/5] doctor and smoke test in the candidate image (read-only, no network, non-root)")
-    outputs = build.records_dir(cand.stack.name) / f"{record['tag']}.{record['builder']}.upgrade"
+    outputs = records.records_dir(cand.stack.name) / f"{record['tag']}.{record['builder']}.upgrade"
     if not rerun_selfcheck and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
         progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
     else:

@@ -197,8 +197,8 @@ def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[st
     on), not the config's ids: that is what makes it an independent judge of the engine's wiring.
     """
     try:
-        from speclock.engines.reference import load_target, run_reference
-        from speclock.train.export import load_drafter
+        from speclock.drafter.reference import load_target, run_reference
+        from speclock.drafter.manifest import load_drafter
     except ImportError as err:
         raise EnvironmentProblem(f"the reference decoder is not available in this build: {err}",
                                  hint="use --reference recorded (the result in the drafter's manifest) or --reference off") from None

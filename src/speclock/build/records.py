@@ -1,0 +1,125 @@
+"""Build records: what `speclock build-image` built (tag, ref, image id, labels), one JSON file per
+tag and builder under $SPECLOCK_CACHE/images/<stack>; run-image, push-image and upgrade read them."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput
+from speclock.core.files import atomic_write_text, clean_stale_temps, expect, os_error, read_json
+from speclock.core.layout import cache_dir
+
+# A content tag: the first 16 hex digits of the inputs hash (a docker tag's grammar allows more; a
+# record's tag names files and images, so it must stay one plain name).
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+BUILDERS = ("buildah", "docker")
+# Keys every build record holds, with their JSON types (run-image, push-image and upgrade read them).
+RECORD_KEYS = {"stack": str, "tag": str, "ref": str, "builder": str, "image_id": str}
+RECORD_OPTIONAL = {"inputs_sha256": str, "lock_sha256": str, "labels": dict, "patches": list, "build_seconds": float,
+                   "total_seconds": float, "no_cache": bool, "built_at": str, "layers": list,
+                   "candidate": bool, "lock_file": str, "selfcheck": dict}
+STALE_TEMP_S = 600.0  # a record is written in milliseconds: a temp this old was left by a killed run
+
+
+def check_tag(tag: str, *, what: str = "--tag") -> str:
+    if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
+        raise BadInput(f"{what} {tag!r} is not an image tag (letters, digits, '_', '.', '-'; no '/')",
+                       hint="give the content tag a build printed, e.g. from `speclock build-image --json`")
+    return tag
+
+
+def records_dir(stack_name: str) -> Path:
+    """$SPECLOCK_CACHE/images/<stack>: the build records; temps a killed run left are removed here."""
+    path = None
+    try:
+        path = cache_dir() / "images" / stack_name
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        where = path or os.environ.get("SPECLOCK_CACHE") or "the speclock cache"
+        if err.errno in (errno.EEXIST, errno.ENOTDIR):
+            raise BadInput(f"the build records folder {where}: a part of this path is a file, where a folder belongs",
+                           hint="remove or rename that file, or point SPECLOCK_CACHE at a folder") from None
+        raise os_error(err, where, "create the build records folder") from None
+    clean_stale_temps(path, older_than_s=STALE_TEMP_S)
+    return path
+
+
+def _record_hint(stack_name: str, builder: str) -> str:
+    return (f"build it again: `speclock build-image --stack {stack_name} --builder {builder}` writes a new record "
+            "over this one (a candidate's: run the same `speclock upgrade` again)")
+
+
+def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
+    """A build record's shape, and that it names this stack's own image: its tag names files and its
+    ref is run and pushed, so a record can only point at `localhost/speclock-<stack>:<tag>`."""
+    hint = _record_hint(stack_name, builder)
+    if not isinstance(record, dict):
+        raise BadInput(f"{path}: the build record holds a JSON {type(record).__name__}, where an object belongs", hint=hint)
+    for key, kind in RECORD_KEYS.items():
+        if key not in record:
+            raise BadInput(f"{path}: the build record has no key {key!r}", hint=hint)
+        expect(record[key], kind, f"key {key!r}", path=path, hint=hint)
+    for key, kind in RECORD_OPTIONAL.items():
+        if key in record:
+            expect(record[key], kind, f"key {key!r}", path=path, hint=hint)
+    if not TAG_RE.fullmatch(record["tag"]):
+        raise BadInput(f"{path}: key 'tag' {record['tag']!r} is not an image tag (a plain name: letters, digits, '_.-')",
+                       hint=hint)
+    if tag is not None and record["tag"] != tag:
+        raise BadInput(f"{path}: key 'tag' is {record['tag']!r}, but the file is the record of tag {tag!r}", hint=hint)
+    if record["builder"] != builder:
+        raise BadInput(f"{path}: key 'builder' is {record['builder']!r}, but the file is a {builder} record", hint=hint)
+    if record["stack"] != stack_name:
+        raise BadInput(f"{path}: key 'stack' is {record['stack']!r}, but the file is a record of stack {stack_name!r}",
+                       hint=hint)
+    want = f"localhost/speclock-{stack_name}:{record['tag']}"
+    if record["ref"] != want:
+        raise BadInput(f"{path}: key 'ref' is {record['ref']!r}; a record of stack {stack_name} names {want}", hint=hint)
+    if not record["image_id"] or record["image_id"].startswith("-") or any(c.isspace() for c in record["image_id"]):
+        raise BadInput(f"{path}: key 'image_id' {record['image_id']!r} is not an image id", hint=hint)
+    sc = record.get("selfcheck")
+    if sc is not None:
+        for key, kind in (("verdict", str), ("exit_code", int), ("outputs", str)):
+            if key in sc:
+                expect(sc[key], kind, f"key 'selfcheck.{key}'", path=path, hint=hint)
+    return record
+
+
+def write_record(stack_name: str, record: dict[str, Any]) -> Path:
+    """The record under its tag and (not for candidates) as the stack's latest: each written whole
+    (fsynced temp, then rename), over whatever was there, a corrupt file included."""
+    tag = check_tag(record["tag"], what="the record's tag")
+    builder = record["builder"]
+    if builder not in BUILDERS:
+        raise BadInput(f"unknown builder {builder!r} in a build record", hint=f"use one of {', '.join(BUILDERS)}")
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    path = records_dir(stack_name) / f"{tag}.{builder}.json"
+    atomic_write_text(path, text)
+    if record.get("candidate"):  # an upgrade candidate never becomes the stack's latest (push-image's default)
+        return path
+    atomic_write_text(records_dir(stack_name) / f"latest.{builder}.json", text)
+    return path
+
+
+def record_path(stack_name: str, builder: str, tag: str | None = None) -> Path:
+    if builder not in BUILDERS:
+        raise BadInput(f"unknown builder {builder!r}", hint=f"use one of {', '.join(BUILDERS)}")
+    if tag is not None:
+        check_tag(tag)
+    return records_dir(stack_name) / (f"{tag}.{builder}.json" if tag else f"latest.{builder}.json")
+
+
+def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
+    path = record_path(stack_name, builder, tag)
+    if not path.exists() and not path.is_symlink():
+        raise BadInput(f"no {builder} build of stack {stack_name}{' with tag ' + tag if tag else ''} is recorded "
+                       f"(no {path})",
+                       hint=f"run `speclock build-image --stack {stack_name} --builder {builder}` first")
+    hint = _record_hint(stack_name, builder)
+    record = read_json(path, what="build record", expect=dict, hint=hint)
+    return check_record(record, path, stack_name, builder, tag)

@@ -1,0 +1,223 @@
+"""The package reads as the flow: lower layers never import higher ones, and nothing imports in a circle.
+
+The import graph is read with `ast` from src/speclock (module-level and function-level imports alike),
+so a circle hidden inside a function counts. Function-local imports are for heavy optional
+dependencies only (torch, transformers, the engines, ...): a function-local import of a speclock
+module must be of a module that itself pulls such a dependency at import time, or be listed in
+LOCAL_IMPORT_ALLOWLIST with the reason it cannot move yet.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "speclock"
+
+# Lower rank = lower layer. A module may import its own package and packages of a lower rank only.
+# Packages of one rank do not import each other (patches and drafter know nothing of one another).
+RANKS = {
+    "core": 0,
+    "spec": 1,
+    "kernels": 2,      # CUDA/Triton kernels: need the stack's archs only
+    "patches": 3,
+    "drafter": 3,      # model folders, manifest, drafter network, reference decoder
+    "engines": 4,      # adapters; they read model configs through drafter/
+    "build": 5,
+    "verify": 6,       # doctor, smoke, gate, ...: never train/
+    "upgrade": 7,
+    "train": 8,        # makes drafters; uses drafter/, engines' reference decoder, kernels
+    "cli": 9,          # entry points: speclock.cli, speclock.__main__, speclock.patches.__main__
+}
+# Modules that are entry points (they start the CLI), ranked with cli.
+ENTRY_POINTS = {"speclock.cli", "speclock.__main__", "speclock.patches.__main__"}
+
+# Imported inside functions because importing them costs seconds or they are optional.
+HEAVY = {"torch", "transformers", "safetensors", "numpy", "triton", "gguf", "vllm", "sglang", "huggingface_hub",
+         "tokenizers", "accelerate", "datasets", "sentencepiece", "invoke", "tomli_w", "packaging", "uv",
+         "importlib", "importlib_metadata", "requests", "urllib3", "yaml", "tqdm", "ml_dtypes"}
+
+# (importing module, imported module): a function-local speclock import phase A could not hoist.
+# Phase B empties this list.
+LOCAL_IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _resolve(mod: str, pkg_file: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_package(pkg_file) else mod.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _under_main_guard(tree: ast.Module) -> set[int]:
+    """ids of nodes under `if __name__ == "__main__":` (entry code, not a library import)."""
+    out = set()
+    for n in tree.body:
+        if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test):
+            out |= {id(x) for x in ast.walk(n)}
+    return out
+
+
+def read_graph():
+    """{module: [(imported speclock module, local?, lineno)]} and {module: set of top-level third-party roots}."""
+    modules = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+    edges: dict[str, list[tuple[str, bool, int]]] = {}
+    top_roots: dict[str, set[str]] = {}
+    local_heavy: dict[str, list[tuple[str, int]]] = {}
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        top = {id(n) for n in tree.body}
+        main_guard = _under_main_guard(tree)
+        # imports in a module-level try/if (optional dependency probes) count as module level
+        for n in tree.body:
+            if isinstance(n, (ast.Try, ast.If)) and id(n) not in main_guard:
+                top |= {id(x) for x in ast.walk(n)}
+        out = []
+        roots = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in main_guard:
+                continue
+            local = id(node) not in top
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = _resolve(mod, path, node)
+                # `from speclock.x import y`: y may be a module of its own
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for t in targets:
+                if t == "speclock" or t.startswith("speclock."):
+                    while t not in modules and "." in t:
+                        t = t.rsplit(".", 1)[0]
+                    out.append((t, local, node.lineno))
+                elif local:
+                    local_heavy.setdefault(mod, []).append((t, node.lineno))
+                else:
+                    roots.add(t.split(".")[0])
+        edges[mod] = out
+        top_roots[mod] = roots
+    return modules, edges, top_roots, local_heavy
+
+
+MODULES, EDGES, TOP_ROOTS, LOCAL_THIRD_PARTY = read_graph()
+
+
+def layer(mod: str) -> str:
+    if mod in ENTRY_POINTS:
+        return "cli"
+    parts = mod.split(".")
+    if len(parts) < 2:
+        return "cli"  # speclock/__init__.py holds __version__ only; it imports nothing
+    return parts[1]
+
+
+def heavy_at_import(mod: str, seen: set[str] | None = None) -> bool:
+    """Does importing `mod` pull a heavy dependency (directly or through speclock modules it imports)?"""
+    seen = seen if seen is not None else set()
+    if mod in seen:
+        return False
+    seen.add(mod)
+    if TOP_ROOTS.get(mod, set()) & HEAVY:
+        return True
+    return any(heavy_at_import(t, seen) for t, local, _ in EDGES.get(mod, []) if not local)
+
+
+def test_every_package_has_a_rank():
+    assert {layer(m) for m in MODULES} <= set(RANKS), "a new package: give it a rank in RANKS"
+
+
+def test_speclock_init_imports_nothing():
+    assert EDGES["speclock"] == []
+
+
+def test_no_upward_or_sideways_imports():
+    bad = []
+    for mod, targets in EDGES.items():
+        for t, local, line in targets:
+            a, b = layer(mod), layer(t)
+            if a == b or t == "speclock":
+                continue
+            if RANKS[b] >= RANKS[a]:
+                bad.append(f"{mod}:{line} ({a}, rank {RANKS[a]}) imports {t} ({b}, rank {RANKS[b]})")
+    assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_verify_does_not_import_train():
+    assert not [(m, t) for m, ts in EDGES.items() if layer(m) == "verify" for t, _, _ in ts if layer(t) == "train"]
+
+
+def test_no_import_cycles_between_modules():
+    graph = {m: sorted({t for t, _, _ in ts if t != m}) for m, ts in EDGES.items()}
+    # A package's __init__ is imported with each of its submodules: `speclock.x.y` depends on `speclock.x`.
+    for m in MODULES:
+        parent = m.rsplit(".", 1)[0] if "." in m else None
+        if parent and parent in MODULES and parent != "speclock":
+            graph[m] = sorted(set(graph[m]) | {parent})
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph.get(m, []):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif not state.get(t):
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if not state.get(m):
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_function_local_speclock_imports_only_of_heavy_modules_or_allowlisted():
+    bad = []
+    used = set()
+    for mod, targets in EDGES.items():
+        for t, local, line in targets:
+            if not local or t == mod:
+                continue
+            if (mod, t) in LOCAL_IMPORT_ALLOWLIST:
+                used.add((mod, t))
+                continue
+            if heavy_at_import(t):
+                continue
+            bad.append(f"{mod}:{line} imports {t} inside a function; import it at module level")
+    assert not bad, "\n".join(bad)
+    assert not set(LOCAL_IMPORT_ALLOWLIST) - used, "stale allowlist entries: remove them"
+
+
+def test_function_local_third_party_imports_are_heavy_or_stdlib():
+    import sys
+
+    bad = []
+    for mod, items in LOCAL_THIRD_PARTY.items():
+        for name, line in items:
+            root = name.split(".")[0]
+            if root in HEAVY or root in sys.stdlib_module_names:
+                continue
+            bad.append(f"{mod}:{line} imports {name} inside a function: not a known heavy optional dependency")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("mod", ["speclock.cli", "speclock.core.errors", "speclock.core.files", "speclock.spec.stack"])
+def test_light_modules_pull_no_heavy_dependency(mod):
+    assert not heavy_at_import(mod)
