@@ -31,7 +31,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from speclock.train.distributed import launch_env, torchrun_command  # noqa: E402
+from speclock.train.launch import launch_env, torchrun_command  # noqa: E402
 
 
 def gpu_info() -> dict:

@@ -365,7 +365,7 @@ def test_bad_prompt_files_are_bad_input(tmp_path, name, content, what):
 
 
 def test_distributed_settings_of_the_wrong_shape_are_bad_input(tmp_path):
-    from speclock.train.distributed import settings_from_json
+    from speclock.train.launch import settings_from_json
 
     with pytest.raises(BadInput, match="'fit'"):
         settings_from_json({"work": "w"}, tmp_path / "settings.json")

@@ -155,7 +155,7 @@ def test_stages_that_need_one_process_are_refused_under_torchrun():
 
 
 def test_launched_ranks_run_this_speclock_with_nvlink_multicast_off(monkeypatch):
-    from speclock.train.distributed import launch_env, torchrun_command
+    from speclock.train.launch import launch_env, torchrun_command
 
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     env = launch_env()
@@ -221,7 +221,7 @@ def test_extraction_rerun_with_the_same_or_another_nproc_skips_done_sequences(ex
 @pytest.fixture(scope="module")
 def trained(extracted, tiny):
     """The same global batches trained by one process and by two (from the same hidden-state folder)."""
-    from speclock.train.distributed import run_with_torchrun
+    from speclock.train.launch import run_with_torchrun
     from speclock.train.pipeline import run_all
 
     root, target = tiny
@@ -244,7 +244,7 @@ def test_two_processes_train_the_same_drafter_as_one_for_the_same_global_batches
 def test_two_processes_match_one_with_gradient_clipping(extracted, trained, tiny, tmp_path):
     """clip_grad_norm_ over FSDP2's sharded gradients clips by the global norm (as training does by default).
     Adam turns float32 noise in near-zero gradients into ~1e-6 weight differences: tolerance 1e-5."""
-    from speclock.train.distributed import run_with_torchrun
+    from speclock.train.launch import run_with_torchrun
     from speclock.train.pipeline import run_all
 
     _, two = extracted
@@ -263,7 +263,7 @@ def test_interrupted_two_process_training_resumes_to_the_same_weights(trained, t
     uninterrupted two-process run; the N-process checkpoint exports on one process."""
     import torch
     from safetensors.torch import load_file
-    from speclock.train.distributed import run_with_torchrun
+    from speclock.train.launch import run_with_torchrun
     from speclock.train.pipeline import run_all
 
     _, b = trained

@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import errno
 import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,8 +27,7 @@ from speclock.spec import baseimage
 from speclock.build import wheelhouse
 from speclock.build.builders import Builder, get_builder
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import (atomic_output, atomic_write_text, clean_stale_temps, confined,
-                            file_sha256, os_error, read_json)
+from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, confined, file_sha256, read_json
 from speclock.core.layout import cache_dir
 from speclock.build.records import records_dir, write_record
 from speclock.spec.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock

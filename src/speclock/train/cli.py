@@ -118,7 +118,7 @@ def _run_stages(stages: list[str]):
 
         s = settings_from_args(args)
         if args.nproc is not None:
-            from speclock.train.distributed import run_with_torchrun
+            from speclock.train.launch import run_with_torchrun
 
             summary = run_with_torchrun(s, stages, not args.no_resume, args.nproc)
         else:

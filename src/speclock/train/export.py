@@ -18,10 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import atomic_write_text, expect, file_sha256, fsync_dir, read_json  # file_sha256: importable here too
+from speclock.core.errors import BadInput
+from speclock.core.files import fsync_dir
 from speclock.drafter.manifest import MANIFEST_NAME, MANIFEST_SCHEMA, drafter_sha256, read_manifest
-
 
 
 def engine_layer_ids(aux_layers_after: list[int]) -> dict[str, list[int]]:
