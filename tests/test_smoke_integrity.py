@@ -61,6 +61,7 @@ def smoke_inputs(tmp_path, monkeypatch):
     fake_transformers.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *_a, **_k: object())
     monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
     monkeypatch.setattr(speclock.spec.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
+    monkeypatch.setattr(smoke, "chat_prompt_ids", lambda tok, text: [1, 2, 3])  # smoke imports it by name
     monkeypatch.setattr(smoke, "package_version", lambda package: "0.0-test")
     monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))

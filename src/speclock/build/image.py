@@ -33,6 +33,7 @@ from speclock.build.records import records_dir, write_record
 from speclock.spec.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.stack import Stack, load_stack
+from speclock.build.run import ensure_in_docker, run_image
 
 CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
 BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"
@@ -394,8 +395,6 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
 def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | None = None,
                     progress=print) -> dict[str, Any]:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build."""
-    from speclock.build.run import ensure_in_docker, run_image
-
     ref = ensure_in_docker(record)
     out = records_dir(stack.name) / f"{record['tag']}.{record['builder']}.selfcheck"
     if out.exists():

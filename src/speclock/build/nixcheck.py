@@ -27,6 +27,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.layout import REPO_ROOT
+from speclock.spec.lock import read_lock
 
 SYSTEM = "x86_64-linux"
 DOUBLE = "nix/nixpkgs-double"
@@ -160,8 +161,6 @@ def actual_pins(pins: dict[str, Any]) -> dict[str, Any]:
 
 def compare_pins(flake: Path) -> dict[str, int]:
     """lib.stacks equals what every locks/*.lock says; returns wheels compared per stack."""
-    from speclock.spec.lock import read_lock
-
     poison = poisoned_nixpkgs(flake)
     names = nix_eval_json(flake, "lib.stackNames", *poison)
     on_disk = sorted(p.stem for p in (flake / "locks").glob("*.lock"))

@@ -9,7 +9,7 @@ import sys
 
 from speclock.build.records import read_record
 from speclock.build.builders import get_builder
-from speclock.core.errors import BadInput
+from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec.stack import load_stack
 
 
@@ -35,7 +35,6 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
     verdict = record.get("selfcheck", {}).get("verdict")
     if verdict != "pass" and not force:
         reason = "its self-check did not run" if verdict is None else f"its self-check verdict is {verdict!r}"
-        from speclock.core.errors import CheckFailed
 
         raise CheckFailed(f"refusing to push {record['ref']}: {reason}",
                           hint=f"`speclock build-image --stack {stack_name} --builder {builder_name}` (or `invoke "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from speclock.core.errors import BadInput
+from speclock.core.files import os_error
 
 # The checkout this package runs from (src/speclock/core/layout.py -> the repository root); the one place.
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -67,9 +69,6 @@ def cache_dir() -> Path:
     """Host cache (wheelhouse, base rootfs, engine wheels): outside git, reused across builds and CI runs.
 
     A cache path at or under a regular file is bad input (exit 2) naming the file; no traceback."""
-    from speclock.core.errors import BadInput
-    from speclock.core.files import os_error
-
     setting = os.environ.get("SPECLOCK_CACHE")
     base = setting or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "speclock")
     path = Path(base)

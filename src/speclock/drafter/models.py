@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.files import atomic_write_json, expect, file_sha256, json_type, read_json  # file_sha256: re-exported
+from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.files import atomic_write_json, confined, expect, file_sha256, json_type, os_error, read_json  # file_sha256: re-exported
 
 DTYPES = ("bfloat16", "float16", "float32")
 DRAFT_MANIFEST = "speclock-manifest.json"
@@ -47,8 +47,6 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         with open(gguf_path, "rb") as f:
             magic = f.read(4)
     except OSError as err:
-        from speclock.core.files import os_error
-
         raise os_error(err, gguf_path, "read the GGUF file") from None
     if magic != b"GGUF":
         raise BadInput(f"{gguf_path} is not a GGUF file (its first bytes are not 'GGUF')")
@@ -129,8 +127,6 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
                 raise BadInput(f"{path} is not a safetensors file (header size {n})")
             blob = f.read(n)
     except OSError as err:
-        from speclock.core.files import os_error
-
         raise os_error(err, path, "read the weights") from None
     try:
         header = json.loads(blob)
@@ -188,8 +184,6 @@ def target_sha256(model_dir: str | os.PathLike) -> str:
                     h.update(block)
                     left -= len(block)
         except OSError as err:
-            from speclock.core.files import os_error
-
             raise os_error(err, path, "read the weights") from None
     return h.hexdigest()
 
@@ -259,8 +253,6 @@ def require_model_folder(folder: str | os.PathLike, *, what: str = "model", opti
 def stack_model_path(root: str | os.PathLike, rel: str, what: str, source) -> Path:
     """A model folder named in a stack file: confined to the repository `root` (a stack is data);
     an absolute target.path stays allowed (documented: a Hugging Face folder on the build host)."""
-    from speclock.core.files import confined
-
     if what == "target.path" and isinstance(rel, str) and Path(rel).is_absolute():
         return Path(rel)
     return confined(root, rel, what=what, source=source)
@@ -387,7 +379,6 @@ def _main(argv: list[str] | None = None) -> int:
     hsh = sub.add_parser("hash", help="print target_sha256 of a Hugging Face folder")
     hsh.add_argument("folder")
     args = parser.parse_args(argv)
-    from speclock.core.errors import SpeclockError
 
     try:
         if args.cmd == "convert":
@@ -396,7 +387,6 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             print(target_sha256(args.folder))
     except OSError as err:  # disk full, permission denied: exit 2/3 with the path, not a traceback
-        from speclock.core.files import os_error
 
         err = os_error(err)
         print(f"speclock.drafter.models: error: {err}", file=sys.stderr)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speclock.core.errors import BadInput
+from speclock.drafter.models import read_model_config
 
 
 @dataclass
@@ -177,7 +178,6 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from speclock.drafter.models import read_model_config
 
     target_dir = Path(target_dir)
     read_model_config(target_dir, what="target")  # a missing, binary or misshapen config.json is BadInput, named

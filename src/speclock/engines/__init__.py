@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from speclock.core.errors import BadInput
+from speclock.drafter.models import draft_aux_ids, read_model_config
 
 # Name -> module. `reference` is speclock's own PyTorch speculative decoder (the judge).
 ENGINES: dict[str, str] = {
@@ -112,8 +113,6 @@ def package_version(package: str) -> str:
 
 def aux_layer_ids(draft: Path, num_target_layers: int) -> tuple[list[int], str]:
     """The drafter's configured aux hidden-state layer ids and where they came from (config checked: BadInput)."""
-    from speclock.drafter.models import draft_aux_ids, read_model_config
-
     ids = draft_aux_ids(read_model_config(draft, what="drafter"))
     if ids:
         return ids, "draft config"

@@ -19,8 +19,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from speclock.engines import EngineConfig, SpecCounters, package_version
+from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
 from speclock.core.errors import EnvironmentProblem
+from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 
 NAME = "sglang"
 
@@ -118,8 +119,6 @@ class _MetaSession:
     def captured_layers(self) -> list[int] | None:
         if self.config.draft is None:
             return None
-        from speclock.engines import aux_layer_ids
-        from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 
         tcfg = read_model_config(self.config.target, what="target")
         ids, _ = aux_layer_ids(self.config.draft, config_layer_count(tcfg))

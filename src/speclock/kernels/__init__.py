@@ -14,6 +14,8 @@ torch and triton are imported on first call, never at import time.
 from __future__ import annotations
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.kernels import fp8_cuda
+from speclock.kernels.reference import eagle3_loss_reference, fp8_pack_reference, fp8_unpack_reference
 
 __all__ = ["eagle3_loss", "fp8_pack", "fp8_unpack"]
 
@@ -60,7 +62,6 @@ def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str
     if backend == "auto":
         backend = "triton" if hidden.is_cuda else "reference"
     if backend == "reference":
-        from speclock.kernels.reference import eagle3_loss_reference
         return eagle3_loss_reference(hidden, lm_head_weight, target_probs, mask)
     if backend == "triton" and not hidden.is_cuda:
         import torch
@@ -105,14 +106,12 @@ def fp8_pack(x, *, backend: str = "auto"):
     if backend == "auto":
         backend = "cuda" if x.is_cuda else "reference"
     if backend == "reference":
-        from speclock.kernels.reference import fp8_pack_reference
         return fp8_pack_reference(x)
     if not x.is_cuda:
         import torch
         if not torch.cuda.is_available():
             raise _no_gpu("fp8_pack(backend='cuda')")
         raise BadInput("fp8_pack(backend='cuda') needs a CUDA tensor; move x with x.cuda()")
-    from speclock.kernels import fp8_cuda
     return fp8_cuda.pack(x)
 
 
@@ -129,11 +128,9 @@ def fp8_unpack(q, scale, dtype=None, *, backend: str = "auto"):
     if backend == "auto":
         backend = "cuda" if q.is_cuda else "reference"
     if backend == "reference":
-        from speclock.kernels.reference import fp8_unpack_reference
         return fp8_unpack_reference(q, scale, dtype)
     if not q.is_cuda:
         if not torch.cuda.is_available():
             raise _no_gpu("fp8_unpack(backend='cuda')")
         raise BadInput("fp8_unpack(backend='cuda') needs CUDA tensors; move q and scale with .cuda()")
-    from speclock.kernels import fp8_cuda
     return fp8_cuda.unpack(q, scale, dtype)

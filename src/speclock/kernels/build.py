@@ -24,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
-from speclock.spec.stack import ARCH_MIN_CUDA
+from speclock.spec.stack import ARCH_MIN_CUDA, load_stack
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FP8_SOURCE = CSRC / "fp8_pack.cu"
@@ -205,7 +205,6 @@ def archs_for_stack(stack) -> tuple[list[str], str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.stack:
-        from speclock.spec.stack import load_stack
         stack = load_stack(args.stack)
         archs, cuda = archs_for_stack(stack)
         if args.archs:
@@ -246,7 +245,6 @@ def add_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speclock.core.errors import SpeclockError
     parser = _parser(argparse.ArgumentParser(prog="python -m speclock.kernels.build", description=__doc__,
                                              formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)

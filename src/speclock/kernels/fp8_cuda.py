@@ -19,6 +19,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.kernels import build
+from speclock.core.layout import cache_dir, IMAGE
 
 _OUT_KIND = {}  # torch dtype -> the out_kind code of speclock_fp8_unpack
 
@@ -31,7 +32,6 @@ def _device_archs(torch, device) -> list[str]:
 
 
 def _candidate_dirs() -> list[Path]:
-    from speclock.core.layout import IMAGE
     dirs = []
     if os.environ.get("SPECLOCK_KERNELS_DIR"):
         dirs.append(Path(os.environ["SPECLOCK_KERNELS_DIR"]))
@@ -79,7 +79,6 @@ def load_library(device_index: int = 0) -> ctypes.CDLL:
             f"no fp8 kernel library for this GPU ({wanted[0]}): {where}",
             hint=f"add {wanted[0]} to the stack's gpu.archs and rebuild the image, or set SPECLOCK_KERNELS_DIR "
                  "to a folder built with `python -m speclock.kernels.build`")
-    from speclock.core.layout import cache_dir
     src = hashlib.sha256(build.FP8_SOURCE.read_bytes()).hexdigest()[:16]
     arch = wanted[0] if wanted[0] in build.ARCH_MIN_CUDA else wanted[1]
     folder = cache_dir() / "kernels" / f"{src}-{arch}"

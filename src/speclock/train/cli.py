@@ -16,6 +16,11 @@ from pathlib import Path
 
 from speclock.core.args import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from speclock.core.errors import BadInput
+from speclock.core.layout import cache_dir
+from speclock.train.data import write_prompt_file
+from speclock.train.launch import run_with_torchrun
+from speclock.train.pipeline import load_target_model, log, measure_speed, pick_device, quick_settings, run_all, Settings, stage_reference
+from speclock.train.selfprompt import synthesize_prompts
 
 STAGES = ["target", "generate", "extract", "fit", "export", "reference"]
 
@@ -87,9 +92,6 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args) -> "Settings":
-    from speclock.core.layout import cache_dir
-    from speclock.train.pipeline import Settings, quick_settings
-
     work = args.work or (cache_dir() / "train" / ("quick" if args.quick else "full"))
     s = quick_settings(work) if args.quick else Settings(work=work)
     upd = {k: v for k, v in {
@@ -114,12 +116,8 @@ def settings_from_args(args) -> "Settings":
 
 def _run_stages(stages: list[str]):
     def run(args) -> int:
-        from speclock.train.pipeline import run_all
-
         s = settings_from_args(args)
         if args.nproc is not None:
-            from speclock.train.launch import run_with_torchrun
-
             summary = run_with_torchrun(s, stages, not args.no_resume, args.nproc)
         else:
             summary = run_all(s, stages, resume=not args.no_resume)
@@ -133,8 +131,6 @@ def _run_stages(stages: list[str]):
 
 
 def _reference(args) -> int:
-    from speclock.train.pipeline import measure_speed, pick_device, stage_reference
-
     device = pick_device(args.device)
     out = {"reference": stage_reference(args.target, args.drafter, device, args.num_prompts, args.k, args.max_tokens,
                                         record=args.record, prompts_file=args.prompts, dtype=args.dtype, workers=args.workers)}
@@ -152,17 +148,12 @@ def _reference(args) -> int:
 
 
 def _prompts(args) -> int:
-    from speclock.train.data import write_prompt_file
-
     n = write_prompt_file(args.out, args.num_prompts, args.max_chars, args.turns)
     print(f"wrote {n} ShareGPT prompts ({args.turns} user turns) to {args.out}")
     return 0
 
 
 def _self_prompts(args) -> int:
-    from speclock.train.pipeline import Settings, load_target_model, log, pick_device
-    from speclock.train.selfprompt import synthesize_prompts
-
     device = pick_device(args.device)
     model, tok = load_target_model(Settings(work=args.out.parent, target=args.target), device)
     res = synthesize_prompts(model, tok, args.out, args.num_prompts, batch_size=args.batch,

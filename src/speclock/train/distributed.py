@@ -32,6 +32,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output
+from speclock.train.extract import _write_json_atomic, check_index_matches, extract_hidden_states, load_index
 
 DIST_STAGES = ("extract", "fit")
 # NVLink multicast (NVLS / symmetric-memory multicast) stays off: see the stack's GPU notes.
@@ -246,8 +247,6 @@ def _meta(index: dict) -> dict:
 
 def _part_indexes(hidden: Path) -> dict[str, dict]:
     """Own indexes of every rank folder under hidden/parts, by their path relative to hidden."""
-    from speclock.train.extract import load_index
-
     out = {}
     for d in sorted((hidden / "parts").glob("world*-rank*")):
         idx = load_index(d)
@@ -259,8 +258,6 @@ def _part_indexes(hidden: Path) -> dict[str, dict]:
 def extract_sharded(ctx: DistContext, model, responses: list[dict], hidden: Path, layers: list[int], target_sha: str,
                     max_len: int, batch_tokens: int, shard_tokens: int, log=print, store: str = "bf16") -> dict:
     """This rank's share of the extraction, then (rank 0) the merged index; returns the merged index."""
-    from speclock.train.extract import check_index_matches, extract_hidden_states, load_index
-
     hidden.mkdir(parents=True, exist_ok=True)
     mine = part_dir(hidden, ctx.world, ctx.rank)
     prefix = mine.relative_to(hidden).as_posix() + "/"
@@ -282,8 +279,6 @@ def extract_sharded(ctx: DistContext, model, responses: list[dict], hidden: Path
 def merge_indexes(hidden: Path, world: int | None = None) -> dict:
     """hidden/index.json = the one-process shards already listed there + every rank folder's shards.
     `world`: the run that just finished (its ranks' times make last_run); None keeps the old last_run."""
-    from speclock.train.extract import _write_json_atomic, load_index
-
     old = load_index(hidden)
     parts = _part_indexes(hidden)
     if not parts and old is None:

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 from speclock.core.errors import BadInput
-from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir, plain_name
+from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, plain_name, read_json, TEMP_PREFIX
+from speclock.kernels import fp8_pack, fp8_unpack
 
 SCHEMA = "speclock.hidden/v1"
 
@@ -84,7 +85,6 @@ def fp8_backend(x, log=print) -> str:
         _FP8_BACKEND[kind] = "reference"
         if x.is_cuda:
             import torch
-            from speclock.kernels import fp8_pack
 
             try:
                 fp8_pack(torch.ones(1, x.shape[-1], dtype=torch.bfloat16, device=x.device), backend="cuda")
@@ -98,7 +98,6 @@ def fp8_backend(x, log=print) -> str:
 def _pack_rows(x, log=print):
     """fp8_pack over the last dimension of [..., H]: (q as uint8 [..., H], scale [...])."""
     import torch
-    from speclock.kernels import fp8_pack
 
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     q, scale = fp8_pack(rows, backend=fp8_backend(rows, log))
@@ -121,7 +120,6 @@ def load_index(out_dir: Path) -> dict | None:
     p = out_dir / "index.json"
     if not p.exists():
         return None
-    from speclock.core.files import read_json
 
     hint = f"delete {out_dir} and run `speclock train extract` again"
     idx = read_json(p, what="hidden-state index", hint=hint)
@@ -281,7 +279,6 @@ def gather_states(data: dict, name: str, spans: list[tuple[int, int]]):
 
     if name in data:  # stored in bf16
         return torch.cat([data[name][s:s + n] for s, n in spans])
-    from speclock.kernels import fp8_unpack
 
     q = torch.cat([data[name + "_q"][s:s + n] for s, n in spans])
     scale = torch.cat([data[name + "_scale"][s:s + n] for s, n in spans])

@@ -20,7 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from speclock.core.errors import BadInput
-from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps
+from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, os_error
+from speclock.kernels import eagle3_loss
+from speclock.train.distributed import optimizer_state_by_position
+from speclock.train.extract import gather_states, state_widths
 
 
 @dataclass
@@ -89,8 +92,6 @@ def load_checkpoint(path: Path, device: str) -> dict:
         raise BadInput(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})",
                        hint=hint) from None
     except OSError as err:
-        from speclock.core.files import os_error
-
         raise os_error(err, path, "read the checkpoint") from None
     if not isinstance(saved, dict) or not all(k in saved for k in ("drafter", "fit_config", "vocab")) \
             or not isinstance(saved["fit_config"], dict) or "draft_vocab_size" not in saved["fit_config"]:
@@ -143,7 +144,6 @@ def _settings(fit_config: dict) -> dict:
 
 def _collate(data, idxs, max_len, device):
     import torch
-    from speclock.train.extract import gather_states, state_widths
 
     spans = [(s, min(n, max_len)) for s, n in (data["spans"][i] for i in idxs)]
     T = max(n for _, n in spans)
@@ -218,7 +218,6 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
 def _fused_step(drafter, hidden_rows, probs_rows, backend: str):
     """One TTT step through speclock.kernels.eagle3_loss: (mean soft CE over the rows, accuracy)."""
     import torch
-    from speclock.kernels import eagle3_loss
 
     if hidden_rows.shape[0] == 0:
         return hidden_rows.sum() * 0.0, 0.0
@@ -283,7 +282,6 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         else:
             drafter.load_state_dict(saved["drafter"], strict=False)
             if saved.get("optimizer_keys") == "fqn":  # written by a torchrun run
-                from speclock.train.distributed import optimizer_state_by_position
 
                 saved["optimizer"] = optimizer_state_by_position(saved["optimizer"], drafter)
             opt.load_state_dict(saved["optimizer"])

@@ -20,7 +20,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.train.fit import FitConfig
+from speclock.train.fit import FitConfig, load_checkpoint, train_drafter
+from speclock.core.files import atomic_write_text, read_json
+from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, read_manifest, record_reference, reference_key
+from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
+from speclock.drafter.reference import load_target, run_baseline, run_reference, SpecCounters
+from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
+from speclock.train import distributed
+from speclock.train.data import data_sha256, generate_responses, load_prompt_records, mix_prompt_files, OpenAIGenerator, read_done, TransformersGenerator
+from speclock.train.distributed import extract_sharded, merge_indexes
+from speclock.train.export import build_manifest, export_drafter
+from speclock.train.extract import check_aux_layers, extract_hidden_states, load_index, load_shards
+from speclock.train.selfprompt import synthesize_prompts
 
 
 @dataclass
@@ -85,8 +96,6 @@ def log(msg: str) -> None:
 
 
 def stage_target(s: Settings) -> Path:
-    from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf
-
     if s.target is not None:
         if not (s.target / "config.json").is_file():
             raise BadInput(f"--target {s.target} is not a Hugging Face model folder (no config.json)")
@@ -103,7 +112,6 @@ def stage_target(s: Settings) -> Path:
 def load_target_model(s: Settings, device: str, dtype: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from speclock.spec.prompts import require_chat_template
 
     tdir = s.target_dir
     if not (Path(tdir) / "config.json").is_file():  # else transformers takes the path for a Hub repo id
@@ -128,9 +136,6 @@ def prompt_source(s: Settings) -> str:
 def stage_self_prompts(s: Settings, model, tok) -> dict:
     """The target writes s.self_prompts requests; then the mix with num_prompts drawn from `prompts`
     (written once: a rerun keeps it, so generation resumes on the same ids)."""
-    from speclock.train.data import mix_prompt_files
-    from speclock.train.selfprompt import synthesize_prompts
-
     own = s.work / "self-prompts.jsonl"
     res = synthesize_prompts(model, tok, own, s.self_prompts, batch_size=s.gen_batch,
                              time_budget_s=s.self_prompt_time_budget_s, log=log)
@@ -144,8 +149,6 @@ def stage_self_prompts(s: Settings, model, tok) -> dict:
 
 
 def stage_generate(s: Settings, model, tok, device: str) -> dict:
-    from speclock.train.data import OpenAIGenerator, TransformersGenerator, generate_responses, load_prompt_records
-
     own = stage_self_prompts(s, model, tok) if s.self_prompts else None
     records = (load_prompt_records(prompt_source(s), None) if own
                else load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip))
@@ -167,20 +170,14 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
 
 
 def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
-    from speclock.drafter.models import target_sha256
-    from speclock.train.data import read_done
-    from speclock.train.extract import extract_hidden_states
-
     responses = list(read_done(s.work / "responses.jsonl").values())
     if not responses:
         raise BadInput(f"{s.work}/responses.jsonl holds no responses", hint="run `speclock train generate` first")
     if ctx:  # torchrun: this rank's share, then the merged index
-        from speclock.train.distributed import extract_sharded
 
         return extract_sharded(ctx, model, responses, s.work / "hidden", layers, target_sha256(s.target_dir), s.fit.max_len,
                                s.extract_batch_tokens, s.shard_tokens, log=log, store=s.hidden_store)
     if (s.work / "hidden" / "parts").is_dir():  # rank folders of a torchrun run: count their shards as done
-        from speclock.train.distributed import merge_indexes
 
         merge_indexes(s.work / "hidden")
     return extract_hidden_states(model, responses, s.work / "hidden", layers, target_sha256(s.target_dir),
@@ -188,9 +185,6 @@ def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
 
 
 def stage_fit(s: Settings, model, device: str, resume: bool = True, ctx=None):
-    from speclock.train.extract import load_shards
-    from speclock.train.fit import train_drafter
-
     # On a GPU the whole data set lives in GPU memory (a few GB at this scale): no loader needed.
     data = load_shards(s.work / "hidden", device=device if device.startswith("cuda") else "cpu")
     quiet = ctx is not None and not ctx.is_main
@@ -199,10 +193,6 @@ def stage_fit(s: Settings, model, device: str, resume: bool = True, ctx=None):
 
 
 def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: dict, hidden_index: dict) -> dict:
-    from speclock.drafter.models import target_sha256
-    from speclock.train.data import data_sha256, read_done
-    from speclock.train.export import build_manifest, export_drafter
-
     source = prompt_source(s)  # the file generation read (the mix, with --self-prompts)
     resp = list(read_done(s.work / "responses.jsonl").values())
     data = {"sha256": data_sha256(s.work / "responses.jsonl"),
@@ -217,8 +207,6 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
             "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
     sources = Path(source + ".sources.json")  # written by data.mix_prompt_files
     if source != "sharegpt" and sources.is_file():
-        from speclock.core.files import read_json
-
         data["prompt_sources"] = read_json(sources, what="prompt sources file",
                                            hint=f"delete it and {source} and run `speclock train generate` again")
     training = dict(fit_summary)
@@ -231,8 +219,6 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
 def _reference_worker(job: dict) -> dict:
     """One process's share of a reference run (prompts job['ids']); spawn-safe."""
     import torch
-    from speclock.drafter.reference import load_target, run_reference
-    from speclock.drafter.manifest import load_drafter
 
     torch.set_num_threads(job.get("threads", 1))
     model, tok = load_target(job["target_dir"], job["device"], job["dtype"])
@@ -251,8 +237,6 @@ def _reference_worker(job: dict) -> dict:
 
 
 def _merge_counters(parts: list[dict], k: int) -> dict:
-    from speclock.drafter.reference import SpecCounters
-
     c = SpecCounters(k=k)
     for p in parts:
         m = p["metrics"]
@@ -272,9 +256,6 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
     are sums over prompts, so the merged result equals a single-process run)."""
     import multiprocessing as mp
     from transformers import AutoConfig, AutoTokenizer
-    from speclock.drafter.models import target_sha256
-    from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
-    from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, read_manifest, record_reference, reference_key
 
     manifest = read_manifest(drafter_dir)
     check_manifest_matches_target(manifest, target_dir, AutoConfig.from_pretrained(target_dir))
@@ -315,10 +296,6 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
 def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens: int,
                   dtype: str | None = None, prompts_file: str | None = None) -> dict:
     """Batch-1 tokens/s of the reference decoder with and without the drafter, on the same prompts."""
-    from speclock.drafter.reference import load_target, run_baseline, run_reference
-    from speclock.spec.prompts import chat_prompt_ids, load_prompts
-    from speclock.drafter.manifest import load_drafter
-
     model, tok = load_target(target_dir, device, dtype)
     drafter, manifest = load_drafter(drafter_dir, model, device)
     ids = [chat_prompt_ids(tok, t) for t in load_prompts(prompts_file, n_prompts)]
@@ -340,8 +317,6 @@ def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: i
 def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
     """Run the named stages in order (target, generate, extract, fit, export, reference).
     Launched by torchrun, this process is one rank of extract/fit (speclock.train.distributed)."""
-    from speclock.train import distributed
-
     ctx = distributed.setup(s.device)
     try:
         if ctx:
@@ -370,7 +345,6 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
         summary["stages"]["target"] = round(time.perf_counter() - ts, 2)
     model, tok = load_target_model(s, device)
     layers = s.aux_layers_after or default_aux_layers(model.config.num_hidden_layers)
-    from speclock.train.extract import check_aux_layers
 
     check_aux_layers(layers, model.config.num_hidden_layers)
     if "generate" in stages:
@@ -408,8 +382,6 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     if ctx:
         summary.update(nproc=ctx.world, backend=ctx.backend)
     if ctx is None or ctx.is_main:
-        from speclock.core.files import atomic_write_text
-
         atomic_write_text(s.work / "run-summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary
 
@@ -417,14 +389,11 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
 def _load_trained(s: Settings, model, device: str):
     """The drafter from the last checkpoint (for `export` run on its own)."""
     import torch
-    from speclock.train.extract import load_index
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     ckpt = s.work / "ckpt" / "checkpoint.pt"
     if not ckpt.exists():
         raise BadInput(f"no checkpoint at {ckpt}", hint="run `speclock train fit` first")
-    from speclock.core.files import read_json
-    from speclock.train.fit import load_checkpoint
 
     saved = load_checkpoint(ckpt, "cpu")
     dcfg = DrafterConfig.from_target(model.config, saved["fit_config"]["draft_vocab_size"])

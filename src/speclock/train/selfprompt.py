@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 
 from speclock.core.errors import BadInput
+from speclock.core.files import os_error, read_bytes
+from speclock.spec.prompts import require_chat_template
 
 _MARK = "\x00speclock-user-text\x00"
 
 
 def _user_turn_text(tokenizer) -> tuple[str, str]:
     """(template text before a user message, template text after it)."""
-    from speclock.spec.prompts import require_chat_template
-
     require_chat_template(tokenizer)
     text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
     if _MARK not in text:
@@ -69,8 +69,6 @@ def _read_existing(path: Path) -> tuple[list[str], int]:
     """(texts already written, next serial number); cuts a torn last line first (a kill mid-write).
 
     A bad line before the last one is an error naming the line: the file was damaged or is not ours."""
-    from speclock.core.files import os_error, read_bytes
-
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return [], 0

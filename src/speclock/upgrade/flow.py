@@ -30,10 +30,16 @@ from typing import Any, Callable
 from xml.sax.saxutils import escape, quoteattr
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
-from speclock.core.files import atomic_write_text, clean_stale_temps, read_json, read_text
-from speclock.build import records
-from speclock.core.layout import REPO_ROOT
+from speclock.core.files import atomic_write_text, clean_stale_temps, os_error, read_json, read_text
+from speclock.build import image as build, records, wheelhouse
+from speclock.core.layout import cache_dir, REPO_ROOT
 from speclock.spec.stack import Stack, load_stack
+from speclock.build.builders import get_builder
+from speclock.build.run import ensure_in_docker, run_image
+from speclock.patches.series import check_series, load_series, WheelTree
+from speclock.spec.lock import check_lock, lock_path, read_lock, resolve_lock, write_lock
+from speclock.verify.gate import baseline_path, run_gate
+from speclock.verify.report import load_report
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
 # Stack pins an upgrade may change: option name -> (section, key).
@@ -129,8 +135,6 @@ def clean_leftovers(folder: Path, *extra: Path) -> None:
 
 
 def upgrades_dir() -> Path:
-    from speclock.core.layout import cache_dir
-
     return cache_dir() / "upgrades"
 
 
@@ -194,8 +198,6 @@ class Step:
 
 
 def default_baseline(stack: Stack, root: Path | None = None) -> Path:
-    from speclock.verify.gate import baseline_path
-
     return baseline_path((root or REPO_ROOT) / "baselines", stack.name, stack.engine["package"], stack.engine["version"])
 
 
@@ -207,7 +209,6 @@ def require_baseline(stack: Stack, baseline: Path | None) -> Path:
                        hint=f"an upgrade is judged against the current image's measured acceptance: run "
                             f"`speclock build-image --stack {stack.name}` (its self-check writes report.json) and commit "
                             f"that report as {path}, or pass --baseline REPORT")
-    from speclock.verify.report import load_report
 
     load_report(path)  # a broken baseline is bad input too, before any build starts
     return path
@@ -215,8 +216,6 @@ def require_baseline(stack: Stack, baseline: Path | None) -> Path:
 
 def lock_candidate(cand: Candidate, *, relock: bool, progress) -> dict[str, Any]:
     """Resolve the candidate's lock (reusing one already resolved for exactly this candidate)."""
-    from speclock.spec.lock import check_lock, read_lock, resolve_lock, write_lock
-
     if cand.lock_file.is_file() and not relock:
         try:
             doc = read_lock(cand.lock_file)
@@ -231,8 +230,6 @@ def lock_candidate(cand: Candidate, *, relock: bool, progress) -> dict[str, Any]
 
 
 def engine_wheel(lock: dict[str, Any], package: str) -> Path:
-    from speclock.build import wheelhouse
-
     norm = re.sub(r"[-_.]+", "-", package).lower()
     for pkg in lock["packages"]:
         if pkg["name"] == norm:
@@ -242,8 +239,6 @@ def engine_wheel(lock: dict[str, Any], package: str) -> Path:
 
 def check_patches(stack: Stack, lock: dict[str, Any]) -> list[dict[str, Any]]:
     """The patch lifecycle against the candidate's own engine wheel (already fetched and verified)."""
-    from speclock.patches.series import WheelTree, check_series, load_series
-
     series = load_series(stack)
     if not series:
         return []
@@ -253,11 +248,6 @@ def check_patches(stack: Stack, lock: dict[str, Any]) -> list[dict[str, Any]]:
 
 def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) -> dict[str, Any] | None:
     """The build record of an image with exactly this candidate's inputs, if that image still exists."""
-    from speclock.build import image as build
-    from speclock.build import wheelhouse
-    from speclock.build.builders import get_builder
-    from speclock.spec.lock import read_lock
-
     lock = read_lock(lock_file)
     with build.context_lock(build.context_name(stack, lock_file), progress):
         ctx = build.cache_dir() / "contexts" / build.context_name(stack, lock_file)
@@ -291,7 +281,6 @@ def check_in_image(record: dict[str, Any], outputs: Path, *, progress) -> None:
     """`speclock doctor --json` and `speclock smoke` inside the image, hardened; results into `outputs`."""
     import shutil
 
-    from speclock.build.run import ensure_in_docker, run_image
 
     if outputs.exists():
         shutil.rmtree(outputs)
@@ -379,11 +368,6 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
                 progress=print) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
     except bad input and environment problems found before anything was built."""
-    from speclock.build import image as build
-    from speclock.build import wheelhouse
-    from speclock.verify.gate import run_gate
-    from speclock.verify.report import load_report
-
     steps = {n: Step(n) for n in ("lock", "patches", "build", "doctor", "smoke", "gate")}
     result = UpgradeResult(cand, baseline, list(steps.values()), before=load_report(baseline))
     cand.out.mkdir(parents=True, exist_ok=True)
@@ -552,8 +536,6 @@ def _display_path(path: Path) -> str:
 
 
 def _current_lock_sha(stack: Stack) -> str:
-    from speclock.spec.lock import lock_path
-
     try:
         return str(json.loads(lock_path(stack).read_bytes())["lock_sha256"])[:16]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # a summary line, not a check
@@ -599,8 +581,6 @@ def write_outputs(res: UpgradeResult, out: Path) -> dict[str, Path]:
 
 def promote(res: UpgradeResult, *, root: Path | None = None) -> list[Path]:
     """Make the passed candidate current: stack, lock and its report as the new baseline."""
-    from speclock.spec.lock import lock_path, read_lock, write_lock
-
     if not res.ok or res.after is None:
         raise CheckFailed("refusing to promote a candidate that did not pass", hint="read the summary")
     root = root or REPO_ROOT
@@ -619,8 +599,6 @@ def promote(res: UpgradeResult, *, root: Path | None = None) -> list[Path]:
 
 def candidate_from_git(ref: str, stack_name: str) -> tuple[Candidate, dict[str, Any]]:
     """The current stack is `stacks/<S>.toml` at `ref`; the candidate is this checkout's stack and lock."""
-    from speclock.spec.lock import check_lock, lock_path, read_lock
-
     cand_stack = load_stack(stack_name)
     proc = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{ref}:stacks/{cand_stack.name}.toml"],
                           capture_output=True, text=True)
@@ -675,8 +653,6 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     try:  # a --out under a file (or unwritable) is found now, not after an hour of building
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        from speclock.core.files import os_error
-
         raise os_error(err, out, "create the --out folder") from None
     clean_leftovers(cand.folder, out)
     log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; baseline {baseline}")

@@ -46,6 +46,7 @@ from speclock.patches.series import (DirTree, default_site_packages, engine_subp
                               load_series, run_static_probes)
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.stack import Stack, load_stack
+from speclock.kernels import build as kbuild
 
 ENGINE_CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
 CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver", "kernels")
@@ -358,8 +359,6 @@ def kernels_dir() -> Path | None:
 
 
 def check_kernels(ctx: Context) -> Check:
-    from speclock.kernels import build as kbuild
-
     if not ctx.stack.kernels:
         return Check("kernels", "skip", "the stack builds no speclock kernels (kernels.build is empty)")
     folder = kernels_dir()

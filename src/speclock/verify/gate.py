@@ -27,8 +27,10 @@ from xml.sax.saxutils import escape, quoteattr
 
 from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.layout import REPO_ROOT
+from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.verify.report import _get, load_report
+from speclock.spec.lock import normalize_name, read_lock
+from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
 IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")
@@ -225,9 +227,6 @@ def find_baseline(baselines_dir: Path, report: dict[str, Any]) -> Path | None:
 def _lock_beside(stack) -> tuple[Path, bool]:
     """The lock of a stack file: <root>/locks/<name>.lock next to <root>/stacks/. Required for the repo's stacks;
     for a stack elsewhere (an upgrade candidate) it is checked when it is there."""
-    from speclock.core.layout import IMAGE, in_image
-    from speclock.spec.stack import stacks_dir
-
     if in_image() and stack.path.resolve().parent == (IMAGE.root / "stacks").resolve():
         return IMAGE.lock_file, True  # an image carries its stack's lock as lock.json
     lock = stack.path.parent.parent / "locks" / f"{stack.name}.lock"
@@ -240,9 +239,6 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
 
     The report's engine must be the one that stack pins, in the stack file and in its lock.
     """
-    from speclock.core.layout import IMAGE, in_image
-    from speclock.spec.stack import load_stack, load_stack_named
-
     if stack_arg:
         stack = load_stack(stack_arg)
         lock, required = _lock_beside(stack)
@@ -283,7 +279,6 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
                            f"{theirs!r}", hint=hint)
     if lock is None or not_installed:
         return
-    from speclock.spec.lock import normalize_name, read_lock
 
     doc = read_lock(lock, stack=stack)  # the stack adds its own index host to the allowed ones
     if doc.get("stack") != stack.name:
@@ -318,8 +313,6 @@ class GateResult:
 
 def _stored_baseline(stack, baselines_dir: Path | None) -> tuple[Path | None, str]:
     """(the stored baseline, None) or (None, why there is none): --baseline auto."""
-    from speclock.core.layout import IMAGE, in_image
-
     bdir = baselines_dir or (IMAGE.baselines_dir if in_image() else REPO_ROOT / "baselines")
     path = baseline_path(bdir, stack.name, stack.engine["package"], stack.engine["version"])
     if path.exists():

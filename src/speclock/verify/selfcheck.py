@@ -19,6 +19,11 @@ from typing import Any
 
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import atomic_write_text, os_error
+from speclock.spec.stack import load_stack
+from speclock.verify.gate import run_gate, table
+from speclock.verify.report import human_table
+from speclock.verify import doctor
+from speclock.verify.smoke import add_smoke_arguments, resolve_inputs, run_smoke
 
 
 def _log(msg: str) -> None:
@@ -31,10 +36,6 @@ def run_doctor_stage(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     Uses the doctor's own `build_context(args)` + `run_doctor(ctx) -> [Check]` (doctor branch);
     other shapes (an exit code, a dict with ok/verdict) are accepted too.
     """
-    try:
-        from speclock.verify import doctor  # type: ignore[attr-defined]
-    except ImportError as err:
-        return 1, {"ok": False, "error": f"doctor not available: {err}"}
     run_doctor = getattr(doctor, "run_doctor", None)
     if run_doctor is None:
         return 1, {"ok": False, "error": "doctor not available: speclock.verify.doctor has no run_doctor()"}
@@ -75,12 +76,7 @@ def _combine(codes: list[int]) -> int:
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
-    from speclock.verify.gate import run_gate, table
-    from speclock.verify.report import human_table
-    from speclock.verify.smoke import resolve_inputs, run_smoke
-
     if args.stack:  # a bad --stack is bad input for every stage: refuse it before anything is written
-        from speclock.spec.stack import load_stack
 
         load_stack(args.stack)
     out = Path(args.out or "/tmp/speclock-out")
@@ -146,8 +142,6 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    from speclock.verify.smoke import add_smoke_arguments
-
     p = sub.add_parser("selfcheck", help="doctor + smoke + gate: the image's default command",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_smoke_arguments(p)

@@ -24,11 +24,18 @@ from typing import Any
 from speclock.core.args import non_negative_float, positive_int
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.core.layout import REPO_ROOT
+from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.files import clean_stale_temps, expect, os_error, read_json
 from speclock.drafter.models import (DRAFT_MANIFEST, check_reference_record, config_architecture,
                              read_drafter_manifest, read_model_config, stack_model_path)
 from speclock.verify.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
+from speclock.drafter.models import check_drafter_manifest, target_sha256 as weights_sha256
+from speclock.drafter.manifest import load_drafter
+from speclock.drafter.reference import load_target, run_reference
+from speclock.verify import lossless
+from speclock.spec.prompts import chat_prompt_ids, load_prompts, packaged_file, prompts_sha256
+from speclock.spec.stack import load_stack
+from speclock.verify.gate import evaluate, failures_of
 
 MANIFEST = DRAFT_MANIFEST
 
@@ -57,17 +64,11 @@ class SmokeInputs:
 # ---------------------------------------------------------------- inputs
 
 def default_out_dir(stack_name: str) -> Path:
-    from speclock.core.layout import in_image
-
     return Path("/tmp/speclock-out") if in_image() else REPO_ROOT / "out" / f"smoke-{stack_name}"
 
 
 def resolve_inputs(args: argparse.Namespace) -> SmokeInputs:
     """Paths from the flags, else from the image layout (inside an image), else from the stack."""
-    from speclock.core.layout import IMAGE, in_image
-    from speclock.spec.prompts import packaged_file
-    from speclock.spec.stack import load_stack
-
     inside = in_image()
     if args.stack:
         stack = load_stack(args.stack)
@@ -138,8 +139,6 @@ def prepare_out_dir(path: Path, option: str) -> Path:
 
 def image_identity() -> dict[str, str]:
     """{ref, digest} of the image we run in: env (set by `docker run -e`), else image.json, else the host."""
-    from speclock.core.layout import IMAGE, in_image
-
     info: dict[str, Any] = {}
     if in_image() and IMAGE.build_info.is_file():
         try:
@@ -157,8 +156,6 @@ def image_identity() -> dict[str, str]:
 def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
     # Tensors only (config excluded): a drafter keeps its identity when only its config changes,
     # so a recorded reference still judges an engine that is fed the wrong layers.
-    from speclock.drafter.models import target_sha256 as weights_sha256
-    from speclock.spec.prompts import prompts_sha256
 
     return {"target_sha256": weights_sha256(inp.target), "drafter_sha256": weights_sha256(inp.draft),
             "prompts_sha256": prompts_sha256(texts), "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
@@ -178,7 +175,6 @@ def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] 
         return None
     manifest = read_drafter_manifest(manifest_path.parent) if manifest_path.name == DRAFT_MANIFEST else None
     if manifest is None:  # a manifest under another name (tests, tools): read and check it the same way
-        from speclock.drafter.models import check_drafter_manifest
 
         manifest = check_drafter_manifest(read_json(manifest_path, what="drafter manifest"), manifest_path)
     found = None
@@ -196,12 +192,6 @@ def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[st
     It feeds the drafter the layers recorded in its manifest (`aux_layers_after`, what it was trained
     on), not the config's ids: that is what makes it an independent judge of the engine's wiring.
     """
-    try:
-        from speclock.drafter.reference import load_target, run_reference
-        from speclock.drafter.manifest import load_drafter
-    except ImportError as err:
-        raise EnvironmentProblem(f"the reference decoder is not available in this build: {err}",
-                                 hint="use --reference recorded (the result in the drafter's manifest) or --reference off") from None
     target, tokenizer = load_target(inp.target)
     drafter, manifest = load_drafter(inp.draft, target)
     done = [0]
@@ -260,7 +250,6 @@ def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
     import hashlib
 
-    from speclock.drafter.models import target_sha256 as weights_sha256
 
     key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
                       weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
@@ -335,9 +324,6 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
 
 def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     """Run the smoke test; return (report, exit code). The report is written to inp.out_dir/report.json."""
-    from speclock.verify.gate import evaluate, failures_of
-    from speclock.spec.prompts import chat_prompt_ids, load_prompts
-
     t_start = time.perf_counter()
     texts = load_prompts(inp.prompts_file)
     if len(texts) < inp.num_prompts:
@@ -384,8 +370,6 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         base_tps, spec_tps = sum(map(len, plain)) / plain_s, sum(map(len, spec)) / spec_s
         report["throughput"] = {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
                                 "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}
-        from speclock.verify import lossless
-
         judge = None
         if plain != spec:  # the float32 judge loads the target: only when something diverged
             run["stage"] = "lossless (judging divergences)"

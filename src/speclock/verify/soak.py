@@ -25,6 +25,12 @@ from typing import Any
 
 from speclock.core.args import positive_float, positive_int
 from speclock.core.errors import BadInput
+from speclock.core.files import os_error
+from speclock.engines import EngineConfig, get_engine, package_version, running
+from speclock.spec.prompts import chat_prompt_ids, load_prompts
+from speclock.verify import lossless
+from speclock.verify.report import write_atomic
+from speclock.verify.smoke import add_smoke_arguments, resolve_inputs
 
 SOAK_SCHEMA = "speclock.soak/v1"
 
@@ -97,8 +103,6 @@ def markdown(doc: dict[str, Any]) -> str:
 def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]] | None,
                        differing: dict[int, list[list[int]]], prompt_ids: list[list[int]]) -> None:
     """Each window's `numeric_ties` and `mismatches` against the first window (speclock.verify.lossless)."""
-    from speclock.verify import lossless
-
     judge_fn = lossless.float32_judge(inp.target, log=_log) if differing else None
     for i, w in enumerate(windows):
         c = lossless.compare(first, differing[i], prompt_ids, judge_fn) if i in differing else None
@@ -109,8 +113,6 @@ def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]
 
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
     """Start the engine with the drafter once; run windows until `minutes` have passed (at least two)."""
-    from speclock.engines import EngineConfig, get_engine, package_version, running
-    from speclock.spec.prompts import chat_prompt_ids, load_prompts
     from transformers import AutoTokenizer
 
     texts = load_prompts(inp.prompts_file)[:inp.num_prompts]  # all of them when the file holds fewer (as smoke)
@@ -171,10 +173,6 @@ def _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, diffe
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
-    from speclock.verify.report import write_atomic
-    from speclock.verify.smoke import resolve_inputs
-
-    from speclock.core.files import os_error
 
     if args.minutes <= 0 or not 0 <= args.max_drift < 1:
         raise BadInput("--minutes must be > 0 and --max-drift in [0, 1)", hint="e.g. --minutes 60 --max-drift 0.05")
@@ -193,8 +191,6 @@ def _cmd_soak(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    from speclock.verify.smoke import add_smoke_arguments
-
     p = sub.add_parser("soak", help="repeat the smoke test's drafted run on one engine for N minutes; gate on drift",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_smoke_arguments(p)

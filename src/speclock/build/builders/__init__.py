@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from speclock.build.builders import buildah, docker
+from speclock.core.errors import BadInput
 
 
 class Builder(Protocol):
@@ -39,8 +40,6 @@ BUILDERS: dict[str, Builder] = {"buildah": buildah.BUILDER, "docker": docker.BUI
 
 
 def get_builder(name: str) -> Builder:
-    from speclock.core.errors import BadInput
-
     if name not in BUILDERS:
         raise BadInput(f"unknown builder {name!r}", hint=f"use one of: {', '.join(BUILDERS)}")
     builder = BUILDERS[name]
