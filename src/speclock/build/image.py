@@ -42,12 +42,16 @@ KERNELS_CONTAINERFILE = REPO_ROOT / "containers" / "kernels.Containerfile"
 KERNELS_STAGE_MARK = "# @kernels-stage"
 KERNELS_COPY_MARK = "# @kernels-copy"
 KERNELS_IN_IMAGE = "/opt/speclock/kernels"  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
-# What the kernel build step runs: speclock.kernels.build and the modules it imports, plus the CUDA source.
-KERNEL_TOOL_FILES = ("__init__.py", "errors.py", "files.py", "stack.py", "kernels/__init__.py", "kernels/build.py",
-                     "kernels/csrc/fp8_pack.cu")
-# Modules the build steps run (model conversion, patching). Only these reach the early stages,
-# so editing any other source file rebuilds the final layers alone.
-TOOL_MODULES = ("__init__.py", "cli.py", "errors.py", "files.py", "args.py", "layout.py", "stack.py", "models.py", "patches.py", "versions.py")
+# What the early image stages run, as whole packages of src/speclock (plus the files at its top that
+# they need): a new import inside one of these packages can never break a build. Only these reach
+# the early stages, so editing any other package rebuilds the final layers alone.
+#   tools/ (patch stage: `python -m speclock.patches`; assets stage: `python -m speclock.drafter.models`;
+#   engines/ holds the probe that `patches apply` runs in the engine's Python)
+TOOL_PACKAGES = ("core", "spec", "patches", "engines", "drafter")
+TOOL_TOP_FILES = ("__init__.py", "cli.py")
+#   kernel-tools/ (kernel stage: `python -m speclock.kernels.build`, with the CUDA sources in kernels/csrc)
+KERNEL_TOOL_PACKAGES = ("core", "spec", "kernels")
+KERNEL_TOOL_TOP_FILES = ("__init__.py",)
 LABEL_PREFIX = "io.speclock"
 
 
@@ -86,6 +90,14 @@ def _sync_tree(files: dict[str, Path], dest: Path) -> None:
 def _tree_files(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
             if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".pyo"))}
+
+
+def stage_tool_files(src_root: Path, packages: tuple[str, ...], top_files: tuple[str, ...]) -> dict[str, Path]:
+    """{"speclock/<rel>": source} for whole packages of src/speclock and the named files at its top."""
+    files = {f"speclock/{name}": src_root / name for name in top_files}
+    for pkg in packages:
+        files.update({f"speclock/{pkg}/{rel}": path for rel, path in _tree_files(src_root / pkg).items()})
+    return files
 
 
 def git_revision(paths: list[Path]) -> str:
@@ -132,12 +144,12 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
             atomic_write_text(target, text, mode=_new_file_mode())
 
     src_root = REPO_ROOT / "src" / "speclock"
-    tools = {f"speclock/{m}": src_root / m for m in TOOL_MODULES if (src_root / m).is_file()}
+    tools = stage_tool_files(src_root, TOOL_PACKAGES, TOOL_TOP_FILES)
     tools[f"stacks/{stack.path.name}"] = stack.path  # the patch step reads the series from the stack
     _sync_tree(tools, ctx / "tools")
     # Kernel build inputs in a folder of their own, so editing them never rebuilds the patch or asset layers.
     if stack.kernels:
-        kernel_tools = {f"speclock/{m}": src_root / m for m in KERNEL_TOOL_FILES}
+        kernel_tools = stage_tool_files(src_root, KERNEL_TOOL_PACKAGES, KERNEL_TOOL_TOP_FILES)
         kernel_tools[f"stacks/{stack.path.name}"] = stack.path
         _sync_tree(kernel_tools, ctx / "kernel-tools")
     elif (ctx / "kernel-tools").exists():
