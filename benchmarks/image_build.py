@@ -47,7 +47,7 @@ def main() -> None:
                      "cold_s": [], "warm_s": [], "loadavg_1min_at_each_build": []}
     with tempfile.TemporaryDirectory(prefix="speclock-bench-") as tmp:
         repo = copy_repo(Path(tmp))
-        module = repo / "src" / "speclock" / "registry.py"
+        module = repo / "src" / "speclock" / "build" / "push.py"
         original = module.read_text()
         record = None
         for i in range(args.runs):

@@ -114,7 +114,7 @@ def test_same_inputs_give_the_same_digest(buildah_build, repo):
 
 def test_one_line_edit_rebuilds_only_the_final_layers(buildah_build, repo):
     before = buildah_inspect(buildah_build["ref"])["OCIv1"]["rootfs"]["diff_ids"]
-    module = repo / "src" / "speclock" / "registry.py"
+    module = repo / "src" / "speclock" / "build" / "push.py"
     module.write_text(module.read_text() + "\n# a one-line edit\n")
     try:
         record = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--skip-selfcheck", "--json").stdout)

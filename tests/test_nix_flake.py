@@ -92,7 +92,7 @@ def test_engine_wheel_url_and_hash_come_from_the_lock(flake):
         assert (wheel["version"], wheel["url"], wheel["sha256"]) == (engine["version"], locked["url"], locked["sha256"])
 
 
-# ---- the Nix image agrees with the Containerfile, layout.py and labels_for ---------------------
+# ---- the Nix image agrees with the Containerfile, core/layout.py and labels_for ---------------------
 
 def _containerfile_runtime() -> dict:
     """The runtime stage, parsed in Python independently of nix/containerfile.nix."""

@@ -23,17 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from speclock import __version__
-from speclock.spec import baseimage
 from speclock.build import wheelhouse
 from speclock.build.builders import Builder, get_builder
+from speclock.build.records import records_dir, write_record
+from speclock.build.run import ensure_in_docker, run_image
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, confined, file_sha256, read_json
-from speclock.core.layout import cache_dir
-from speclock.build.records import records_dir, write_record
-from speclock.spec.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock
 from speclock.core.layout import REPO_ROOT
+from speclock.core.layout import cache_dir
+from speclock.spec import baseimage
+from speclock.spec.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock
 from speclock.spec.stack import Stack, load_stack
-from speclock.build.run import ensure_in_docker, run_image
 
 CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
 BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"

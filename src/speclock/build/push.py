@@ -7,8 +7,8 @@ import ipaddress
 import json
 import sys
 
-from speclock.build.records import read_record
 from speclock.build.builders import get_builder
+from speclock.build.records import read_record
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec.stack import load_stack
 

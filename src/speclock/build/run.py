@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from speclock.build.records import read_record
 from speclock.build.builders._proc import capture, stream
 from speclock.build.builders.docker import BUILDER as DOCKER, docker_cli
+from speclock.build.records import read_record
 from speclock.core.errors import EnvironmentProblem
 from speclock.spec.stack import load_stack
 

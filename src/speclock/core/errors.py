@@ -1,4 +1,4 @@
-"""Errors that end a speclock command, each with the exit code of DESIGN.md.
+"""Errors that end a speclock command, each with its exit code (0 ok, 1 check failed, 2 bad input, 3 environment).
 
 Raise them anywhere; `speclock.cli` turns them into one message and one exit code.
 Messages are written for the user: what failed, where, and what to do next.

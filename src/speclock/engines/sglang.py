@@ -19,9 +19,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
 from speclock.core.errors import EnvironmentProblem
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
+from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
 
 NAME = "sglang"
 

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from speclock.engines import EngineConfig, SpecCounters, package_version
 from speclock.core.errors import EnvironmentProblem
+from speclock.engines import EngineConfig, SpecCounters, package_version
 
 NAME = "vllm"
 _PREFIX = "vllm:spec_decode_"

@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.kernels import build
 from speclock.core.layout import cache_dir, IMAGE
+from speclock.kernels import build
 
 _OUT_KIND = {}  # torch dtype -> the out_kind code of speclock_fp8_unpack
 

@@ -58,11 +58,11 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import (atomic_output, atomic_write_bytes, atomic_write_json, atomic_write_text, clean_stale_temps, confined,
-                            file_sha256, os_error, plain_name, read_text)
+                                 file_sha256, os_error, plain_name, read_text)
 from speclock.core.layout import IMAGE, cache_dir, in_image
 from speclock.core.layout import REPO_ROOT
-from speclock.spec.stack import Stack, load_stack
 from speclock.core.versions import in_range, parse_range, version_key
+from speclock.spec.stack import Stack, load_stack
 
 HEADER_MAGIC = "speclock-patch:"
 REQUIRED_KEYS = ("title", "engine", "versions", "why", "probe")

@@ -31,11 +31,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from speclock.spec import baseimage
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, clean_stale_temps, expect, plain_name, read_json
 from speclock.core.files import file_sha256  # noqa: F401  (re-exported: other modules import it from here)
 from speclock.core.layout import REPO_ROOT
+from speclock.spec import baseimage
 from speclock.spec.stack import Stack, canonical_sha256, load_stack, pinned_view
 
 LOCK_SCHEMA = "speclock.lock/v1"

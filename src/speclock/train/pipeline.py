@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.train.fit import FitConfig, load_checkpoint, train_drafter
 from speclock.core.files import atomic_write_text, read_json
 from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, read_manifest, record_reference, reference_key
 from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
@@ -31,6 +30,7 @@ from speclock.train.data import data_sha256, generate_responses, load_prompt_rec
 from speclock.train.distributed import extract_sharded, merge_indexes
 from speclock.train.export import build_manifest, export_drafter
 from speclock.train.extract import check_aux_layers, extract_hidden_states, load_index, load_shards
+from speclock.train.fit import FitConfig, load_checkpoint, train_drafter
 from speclock.train.selfprompt import synthesize_prompts
 
 

@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any, Callable
 from xml.sax.saxutils import escape, quoteattr
 
-from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
-from speclock.core.files import atomic_write_text, clean_stale_temps, os_error, read_json, read_text
 from speclock.build import image as build, records, wheelhouse
-from speclock.core.layout import cache_dir, REPO_ROOT
-from speclock.spec.stack import Stack, load_stack
 from speclock.build.builders import get_builder
 from speclock.build.run import ensure_in_docker, run_image
+from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
+from speclock.core.files import atomic_write_text, clean_stale_temps, os_error, read_json, read_text
+from speclock.core.layout import cache_dir, REPO_ROOT
 from speclock.patches.series import check_series, load_series, WheelTree
 from speclock.spec.lock import check_lock, lock_path, read_lock, resolve_lock, write_lock
+from speclock.spec.stack import Stack, load_stack
 from speclock.verify.gate import baseline_path, run_gate
 from speclock.verify.report import load_report
 

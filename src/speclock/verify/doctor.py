@@ -35,18 +35,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from speclock.verify import cuda_arch
-from speclock.engines import envs as engine_envs
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import expect, read_json
-from speclock.drafter.models import (DRAFT_MANIFEST, config_architecture, read_drafter_manifest, read_model_config,
-                             require_model_folder, stack_model_path)
 from speclock.core.layout import IMAGE, in_image
-from speclock.patches.series import (DirTree, default_site_packages, engine_subprocess, installed_version, last_json,
-                              load_series, run_static_probes)
 from speclock.core.layout import REPO_ROOT
-from speclock.spec.stack import Stack, load_stack
+from speclock.drafter.models import (DRAFT_MANIFEST, config_architecture, read_drafter_manifest, read_model_config,
+                                     require_model_folder, stack_model_path)
+from speclock.engines import envs as engine_envs
 from speclock.kernels import build as kbuild
+from speclock.patches.series import (DirTree, default_site_packages, engine_subprocess, installed_version, last_json,
+                                     load_series, run_static_probes)
+from speclock.spec.stack import Stack, load_stack
+from speclock.verify import cuda_arch
 
 ENGINE_CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver")
 CHECKS = ("lock-versions", "engine-import", "patches", "eagle3-target", "aux-layers", "gpu-archs", "cuda-driver", "kernels")

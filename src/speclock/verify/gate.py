@@ -28,9 +28,9 @@ from xml.sax.saxutils import escape, quoteattr
 from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
-from speclock.verify.report import _get, load_report
 from speclock.spec.lock import normalize_name, read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
+from speclock.verify.report import _get, load_report
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
 IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")

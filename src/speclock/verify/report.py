@@ -1,4 +1,4 @@
-"""The smoke report (`"schema": "speclock.smoke/v1"`, DESIGN.md): validation, reading, writing, a table.
+"""The smoke report (`"schema": "speclock.smoke/v1"`, docs/smoke.md): validation, reading, writing, a table.
 
 `speclock smoke` writes it, `speclock gate` and CI read it. `validate_report` is the one
 definition of what a valid report is: every key the gate reads has the right JSON type, and the

@@ -20,9 +20,9 @@ from typing import Any
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import atomic_write_text, os_error
 from speclock.spec.stack import load_stack
+from speclock.verify import doctor
 from speclock.verify.gate import run_gate, table
 from speclock.verify.report import human_table
-from speclock.verify import doctor
 from speclock.verify.smoke import add_smoke_arguments, resolve_inputs, run_smoke
 
 

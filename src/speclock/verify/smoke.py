@@ -22,20 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.args import non_negative_float, positive_int
-from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.files import clean_stale_temps, expect, os_error, read_json
-from speclock.drafter.models import (DRAFT_MANIFEST, check_reference_record, config_architecture,
-                             read_drafter_manifest, read_model_config, stack_model_path)
-from speclock.verify.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
-from speclock.drafter.models import check_drafter_manifest, target_sha256 as weights_sha256
+from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.drafter.manifest import load_drafter
+from speclock.drafter.models import (DRAFT_MANIFEST, check_reference_record, config_architecture,
+                                     read_drafter_manifest, read_model_config, stack_model_path)
+from speclock.drafter.models import check_drafter_manifest, target_sha256 as weights_sha256
 from speclock.drafter.reference import load_target, run_reference
-from speclock.verify import lossless
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts, packaged_file, prompts_sha256
 from speclock.spec.stack import load_stack
+from speclock.verify import lossless
 from speclock.verify.gate import evaluate, failures_of
+from speclock.verify.report import SCHEMA_ID, human_table, validate_report, write_atomic, write_report
 
 MANIFEST = DRAFT_MANIFEST
 
