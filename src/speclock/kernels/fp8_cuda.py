@@ -10,6 +10,7 @@ the stack key (gpu.archs) to change.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -109,8 +110,6 @@ def _open(path: Path) -> ctypes.CDLL:
 
 def _on(device):
     """The device guard only when the tensor is not on the current device (it costs ~10 us a call)."""
-    import contextlib
-
     import torch
     if device.index is None or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()

@@ -40,6 +40,7 @@ import glob
 import hashlib
 import html
 import http.client
+import importlib.metadata as md
 import json
 import os
 import py_compile
@@ -704,8 +705,6 @@ def load_series(stack: Stack, root: Path | None = None) -> list[Patch]:
 
 
 def installed_version(site_packages: Path, dist: str) -> str | None:
-    import importlib.metadata as md
-
     norm = re.sub(r"[-_.]+", "-", dist).lower()
     for d in md.distributions(path=[str(site_packages)]):
         if re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() == norm:

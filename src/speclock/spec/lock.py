@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -252,8 +253,6 @@ _RELOCK = "re-create it with `speclock lock --stack NAME` (never edit a lock by 
 
 def _stack_index_urls(stacks_folder: Path) -> list[str]:
     """Index URLs the stack files in a folder name (torch.index and any other '*index*' key)."""
-    import tomllib
-
     urls: list[str] = []
 
     def walk(node: Any, key: str = "") -> None:

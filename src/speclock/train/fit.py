@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -80,8 +81,6 @@ def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: 
 
 def load_checkpoint(path: Path, device: str) -> dict:
     """A checkpoint this module wrote; a damaged one is bad input naming the file, not a crash."""
-    import pickle
-
     import torch
 
     hint = "delete it (or pass --no-resume) and run `speclock train fit` again"

@@ -9,6 +9,7 @@ speclock.train.distributed (what runs inside a rank) sits below it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -92,8 +93,6 @@ def _without(part: dict, key: str, keep: dict) -> dict:
 
 
 def _free_gpu_memory() -> None:
-    import gc
-
     import torch
 
     gc.collect()

@@ -13,6 +13,7 @@ used for the committed SmolLM2-135M drafter.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import sys
 import time
@@ -254,7 +255,6 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
 
     With workers > 1 the prompts are split over that many processes (batch 1 each; the counters
     are sums over prompts, so the merged result equals a single-process run)."""
-    import multiprocessing as mp
     from transformers import AutoConfig, AutoTokenizer
 
     manifest = read_manifest(drafter_dir)

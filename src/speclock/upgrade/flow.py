@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -279,8 +280,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def check_in_image(record: dict[str, Any], outputs: Path, *, progress) -> None:
     """`speclock doctor --json` and `speclock smoke` inside the image, hardened; results into `outputs`."""
-    import shutil
-
 
     if outputs.exists():
         shutil.rmtree(outputs)

@@ -26,7 +26,9 @@ Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine mis
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import json
+import os
 import re
 import shutil
 import sys
@@ -81,8 +83,6 @@ class Context:
 # ---------------------------------------------------------------- context
 
 def _engine_version_here(dist: str) -> str | None:
-    import importlib.metadata as md
-
     try:
         return md.version(dist)
     except md.PackageNotFoundError:
@@ -352,7 +352,6 @@ def check_gpu_archs(ctx: Context) -> Check:
 
 def kernels_dir() -> Path | None:
     """Where the built kernel library should be: $SPECLOCK_KERNELS_DIR, else the image's folder (in an image)."""
-    import os
     if os.environ.get("SPECLOCK_KERNELS_DIR"):
         return Path(os.environ["SPECLOCK_KERNELS_DIR"])
     return IMAGE.root / "kernels" if in_image() or IMAGE.lock_file.is_file() else None

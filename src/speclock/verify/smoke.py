@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from speclock.core.args import non_negative_float, positive_int
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
@@ -248,8 +250,6 @@ def visible_arch(stack) -> str | None:
 
 def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
-    import hashlib
-
 
     key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
                       weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
@@ -437,8 +437,6 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 def server_url(text: str) -> str:
     """--server/--plain-server: an http(s) URL with a host (argparse type: anything else is exit 2 at parse time)."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number

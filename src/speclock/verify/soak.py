@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,9 +38,6 @@ SOAK_SCHEMA = "speclock.soak/v1"
 
 def drift_limit(text: str) -> float:
     """--max-drift: a relative drop in [0, 1) (argparse type: a bad one is exit 2 at parse time)."""
-    import argparse
-    import math
-
     try:
         value = float(text)
     except ValueError:
