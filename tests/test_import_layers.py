@@ -219,6 +219,33 @@ def test_function_local_imports_are_heavy_optional_dependencies():
     assert not bad, "\n".join(bad)
 
 
+def test_function_local_imports_say_why():
+    """Each function-local import (or the run of imports it belongs to) carries a comment."""
+    bad = []
+    for mod, path in MODULES.items():
+        src = path.read_text()
+        lines = src.split("\n")
+        tree = ast.parse(src)
+        top = {id(n) for n in tree.body}
+        for n in tree.body:
+            if isinstance(n, (ast.Try, ast.If)):
+                top |= {id(x) for x in ast.walk(n)}
+        local = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top]
+        starts = {n.lineno for n in local}
+        ends = {n.end_lineno: n for n in local}
+        for n in local:
+            first = n
+            while first.lineno - 1 in ends:  # the run of imports this one belongs to
+                first = ends[first.lineno - 1]
+            run = [first]
+            while run[-1].end_lineno + 1 in starts:
+                run.append(next(x for x in local if x.lineno == run[-1].end_lineno + 1))
+            commented = any("#" in lines[i] for x in run for i in range(x.lineno - 1, x.end_lineno))
+            if not commented and not lines[first.lineno - 2].strip().startswith("#"):
+                bad.append(f"{mod}:{n.lineno}: {ast.unparse(n)}")
+    assert not bad, "function-local imports without a comment saying why:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("mod", ["speclock.cli", "speclock.core.errors", "speclock.core.files", "speclock.spec.stack"])
 def test_light_modules_pull_no_heavy_dependency(mod):
     assert not heavy_at_import(mod)

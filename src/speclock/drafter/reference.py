@@ -79,6 +79,7 @@ def eos_ids(model, tokenizer) -> set[int]:
 
 
 def _aux(hidden_states, layers_after: list[int]):
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     return torch.cat([hidden_states[k] for k in layers_after], dim=-1)
@@ -86,6 +87,7 @@ def _aux(hidden_states, layers_after: list[int]):
 
 def greedy_generate(target, prompt_ids: list[int], max_tokens: int, stop: set[int]) -> list[int]:
     """Plain greedy decoding of the target, one token per forward pass (the no-drafter baseline)."""
+    # heavy, optional (torch, transformers): imported only where it is used
     import torch
     from transformers import DynamicCache
 
@@ -107,6 +109,7 @@ def greedy_generate(target, prompt_ids: list[int], max_tokens: int, stop: set[in
 def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_ids: list[int], k: int,
                          max_tokens: int, stop: set[int], counters: SpecCounters) -> list[int]:
     """Greedy speculative decoding of one prompt; updates `counters`; returns the new tokens."""
+    # heavy, optional (torch, transformers): imported only where it is used
     import torch
     from transformers import DynamicCache
     from speclock.drafter.eagle3 import DraftCache
@@ -175,6 +178,7 @@ class ReferenceRun:
 
 def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None = None):
     """(model, tokenizer) of a Hugging Face target folder; float32 on CPU, bfloat16 on GPU by default."""
+    # heavy, optional (torch, transformers): imported only where it is used
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -189,6 +193,7 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
 
 def run_reference(target, tokenizer, drafter, aux_layers_after: list[int], prompt_ids: list[list[int]], k: int,
                   max_tokens: int, progress=None) -> ReferenceRun:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if k < 1:
@@ -210,6 +215,7 @@ def run_reference(target, tokenizer, drafter, aux_layers_after: list[int], promp
 
 
 def run_baseline(target, tokenizer, prompt_ids: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     stop = eos_ids(target, tokenizer)

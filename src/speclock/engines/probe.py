@@ -59,10 +59,12 @@ def dists() -> dict:
 
 def resolve(engine: str, arch: str):
     if engine == "vllm":
+        # heavy, optional (vllm): imported only where it is used
         from vllm.model_executor.models.registry import ModelRegistry
 
         return ModelRegistry._try_load_model_cls(arch)
     if engine == "sglang":
+        # heavy, optional (sglang): imported only where it is used
         from sglang.srt.models.registry import ModelRegistry
 
         try:
@@ -85,6 +87,7 @@ def eagle3(engine: str, archs: list[str]) -> dict:
             continue
         where = f"{cls.__module__}.{cls.__qualname__}"
         if engine == "vllm":
+            # heavy, optional (vllm): imported only where it is used
             from vllm.model_executor.models.interfaces import supports_eagle3
 
             ok = bool(supports_eagle3(cls))
@@ -149,6 +152,7 @@ def _force_set(obj, name, value):
 def _vllm_runner_ids(config: dict):
     """The ids vLLM's GPU model runner reads from a draft config, by calling the runner's own method."""
     try:
+        # heavy, optional (vllm): imported only where it is used
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except Exception:
         return None, None
@@ -221,6 +225,7 @@ def cuda_info() -> dict:
     """CUDA runtime and driver versions and visible GPUs, through cuda-python's bindings."""
     try:
         try:
+            # heavy, optional (cuda): imported only where it is used
             from cuda.bindings import driver as drv
             from cuda.bindings import runtime as rt
         except ImportError:

@@ -133,6 +133,7 @@ class OfflineSession(_MetaSession):
     def __init__(self, config: EngineConfig):
         super().__init__(config)
         try:
+            # heavy, optional (sglang): imported only where it is used
             import sglang
         except ImportError as err:
             raise EnvironmentProblem(f"SGLang is not importable here: {err}", hint="run inside an SGLang image on a GPU host") from None

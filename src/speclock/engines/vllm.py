@@ -97,6 +97,7 @@ class OfflineSession:
         # The engine reads this at import: it lets `collective_rpc` send a function to the worker.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
+            # heavy, optional (vllm): imported only where it is used
             from vllm import LLM
         except ImportError as err:
             raise EnvironmentProblem(f"vLLM is not importable here: {err}",
@@ -105,6 +106,7 @@ class OfflineSession:
         self.llm = LLM(**engine_kwargs(config))
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        # heavy, optional (vllm): imported only where it is used
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

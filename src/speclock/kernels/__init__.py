@@ -64,12 +64,14 @@ def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str
     if backend == "reference":
         return eagle3_loss_reference(hidden, lm_head_weight, target_probs, mask)
     if backend == "triton" and not hidden.is_cuda:
+        # heavy, optional (torch): imported only where it is used
         import torch
         if not torch.cuda.is_available():
             raise _no_gpu("eagle3_loss(backend='triton')")
         raise BadInput("eagle3_loss(backend='triton') needs CUDA tensors; move them with .cuda()")
     if backend == "triton-interpret" and hidden.is_cuda:
         raise BadInput("eagle3_loss(backend='triton-interpret') runs on CPU tensors only")
+    # heavy, optional (torch): imported only where it is used
     from speclock.kernels.eagle3_triton import eagle3_loss_triton
     return eagle3_loss_triton(hidden, lm_head_weight, target_probs, mask, chunk_tokens)
 
@@ -108,6 +110,7 @@ def fp8_pack(x, *, backend: str = "auto"):
     if backend == "reference":
         return fp8_pack_reference(x)
     if not x.is_cuda:
+        # heavy, optional (torch): imported only where it is used
         import torch
         if not torch.cuda.is_available():
             raise _no_gpu("fp8_pack(backend='cuda')")
@@ -120,6 +123,7 @@ def fp8_unpack(q, scale, dtype=None, *, backend: str = "auto"):
 
     q may be float8_e4m3fn or its uint8 bytes; the result is [T, H] on q's device.
     """
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     dtype = dtype or torch.bfloat16

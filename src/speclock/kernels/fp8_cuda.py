@@ -49,6 +49,7 @@ def _manifest(folder: Path) -> dict | None:
 
 @functools.cache
 def load_library(device_index: int = 0) -> ctypes.CDLL:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if not torch.cuda.is_available():
@@ -110,6 +111,7 @@ def _open(path: Path) -> ctypes.CDLL:
 
 def _on(device):
     """The device guard only when the tensor is not on the current device (it costs ~10 us a call)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
     if device.index is None or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
@@ -124,6 +126,7 @@ def _check(lib, err: int, what: str) -> None:
 def pack(x, q=None, scale=None, variant: int = 0):
     """q/scale: optional preallocated outputs (tests poison them to prove every element is written).
     variant: 0 lets the library choose; 1 row in registers, 2/4/5 two passes, 3 scalar (benchmarks)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if x.dim() != 2 or x.dtype != torch.bfloat16:
@@ -143,6 +146,7 @@ def pack(x, q=None, scale=None, variant: int = 0):
 
 
 def unpack(q, scale, dtype, out=None):
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     kinds = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}

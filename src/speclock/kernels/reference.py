@@ -16,6 +16,7 @@ def eagle3_loss_reference(hidden, lm_head_weight, target_probs, mask=None):
     Computed in float32 (logits from the inputs upcast), differentiable by autograd.
     Returns (loss, top1_correct) as in `speclock.kernels.eagle3_loss`.
     """
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     logits = hidden.float() @ lm_head_weight.float().t()
@@ -33,6 +34,7 @@ def eagle3_loss_reference(hidden, lm_head_weight, target_probs, mask=None):
 def eagle3_loss_eager(hidden, lm_head_weight, target_probs, mask=None):
     """The same loss written the way training code usually does (logits in the input dtype, then
     float32 softmax): the eager and torch.compile baselines of the benchmark."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     logits = (hidden @ lm_head_weight.t()).float()
@@ -50,6 +52,7 @@ def fp8_pack_reference(x):
     amax = max(|x|, 1e-30) per row; q = e4m3(x * (448 / amax)); scale = amax / 448.
     Every operation is one IEEE float32 operation, so the CUDA kernel matches bit for bit.
     """
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     xf = x.float()
@@ -62,6 +65,7 @@ def fp8_pack_reference(x):
 
 def fp8_unpack_reference(q, scale, dtype=None):
     """Inverse of fp8_pack_reference: dtype(float32(q) * scale[:, None]) (bfloat16 by default)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     dtype = dtype or torch.bfloat16

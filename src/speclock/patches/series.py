@@ -872,6 +872,7 @@ def index_wheels(package: str, version: str) -> list[WheelSource]:
 def _rank(sources: list[WheelSource]) -> list[WheelSource]:
     """This interpreter's own wheel first (pip's choice), any other platform's after (its sources are the same)."""
     try:
+        # optional (packaging, not a speclock dependency): imported only where it is used
         from packaging.tags import sys_tags
         from packaging.utils import parse_wheel_filename
         order = {str(t): n for n, t in enumerate(sys_tags())}

@@ -322,6 +322,7 @@ class TransformersGenerator:
         self.stop = _stop_ids(model, tokenizer)
 
     def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        # heavy, optional (torch): imported only where it is used
         import torch
 
         dev = next(self.model.parameters()).device

@@ -48,6 +48,7 @@ def under_torchrun() -> bool:
 
 def backend_for(device: str, nproc: int) -> tuple[str, str]:
     """(backend, device kind) for `--device` and `--nproc`; raises with what to do if it cannot work."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if not isinstance(nproc, int) or nproc < 1:
@@ -87,6 +88,7 @@ class DistContext:
         return float(self.world)
 
     def barrier(self) -> None:
+        # heavy, optional (torch): imported only where it is used
         import torch.distributed as tdist
 
         if self.backend == "nccl":
@@ -95,6 +97,7 @@ class DistContext:
             tdist.barrier()
 
     def all_reduce_sum(self, t):
+        # heavy, optional (torch): imported only where it is used
         import torch.distributed as tdist
 
         t = t.clone()
@@ -102,6 +105,7 @@ class DistContext:
         return t
 
     def from_rank0(self, value: float) -> float:
+        # heavy, optional (torch): imported only where it is used
         import torch
         import torch.distributed as tdist
 
@@ -110,6 +114,7 @@ class DistContext:
         return float(t.item())
 
     def close(self) -> None:
+        # heavy, optional (torch): imported only where it is used
         import torch.distributed as tdist
 
         if tdist.is_initialized():
@@ -121,6 +126,7 @@ class DistContext:
         from ttt_forward, not through forward(), hence the registered methods; it stays gathered
         through the unrolled forward (reshard_after_forward=False) instead of gathering once per
         step. Buffers (target embeddings, d2t, t2d) are not sharded: they are frozen and replicated."""
+        # heavy, optional (torch): imported only where it is used
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
         fully_shard(drafter.midlayer, mesh=self.mesh, reshard_after_forward=False)
@@ -142,6 +148,7 @@ class DistContext:
 
     def global_metrics(self, loss, accs: list[float], losses: list[float], steps: int):
         """Loss and per-step accuracy/loss of the global batch (sums of the ranks' global-normalized parts)."""
+        # heavy, optional (torch): imported only where it is used
         import torch
 
         n = len(accs)
@@ -155,6 +162,7 @@ class DistContext:
         return vec[0], vec[1:1 + valid].tolist(), vec[1 + steps:1 + steps + valid].tolist()
 
     def _sd_options(self, **kw):
+        # heavy, optional (torch): imported only where it is used
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
@@ -162,6 +170,7 @@ class DistContext:
     def save_checkpoint(self, drafter, opt, path: Path, extra: dict) -> None:
         """Gather the full model and optimizer state (a collective), rank 0 writes it atomically; the
         optimizer state is keyed by parameter name, which a one-process resume also reads."""
+        # heavy, optional (torch): imported only where it is used
         import torch
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -175,6 +184,7 @@ class DistContext:
 
     def load_checkpoint(self, drafter, opt, saved: dict) -> None:
         """Every rank reads the full checkpoint (same host, same file) and keeps its shards."""
+        # heavy, optional (torch): imported only where it is used
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         set_model_state_dict(drafter, saved["drafter"], options=self._sd_options(strict=False))
@@ -202,6 +212,7 @@ def setup(requested_device: str) -> DistContext | None:
     """Join the torchrun process group (None when not launched by torchrun)."""
     if not under_torchrun():
         return None
+    # heavy, optional (torch): imported only where it is used
     import torch
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh

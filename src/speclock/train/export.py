@@ -68,6 +68,7 @@ def drafter_config_json(dcfg, target_config, layer_ids: list[int]) -> dict:
 
 
 def drafter_tensors(drafter) -> dict:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     out = {}
@@ -82,6 +83,7 @@ def drafter_tensors(drafter) -> dict:
 
 def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[int], manifest: dict) -> Path:
     """One engine-format folder (config.json, model.safetensors, manifest), written atomically."""
+    # heavy, optional (safetensors): imported only where it is used
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)

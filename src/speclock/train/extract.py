@@ -84,6 +84,7 @@ def fp8_backend(x, log=print) -> str:
     if kind not in _FP8_BACKEND:
         _FP8_BACKEND[kind] = "reference"
         if x.is_cuda:
+            # heavy, optional (torch): imported only where it is used
             import torch
 
             try:
@@ -97,6 +98,7 @@ def fp8_backend(x, log=print) -> str:
 
 def _pack_rows(x, log=print):
     """fp8_pack over the last dimension of [..., H]: (q as uint8 [..., H], scale [...])."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     rows = x.reshape(-1, x.shape[-1]).contiguous()
@@ -137,6 +139,7 @@ def load_index(out_dir: Path) -> dict | None:
 def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_layers_after: list[int], target_sha: str,
                           max_len: int, batch_tokens: int, shard_tokens: int, log=print, store: str = "bf16") -> dict:
     """Prefill every (prompt, response) not yet extracted; returns the index."""
+    # heavy, optional (torch, safetensors): imported only where it is used
     import torch
     from safetensors.torch import save_file
 
@@ -249,6 +252,7 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
 
 def load_shards(out_dir: Path, device: str = "cpu") -> dict:
     """All shards concatenated: input_ids, loss_mask, aux, final, and per-sequence (start, length)."""
+    # heavy, optional (torch, safetensors): imported only where it is used
     import torch
     from safetensors.torch import load_file
 
@@ -275,6 +279,7 @@ def load_shards(out_dir: Path, device: str = "cpu") -> dict:
 def gather_states(data: dict, name: str, spans: list[tuple[int, int]]):
     """The bf16 rows [sum n, W] of `name` ("aux" [.., 3H] or "final" [.., H]) for (start, n) spans,
     dequantized from an fp8 store in one pass (one gather, one unpack)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if name in data:  # stored in bf16

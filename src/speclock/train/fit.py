@@ -47,6 +47,7 @@ class FitConfig:
 
 def build_draft_vocab(input_ids, loss_mask, vocab_size: int, draft_vocab_size: int):
     """The `draft_vocab_size` target ids most frequent among response tokens (ties: lower id), sorted."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if draft_vocab_size > vocab_size:
@@ -81,6 +82,7 @@ def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: 
 
 def load_checkpoint(path: Path, device: str) -> dict:
     """A checkpoint this module wrote; a damaged one is bad input naming the file, not a crash."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     hint = "delete it (or pass --no-resume) and run `speclock train fit` again"
@@ -110,6 +112,7 @@ def split_holdout(num_sequences: int, holdout: int, seed: int) -> tuple[list[int
 
 def evaluate_holdout(drafter, target_head, data: dict, ids: list[int], cfg: "FitConfig", device: str) -> list[float]:
     """Teacher-forced TTT accuracy per step on held-out sequences (mean over their batches)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if not ids:
@@ -142,6 +145,7 @@ def _settings(fit_config: dict) -> dict:
 
 
 def _collate(data, idxs, max_len, device):
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     spans = [(s, min(n, max_len)) for s, n in (data["spans"][i] for i in idxs)]
@@ -171,6 +175,7 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
     `fused`: a speclock.kernels.eagle3_loss backend ("triton" on a GPU): the draft lm_head, the soft
     cross-entropy and the top-1 count in one chunked kernel, never holding [tokens x draft vocab]
     logits (same loss and gradients; one-process runs only, as FSDP2 shards lm_head)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if fused and reduce_counts is not None:
@@ -216,6 +221,7 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
 
 def _fused_step(drafter, hidden_rows, probs_rows, backend: str):
     """One TTT step through speclock.kernels.eagle3_loss: (mean soft CE over the rows, accuracy)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if hidden_rows.shape[0] == 0:
@@ -231,6 +237,7 @@ def _fused_step(drafter, hidden_rows, probs_rows, backend: str):
 def data_consistency(ids, lm, fin, target_head) -> float:
     """Share of response tokens equal to the target's own greedy choice at that point: about 1.0 when
     the data really is the target's greedy output (a check on the generator and the extraction)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     with torch.no_grad():
@@ -243,6 +250,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                   dist=None):
     """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary).
     `dist` (speclock.train.distributed.DistContext): this process's share of a torchrun run."""
+    # heavy, optional (torch): imported only where it is used
     import torch
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter, count_parameters
 

@@ -93,6 +93,7 @@ def _without(part: dict, key: str, keep: dict) -> dict:
 
 
 def _free_gpu_memory() -> None:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     gc.collect()

@@ -82,6 +82,7 @@ def quick_settings(work: Path, **kw) -> Settings:
 
 
 def pick_device(requested: str) -> str:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     if requested:
@@ -111,6 +112,7 @@ def stage_target(s: Settings) -> Path:
 
 
 def load_target_model(s: Settings, device: str, dtype: str | None = None):
+    # heavy, optional (torch, transformers): imported only where it is used
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -158,6 +160,7 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
             raise BadInput("--generator openai needs --server-url")
         gen = OpenAIGenerator(s.server_url, s.server_model or s.target_name, tok, s.max_new_tokens, s.concurrency)
     elif s.generator == "static":
+        # heavy, optional (torch): imported only where it is used
         from speclock.train.fastgen import StaticLlamaGenerator
 
         gen = StaticLlamaGenerator(model, tok, s.gen_batch, s.max_prompt_tokens, s.max_new_tokens)
@@ -219,6 +222,7 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
 
 def _reference_worker(job: dict) -> dict:
     """One process's share of a reference run (prompts job['ids']); spawn-safe."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     torch.set_num_threads(job.get("threads", 1))
@@ -255,6 +259,7 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
 
     With workers > 1 the prompts are split over that many processes (batch 1 each; the counters
     are sums over prompts, so the merged result equals a single-process run)."""
+    # heavy, optional (transformers): imported only where it is used
     from transformers import AutoConfig, AutoTokenizer
 
     manifest = read_manifest(drafter_dir)
@@ -328,6 +333,7 @@ def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
 
 
 def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
+    # heavy, optional (torch): imported only where it is used
     import torch
 
     t0 = time.perf_counter()
@@ -388,6 +394,7 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
 
 def _load_trained(s: Settings, model, device: str):
     """The drafter from the last checkpoint (for `export` run on its own)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 

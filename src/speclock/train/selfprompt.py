@@ -105,8 +105,10 @@ def synthesize_prompts(model, tokenizer, out_path: Path, n: int, batch_size: int
                        temperature: float = 1.0, min_p: float = 0.05, time_budget_s: float = 0.0, seed: int = 0,
                        log=print) -> dict:
     """Sample until `out_path` holds n distinct acceptable requests (or the time budget ends)."""
+    # heavy, optional (torch): imported only where it is used
     import torch
 
+    # heavy, optional (torch): imported only where it is used
     from speclock.train.fastgen import StaticLlamaGenerator
 
     if n <= 0:

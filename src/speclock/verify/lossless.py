@@ -74,6 +74,7 @@ def float32_judge(target_dir: Path, log=print) -> Judge | None:
         log(f"lossless: target weights are {size / 2**30:.1f} GiB; every divergence counts (no float32 tie check)")
         return None
     try:
+        # heavy, optional (torch, transformers): imported only where it is used
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError:

@@ -237,6 +237,7 @@ def visible_arch(stack) -> str | None:
     if not stack.is_gpu:
         return None
     try:
+        # heavy, optional (torch): imported only where it is used
         import torch
 
         if not torch.cuda.is_available():
@@ -330,6 +331,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         _log(f"{inp.prompts_file} holds {len(texts)} prompts; using all of them")
     texts = texts[:inp.num_prompts]
     try:
+        # heavy, optional (transformers): imported only where it is used
         from transformers import AutoTokenizer
     except ImportError as err:
         raise EnvironmentProblem(f"transformers is not importable: {err}", hint="run in the engine's environment") from None

@@ -111,6 +111,7 @@ def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]
 
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
     """Start the engine with the drafter once; run windows until `minutes` have passed (at least two)."""
+    # heavy, optional (transformers): imported only where it is used
     from transformers import AutoTokenizer
 
     texts = load_prompts(inp.prompts_file)[:inp.num_prompts]  # all of them when the file holds fewer (as smoke)
