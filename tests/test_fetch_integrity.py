@@ -362,7 +362,10 @@ def test_ctrl_c_stops_fetch_within_2_seconds_and_leaves_no_part(tmp_path, server
     cache = tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, "-m", "speclock", "fetch", "--stack", str(stack), "--lock", str(lock),
                              "--jobs", "2"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(cache)))
+                            env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(cache)),
+                            # A shell's background job (CI started with `&`) ignores SIGINT, and an ignored signal
+                            # survives exec: give the child the default, as a terminal's Ctrl-C would find it.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 20
         while not list((cache / "wheelhouse").rglob(".part-*")) if (cache / "wheelhouse").is_dir() else True:

@@ -27,22 +27,7 @@ from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, 
 from speclock.patches import series as patches
 from speclock.core.errors import BadInput, EnvironmentProblem
 
-MODULE = textwrap.dedent('''\
-    """A tiny engine module."""
-
-
-    class Inner:
-        def forward(self, x):
-            return x
-
-
-    class Outer:
-        def forward(self, x):
-            return self.inner.forward(x)
-
-
-    SUPPORTED = ["llama", "qwen"]
-    ''')
+from test_patches_series import MODULE  # the same tiny engine module as the series tests
 
 HEADER = textwrap.dedent('''\
     speclock-patch: 1
