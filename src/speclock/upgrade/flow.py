@@ -28,13 +28,13 @@ import time
 import tomllib
 from pathlib import Path
 from typing import Any, Callable
-from xml.sax.saxutils import escape, quoteattr
 
 from speclock.build import image as build, records, wheelhouse
 from speclock.build.builders import get_builder
 from speclock.build.run import ensure_in_docker, run_image
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, clean_stale_temps, os_error, read_json, read_text
+from speclock.core.junit import Case, junit_xml as write_junit
 from speclock.core.layout import cache_dir, REPO_ROOT
 from speclock.patches.series import check_series, load_series, WheelTree
 from speclock.spec.lock import check_lock, lock_path, read_lock, resolve_lock, write_lock
@@ -543,27 +543,15 @@ def _current_lock_sha(stack: Stack) -> str:
 
 def junit_xml(res: UpgradeResult) -> str:
     """One test case per step and per gate check, so CI shows which part of the upgrade failed."""
-    cases = []
-    for s in res.steps:
-        cases.append((f"speclock.upgrade.{s.name}", s.name, s.status, s.detail, s.seconds))
+    cases = [Case(f"speclock.upgrade.{s.name}", s.name, seconds=s.seconds, failure=s.detail if s.status == "fail" else None,
+                  failure_type="upgrade", skipped="an earlier step failed" if s.status == "skipped" else None)
+             for s in res.steps]
     for ch in res.gate_checks:
         value = f"{_f(ch['value'])} (limit {ch['limit']})"
         reason = f"{ch['name']}: {ch['detail'] or value}"
-        cases.append((f"speclock.upgrade.gate.{ch['kind']}", ch["name"], "pass" if ch["ok"] else "fail", reason, 0.0))
-    fails = sum(1 for c in cases if c[2] == "fail")
-    skipped = sum(1 for c in cases if c[2] == "skipped")
-    name = f"speclock.upgrade.{res.candidate.stack.name}"
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuites><testsuite name={quoteattr(name)} tests="{len(cases)}" failures="{fails}" errors="0" skipped="{skipped}">']
-    for cls, case, status, detail, secs in cases:
-        out.append(f"  <testcase classname={quoteattr(cls)} name={quoteattr(case)} time=\"{secs:.1f}\">")
-        if status == "fail":
-            out.append(f"    <failure message={quoteattr(detail)} type=\"upgrade\">{escape(detail)}</failure>")
-        elif status == "skipped":
-            out.append("    <skipped message=\"an earlier step failed\"/>")
-        out.append("  </testcase>")
-    out.append("</testsuite></testsuites>")
-    return "\n".join(out) + "\n"
+        cases.append(Case(f"speclock.upgrade.gate.{ch['kind']}", ch["name"], seconds=0.0,
+                          failure=None if ch["ok"] else reason, failure_type="upgrade"))
+    return write_junit(f"speclock.upgrade.{res.candidate.stack.name}", cases)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -23,10 +23,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.junit import Case, junit_xml as write_junit
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.spec.lock import normalize_name, read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
@@ -171,21 +171,13 @@ def table(checks: list[Check]) -> str:
 
 
 def junit_xml(checks: list[Check], suite: str = "speclock.gate") -> str:
-    fails = sum(not c.ok for c in checks)
-    skipped = sum(c.warn for c in checks)
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(checks)}" failures="{fails}" errors="0" '
-           f'skipped="{skipped}">']
+    cases = []
     for c in checks:
-        out.append(f'  <testcase classname={quoteattr(suite + "." + c.kind)} name={quoteattr(c.name)}>')
-        if not c.ok:
-            out.append(f'    <failure message={quoteattr(c.reason())} type={quoteattr(c.kind)}>{escape(c.reason())}</failure>')
-        elif c.warn:  # CI shows a skipped case: the regression check did not run
-            out.append(f'    <skipped message={quoteattr("WARN: " + c.detail)}/>')
-        out.append(f"    <system-out>{escape(f'value {_fmt(c.value)}, limit {c.limit}' + (f'; WARN: {c.detail}' if c.warn else ''))}</system-out>")
-        out.append("  </testcase>")
-    out.append("</testsuite></testsuites>")
-    return "\n".join(out) + "\n"
+        out = f"value {_fmt(c.value)}, limit {c.limit}" + (f"; WARN: {c.detail}" if c.warn else "")
+        cases.append(Case(f"{suite}.{c.kind}", c.name, failure=None if c.ok else c.reason(), failure_type=c.kind,
+                          # CI shows a skipped case: the regression check did not run
+                          skipped="WARN: " + c.detail if c.warn else None, system_out=out))
+    return write_junit(suite, cases)
 
 
 def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str | None,
