@@ -34,7 +34,8 @@ RANKS = {
     "cli": 9,          # entry points: speclock.cli, speclock.__main__, speclock.patches.__main__
 }
 # Modules that are entry points (they start the CLI), ranked with cli.
-ENTRY_POINTS = {"speclock.cli", "speclock.__main__", "speclock.patches.__main__"}
+ENTRY_POINTS = {"speclock.cli", "speclock.__main__", "speclock.patches.__main__",
+                "speclock.tasks_from_cli"}  # invoke tasks generated from the CLI parser
 
 # Imported inside functions because importing them costs seconds or they are optional.
 HEAVY = {"torch", "transformers", "safetensors", "numpy", "triton", "gguf", "vllm", "sglang", "cuda",

