@@ -236,7 +236,7 @@ def test_engine_of_another_family_is_refused_before_any_work(cache):
 
 
 def test_upgrade_leftovers_are_cleaned(tmp_path):
-    from speclock.upgrade.flow import clean_leftovers
+    from speclock.upgrade.candidate import clean_leftovers
 
     folder = tmp_path / "cpu-vllm-engine-1"
     out = tmp_path / "out"

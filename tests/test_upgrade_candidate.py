@@ -12,7 +12,8 @@ import pytest
 
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack
-from speclock.upgrade.flow import parse_engine_spec, require_baseline, set_toml_value, write_candidate
+from speclock.upgrade.candidate import parse_engine_spec, set_toml_value, write_candidate
+from speclock.upgrade.steps import require_baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +111,7 @@ def test_an_engine_version_that_does_not_exist_exits_2_and_changes_nothing(tmp_p
 
 def test_ci_mode_takes_the_current_stack_from_git_and_the_candidate_from_the_checkout(tmp_path, monkeypatch):
     from speclock.spec.lock import lock_path
-    from speclock.upgrade.flow import candidate_from_git
+    from speclock.upgrade.candidate import candidate_from_git
 
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path))
     cand, lock = candidate_from_git("HEAD", "cpu-vllm")

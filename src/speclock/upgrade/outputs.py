@@ -1,0 +1,126 @@
+"""The upgrade's outputs: summary.md (for people and PR comments), junit.xml (for CI) and upgrade.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from speclock.core.files import atomic_write_text
+from speclock.core.junit import Case, junit_xml as write_junit
+from speclock.core.layout import REPO_ROOT
+from speclock.spec.lock import lock_path
+from speclock.spec.stack import Stack
+from speclock.upgrade.candidate import pin_value
+from speclock.upgrade.steps import UpgradeResult
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _delta(before: float | None, after: float | None) -> str:
+    if before in (None, 0) or after is None:
+        return ""
+    return f"{(after - before) / before:+.1%}"
+
+
+def summary_markdown(res: UpgradeResult) -> str:
+    c, j = res.candidate, res.to_json()
+    verdict = "PASS" if res.ok else "FAIL"
+    title = ", ".join(f"{k.split('.')[0]} {b} → {a}" for k, (b, a) in c.changes.items()) or "same pins (stack edited)"
+    lines = [f"## speclock upgrade: {verdict}: {c.stack.name}: {title}", ""]
+    if not res.ok:
+        lines += ["**Why it failed:**", ""] + [f"- {f}" for f in res.failures()] + [""]
+        lines += ["Nothing of the current stack changed (stacks/, locks/, baselines/ untouched).", ""]
+    elif res.promoted:
+        lines += ["Promoted: the candidate stack, lock and report are now the current ones.", ""]
+    else:
+        lines += ["The candidate passed; promote it with `--promote` (or commit the candidate's stack, lock and report).", ""]
+    lines += ["### Versions", "", "| | before | after |", "|---|---|---|"]
+    for section, key in [("engine", "package"), ("engine", "version"), ("torch", "version"), ("gpu", "cuda")]:
+        b, a = pin_value(c.current, section, key) or "-", pin_value(c.stack, section, key) or "-"
+        mark = " **(changed)**" if b != a else ""
+        lines.append(f"| {section}.{key} | {b} | {a}{mark} |")
+    before_img = (res.before or {}).get("image", {}).get("ref", "-")
+    lines.append(f"| image | {before_img} | {res.image.get('ref', '-')} |")
+    lock = next((s for s in res.steps if s.name == "lock"), None)
+    if lock and lock.data:
+        lines.append(f"| lock sha256 | {_current_lock_sha(c.current)} | {lock.data['lock_sha256'][:16]} |")
+    lines += ["", "### Steps", "", "| step | result | time | detail |", "|---|---|---|---|"]
+    for s in res.steps:
+        mark = {"pass": "pass", "fail": "**FAIL**", "skipped": "skipped"}[s.status]
+        lines.append(f"| {s.name} | {mark} | {s.seconds:.0f} s | {s.detail.replace('|', '/').splitlines()[0] if s.detail else ''} |")
+    patches = next(s for s in res.steps if s.name == "patches").data.get("results")
+    if patches is not None:
+        lines += ["", "### Patches", ""]
+        if not patches:
+            lines.append("The stack has no patch series.")
+        else:
+            lines += ["| patch | state | note |", "|---|---|---|"]
+            for p in patches:
+                state = {"upstream": "retired (upstream has it)", "conflict": "**conflict**"}.get(p["state"], p["state"])
+                lines.append(f"| {p['patch']} | {state} | {p['reason'].splitlines()[0].replace('|', '/')} |")
+    b, a = j["before"], j["after"]
+    if b or a:
+        lines += ["", "### Acceptance and speed", "", f"baseline: `{_display_path(res.baseline)}`", "",
+                  "| metric | before | after | change |", "|---|---|---|---|"]
+        for key, label in [("mean_acceptance_length", "mean acceptance length"), ("acceptance_rate", "acceptance rate"),
+                           ("speedup", "speedup (spec / plain tok/s)"), ("spec_tok_s", "spec tok/s"),
+                           ("baseline_tok_s", "plain tok/s")]:
+            bv, av = (b or {}).get(key), (a or {}).get(key)
+            lines.append(f"| {label} | {_f(bv)} | {_f(av)} | {_delta(bv, av)} |")
+        npos = max(len((b or {}).get("per_position") or []), len((a or {}).get("per_position") or []))
+        for i in range(npos):
+            bv = ((b or {}).get("per_position") or [None] * npos)[i] if i < len((b or {}).get("per_position") or []) else None
+            av = ((a or {}).get("per_position") or [None] * npos)[i] if i < len((a or {}).get("per_position") or []) else None
+            lines.append(f"| accepted at position {i + 1} | {_f(bv)} | {_f(av)} | {_delta(bv, av)} |")
+        lines.append(f"| lossless (spec == plain) | {(b or {}).get('lossless', 'n/a')} | {(a or {}).get('lossless', 'n/a')} | |")
+        lines.append(f"| aux layers configured / captured | {(b or {}).get('aux_layer_ids')} / {(b or {}).get('captured_layers')} "
+                     f"| {(a or {}).get('aux_layer_ids')} / {(a or {}).get('captured_layers')} | |")
+    if res.gate_checks:
+        lines += ["", "### Gate (candidate against the current baseline)", "", "| check | result | value | limit |",
+                  "|---|---|---|---|"]
+        for ch in res.gate_checks:
+            lines.append(f"| {ch['name']} | {'pass' if ch['ok'] else '**FAIL**'} | {_f(ch['value'])} | {ch['limit']} |")
+    lines += ["", f"Verdict: **{verdict}**", ""]
+    return "\n".join(lines)
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _current_lock_sha(stack: Stack) -> str:
+    try:
+        return str(json.loads(lock_path(stack).read_bytes())["lock_sha256"])[:16]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # a summary line, not a check
+        return "-"
+
+
+def junit_xml(res: UpgradeResult) -> str:
+    """One test case per step and per gate check, so CI shows which part of the upgrade failed."""
+    cases = [Case(f"speclock.upgrade.{s.name}", s.name, seconds=s.seconds, failure=s.detail if s.status == "fail" else None,
+                  failure_type="upgrade", skipped="an earlier step failed" if s.status == "skipped" else None)
+             for s in res.steps]
+    for ch in res.gate_checks:
+        value = f"{_f(ch['value'])} (limit {ch['limit']})"
+        reason = f"{ch['name']}: {ch['detail'] or value}"
+        cases.append(Case(f"speclock.upgrade.gate.{ch['kind']}", ch["name"], seconds=0.0,
+                          failure=None if ch["ok"] else reason, failure_type="upgrade"))
+    return write_junit(f"speclock.upgrade.{res.candidate.stack.name}", cases)
+
+
+def write_outputs(res: UpgradeResult, out: Path) -> dict[str, Path]:
+    paths = {"summary": out / "summary.md", "junit": out / "junit.xml", "json": out / "upgrade.json"}
+    atomic_write_text(paths["summary"], summary_markdown(res))
+    atomic_write_text(paths["junit"], junit_xml(res))
+    atomic_write_text(paths["json"], json.dumps(res.to_json(), indent=2, default=str) + "\n")
+    return paths

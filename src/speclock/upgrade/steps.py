@@ -1,0 +1,288 @@
+"""The upgrade's steps (lock, patches, build, doctor and smoke in the image, gate) and their result."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from speclock.build import image as build, records, wheelhouse
+from speclock.build.builders import get_builder
+from speclock.build.run import ensure_in_docker, run_image
+from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.files import atomic_write_text, read_json
+from speclock.core.layout import REPO_ROOT
+from speclock.patches.series import check_series, load_series
+from speclock.patches.trees import WheelTree
+from speclock.spec.lock import check_lock, read_lock, write_lock
+from speclock.spec.resolve import resolve_lock
+from speclock.spec.stack import Stack
+from speclock.upgrade.candidate import Candidate
+from speclock.verify.gate import baseline_path, run_gate
+from speclock.verify.report import load_report
+
+UPGRADE_SCHEMA = "speclock.upgrade/v1"
+
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    status: str = "skipped"  # pass | fail | skipped
+    detail: str = ""
+    seconds: float = 0.0
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def default_baseline(stack: Stack, root: Path | None = None) -> Path:
+    return baseline_path((root or REPO_ROOT) / "baselines", stack.name, stack.engine["package"], stack.engine["version"])
+
+
+def require_baseline(stack: Stack, baseline: Path | None) -> Path:
+    path = baseline or default_baseline(stack)
+    if not path.is_file():
+        raise BadInput(f"no baseline report for the current lock of stack {stack.name} "
+                       f"({stack.engine['package']} {stack.engine['version']}): {path} does not exist",
+                       hint=f"an upgrade is judged against the current image's measured acceptance: run "
+                            f"`speclock build-image --stack {stack.name}` (its self-check writes report.json) and commit "
+                            f"that report as {path}, or pass --baseline REPORT")
+
+    load_report(path)  # a broken baseline is bad input too, before any build starts
+    return path
+
+
+def lock_candidate(cand: Candidate, *, relock: bool, progress) -> dict[str, Any]:
+    """Resolve the candidate's lock (reusing one already resolved for exactly this candidate)."""
+    if cand.lock_file.is_file() and not relock:
+        try:
+            doc = read_lock(cand.lock_file)
+            if not check_lock(cand.stack, doc):
+                progress(f"  reusing the candidate lock {cand.lock_file} (in sync; --relock resolves again)")
+                return doc
+        except BadInput:
+            pass
+    doc = resolve_lock(cand.stack, progress=progress)
+    write_lock(cand.lock_file, doc)
+    return doc
+
+
+def engine_wheel(lock: dict[str, Any], package: str) -> Path:
+    norm = re.sub(r"[-_.]+", "-", package).lower()
+    for pkg in lock["packages"]:
+        if pkg["name"] == norm:
+            return wheelhouse.entry_path(pkg)
+    raise BadInput(f"lock of stack {lock['stack']} has no {package}", hint="re-create the lock")
+
+
+def check_patches(stack: Stack, lock: dict[str, Any]) -> list[dict[str, Any]]:
+    """The patch lifecycle against the candidate's own engine wheel (already fetched and verified)."""
+    series = load_series(stack)
+    if not series:
+        return []
+    results = check_series(series, WheelTree(engine_wheel(lock, stack.engine["package"])), stack.engine["version"])
+    return [r.as_json() for r in results]
+
+
+def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) -> dict[str, Any] | None:
+    """The build record of an image with exactly this candidate's inputs, if that image still exists."""
+    lock = read_lock(lock_file)
+    with build.context_lock(build.context_name(stack, lock_file), progress):
+        ctx = build.cache_dir() / "contexts" / build.context_name(stack, lock_file)
+        wheelhouse.fetch(lock, progress=lambda m: None)
+        build.stage_context(stack, lock, ctx, lock_file=lock_file)
+        tag = build.inputs_hash(ctx, lock)[:16]
+    record_file = records.records_dir(stack.name) / f"{tag}.{builder_name}.json"
+    if not record_file.is_file():
+        return None
+    try:
+        record = records.check_record(read_json(record_file, what="build record"), record_file, stack.name, builder_name, tag)
+    except BadInput as err:  # a damaged record: build again, which writes a whole new one over it
+        progress(f"  ignoring the damaged build record ({err.message}); building the candidate again")
+        return None
+    if not get_builder(builder_name).image_exists(record["ref"]):
+        return None
+    return record
+
+
+def read_image_result(path: Path) -> dict[str, Any] | None:
+    """A result the image wrote (doctor.json, smoke-exit.json); missing or damaged reads as no result."""
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, what="image result")
+    except BadInput:
+        return None
+
+
+def check_in_image(record: dict[str, Any], outputs: Path, *, progress) -> None:
+    """`speclock doctor --json` and `speclock smoke` inside the image, hardened; results into `outputs`."""
+
+    if outputs.exists():
+        shutil.rmtree(outputs)
+    outputs.mkdir(parents=True)
+    ref = ensure_in_docker(record)
+    progress(f"  doctor in {ref}")
+    proc = run_image(ref, ["doctor", "--json"], capture_output=True, timeout=1800)
+    try:
+        doctor = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        doctor = {"verdict": "fail", "error": f"doctor exited {proc.returncode} without a JSON result: "
+                                              f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
+    doctor["exit_code"] = proc.returncode
+    atomic_write_text(outputs / "doctor.json", json.dumps(doctor, indent=2) + "\n")
+    progress(f"  doctor: {doctor.get('verdict')} (exit {proc.returncode})")
+    progress(f"  smoke test in {ref}")
+    proc = run_image(ref, ["smoke", "--out", "/out"], out_dir=outputs, capture_output=True, timeout=3600)
+    tail = (proc.stderr.strip().splitlines() or [""])[-1]
+    atomic_write_text(outputs / "smoke-exit.json", json.dumps({"exit_code": proc.returncode, "error": tail if proc.returncode else None}) + "\n")
+    atomic_write_text(outputs / "smoke.log", proc.stdout + proc.stderr)
+    progress(f"  smoke: exit {proc.returncode}")
+
+
+@dataclasses.dataclass
+class UpgradeResult:
+    candidate: Candidate
+    baseline: Path
+    steps: list[Step]
+    before: dict[str, Any] | None = None  # the baseline report
+    after: dict[str, Any] | None = None  # the candidate's report
+    gate_checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    image: dict[str, Any] = dataclasses.field(default_factory=dict)
+    promoted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(s.status in ("pass", "skipped") for s in self.steps) and any(
+            s.name == "gate" and s.status == "pass" for s in self.steps)
+
+    def failures(self) -> list[str]:
+        out = []
+        for s in self.steps:
+            if s.status == "fail":
+                out.append(f"{s.name}: {s.detail}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"schema": UPGRADE_SCHEMA, "stack": c.stack.name, "verdict": "pass" if self.ok else "fail",
+                "changes": {k: {"before": b, "after": a} for k, (b, a) in c.changes.items()},
+                "candidate": {"folder": str(c.folder), "stack": str(c.stack.path), "lock": str(c.lock_file)},
+                "baseline": str(self.baseline), "image": self.image,
+                "steps": [dataclasses.asdict(s) for s in self.steps],
+                "before": metrics_of(self.before), "after": metrics_of(self.after),
+                "gate_checks": self.gate_checks, "failures": self.failures(), "promoted": self.promoted}
+
+
+def metrics_of(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The numbers an upgrade compares, from a smoke report; per-position rates = accepted / drafts."""
+    if not report:
+        return None
+    m, tp = report["metrics"], report["throughput"]
+    drafts = m["num_drafts"]
+    return {"engine": f"{report['engine'].get('package') or report['engine']['name']} {report['engine']['version']}",
+            "image": report.get("image", {}).get("ref"),
+            "mean_acceptance_length": m["mean_acceptance_length"], "acceptance_rate": m["acceptance_rate"],
+            "per_position": [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]],
+            "num_drafts": drafts, "speedup": tp.get("speedup"), "spec_tok_s": tp.get("spec_tok_s"),
+            "baseline_tok_s": tp.get("baseline_tok_s"),
+            "lossless": f"{report['lossless']['checked'] - report['lossless']['mismatches']}/{report['lossless']['checked']}",
+            "captured_layers": (report.get("draft") or {}).get("captured_layers"),
+            "aux_layer_ids": (report.get("draft") or {}).get("aux_layer_ids")}
+
+
+def _timed(step: Step, fn: Callable[[], Any]) -> Any:
+    t0 = time.monotonic()
+    try:
+        return fn()
+    finally:
+        step.seconds = round(step.seconds + time.monotonic() - t0, 1)
+
+
+def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah", relock: bool = False,
+                rebuild: bool = False, rerun_selfcheck: bool = False, lock_doc: dict[str, Any] | None = None,
+                progress=print) -> UpgradeResult:
+    """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
+    except bad input and environment problems found before anything was built."""
+    steps = {n: Step(n) for n in ("lock", "patches", "build", "doctor", "smoke", "gate")}
+    result = UpgradeResult(cand, baseline, list(steps.values()), before=load_report(baseline))
+    cand.out.mkdir(parents=True, exist_ok=True)
+
+    progress(f"[1/5] lock: {', '.join(f'{k} {b} -> {a}' for k, (b, a) in cand.changes.items()) or 'no pin changed'}")
+    if lock_doc is None:
+        lock_doc = _timed(steps["lock"], lambda: lock_candidate(cand, relock=relock, progress=progress))
+    steps["lock"].status, steps["lock"].detail = "pass", f"{cand.lock_file} (lock {lock_doc['lock_sha256'][:12]})"
+    steps["lock"].data = {"lock_sha256": lock_doc["lock_sha256"], "packages": len(lock_doc["packages"])}
+    _timed(steps["lock"], lambda: wheelhouse.fetch(lock_doc, progress=progress))
+
+    progress("[2/5] patch lifecycle against the candidate engine wheel")
+    patches = _timed(steps["patches"], lambda: check_patches(cand.stack, lock_doc))
+    steps["patches"].data = {"results": patches}
+    conflicts = [p for p in patches if p["state"] == "conflict"]
+    if conflicts:
+        steps["patches"].status = "fail"
+        steps["patches"].detail = "; ".join(f"{p['patch']} conflicts: {p['reason'].splitlines()[0]}" for p in conflicts)
+        return result
+    steps["patches"].status = "pass"
+    steps["patches"].detail = ", ".join(f"{p['patch']}: {p['state']}" for p in patches) or "the stack has no patches"
+
+    progress(f"[3/5] candidate image ({builder_name})")
+    t0 = time.monotonic()
+    record = None if rebuild else find_built(cand.stack, cand.lock_file, builder_name, progress=progress)
+    if record:
+        steps["build"].detail = f"{record['ref']} (reused: an image with exactly these inputs exists)"
+    else:
+        try:
+            record = build.build_image(cand.stack, builder_name=builder_name, lock_file=cand.lock_file, progress=progress)
+        except CheckFailed as err:
+            steps["build"].status, steps["build"].detail = "fail", f"the candidate image did not build: {err}"
+            steps["build"].seconds = round(time.monotonic() - t0, 1)
+            return result
+        steps["build"].detail = f"{record['ref']} (built in {record['build_seconds']} s)"
+    steps["build"].status, steps["build"].seconds = "pass", round(time.monotonic() - t0, 1)
+    result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
+
+    progress("[4/5] doctor and smoke test in the candidate image (read-only, no network, non-root)")
+    outputs = records.records_dir(cand.stack.name) / f"{record['tag']}.{record['builder']}.upgrade"
+    if not rerun_selfcheck and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
+        progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
+    else:
+        _timed(steps["smoke"], lambda: check_in_image(record, outputs, progress=progress))
+    doctor = read_image_result(outputs / "doctor.json") or {}
+    checks = doctor.get("checks") if isinstance(doctor.get("checks"), list) else []
+    checks = [c for c in checks if isinstance(c, dict)]  # the image's output: a damaged entry is no check
+    failed = [c for c in checks if c.get("status") == "fail"]
+    if doctor.get("verdict") == "pass":
+        steps["doctor"].status = "pass"
+        warns = [str(c.get("name")) for c in checks if c.get("status") == "warn"]
+        steps["doctor"].detail = f"{len(checks)} checks passed" + (f" (warnings: {', '.join(warns)})" if warns else "")
+    else:
+        steps["doctor"].status = "fail"
+        steps["doctor"].detail = ("; ".join(f"{c.get('name')}: {c.get('reason')}" for c in failed)
+                                  or str(doctor.get("error") or "") or f"no doctor result; see {outputs}")
+    steps["doctor"].data = {"checks": [{k: c.get(k) for k in ("name", "status", "reason")} for c in checks]}
+    report_path = outputs / "report.json"
+    if report_path.is_file():
+        result.after = load_report(report_path)
+        run = result.after.get("run") or {"completed": True}
+        if run.get("completed"):
+            steps["smoke"].status = "pass"
+            steps["smoke"].detail = (f"{result.after['prompts']['count']} prompts x {result.after.get('max_tokens')} tokens "
+                                     f"ran with and without the drafter")
+        else:
+            steps["smoke"].status = "fail"
+            steps["smoke"].detail = f"the engine run did not complete: {run.get('error')}"
+    else:
+        steps["smoke"].status = "fail"
+        steps["smoke"].detail = str((read_image_result(outputs / "smoke-exit.json") or {}).get("error") or f"no report.json in {outputs}")
+        return result
+
+    progress(f"[5/5] gate: candidate report against the current baseline {baseline}")
+    gate = _timed(steps["gate"], lambda: run_gate(report_path, baseline=str(baseline), stack=str(cand.stack.path),
+                                                  junit=cand.out / "gate-junit.xml", md=cand.out / "gate.md"))
+    result.gate_checks = gate.to_json()["checks"]
+    steps["gate"].status = "pass" if gate.ok else "fail"
+    steps["gate"].detail = "every check passed" if gate.ok else "; ".join(gate.to_json()["failures"])
+    return result
