@@ -27,7 +27,7 @@ rec {
   lower = [ "a" "b" "c" "d" "e" "f" "g" "h" "i" "j" "k" "l" "m" "n" "o" "p" "q" "r" "s" "t" "u" "v" "w" "x" "y" "z" ];
   toLower = builtins.replaceStrings upper lower;
 
-  # PEP 503 name normalization, as speclock.spec.lock.normalize_name does it.
+  # PEP 503 name normalization, as speclock.core.names.normalize does it.
   normalizeName = name: toLower (concatStringsSep "-" (splitOn "[-_.]+" name));
 
   listToAttrsBy = key: xs: builtins.listToAttrs (map (x: { name = x.${key}; value = x; }) xs);

@@ -21,7 +21,8 @@ from helpers import DOCKER, ROOT, speclock
 from speclock.build import image as build
 from speclock.verify import doctor
 from speclock.core.errors import BadInput
-from speclock.spec.lock import KERNEL_TOOLCHAIN, check_kernel_toolchain, read_lock
+from speclock.spec.lock import read_lock
+from speclock.spec.resolve import KERNEL_TOOLCHAIN, check_kernel_toolchain
 from speclock.spec.stack import load_stack
 
 GPU_STACKS = ("vllm-cu130", "sglang-cu130")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from speclock.core.errors import BadInput
-from speclock.spec.lock import check_lock, lock_path, read_lock, resolve_lock
+from speclock.spec.lock import check_lock, lock_path, read_lock
+from speclock.spec.resolve import resolve_lock
 from speclock.spec.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]

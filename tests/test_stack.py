@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from speclock.core.errors import BadInput
-from speclock.spec.stack import json_schema, load_stack
+from speclock.spec.schema import json_schema
+from speclock.spec.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT / "stacks" / "cpu-vllm.toml").read_text()

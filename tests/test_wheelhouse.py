@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from speclock.core.errors import CheckFailed
-from speclock.spec.lock import file_sha256
+from speclock.core.files import file_sha256
 from speclock.build.wheelhouse import ensure_entry, entry_path, fetch, requirements_text
 
 ROOT = Path(__file__).resolve().parents[1]

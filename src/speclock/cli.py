@@ -18,8 +18,7 @@ from speclock.core.errors import SpeclockError
 from speclock.core.files import current_input, os_error
 
 COMMAND_MODULES = [
-    "speclock.spec.stack",
-    "speclock.spec.lock",
+    "speclock.spec.cli",
     "speclock.build.wheelhouse",
     "speclock.build.image",
     "speclock.build.push",

@@ -32,7 +32,8 @@ from speclock.core.files import atomic_output, atomic_write_text, clean_stale_te
 from speclock.core.layout import REPO_ROOT
 from speclock.core.layout import cache_dir
 from speclock.spec import baseimage
-from speclock.spec.lock import check_kernel_toolchain, check_lock, kernel_toolchain, lock_path, read_lock
+from speclock.spec.lock import check_lock, lock_path, read_lock
+from speclock.spec.resolve import check_kernel_toolchain, kernel_toolchain
 from speclock.spec.stack import Stack, load_stack
 
 CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"

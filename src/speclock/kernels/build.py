@@ -27,7 +27,8 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
-from speclock.spec.stack import ARCH_MIN_CUDA, load_stack
+from speclock.spec.schema import ARCH_MIN_CUDA
+from speclock.spec.stack import load_stack
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FP8_SOURCE = CSRC / "fp8_pack.cu"

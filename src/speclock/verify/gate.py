@@ -28,7 +28,8 @@ from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.junit import Case, junit_xml as write_junit
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
-from speclock.spec.lock import normalize_name, read_lock
+from speclock.core.names import normalize
+from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
 from speclock.verify.report import _get, load_report
 
@@ -276,7 +277,7 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
     if doc.get("stack") != stack.name:
         raise BadInput(f"{lock}: key 'stack' is {files._short(doc.get('stack'))}, not the stack {stack.name}",
                        hint=f"re-create the lock with `invoke lock --stack {stack.name}`")
-    versions = [p["version"] for p in doc["packages"] if normalize_name(p["name"]) == normalize_name(pinned["package"])]
+    versions = [p["version"] for p in doc["packages"] if normalize(p["name"]) == normalize(pinned["package"])]
     if not versions:
         raise BadInput(f"{lock}: the engine package {pinned['package']} is not in the lock",
                        hint=f"re-create the lock with `invoke lock --stack {stack.name}`")

@@ -1,0 +1,83 @@
+"""`speclock stack` (check a stack file, print its JSON schema) and `speclock lock` (resolve, or --check)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from speclock.core.errors import CheckFailed
+from speclock.spec.lock import check_lock, lock_path, lock_summary, read_lock, write_lock
+from speclock.spec.resolve import resolve_lock
+from speclock.spec.schema import json_schema
+from speclock.spec.stack import load_stack
+
+
+def add_commands(sub) -> None:
+    _add_stack_command(sub)
+    _add_lock_command(sub)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    stack = load_stack(args.stack)
+    if args.json:
+        print(json.dumps(stack.data, indent=2, sort_keys=True))
+    else:
+        print(f"stack {stack.name} ({stack.path}) is valid")
+        print(f"  engine   {stack.engine['package']}=={stack.engine['version']}  torch {stack.torch['version']}")
+        print(f"  base     {stack.base['kind']} {stack.base['ref'] or stack.base['suite']}")
+        print(f"  gpu      {stack.gpu['cuda'] or 'none'} {' '.join(stack.gpu['archs'])}")
+        print(f"  patches  {', '.join(stack.patch_series) or 'none'}")
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _add_stack_command(sub) -> None:
+    p = sub.add_parser("stack", help="validate and show a stack file", description="Validate a stack file and show what it pins.")
+    ps = p.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
+    show = ps.add_parser("check", help="validate a stack and print its pins")
+    show.add_argument("stack", nargs="?", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    show.add_argument("--json", action="store_true", help="print the validated stack with defaults as JSON")
+    show.set_defaults(func=_cmd_show)
+    schema = ps.add_parser("schema", help="print the JSON schema of stack files")
+    schema.set_defaults(func=_cmd_schema)
+
+
+def _cmd_lock(args: argparse.Namespace) -> int:
+    stack = load_stack(args.stack)
+    path = Path(args.lock) if args.lock else lock_path(stack)
+    if args.check:
+        doc = read_lock(path, stack=stack)
+        diffs = check_lock(stack, doc)
+        if args.json:
+            print(json.dumps({"stack": stack.name, "lock": str(path), "in_sync": not diffs, "differences": diffs}, indent=2))
+        if diffs:
+            raise CheckFailed(f"{path} is out of date with {stack.path}:\n  " + "\n  ".join(diffs),
+                              hint=f"run `invoke lock --stack {stack.name}` and commit the new lock")
+        if not args.json:
+            print(f"{path} is in sync with {stack.path}")
+        return 0
+    doc = resolve_lock(stack, progress=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
+    write_lock(path, doc)
+    if args.json:
+        print(json.dumps({"stack": stack.name, "lock": str(path), "lock_sha256": doc["lock_sha256"]}, indent=2))
+    else:
+        print(f"wrote {path}: {lock_summary(doc)}")
+    return 0
+
+
+def _add_lock_command(sub) -> None:
+    p = sub.add_parser("lock", help="resolve a stack to exact wheels and a base digest (writes locks/<stack>.lock)",
+                       description="Resolve every Python package of a stack to an exact version and sha256 with pip's "
+                                   "resolver (for the image's Python and platform), record the base rootfs recipe and its "
+                                   "digest, and write locks/<stack>.lock atomically. --check only compares.")
+    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--check", action="store_true", help="exit 1 if the stack and its lock disagree; write nothing")
+    p.add_argument("--lock", metavar="PATH", help="the lock file to check or write (default locks/<stack>.lock)")
+    p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    p.set_defaults(func=_cmd_lock)

