@@ -24,7 +24,8 @@ def _prompts(tok, n):
 @pytest.mark.slow
 def test_speculative_output_equals_plain_greedy_with_any_drafter():
     """Lossless: same tokens as greedy decoding, with an untrained drafter and with the trained one."""
-    from speclock.drafter.reference import eos_ids, greedy_generate, speculative_generate, SpecCounters, check_counters
+    from speclock.drafter.counters import SpecCounters, check_counters
+    from speclock.drafter.reference import eos_ids, greedy_generate, speculative_generate
     from speclock.drafter.manifest import load_drafter
 
     model, tok = train_support.target_model("float32")
@@ -42,7 +43,8 @@ def test_speculative_output_equals_plain_greedy_with_any_drafter():
 
 @pytest.mark.slow
 def test_counters_add_up_over_a_run():
-    from speclock.drafter.reference import check_counters, run_reference
+    from speclock.drafter.counters import check_counters
+    from speclock.drafter.reference import run_reference
     from speclock.drafter.manifest import load_drafter
 
     model, tok = train_support.target_model("float32")
@@ -113,7 +115,7 @@ def test_reference_cli_json_is_parseable_and_progress_goes_to_stderr(tmp_path):
     lines go to stderr), and the counters it reports are consistent."""
     import json as _json
     import subprocess
-    from speclock.drafter.reference import check_counters
+    from speclock.drafter.counters import check_counters
 
     target = train_support.real_target()
     prompts = tmp_path / "p.jsonl"

@@ -126,7 +126,7 @@ def test_aux_layer_outside_the_target_is_refused(layers):
 
 
 def test_counters_consistency_check_catches_broken_counters():
-    from speclock.drafter.reference import SpecCounters, check_counters
+    from speclock.drafter.counters import SpecCounters, check_counters
 
     c = SpecCounters(k=3)
     for a in (3, 0, 1, 2):

@@ -19,52 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speclock.core.errors import BadInput
+from speclock.drafter.counters import SpecCounters
 from speclock.drafter.models import read_model_config
-
-
-@dataclass
-class SpecCounters:
-    k: int
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    def __post_init__(self):
-        if not self.accepted_per_position:
-            self.accepted_per_position = [0] * self.k
-
-    def add(self, accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += self.k
-        self.num_accepted_tokens += accepted
-        for j in range(accepted):
-            self.accepted_per_position[j] += 1
-
-    def metrics(self) -> dict:
-        drafts, tokens, acc = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
-        return {
-            "num_drafts": drafts,
-            "num_draft_tokens": tokens,
-            "num_accepted_tokens": acc,
-            "accepted_per_position": list(self.accepted_per_position),
-            "acceptance_rate": acc / tokens if tokens else 0.0,
-            "mean_acceptance_length": 1.0 + acc / drafts if drafts else 1.0,
-            "per_position_rate": [a / drafts if drafts else 0.0 for a in self.accepted_per_position],
-        }
-
-
-def check_counters(m: dict) -> None:
-    """Internal consistency of a counters dict; raises BadInput naming the broken relation."""
-    k = len(m["accepted_per_position"])
-    if m["num_draft_tokens"] != k * m["num_drafts"]:
-        raise BadInput(f"counters: num_draft_tokens {m['num_draft_tokens']} != k*num_drafts {k}*{m['num_drafts']}")
-    if sum(m["accepted_per_position"]) != m["num_accepted_tokens"]:
-        raise BadInput("counters: accepted_per_position does not sum to num_accepted_tokens")
-    if any(a < b for a, b in zip(m["accepted_per_position"], m["accepted_per_position"][1:])):
-        raise BadInput("counters: accepted_per_position must not increase (a chain accepts a prefix)")
-    if m["accepted_per_position"] and m["accepted_per_position"][0] > m["num_drafts"]:
-        raise BadInput("counters: more first-position accepts than drafts")
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -205,12 +161,12 @@ def run_reference(target, tokenizer, drafter, aux_layers_after: list[int], promp
     for i, ids in enumerate(prompt_ids):
         outputs.append(speculative_generate(target, drafter, aux_layers_after, ids, k, max_tokens, stop, counters))
         if progress:
-            progress(i + 1, len(prompt_ids), counters.metrics())
+            progress(i + 1, len(prompt_ids), counters.reference_metrics())
     dev = next(target.parameters()).device
     if dev.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    return ReferenceRun(counters.metrics(), outputs, sum(map(len, outputs)), secs, str(dev),
+    return ReferenceRun(counters.reference_metrics(), outputs, sum(map(len, outputs)), secs, str(dev),
                         str(next(target.parameters()).dtype).replace("torch.", ""))
 
 

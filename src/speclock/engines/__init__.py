@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from speclock.core.errors import BadInput
+from speclock.drafter.counters import SpecCounters  # re-exported: engines hand these out
 from speclock.drafter.models import draft_aux_ids, read_model_config
 
 # Name -> module. `reference` is speclock's own PyTorch speculative decoder (the judge).
@@ -40,39 +41,6 @@ class EngineConfig:
     num_speculative_tokens: int = 3
     settings: dict[str, Any] = field(default_factory=dict)  # stack [engine].settings
     server_url: str = ""  # attach to a running server instead of starting one in-process
-
-
-@dataclass(frozen=True)
-class SpecCounters:
-    """Cumulative speculative-decoding counters, in vLLM's terms (drafts = verify steps)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = ()
-
-    def __sub__(self, before: "SpecCounters") -> "SpecCounters":
-        n = max(len(self.accepted_per_position), len(before.accepted_per_position))
-        a = list(self.accepted_per_position) + [0] * (n - len(self.accepted_per_position))
-        b = list(before.accepted_per_position) + [0] * (n - len(before.accepted_per_position))
-        return SpecCounters(
-            self.num_drafts - before.num_drafts,
-            self.num_draft_tokens - before.num_draft_tokens,
-            self.num_accepted_tokens - before.num_accepted_tokens,
-            tuple(x - y for x, y in zip(a, b)),
-        )
-
-    def metrics(self) -> dict[str, Any]:
-        """The report contract's `metrics` object."""
-        return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "accepted_per_position": list(self.accepted_per_position),
-            "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
-            "mean_acceptance_length": 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0,
-            "acceptance_per_position": [x / self.num_drafts if self.num_drafts else 0.0 for x in self.accepted_per_position],
-        }
 
 
 class EngineSession(Protocol):

@@ -8,8 +8,8 @@ from pathlib import Path
 from speclock import __version__
 from speclock.drafter.manifest import load_drafter
 from speclock.drafter.models import read_drafter_manifest, read_model_config
-from speclock.drafter.reference import SpecCounters, eos_ids, greedy_generate, load_target, speculative_generate
-from speclock.engines import SpecCounters as EngineCounters
+from speclock.drafter.counters import SpecCounters
+from speclock.drafter.reference import eos_ids, greedy_generate, load_target, speculative_generate
 
 NAME = "reference"
 
@@ -44,8 +44,8 @@ class ReferenceSession:
                 for p in prompts]
 
     def counters(self):
-        c = self.counters_
-        return EngineCounters(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, tuple(c.accepted_per_position))
+        c = self.counters_  # a snapshot: the session keeps counting into its own
+        return SpecCounters(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.accepted_per_position)
 
     def captured_layers(self) -> list[int] | None:
         return list(self.layers) if self.layers else None

@@ -24,7 +24,8 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_write_text, read_json
 from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, read_manifest, record_reference, reference_key
 from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
-from speclock.drafter.reference import load_target, run_baseline, run_reference, SpecCounters
+from speclock.drafter.counters import SpecCounters
+from speclock.drafter.reference import load_target, run_baseline, run_reference
 from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
 from speclock.train import distributed
 from speclock.train.data import data_sha256, generate_responses, load_prompt_records, mix_prompt_files, OpenAIGenerator, read_done, TransformersGenerator
@@ -242,14 +243,10 @@ def _reference_worker(job: dict) -> dict:
 
 
 def _merge_counters(parts: list[dict], k: int) -> dict:
-    c = SpecCounters(k=k)
+    total = SpecCounters(k=k)
     for p in parts:
-        m = p["metrics"]
-        c.num_drafts += m["num_drafts"]
-        c.num_draft_tokens += m["num_draft_tokens"]
-        c.num_accepted_tokens += m["num_accepted_tokens"]
-        c.accepted_per_position = [a + b for a, b in zip(c.accepted_per_position, m["accepted_per_position"])]
-    return c.metrics()
+        total = total + SpecCounters.from_metrics(p["metrics"])
+    return total.reference_metrics()
 
 
 def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens_list: list[int],
