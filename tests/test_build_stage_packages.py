@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "speclock"
 # (folder, packages, files at the top of speclock/, entry modules, commands as the Containerfiles run them)
 STAGES = {
     "tools": (image.TOOL_PACKAGES, image.TOOL_TOP_FILES,
-              ["speclock.cli", "speclock.patches.series", "speclock.drafter.models", "speclock.engines.probe"],
+              ["speclock.cli", "speclock.patches.cli", "speclock.drafter.models", "speclock.engines.probe"],
               [["-m", "speclock.patches", "patches", "apply", "--help"],
                ["-m", "speclock.drafter.models", "convert", "--help"]]),
     "kernel-tools": (image.KERNEL_TOOL_PACKAGES, image.KERNEL_TOOL_TOP_FILES,

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock.patches import series as patches
+from speclock.patches import diff as patch_diff, trees as patch_trees
 from speclock.core.errors import BadInput
 from test_patches_integrity import GOOD, MODULE
 
@@ -97,7 +97,7 @@ def structurally_malformed(text: str) -> bool:
 
 # ---------------------------------------------------------------- engine trees where a patch applies
 
-def synth_engine(root: Path, patch: patches.Patch, version: str = "0.17.1") -> Path:
+def synth_engine(root: Path, patch: patch_diff.Patch, version: str = "0.17.1") -> Path:
     """A site-packages tree whose files hold each hunk's old lines at the hunk's place."""
     site = root / "site-packages"
     for fd in patch.files:
@@ -210,13 +210,13 @@ def test_the_reader_accepts_only_whole_diffs(tmp_path, body, tail):
     path = fresh(tmp_path) / "p.patch"
     path.write_text(text)
     try:
-        patch = patches.parse_patch(path)
+        patch = patch_diff.parse_patch(path)
     except BadInput as err:
         assert str(path) in str(err) and re.search(rf"{re.escape(str(path))}:\d+: ", str(err)), str(err)
         return
     assert not structurally_malformed(text), text
     for fd in patch.files:
-        assert fd.hunks and patches.bad_rel_path(fd.path) is None
+        assert fd.hunks and patch_diff.bad_rel_path(fd.path) is None
         for hunk in fd.hunks:  # every hunk holds exactly the lines its header counts
             m = _HDR.fullmatch(hunk.header)
             assert len(hunk.old) == (int(m[2]) if m[2] is not None else 1)
@@ -229,13 +229,13 @@ def test_random_bytes_as_a_patch_are_refused_cleanly(tmp_path, data, with_header
     root = fresh(tmp_path)
     (root / "patches" / "vllm" / "0001-r.patch").write_bytes((HEADER.encode() if with_header else b"") + data)
     stack = write_stack(root, ["0001-r.patch"])
-    site = synth_engine(root, patches.parse_patch(COMMITTED[0]))
+    site = synth_engine(root, patch_diff.parse_patch(COMMITTED[0]))
     before = snapshot(root)
     code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site),
                              env=speclock_env(root))
     assert_clean_refusal(code, err, allowed=(0, 1, 2), names="0001-r.patch" if code == 2 else None)
     if code != 2:  # only a patch the reader understood whole may be judged
-        patches.parse_patch(root / "patches" / "vllm" / "0001-r.patch")
+        patch_diff.parse_patch(root / "patches" / "vllm" / "0001-r.patch")
     assert_nothing_written(before, snapshot(root))
 
 
@@ -249,9 +249,9 @@ def test_check_never_says_a_malformed_patch_applies(tmp_path, case):
     path = root / "patches" / "vllm" / name
     path.write_text(text, encoding="utf-8")
     stack = write_stack(root, [name])
-    site = synth_engine(root, patches.parse_patch(ROOT / "patches" / "vllm" / name)
+    site = synth_engine(root, patch_diff.parse_patch(ROOT / "patches" / "vllm" / name)
                         if (ROOT / "patches" / "vllm" / name).exists()
-                        else patches.parse_patch(next(p for p in COMMITTED if p.name == name)))
+                        else patch_diff.parse_patch(next(p for p in COMMITTED if p.name == name)))
     before = snapshot(root)
     code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site), "--json",
                              env=speclock_env(root))
@@ -261,7 +261,7 @@ def test_check_never_says_a_malformed_patch_applies(tmp_path, case):
     if code == 2:
         assert "APPLIES" not in out and not out.strip()
     else:
-        patches.parse_patch(path)  # judged only when read whole
+        patch_diff.parse_patch(path)  # judged only when read whole
         states = [p["state"] for p in json.loads(out)["patches"]]
         assert (code == 1) == ("conflict" in states), (code, states)
     if text == original:
@@ -341,8 +341,9 @@ def test_random_series_entries_never_leave_the_series_folder(tmp_path, monkeypat
     (site / "vllm-9.9.9.dist-info").mkdir()
     (site / "vllm-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n")
     read: list[Path] = []
-    real = patches.read_text
-    monkeypatch.setattr(patches, "read_text", lambda path, **kw: (read.append(Path(path)), real(path, **kw))[1])
+    real = patch_diff.read_text
+    for module in (patch_diff, patch_trees):  # the package's file readers: patch files and engine sources
+        monkeypatch.setattr(module, "read_text", lambda path, **kw: (read.append(Path(path)), real(path, **kw))[1])
     before = snapshot(root)
     code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site),
                              env=speclock_env(root))

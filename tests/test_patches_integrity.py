@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock.patches import series as patches
+from speclock.core.files import atomic_write_json
+from speclock.core.layout import REPO_ROOT
+from speclock.patches import cli as patches_cli, diff as patch_diff, probes as patch_probes, series as patch_series
+from speclock.patches import trees as patch_trees, wheels as patch_wheels
 from speclock.core.errors import BadInput, EnvironmentProblem
 
 from test_patches_series import MODULE  # the same tiny engine module as the series tests
@@ -105,7 +108,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLOCK_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens: no network by accident
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setattr(patches, "_RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(patch_wheels, "_RETRY_PAUSE_S", 0.0)
     site = make_engine(tmp_path / "engine")
 
     class Env:
@@ -132,8 +135,8 @@ def check(stack: Path, *extra: str, site: Path | None = None):
 # ---------------------------------------------------------------- the diff reader refuses what it does not understand
 
 def test_the_committed_series_still_reads():
-    for path in sorted((patches.REPO_ROOT / "patches").rglob("*.patch")):
-        p = patches.parse_patch(path)
+    for path in sorted((REPO_ROOT / "patches").rglob("*.patch")):
+        p = patch_diff.parse_patch(path)
         assert p.files and all(f.hunks for f in p.files)
 
 
@@ -221,10 +224,10 @@ def test_a_probe_of_the_wrong_shape_is_exit_2_naming_patch_line_and_key(env, pro
 
 def test_engine_probe_output_of_the_wrong_shape_is_an_environment_problem(monkeypatch):
     for stdout in ("[1, 2]", '{"Kimi": 3}', '{"Kimi": {"resolved": "yes"}}', "{}"):
-        monkeypatch.setattr(patches, "engine_subprocess",
+        monkeypatch.setattr(patch_probes, "engine_subprocess",
                             lambda *a, out=stdout, **k: subprocess.CompletedProcess([], 0, out + "\n", ""))
         with pytest.raises(EnvironmentProblem, match="eagle3 probe"):
-            patches.eagle3_probe("vllm", ["Kimi"])
+            patch_probes.eagle3_probe("vllm", ["Kimi"])
 
 
 # ---------------------------------------------------------------- encoding
@@ -258,8 +261,9 @@ def test_a_series_entry_outside_patches_is_refused_before_anything_is_read(env, 
     (env.patches_dir / "vllm" / "0001-outer.patch").write_text(GOOD)
     stack = write_stack(env.root, ["0001-outer.patch", entry])
     read: list[str] = []
-    real = patches.read_text
-    monkeypatch.setattr(patches, "read_text", lambda path, **kw: (read.append(str(path)), real(path, **kw))[1])
+    real = patch_diff.read_text
+    for module in (patch_diff, patch_trees):  # the package's file readers: patch files and engine sources
+        monkeypatch.setattr(module, "read_text", lambda path, **kw: (read.append(str(path)), real(path, **kw))[1])
     before = snapshot(env.root)
     code, _, err = check(stack, site=env.engine)
     assert_clean_refusal(code, err, allowed=(2,), names=f"{stack}: key 'patches.series'")
@@ -314,8 +318,8 @@ def test_apply_writes_through_speclock_files_and_records(env):
     assert not [p for p in env.root.rglob("*") if p.name.startswith(".speclock-tmp")]
 
 
-def test_write_json_atomic_stays_importable(tmp_path):
-    patches.write_json_atomic(tmp_path / "a" / "b.json", {"z": 1, "a": 2})
+def test_the_record_writer_sorts_keys_and_creates_folders(tmp_path):
+    atomic_write_json(tmp_path / "a" / "b.json", {"z": 1, "a": 2}, sort_keys=True)  # what apply --record uses
     assert (tmp_path / "a" / "b.json").read_text() == '{\n  "a": 2,\n  "z": 1\n}\n'
 
 
@@ -324,7 +328,7 @@ def test_write_json_atomic_stays_importable(tmp_path):
 @pytest.mark.parametrize("value", ["garbage", "", "1..2", "../0.17.1", "0.17.1 ; rm -rf", "0.17.1/../x"])
 def test_engine_version_garbage_is_exit_2_at_parse_time(env, monkeypatch, value):
     stack = env.series({"0001-outer.patch": GOOD})
-    monkeypatch.setattr(patches, "fetch_wheel", lambda *a, **k: pytest.fail("fetched for a bad version"))
+    monkeypatch.setattr(patches_cli, "fetch_wheel", lambda *a, **k: pytest.fail("fetched for a bad version"))
     code, _, err = run_cli("patches", "check", "--stack", str(stack), "--engine-version", value)
     assert_clean_refusal(code, err, allowed=(2,), names="--engine-version")
     assert "is not a version" in err
@@ -483,7 +487,7 @@ def test_disk_full_says_disk_full_and_leaves_no_temp(env, index, monkeypatch):
     def full(fh, block):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(patches, "_write_block", full)
+    monkeypatch.setattr(patch_wheels, "_write_block", full)
     code, _, err = check(stack)
     assert_clean_refusal(code, err, allowed=(3,), names="disk full")
     assert "network" not in err
@@ -508,20 +512,20 @@ def test_an_index_that_cannot_be_reached_is_exit_3(env):
 
 
 def test_a_lock_pins_the_hash_of_a_locked_engine_wheel():
-    found = patches.locked_wheels("vllm", "0.17.1")
+    found = patch_wheels.locked_wheels("vllm", "0.17.1")
     assert found and all(len(s.sha256) == 64 and s.source.startswith("lock ") for s in found)
-    assert not patches.locked_wheels("vllm", "9.9.9")
+    assert not patch_wheels.locked_wheels("vllm", "9.9.9")
 
 
 @pytest.mark.parametrize("name", ["../vllm-9.9.9-py3-none-any.whl", "vllm-9.9.9-py3-none-../../x.whl",
                                   "vllm-9.9.9-py3-none-any.zip", "/abs/vllm-9.9.9-py3-none-any.whl"])
 def test_a_wheel_name_from_data_that_is_not_a_plain_wheel_name_never_matches(name):
-    assert not patches.wheel_matches(name, "vllm", "9.9.9")
+    assert not patch_wheels.wheel_matches(name, "vllm", "9.9.9")
 
 
 def test_bad_input_from_unit_helpers():
     with pytest.raises(BadInput, match="leaves the engine"):
-        patches.DirTree(Path("/tmp")).read("../etc/passwd")
+        patch_trees.DirTree(Path("/tmp")).read("../etc/passwd")
 
 
 @pytest.mark.parametrize("record", ["dir", "under-a-file"])
@@ -546,7 +550,7 @@ def test_a_python_that_does_not_exist_is_exit_2(env):
 
 def test_ctrl_c_during_apply_puts_every_file_back(env, monkeypatch):
     stack = env.series({"0001-outer.patch": GOOD})
-    real, calls = patches._refresh_bytecode, []
+    real, calls = patch_series._refresh_bytecode, []
 
     def interrupted(source):
         calls.append(source)
@@ -554,7 +558,7 @@ def test_ctrl_c_during_apply_puts_every_file_back(env, monkeypatch):
             raise KeyboardInterrupt
         real(source)
 
-    monkeypatch.setattr(patches, "_refresh_bytecode", interrupted)
+    monkeypatch.setattr(patch_series, "_refresh_bytecode", interrupted)
     code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
                            "--no-runtime-probes")
     assert code == 130, err

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from speclock.core.errors import BadInput
-from speclock.patches.series import DirTree, Overlay, apply_hunks, check_series, parse_patch
+from speclock.patches.diff import apply_hunks, parse_patch
+from speclock.patches.series import check_series
+from speclock.patches.trees import DirTree, Overlay
 from speclock.core.versions import in_range, parse_range
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -217,7 +219,8 @@ def test_apply_writes_all_verifies_and_records(tmp_path):
     assert rec["ok"] and [p["state"] for p in rec["patches"]] == ["applied", "applied"]
     assert rec["label"].startswith("0001-outer.patch@")
     label = speclock("patches", "label", "--stack", str(stack), patches_dir=pdir)
-    assert label.stdout.strip() == rec["label"]  # the build can set the label before the layer runs
+    # the build can set the label before the layer runs: `label` prints the image's key=value
+    assert label.stdout.strip() == f"io.speclock.patches={rec['label']}"
     assert all(pr["passed"] for p in rec["patches"] for pr in p["probes"])
     # verify passes on the patched tree, and check reports it as already applied
     assert speclock("patches", "verify", "--stack", str(stack), "--site-packages", str(site), patches_dir=pdir).returncode == 0

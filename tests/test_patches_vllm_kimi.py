@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from speclock.patches.series import WheelTree, check_series, fetch_wheel, load_series
+from speclock.patches.series import check_series, load_series
+from speclock.patches.trees import WheelTree
+from speclock.patches.wheels import fetch_wheel
 from speclock.spec.stack import load_stack
 
 SRC = Path(__file__).resolve().parents[1] / "src"

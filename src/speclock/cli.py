@@ -27,7 +27,7 @@ COMMAND_MODULES = [
     "speclock.verify.smoke",
     "speclock.verify.gate",
     "speclock.verify.selfcheck",
-    "speclock.patches.series",
+    "speclock.patches.cli",
     "speclock.verify.doctor",
     "speclock.kernels.build",
     "speclock.train.cli",

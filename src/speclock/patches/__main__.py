@@ -2,4 +2,4 @@
 
 from speclock.cli import main
 
-raise SystemExit(main(modules=["speclock.patches.series"]))
+raise SystemExit(main(modules=["speclock.patches.cli"]))
