@@ -15,13 +15,12 @@ verify counts: `server_info_delta`.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from speclock.core.errors import EnvironmentProblem
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
+from speclock.engines.http import http
 
 NAME = "sglang"
 
@@ -150,13 +149,7 @@ class OfflineSession(_MetaSession):
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
-        raise EnvironmentProblem(f"SGLang server {url}: {err}", hint="check that the server runs and the URL is right") from None
+    return http(url, body, timeout, server="SGLang server")
 
 
 class ServerSession(_MetaSession):

@@ -12,12 +12,11 @@ import gc
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 from typing import Any
 
 from speclock.core.errors import EnvironmentProblem
 from speclock.engines import EngineConfig, SpecCounters, package_version
+from speclock.engines.http import http
 
 NAME = "vllm"
 _PREFIX = "vllm:spec_decode_"
@@ -138,13 +137,7 @@ class OfflineSession:
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
-        raise EnvironmentProblem(f"vLLM server {url}: {err}", hint="check that the server runs and the URL is right") from None
+    return http(url, body, timeout, server="vLLM server")
 
 
 class ServerSession:
