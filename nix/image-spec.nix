@@ -1,6 +1,6 @@
 # The Nix image's layout, labels and runtime config for one stack: pure data (builtins only), so
 # `nix eval .#lib.image.<stack>` and the offline checks can compare it with the Containerfile,
-# speclock.core.layout and speclock.build.image.labels_for without nixpkgs.
+# speclock.core.layout and speclock.build.labels.labels_for (docs/labels.md) without nixpkgs.
 { root, containerfile, revision }:
 let
   u = import ./util.nix;
@@ -14,9 +14,17 @@ let
     if hits == [ ] then u.fail "${path}: cannot find ${what}" else builtins.head (builtins.head hits);
 
   version = readMatch "/src/speclock/__init__.py" "__version__ = \"([^\"]+)\"" "__version__";
-  # speclock.build.image.source_url's default (used when neither SPECLOCK_SOURCE_URL nor a git remote is set).
-  sourceUrl = readMatch "/src/speclock/build/image.py" "else \"(https://[^\"]+)\"" "the default source URL in source_url()";
-  labelPrefix = readMatch "/src/speclock/build/image.py" "LABEL_PREFIX = \"([^\"]+)\"" "LABEL_PREFIX";
+  # speclock.build.labels.source_url's default (used when neither SPECLOCK_SOURCE_URL nor a git remote is set).
+  sourceUrl = readMatch "/src/speclock/build/labels.py" "DEFAULT_SOURCE_URL = \"(https://[^\"]+)\"" "DEFAULT_SOURCE_URL";
+  labelPrefix = readMatch "/src/speclock/build/labels.py" "LABEL_PREFIX = \"([^\"]+)\"" "LABEL_PREFIX";
+  # The patches label's key, as speclock.patches.series.series_label gives it.
+  patchesKey = readMatch "/src/speclock/patches/series.py" "LABEL_KEY = \"([^\"]+)\"" "LABEL_KEY";
+  # Its value: `name@sha12` of each patch file in series order (series_label), "none" for no series.
+  patchesValue = s:
+    let
+      entry = p: "${baseNameOf p}@${builtins.substring 0 12 (builtins.hashFile "sha256" (root + "/patches/${s.engine.name}/${p}"))}";
+    in
+    if s.patches == [ ] then "none" else builtins.concatStringsSep "," (map entry s.patches);
 
   # Paths inside the image; speclock.core.layout.ImageLayout reads them (tests/test_nix_flake.py compares).
   layout = stackName: {
@@ -46,7 +54,7 @@ let
     "${l.src}" = "src/speclock, compiled with checked-hash .pyc";
   };
 
-  # Hash of what reaches the image (the Nix analogue of speclock.build.image.inputs_hash; it is not
+  # Hash of what reaches the image (the Nix analogue of speclock.build.inputs.inputs_hash; it is not
   # the same number, because the Nix image has a different base).
   inputsFor = s:
     builtins.hashString "sha256" (builtins.concatStringsSep "\n" [
@@ -70,7 +78,7 @@ let
       created = u.isoUtc s.sourceDateEpoch;
       layout = l;
       destinations = providedDestinations l;
-      # The same keys as speclock.build.image.labels_for; values from the lock.
+      # The same keys as speclock.build.labels.labels_for; values from the lock.
       labels = {
         "org.opencontainers.image.title" = "speclock-${s.name}";
         "org.opencontainers.image.description" = s.description;
@@ -87,7 +95,7 @@ let
         "${labelPrefix}.torch-version" = s.torch.version;
         "${labelPrefix}.cuda" = if s.cuda == "" then "none" else s.cuda;
         "${labelPrefix}.archs" = joinOr s.archs;
-        "${labelPrefix}.patches" = joinOr s.patches;
+        "${patchesKey}" = patchesValue s;
         # The Nix image's base is nixpkgs, not the locked Debian rootfs: say so instead of
         # claiming the Debian digest.
         "${labelPrefix}.base" = "nixpkgs";
@@ -115,7 +123,7 @@ let
     };
 in
 {
-  inherit layout version sourceUrl labelPrefix for;
+  inherit layout version sourceUrl labelPrefix patchesKey for;
   # Drift between the Containerfile and the Nix image, in both directions: every COPY
   # destination of the runtime stage must be provided here, and every path provided here must
   # appear in the Containerfile (created by a RUN, a COPY or a parent stage).

@@ -50,7 +50,7 @@ rec {
   deepForce = v: builtins.deepSeq v v;
 
   # UTC "YYYY-MM-DDTHH:MM:SSZ" of a Unix time (days-to-civil, proleptic Gregorian), as
-  # speclock.build.image labels_for writes org.opencontainers.image.created.
+  # speclock.build.labels.labels_for writes org.opencontainers.image.created.
   isoUtc = epoch:
     let
       pad = n: if n < 10 then "0${toString n}" else toString n;

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from speclock.build import image
+from speclock.build import context
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "speclock"
 
 # (folder, packages, files at the top of speclock/, entry modules, commands as the Containerfiles run them)
 STAGES = {
-    "tools": (image.TOOL_PACKAGES, image.TOOL_TOP_FILES,
+    "tools": (context.TOOL_PACKAGES, context.TOOL_TOP_FILES,
               ["speclock.cli", "speclock.patches.cli", "speclock.drafter.models", "speclock.engines.probe"],
               [["-m", "speclock.patches", "patches", "apply", "--help"],
                ["-m", "speclock.drafter.models", "convert", "--help"]]),
-    "kernel-tools": (image.KERNEL_TOOL_PACKAGES, image.KERNEL_TOOL_TOP_FILES,
+    "kernel-tools": (context.KERNEL_TOOL_PACKAGES, context.KERNEL_TOOL_TOP_FILES,
                      ["speclock.kernels.build"],
                      [["-m", "speclock.kernels.build", "--help"]]),
 }
@@ -30,7 +30,7 @@ STAGES = {
 
 def stage_folder(tmp_path: Path, packages, top_files) -> Path:
     root = tmp_path / "stage"
-    for rel, src in image.stage_tool_files(SRC, packages, top_files).items():
+    for rel, src in context.stage_tool_files(SRC, packages, top_files).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, root / rel)
     return root
@@ -66,18 +66,18 @@ def test_stage_commands_start_from_the_staged_packages_alone(tmp_path, stage):
 
 
 def test_the_kernel_stage_carries_the_cuda_sources(tmp_path):
-    root = stage_folder(tmp_path, image.KERNEL_TOOL_PACKAGES, image.KERNEL_TOOL_TOP_FILES)
+    root = stage_folder(tmp_path, context.KERNEL_TOOL_PACKAGES, context.KERNEL_TOOL_TOP_FILES)
     assert sorted(p.name for p in (root / "speclock" / "kernels" / "csrc").iterdir()) == \
         sorted(p.name for p in (SRC / "kernels" / "csrc").iterdir())
 
 
 def test_a_package_left_out_is_caught(tmp_path):
     """The check has teeth: without spec/ the patch stage's entry does not import."""
-    root = stage_folder(tmp_path, tuple(p for p in image.TOOL_PACKAGES if p != "spec"), image.TOOL_TOP_FILES)
+    root = stage_folder(tmp_path, tuple(p for p in context.TOOL_PACKAGES if p != "spec"), context.TOOL_TOP_FILES)
     proc = run_in(root, ["-c", "import speclock.patches.series"])
     assert proc.returncode != 0 and "speclock.spec" in proc.stderr
 
 
 def test_no_cache_files_are_staged(tmp_path):
-    files = image.stage_tool_files(SRC, image.TOOL_PACKAGES, image.TOOL_TOP_FILES)
+    files = context.stage_tool_files(SRC, context.TOOL_PACKAGES, context.TOOL_TOP_FILES)
     assert not [rel for rel in files if "__pycache__" in rel or rel.endswith((".pyc", ".pyo"))]

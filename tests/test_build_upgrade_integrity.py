@@ -420,12 +420,12 @@ def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeyp
     monkeypatch.setattr(build, "get_builder", lambda name: Interrupted())
     monkeypatch.setattr(build, "read_lock", lambda path: lock)
     monkeypatch.setattr(build, "check_lock", lambda stack, doc: [])
-    monkeypatch.setattr(build.wheelhouse, "fetch", lambda doc, progress=None: None)
+    monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
     monkeypatch.setattr(build, "stage_context", lambda stack, doc, ctx, lock_file=None: ctx.mkdir(parents=True, exist_ok=True))
     monkeypatch.setattr(build, "inputs_hash", lambda ctx, doc: "f" * 64)
     monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
     monkeypatch.setattr(build, "build_args_for", lambda *a, **k: {})
-    monkeypatch.setattr(build, "staged_containerfile", lambda ctx, labels, with_kernels=False: ctx / "Containerfile")
+    monkeypatch.setattr(build, "staged_containerfile", lambda ctx, with_kernels=False: ctx / "Containerfile")
     code, _out, err = run_cli("build-image", "--stack", STACK, "--skip-selfcheck")
     assert code == 130, err
     records = cache / "images" / STACK

@@ -20,7 +20,7 @@ from fetch_server import ROOT, WheelServer, copy_committed_lock, make_lock, make
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from speclock.spec import baseimage
 from speclock.engines import envs as engine_envs
-from speclock.build import wheelhouse
+from speclock.build import fetch, wheelhouse
 from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
 from speclock.spec.lock import read_lock
@@ -226,7 +226,7 @@ def test_link_into_reverifies_an_entry_changed_after_fetch(tmp_path, server, mon
     entry = wheel_entry(server, "demo-a")
     lock = {"stack": "cpu-vllm", "packages": [entry], "assets": []}
     store = tmp_path / "store"
-    wheelhouse.fetch(lock, store=store, progress=lambda m: None)
+    fetch.fetch(lock, store=store, progress=lambda m: None)
     cached = wheelhouse.entry_path(entry, store)
     cached.write_bytes(cached.read_bytes()[:10])
     wheelhouse.link_into(lock, tmp_path / "ctx", store=store)

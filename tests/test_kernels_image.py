@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from helpers import DOCKER, ROOT, speclock
-from speclock.build import image as build
+from speclock.build import containerfile, context
+from speclock.core.layout import IMAGE
 from speclock.verify import doctor
 from speclock.core.errors import BadInput
 from speclock.spec.lock import read_lock
@@ -62,10 +63,10 @@ def staged(tmp_path, monkeypatch):
             entry.parent.mkdir(parents=True, exist_ok=True)
             entry.touch()
         ctx = tmp_path / "ctx" / name
-        build.stage_context(stack, lock, ctx)
+        context.stage_context(stack, lock, ctx)
         kernel_base = "localhost/speclock-kernel-base:x" if stack.kernels else None
-        args = build.build_args_for(stack, lock, ctx, "localhost/speclock-base:x", kernel_base)
-        text = build.staged_containerfile(ctx, {"k": "v"}, with_kernels=bool(stack.kernels)).read_text()
+        args = containerfile.build_args_for(stack, lock, ctx, "localhost/speclock-base:x", kernel_base)
+        text = containerfile.staged_containerfile(ctx, with_kernels=bool(stack.kernels)).read_text()
         return ctx, args, stages(text)
     return stage
 
@@ -99,8 +100,8 @@ def test_runtime_gets_only_the_library_and_no_compiler(staged, name):
     # runtime grows from patched <- venv <- base; the kernel stage reaches it by one COPY of the library folder.
     assert chain(st, "runtime") == ["runtime", "patched", "venv", "base"]
     from_kernels = [l for s in chain(st, "runtime") for l in st[s]["body"] if "--from=kernels" in l]
-    assert from_kernels == [f"COPY --from=kernels {build.KERNELS_IN_IMAGE} {build.KERNELS_IN_IMAGE}"]
-    assert build.KERNELS_IN_IMAGE == str(Path("/opt/speclock") / "kernels")  # where fp8_cuda looks in an image
+    assert from_kernels == [f"COPY --from=kernels {containerfile.KERNELS_IN_IMAGE} {containerfile.KERNELS_IN_IMAGE}"]
+    assert containerfile.KERNELS_IN_IMAGE == str(Path("/opt/speclock") / "kernels")  # where fp8_cuda looks in an image
     for s in chain(st, "runtime"):
         text = " ".join(st[s]["body"])
         assert "kernels.txt" not in text and "g++" not in text and "apt-get" not in text, s
@@ -116,7 +117,7 @@ def test_cpu_stack_stages_no_kernel_build(staged):
     assert "kernels" not in st
     assert not (ctx / "wheels" / "kernels.txt").exists() and not (ctx / "kernel-tools").exists()
     assert "KERNEL_BASE_IMAGE" not in args and "KERNELS_SHA256" not in args
-    assert (ctx / "Containerfile").read_text().startswith(build.CONTAINERFILE.read_text().rstrip("\n"))
+    assert (ctx / "Containerfile").read_text().startswith(containerfile.CONTAINERFILE.read_text().rstrip("\n"))
     assert "kernel_base" not in read_lock(ROOT / "locks" / "cpu-vllm.lock")
 
 
@@ -125,7 +126,7 @@ def test_kernel_sources_hash_into_the_kernel_layer_only(staged):
     before = dict(args)
     src = ctx / "kernel-tools" / "speclock" / "kernels" / "csrc" / "fp8_pack.cu"
     src.write_text(src.read_text() + "\n// edit\n")
-    after = build.build_args_for(load_stack("vllm-cu130"), read_lock(ROOT / "locks" / "vllm-cu130.lock"), ctx,
+    after = containerfile.build_args_for(load_stack("vllm-cu130"), read_lock(ROOT / "locks" / "vllm-cu130.lock"), ctx,
                                  "localhost/speclock-base:x", "localhost/speclock-kernel-base:x")
     changed = {k for k in before if before[k] != after[k]}
     assert changed == {"KERNELS_SHA256"}
@@ -176,7 +177,7 @@ def test_doctor_kernels_check_skips_a_cpu_stack_and_host_runs(monkeypatch):
     assert doctor.check_kernels(ctx).status == "skip"
     ctx = doctor.Context(load_stack("vllm-cu130"), None, "", None, None, None, None)
     res = doctor.check_kernels(ctx)
-    if not doctor.IMAGE.lock_file.is_file():  # on a host: the library exists only in the image
+    if not IMAGE.lock_file.is_file():  # on a host: the library exists only in the image
         assert res.status == "skip" and "inside the image" in res.reason
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from speclock.build import nixcheck
-from speclock.build.image import labels_for
+from speclock.build.labels import labels_for
 from speclock.core.layout import ImageLayout
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack

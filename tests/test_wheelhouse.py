@@ -7,7 +7,8 @@ import pytest
 
 from speclock.core.errors import CheckFailed
 from speclock.core.files import file_sha256
-from speclock.build.wheelhouse import ensure_entry, entry_path, fetch, requirements_text
+from speclock.build.fetch import fetch
+from speclock.build.wheelhouse import ensure_entry, entry_path, requirements_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())

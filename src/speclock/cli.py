@@ -19,7 +19,7 @@ from speclock.core.files import current_input, os_error
 
 COMMAND_MODULES = [
     "speclock.spec.cli",
-    "speclock.build.wheelhouse",
+    "speclock.build.fetch",
     "speclock.build.image",
     "speclock.build.push",
     "speclock.build.run",

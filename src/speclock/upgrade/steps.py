@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from speclock.build import image as build, records, wheelhouse
-from speclock.build.builders import get_builder
-from speclock.build.run import ensure_in_docker, run_image
+from speclock.build.builders import ensure_in_docker, get_builder
+from speclock.build.fetch import fetch as fetch_wheels
+from speclock.build.run import run_image
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, read_json
 from speclock.core.layout import REPO_ROOT
@@ -91,7 +92,7 @@ def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) ->
     lock = read_lock(lock_file)
     with build.context_lock(build.context_name(stack, lock_file), progress):
         ctx = build.cache_dir() / "contexts" / build.context_name(stack, lock_file)
-        wheelhouse.fetch(lock, progress=lambda m: None)
+        fetch_wheels(lock, progress=lambda m: None)
         build.stage_context(stack, lock, ctx, lock_file=lock_file)
         tag = build.inputs_hash(ctx, lock)[:16]
     record_file = records.records_dir(stack.name) / f"{tag}.{builder_name}.json"
@@ -215,7 +216,7 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         lock_doc = _timed(steps["lock"], lambda: lock_candidate(cand, relock=relock, progress=progress))
     steps["lock"].status, steps["lock"].detail = "pass", f"{cand.lock_file} (lock {lock_doc['lock_sha256'][:12]})"
     steps["lock"].data = {"lock_sha256": lock_doc["lock_sha256"], "packages": len(lock_doc["packages"])}
-    _timed(steps["lock"], lambda: wheelhouse.fetch(lock_doc, progress=progress))
+    _timed(steps["lock"], lambda: fetch_wheels(lock_doc, progress=progress))
 
     progress("[2/5] patch lifecycle against the candidate engine wheel")
     patches = _timed(steps["patches"], lambda: check_patches(cand.stack, lock_doc))

@@ -35,6 +35,9 @@ class Builder(Protocol):
 
     def remove(self, ref: str) -> None: ...
 
+    def copy_to_docker(self, ref: str) -> str:
+        """Make this builder's image `ref` runnable in docker (where images run); return the ref there."""
+
 
 BUILDERS: dict[str, Builder] = {"buildah": buildah.BUILDER, "docker": docker.BUILDER}
 
@@ -45,3 +48,12 @@ def get_builder(name: str) -> Builder:
     builder = BUILDERS[name]
     builder.check_available()
     return builder
+
+
+def ensure_in_docker(record: dict) -> str:
+    """The recorded build's image ref in docker's store, copied there by the builder that made it.
+
+    The builder itself need not work here (only docker must): a copied image is found in docker first."""
+    if record["builder"] not in BUILDERS:
+        raise BadInput(f"unknown builder {record['builder']!r} in a build record", hint=f"use one of: {', '.join(BUILDERS)}")
+    return BUILDERS[record["builder"]].copy_to_docker(record["ref"])

@@ -6,10 +6,12 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 from speclock.build.builders._proc import capture, stream
+from speclock.build.builders.docker import in_docker
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 # vfs and overlay give different digests for the same content: pin one.
@@ -96,6 +98,16 @@ class Buildah:
 
     def remove(self, ref: str) -> None:
         capture(self._cmd("rmi", "-f", ref))
+
+    def copy_to_docker(self, ref: str) -> str:
+        """Images run in docker: copy the build from buildah's store once (docker-daemon transport)."""
+        if in_docker(ref):
+            return ref
+        print(f"copying {ref} from buildah's store into docker", file=sys.stderr, flush=True)
+        rc, tail = stream(self._cmd("push", ref, f"docker-daemon:{ref}"), quiet=True)
+        if rc != 0:
+            raise EnvironmentProblem(f"could not copy {ref} into docker:\n{tail[-1000:]}", hint="check that dockerd runs")
+        return ref
 
 
 BUILDER = Buildah()

@@ -94,6 +94,18 @@ class Docker:
     def remove(self, ref: str) -> None:
         capture([docker_cli(), "rmi", "-f", ref])
 
+    def copy_to_docker(self, ref: str) -> str:
+        """A docker build is in docker's store already, or nowhere."""
+        if in_docker(ref):
+            return ref
+        raise EnvironmentProblem(f"image {ref} is not in docker's store", hint="build it again with --builder docker")
+
+
+def in_docker(ref: str) -> bool:
+    """Whether docker (which must be running: images run there) holds `ref`."""
+    BUILDER.check_available()
+    return BUILDER.image_exists(ref)
+
 
 def _parse_size(text: str) -> int:
     m = re.fullmatch(r"([\d.]+)\s*([kKMG]?B)", text.strip())

@@ -1,0 +1,68 @@
+"""The staged Containerfile and its build arguments: containers/Containerfile, with the kernel builder
+stage spliced in for stacks with kernels.build. Labels are not written here: the builder sets them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from speclock.build.context import sync_text, tree_sha256
+from speclock.core.errors import BadInput
+from speclock.core.layout import REPO_ROOT
+from speclock.spec.stack import Stack
+
+CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
+BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"
+# The kernel builder stage, spliced into CONTAINERFILE at its @kernels markers for stacks with kernels.build.
+KERNELS_CONTAINERFILE = REPO_ROOT / "containers" / "kernels.Containerfile"
+KERNELS_STAGE_MARK = "# @kernels-stage"
+KERNELS_COPY_MARK = "# @kernels-copy"
+KERNELS_IN_IMAGE = "/opt/speclock/kernels"  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
+
+
+def containerfile_text(with_kernels: bool) -> str:
+    """containers/Containerfile, with the kernel builder stage and its one COPY spliced in when asked."""
+    text = CONTAINERFILE.read_text()
+    lines = text.splitlines(keepends=True)
+    marks = {m: [i for i, l in enumerate(lines) if l.startswith(m)] for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK)}
+    if any(len(v) != 1 for v in marks.values()):
+        raise BadInput(f"{CONTAINERFILE} must hold exactly one '{KERNELS_STAGE_MARK}' and one '{KERNELS_COPY_MARK}' line",
+                       hint="restore the marker comments where the kernel stage and its COPY belong")
+    if not with_kernels:
+        return text
+    lines[marks[KERNELS_COPY_MARK][0]] = f"COPY --from=kernels {KERNELS_IN_IMAGE} {KERNELS_IN_IMAGE}\n"
+    lines[marks[KERNELS_STAGE_MARK][0]] = KERNELS_CONTAINERFILE.read_text()
+    # A FROM ${ARG} needs the ARG declared before the first FROM.
+    first_from = next(i for i, l in enumerate(lines) if l.startswith("FROM "))
+    lines.insert(first_from, "ARG KERNEL_BASE_IMAGE\n")
+    return "".join(lines)
+
+
+def staged_containerfile(ctx: Path, *, with_kernels: bool = False) -> Path:
+    """ctx/Containerfile: containers/Containerfile (+ the kernel stage for stacks with kernels.build)."""
+    path = ctx / "Containerfile"
+    sync_text(path, containerfile_text(with_kernels))
+    return path
+
+
+def build_args_for(stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str,
+                   kernel_base_ref: str | None = None) -> dict[str, str]:
+    """The Containerfile's build arguments for a staged context; the kernel ones only for kernel stacks."""
+    target = stack.target
+    build_args = {
+        "BASE_IMAGE": base_ref,
+        "SOURCE_DATE_EPOCH": str(lock["source_date_epoch"]),
+        "PATCH_SERIES": " ".join(stack.patch_series),
+        "STACK_NAME": stack.name,
+        "TARGET_GGUF": target["gguf"],
+        "TARGET_DTYPE": target["dtype"],
+        "PROMPTS_FILE": stack.smoke["prompts_file"],
+        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
+        "WHEELS_SHA256": tree_sha256(ctx, ["wheels/requirements.txt"]),
+        "PATCHES_SHA256": tree_sha256(ctx, ["tools", "patches"]),
+        "ASSETS_SHA256": tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
+    }
+    if kernel_base_ref:
+        build_args["KERNEL_BASE_IMAGE"] = kernel_base_ref
+        build_args["KERNELS_SHA256"] = tree_sha256(ctx, ["wheels/kernels.txt", "kernel-tools"])
+    return build_args

@@ -1,0 +1,180 @@
+"""The staged build context: one folder per stack holding exactly what the Containerfile reads.
+
+Files are copied only when their content differs, so unchanged files keep their metadata and the
+builders' layer caches hit; anything no longer wanted is removed."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+from speclock.build import wheelhouse
+from speclock.core.errors import BadInput
+from speclock.core.files import atomic_output, atomic_write_text, confined, file_sha256
+from speclock.core.layout import REPO_ROOT, cache_dir
+from speclock.spec.lock import lock_path
+from speclock.spec.resolve import check_kernel_toolchain, kernel_toolchain
+from speclock.spec.stack import Stack
+
+# What the early image stages run, as whole packages of src/speclock (plus the files at its top that
+# they need): a new import inside one of these packages can never break a build. Only these reach
+# the early stages, so editing any other package rebuilds the final layers alone.
+#   tools/ (patch stage: `python -m speclock.patches`; assets stage: `python -m speclock.drafter.models`;
+#   engines/ holds the probe that `patches apply` runs in the engine's Python)
+TOOL_PACKAGES = ("core", "spec", "patches", "engines", "drafter")
+TOOL_TOP_FILES = ("__init__.py", "cli.py")
+#   kernel-tools/ (kernel stage: `python -m speclock.kernels.build`, with the CUDA sources in kernels/csrc)
+KERNEL_TOOL_PACKAGES = ("core", "spec", "kernels")
+KERNEL_TOOL_TOP_FILES = ("__init__.py",)
+SRC_ROOT = REPO_ROOT / "src" / "speclock"
+
+
+def sync_file(src: Path, dest: Path) -> None:
+    """Copy only when the content differs, so unchanged files keep their metadata (and caches hit).
+
+    Written whole (atomic), with the mode open() would give: image layers do not depend on how it was written."""
+    if dest.is_file() and dest.stat().st_size == src.stat().st_size and file_sha256(dest) == file_sha256(src):
+        return
+    with atomic_output(dest, binary=True) as out, open(src, "rb") as fh:
+        shutil.copyfileobj(fh, out, 1 << 20)
+
+
+def sync_text(dest: Path, text: str) -> None:
+    """Write `text` to `dest` unless it holds exactly that already."""
+    if not dest.is_file() or dest.read_text() != text:
+        atomic_write_text(dest, text)
+
+
+def sync_tree(files: dict[str, Path], dest: Path) -> None:
+    """Make `dest` hold exactly `files` (relative path -> source), removing anything stale."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel, src in files.items():
+        sync_file(src, dest / rel)
+    for path in sorted(dest.rglob("*"), reverse=True):
+        rel = path.relative_to(dest).as_posix()
+        if path.is_file() and rel not in files:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def tree_files(root: Path) -> dict[str, Path]:
+    """{relative path: file} under `root`, without bytecode caches."""
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".pyo"))}
+
+
+def tree_sha256(ctx: Path, rels: list[str]) -> str:
+    """One hash over the named files/folders of the staged context (names and contents)."""
+    h = hashlib.sha256()
+    for rel in rels:
+        path = ctx / rel
+        files = {rel: path} if path.is_file() else {f"{rel}/{k}": v for k, v in tree_files(path).items()} if path.is_dir() else {}
+        for name, f in sorted(files.items()):
+            h.update(f"{name}:{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+def stage_tool_files(src_root: Path, packages: tuple[str, ...], top_files: tuple[str, ...]) -> dict[str, Path]:
+    """{"speclock/<rel>": source} for whole packages of src/speclock and the named files at its top."""
+    files = {f"speclock/{name}": src_root / name for name in top_files}
+    for pkg in packages:
+        files.update({f"speclock/{pkg}/{rel}": path for rel, path in tree_files(src_root / pkg).items()})
+    return files
+
+
+def _stage_wheels(stack: Stack, lock: dict[str, Any], wheels: Path) -> None:
+    """wheels/: the locked files (linked from the verified wheelhouse) and the hash-pinned lists pip installs."""
+    wheelhouse.link_into(lock, wheels)
+    keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | {"requirements.txt", "assets.txt"}
+    if stack.kernels:
+        keep.add("kernels.txt")
+    for stale in wheels.iterdir():
+        if stale.name not in keep:
+            stale.unlink()
+    lists = [("requirements.txt", lock["packages"]), ("assets.txt", lock["assets"])]
+    if stack.kernels:
+        check_kernel_toolchain(stack, lock["packages"] + lock["assets"])
+        lists.append(("kernels.txt", kernel_toolchain(lock["packages"] + lock["assets"])))
+    for name, pkgs in lists:
+        sync_text(wheels / name, wheelhouse.requirements_text(pkgs))
+
+
+def _patch_files(stack: Stack) -> dict[str, Path]:
+    """patches/<engine>/<entry> for each entry of the stack's series, confined to patches/<engine>/."""
+    engine = stack.engine["name"]
+    series_dir = REPO_ROOT / "patches" / engine
+    files = {}
+    for name in stack.patch_series:
+        # a series entry is data: it must name a file inside patches/<engine>/ (no '..', no absolute path)
+        path = confined(series_dir, name, what="patch", source=f"{stack.path}: patches.series")
+        if not path.is_file():
+            raise BadInput(f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
+                           hint="add the patch file or remove it from patches.series")
+        files[f"{engine}/{name}"] = path
+    return files
+
+
+def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
+    """Lay out the build context: wheels, tools, patches, drafter, config, source.
+
+    The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the
+    lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's)."""
+    _stage_wheels(stack, lock, ctx / "wheels")
+
+    tools = stage_tool_files(SRC_ROOT, TOOL_PACKAGES, TOOL_TOP_FILES)
+    tools[f"stacks/{stack.path.name}"] = stack.path  # the patch step reads the series from the stack
+    sync_tree(tools, ctx / "tools")
+    # Kernel build inputs in a folder of their own, so editing them never rebuilds the patch or asset layers.
+    if stack.kernels:
+        kernel_tools = stage_tool_files(SRC_ROOT, KERNEL_TOOL_PACKAGES, KERNEL_TOOL_TOP_FILES)
+        kernel_tools[f"stacks/{stack.path.name}"] = stack.path
+        sync_tree(kernel_tools, ctx / "kernel-tools")
+    elif (ctx / "kernel-tools").exists():
+        shutil.rmtree(ctx / "kernel-tools")
+
+    sync_tree(_patch_files(stack), ctx / "patches")
+
+    draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
+    if not (draft / "config.json").is_file():
+        raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} has no config.json",
+                       hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
+    sync_tree(tree_files(draft), ctx / "draft")
+
+    config: dict[str, Path] = {f"stacks/{stack.path.name}": stack.path}
+    baselines = REPO_ROOT / "baselines" / stack.name
+    if baselines.is_dir():
+        config.update({f"baselines/{stack.name}/{k}": v for k, v in tree_files(baselines).items()})
+    sync_tree(config, ctx / "config")
+    sync_file(lock_file or lock_path(stack), ctx / "config" / "lock.json")
+    sync_tree(tree_files(SRC_ROOT), ctx / "src" / "speclock")
+
+
+def context_name(stack: Stack, lock_file: Path | None = None) -> str:
+    """The staged context's folder name: candidates get their own, so they never wait on (or disturb) the current build."""
+    if lock_file in (None, lock_path(stack)):
+        return stack.name
+    return f"{stack.name}.candidate-{hashlib.sha256(str(Path(lock_file).resolve()).encode()).hexdigest()[:8]}"
+
+
+def context_dir(stack: Stack, lock_file: Path | None = None) -> Path:
+    """Where the context of this stack (or candidate lock) is staged: under the cache, reused across builds."""
+    return cache_dir() / "contexts" / context_name(stack, lock_file)
+
+
+@contextlib.contextmanager
+def context_lock(stack_name: str, progress=print):
+    """One build per stack at a time: builds share the staged context folder."""
+    path = cache_dir() / "contexts" / f"{stack_name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"another build of stack {stack_name} is running; waiting for it to finish")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield

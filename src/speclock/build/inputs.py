@@ -1,0 +1,59 @@
+"""What an image is built from, as one hash (its content tag) and the commit that last changed it."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from speclock.build.containerfile import CONTAINERFILE, KERNELS_CONTAINERFILE
+from speclock.build.context import tree_files
+from speclock.core.files import file_sha256
+from speclock.core.layout import REPO_ROOT
+from speclock.spec.stack import Stack
+
+# Files of the staged context derived from the inputs (not inputs themselves), and the wheel lists
+# that stand for the wheels (each wheel is covered by the lock's hash).
+DERIVED = ("config/image.json", "Containerfile")
+WHEEL_LISTS = ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt")
+
+
+def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
+    """Hash of everything that reaches the image; wheels are covered by the lock's hash."""
+    h = hashlib.sha256()
+    h.update(b"lock:" + lock["lock_sha256"].encode() + b"\n")
+    h.update(b"containerfile:" + file_sha256(CONTAINERFILE).encode() + b"\n")
+    if "kernel_base" in lock:  # the spliced kernel stage is an input of these images only
+        h.update(b"kernels-containerfile:" + file_sha256(KERNELS_CONTAINERFILE).encode() + b"\n")
+    for rel, path in sorted(tree_files(ctx).items()):
+        if rel.startswith("wheels/") and rel not in WHEEL_LISTS:
+            continue
+        if rel in DERIVED:
+            continue
+        h.update(f"{rel}:{file_sha256(path)}\n".encode())
+    return h.hexdigest()
+
+
+def image_tag(inputs: str) -> str:
+    """The content tag: the first 16 hex digits of the inputs hash."""
+    return inputs[:16]
+
+
+def image_ref(stack: Stack, tag: str) -> str:
+    return f"localhost/speclock-{stack.name}:{tag}"
+
+
+def git_revision(paths: list[Path]) -> str:
+    """The commit that last changed the image's inputs (+dirty when they have uncommitted edits)."""
+    # Inputs outside the checkout (an upgrade candidate's stack and lock) have no git history.
+    rel = [str(p.resolve().relative_to(REPO_ROOT)) for p in paths if p.exists() and p.resolve().is_relative_to(REPO_ROOT)]
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", *rel],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *rel],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "unknown"
+    return (rev or "uncommitted") + ("+dirty" if dirty else "")
+
