@@ -1,10 +1,13 @@
-"""core.names (package and wheel names) and core.files.publish (putting another writer's file in place)."""
+"""core.names (package and wheel names), core.files.publish (putting another writer's file in place), core.layout roots."""
 
 import os
+from pathlib import Path
 
 import pytest
 
+import speclock
 from speclock.core.files import publish
+from speclock.core.layout import IMPORT_ROOT, REPO_ROOT
 from speclock.core.names import normalize, wheel_escape, wheel_name_parts
 
 
@@ -38,3 +41,7 @@ def test_publish_of_a_missing_file_raises_oserror_and_keeps_the_destination(tmp_
     with pytest.raises(OSError):
         publish(tmp_path / "missing", dest)
     assert dest.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_import_root_holds_this_package():
+    assert IMPORT_ROOT == Path(speclock.__file__).resolve().parents[1] and REPO_ROOT == IMPORT_ROOT.parent

@@ -13,8 +13,11 @@ from pathlib import Path
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error
 
-# The checkout this package runs from (src/speclock/core/layout.py -> the repository root); the one place.
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# The folder holding this speclock package (src/ in a checkout): what a child Python needs on PYTHONPATH
+# to import this same copy. The one place, as is REPO_ROOT.
+IMPORT_ROOT = Path(__file__).resolve().parents[2]
+# The checkout this package runs from (src/speclock/core/layout.py -> the repository root).
+REPO_ROOT = IMPORT_ROOT.parent
 
 
 @dataclass(frozen=True)
