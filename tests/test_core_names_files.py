@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 import speclock
-from speclock.core.files import publish
+from speclock.core.errors import SpeclockError
+from speclock.core.files import move_aside, publish
 from speclock.core.layout import IMPORT_ROOT, REPO_ROOT
 from speclock.core.names import normalize, wheel_escape, wheel_name_parts
 
@@ -45,3 +46,12 @@ def test_publish_of_a_missing_file_raises_oserror_and_keeps_the_destination(tmp_
 
 def test_import_root_holds_this_package():
     assert IMPORT_ROOT == Path(speclock.__file__).resolve().parents[1] and REPO_ROOT == IMPORT_ROOT.parent
+
+
+def test_move_aside_keeps_the_file_and_names_what_failed(tmp_path):
+    bad = tmp_path / "x.tar"
+    bad.write_bytes(b"junk")
+    assert move_aside(bad, tmp_path / "x.tar.corrupt", what="the tarball") == tmp_path / "x.tar.corrupt"
+    assert (tmp_path / "x.tar.corrupt").read_bytes() == b"junk" and not bad.exists()
+    with pytest.raises(SpeclockError, match="move the tarball aside"):
+        move_aside(bad, tmp_path / "y", what="the tarball")

@@ -257,6 +257,15 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     fsync_dir(Path(dest).parent)
 
 
+def move_aside(path: str | os.PathLike, to: str | os.PathLike, *, what: str) -> Path:
+    """Rename a bad file (corrupt, mismatching) out of the way, kept for a look; OSError becomes a user error."""
+    try:
+        os.replace(path, to)
+    except OSError as err:
+        raise os_error(err, path, f"move {what} aside") from None
+    return Path(to)
+
+
 def _read_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

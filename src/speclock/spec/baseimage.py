@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
-from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, os_error, publish
+from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, move_aside, os_error, publish
 from speclock.core.layout import cache_dir
 from speclock.spec.stack import Stack
 
@@ -100,11 +100,7 @@ def _reusable(out: Path) -> str | None:
         return actual
     if recorded == actual:
         return actual
-    bad = out.with_name(out.name + ".corrupt")
-    try:
-        os.replace(out, bad)
-    except OSError as err:
-        raise os_error(err, out, "move the corrupt base tarball aside") from None
+    move_aside(out, out.with_name(out.name + ".corrupt"), what="the corrupt base tarball")
     return None
 
 
@@ -178,11 +174,7 @@ def verified_rootfs(base: dict[str, Any], *, progress=print) -> Path:
         tar, actual = _built_rootfs(base["recipe"], progress=progress)
         if actual == base["sha256"]:
             return tar
-        bad = tar.with_name(tar.name + ".mismatch")
-        try:
-            os.replace(tar, bad)
-        except OSError as err:
-            raise os_error(err, tar, "move the mismatching base tarball aside") from None
+        bad = move_aside(tar, tar.with_name(tar.name + ".mismatch"), what="the mismatching base tarball")
         if not reused:
             break
         progress(f"  the cached base tarball does not match the lock; building it again (kept at {bad})")
