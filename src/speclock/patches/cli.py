@@ -73,6 +73,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(r.state == "conflict" for r in results) else 0
 
 
+def _print_record(rec: dict, as_json: bool, line) -> None:
+    """An apply/verify record: the JSON itself, or one line per probe (`line(patch name, probe result)`)."""
+    if as_json:
+        print(json.dumps(rec, indent=2))
+        return
+    for e in rec["patches"]:
+        for pr in e["probes"]:
+            print(line(e["patch"], pr))
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     if args.record:
@@ -81,12 +91,9 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     print(f"applying {len(stack.patch_series)} patch(es) of stack {stack.name} to {site}")
     rec = apply_series(stack, site, python=args.python, record=Path(args.record) if args.record else None,
                        run_probes=not args.no_runtime_probes)
-    if args.json:
-        print(json.dumps(rec, indent=2))
-    else:
-        for e in rec["patches"]:
-            for pr in e["probes"]:
-                print(f"  {e['patch']}: probe {pr['probe']}: {'pass' if pr['passed'] else 'FAIL'} ({pr['reason']})")
+    _print_record(rec, args.json, lambda patch, pr: f"  {patch}: probe {pr['probe']}: "
+                                                    f"{'pass' if pr['passed'] else 'FAIL'} ({pr['reason']})")
+    if not args.json:
         print(f"label {LABEL_KEY}={rec['label']}")
     return 0
 
@@ -97,12 +104,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not site.is_dir():
         raise BadInput(f"--site-packages {site} is not a directory", hint="give the engine's site-packages folder")
     rec = verify_series(stack, site, python=args.python, run_probes=not args.no_runtime_probes)
-    if args.json:
-        print(json.dumps(rec, indent=2))
-    else:
-        for e in rec["patches"]:
-            for pr in e["probes"]:
-                print(f"{'PASS' if pr['passed'] else 'FAIL'}  {e['patch']}: {pr['probe']}: {pr['reason']}")
+    _print_record(rec, args.json,
+                  lambda patch, pr: f"{'PASS' if pr['passed'] else 'FAIL'}  {patch}: {pr['probe']}: {pr['reason']}")
     if not rec["ok"]:
         raise CheckFailed(f"{len(rec['failures'])} patch probe(s) failed", hint="rebuild the image; a patch did not take effect")
     return 0
