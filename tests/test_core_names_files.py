@@ -1,5 +1,6 @@
 """core.names (package and wheel names), core.files.publish (putting another writer's file in place), core.layout roots."""
 
+import errno
 import os
 from pathlib import Path
 
@@ -53,5 +54,14 @@ def test_move_aside_keeps_the_file_and_names_what_failed(tmp_path):
     bad.write_bytes(b"junk")
     assert move_aside(bad, tmp_path / "x.tar.corrupt", what="the tarball") == tmp_path / "x.tar.corrupt"
     assert (tmp_path / "x.tar.corrupt").read_bytes() == b"junk" and not bad.exists()
-    with pytest.raises(SpeclockError, match="move the tarball aside"):
+    with pytest.raises(SpeclockError, match="x.tar does not exist"):
         move_aside(bad, tmp_path / "y", what="the tarball")
+
+
+def test_move_aside_names_the_action_on_an_odd_failure(tmp_path, monkeypatch):
+    def broken(*_):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(SpeclockError, match="could not move the tarball aside"):
+        move_aside(tmp_path / "x.tar", tmp_path / "y", what="the tarball")
