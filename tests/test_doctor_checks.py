@@ -8,7 +8,6 @@ read by vLLM and SGLang), and a library missing the target arch (sgl_kernel's in
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from speclock.engines import envs as engine_envs
-from speclock.verify.doctor import Context, build_context, check_aux_layers, check_lock, load_manifest, run_doctor, target_facts
+from speclock.verify.doctor import Context, DoctorOptions, build_context, check_aux_layers, check_lock, load_manifest, run_doctor, target_facts
 from speclock.core.errors import BadInput
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -65,10 +64,8 @@ def lock_of_this_python(path: Path, stack: str) -> Path:
                              "excluded": ["torchvision", "torchaudio", "torchcodec"], "assets": []})
 
 
-def args(**kw) -> argparse.Namespace:
-    base = dict(stack=None, python=None, site_packages=None, lock=None, target=None, draft=None, arch=None)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def args(**kw) -> DoctorOptions:
+    return DoctorOptions(**kw)
 
 
 def by_name(results) -> dict:

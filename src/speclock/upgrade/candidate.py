@@ -15,6 +15,7 @@ from typing import Any
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, clean_stale_temps, read_text
 from speclock.core.layout import cache_dir, REPO_ROOT
+from speclock.core.names import normalize
 from speclock.spec.lock import check_lock, lock_path, read_lock
 from speclock.spec.stack import Stack, load_stack
 
@@ -59,8 +60,7 @@ def parse_engine_spec(spec: str, stack: Stack) -> str:
     if not m:
         raise BadInput(f"--engine {spec!r} is not NAME==VERSION", hint=f"e.g. --engine {stack.engine['package']}==0.32.0")
     name, version = m[1], m[2]
-    norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()  # noqa: E731
-    if norm(name) not in (norm(stack.engine["package"]), norm(stack.engine["name"])):
+    if normalize(name) not in (normalize(stack.engine["package"]), normalize(stack.engine["name"])):
         raise BadInput(f"--engine {spec!r}: stack {stack.name} runs {stack.engine['package']}, not {name}",
                        hint="an upgrade changes the version of the stack's engine package; another engine is a new stack")
     return version

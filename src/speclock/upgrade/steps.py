@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from speclock.build.run import run_image
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, read_json
 from speclock.core.layout import REPO_ROOT
+from speclock.core.names import normalize
 from speclock.patches.series import check_series, load_series
 from speclock.patches.trees import WheelTree
 from speclock.spec.lock import check_lock, read_lock, write_lock
@@ -71,9 +71,8 @@ def lock_candidate(cand: Candidate, *, relock: bool, progress) -> dict[str, Any]
 
 
 def engine_wheel(lock: dict[str, Any], package: str) -> Path:
-    norm = re.sub(r"[-_.]+", "-", package).lower()
     for pkg in lock["packages"]:
-        if pkg["name"] == norm:
+        if pkg["name"] == normalize(package):
             return wheelhouse.entry_path(pkg)
     raise BadInput(f"lock of stack {lock['stack']} has no {package}", hint="re-create the lock")
 

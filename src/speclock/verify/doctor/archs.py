@@ -1,0 +1,88 @@
+"""Doctor's GPU code checks: every engine extension has SASS or usable PTX for each stack GPU arch
+(gpu-archs, cuobjdump), and the CUDA runtime, driver and visible GPUs fit the stack (cuda-driver)."""
+
+from __future__ import annotations
+
+from speclock.verify import cuda_arch
+from speclock.verify.doctor.context import Check, Context
+
+
+def check_gpu_archs(ctx: Context) -> Check:
+    targets = ctx.stack.gpu["archs"]
+    if not targets:
+        return Check("gpu-archs", "skip", "the stack targets no GPU architecture")
+    if not ctx.site_packages:
+        return Check("gpu-archs", "fail", f"no engine to read kernels from: {ctx.python_note}")
+    libs = cuda_arch.engine_libraries(ctx.stack.engine["name"], ctx.site_packages)
+    if not libs:
+        return Check("gpu-archs", "fail", f"no compiled extensions of {ctx.stack.engine['name']} under {ctx.site_packages}")
+    tool = cuda_arch.find_cuobjdump(extra_roots=[ctx.site_packages])
+    gaps = cuda_arch.parse_known_gaps(ctx.stack.gpu["known_gaps"])
+    rows = cuda_arch.coverage_table(libs, ctx.site_packages, targets, engine=ctx.stack.engine["name"], known_gaps=gaps, tool=tool)
+    missing = [f"{r['library']}:{t}" for r in rows for t, c in r["targets"].items() if c["kind"] == "missing"]
+    table = cuda_arch.format_table(rows, targets)
+    detail = {"targets": targets, "rows": rows, "table": table, "cuobjdump": str(tool)}
+    if missing:
+        return Check("gpu-archs", "fail", f"{len(missing)} library/arch pair(s) have no SASS or usable PTX: {', '.join(missing[:4])}"
+                                          + (" ..." if len(missing) > 4 else ""), detail)
+    return Check("gpu-archs", "pass", f"{len(rows)} libraries have code for {', '.join(targets)}", detail)
+
+
+def _cuda_release(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def check_cuda(ctx: Context) -> Check:
+    if not ctx.stack.is_gpu:
+        return Check("cuda-driver", "skip", "CPU stack: no CUDA runtime to match")
+    a = ctx.engine_answers.get("cuda")
+    if not a or not a["ok"]:
+        return Check("cuda-driver", "fail", f"could not query CUDA: {(a or {}).get('error', ctx.python_note)}")
+    r = a["result"]
+    if not r.get("available"):
+        return Check("cuda-driver", "warn", r["reason"], r)
+    rt = r.get("runtime")
+    if not rt:
+        return Check("cuda-driver", "fail", f"the CUDA runtime library does not load: {r.get('runtime_error', 'unknown')}", r)
+    if not r.get("driver"):
+        return Check("cuda-driver", "skip", f"no NVIDIA driver (CPU machine): CUDA runtime {_cuda_release(rt)} "
+                                            "not matched against a driver; run doctor on the GPU host", r)
+    drv = r["driver"]
+    if drv // 1000 < rt // 1000:
+        return Check("cuda-driver", "fail", f"driver supports CUDA {_cuda_release(drv)}, runtime is {_cuda_release(rt)}: "
+                                            "a newer major than the driver, kernels will not load", r)
+    notes = []
+    status = "pass"
+    if drv < rt:
+        status, notes = "warn", [f"driver CUDA {_cuda_release(drv)} < runtime {_cuda_release(rt)} (minor-version compatibility only; PTX JIT may fail)"]
+    stack_ccs = {cuda_arch.device_cc(t) for t in ctx.stack.gpu["archs"]}
+    for g in r["gpus"]:
+        cc = tuple(g["cc"])
+        if stack_ccs and cc not in stack_ccs:
+            status = "fail"
+            notes.append(f"GPU {g['index']} {g['name']} is sm_{cc[0]}{cc[1]}, not in the stack's gpu.archs")
+    gpus = ", ".join(f"{g['name']} (sm_{g['cc'][0]}{g['cc'][1]})" for g in r["gpus"]) or "no GPU visible"
+    return Check("cuda-driver", status, f"runtime {_cuda_release(rt)}, driver {_cuda_release(drv)}; {gpus}"
+                 + ("; " + "; ".join(notes) if notes else ""), r)
+
+
+class GpuArchs:
+    name = "gpu-archs"
+    needs_engine = True
+
+    def questions(self, ctx: Context) -> dict[str, list]:
+        return {}  # read from the engine's files (cuobjdump), not asked
+
+    def run(self, ctx: Context) -> Check:
+        return check_gpu_archs(ctx)
+
+
+class CudaDriver:
+    name = "cuda-driver"
+    needs_engine = True
+
+    def questions(self, ctx: Context) -> dict[str, list]:
+        return {"cuda": ["cuda", []]} if ctx.stack.is_gpu else {}
+
+    def run(self, ctx: Context) -> Check:
+        return check_cuda(ctx)

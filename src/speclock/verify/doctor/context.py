@@ -1,0 +1,195 @@
+"""What every doctor check reads: the options, the context (stack, engine Python, model folders,
+target facts, the engine's answers), a check's result, and the DoctorCheck protocol."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from speclock.core.errors import BadInput
+from speclock.core.layout import IMAGE, in_image, REPO_ROOT
+from speclock.drafter.models import (config_architecture, read_drafter_manifest, read_model_config, require_model_folder,
+                                     stack_model_path)
+from speclock.engines import envs as engine_envs
+from speclock.patches.probes import engine_subprocess, last_json
+from speclock.patches.trees import default_site_packages
+from speclock.spec.stack import Stack, load_stack
+
+# Language-model class inside multimodal wrappers, by the text config's model_type.
+INNER_BY_MODEL_TYPE = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
+                       "deepseek_v2": "DeepseekV2ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """`speclock doctor`'s options (the CLI builds them from its flags; selfcheck builds its own)."""
+    stack: str | None = None
+    python: str | None = None
+    site_packages: str | None = None
+    lock: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    arch: str | None = None
+    only: str | None = None  # comma-separated check names
+    json: bool = False
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | fail | warn | skip
+    reason: str
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    stack: Stack
+    python: str | None  # the engine's Python; None when not available
+    python_note: str
+    site_packages: Path | None
+    lock_path: Path | None
+    target_dir: Path | None
+    draft_dir: Path | None
+    arch: str | None = None  # override of the target architecture
+    engine_answers: dict = field(default_factory=dict)
+    manifest: dict | None = None  # the drafter's manifest (set by the runner)
+    facts: dict = field(default_factory=dict)  # target_facts() (set by the runner)
+
+
+class DoctorCheck(Protocol):
+    """One doctor check: its name, whether it needs the engine's Python, the engine questions it needs
+    asked (all checks' questions go to the engine in one subprocess), and the check itself."""
+    name: str
+    needs_engine: bool
+
+    def questions(self, ctx: Context) -> dict[str, list]: ...
+
+    def run(self, ctx: Context) -> Check: ...
+
+
+# ---------------------------------------------------------------- context
+
+def _engine_version_here(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def resolve_python(stack: Stack, python: str | None) -> tuple[str | None, str]:
+    """The engine's Python: --python, this one (if it has the pinned engine), or a cached engine env."""
+    if python:
+        return python, f"--python {python}"
+    dist, version = stack.engine["package"], stack.engine["version"]
+    if _engine_version_here(dist) == version:
+        return sys.executable, f"this Python has {dist} {version}"
+    if stack.engine["package"] in engine_envs.KNOWN:
+        spec = f"{dist}=={version}"
+        py = engine_envs.env_python(spec)
+        if py:
+            return str(py), f"cached engine env {py.parent.parent}"
+        return None, (f"{dist} {version} is neither in this Python nor in a cached env; "
+                      f"run: python -m speclock.engines.envs ensure {spec}")
+    return None, f"{dist} {version} is not installed in this Python ({sys.executable}); pass --python"
+
+
+def _repo_path(rel: str, what: str, stack: Stack) -> Path | None:
+    """A model path from the stack file: inside the repository (a stack is data; it must not point elsewhere)."""
+    if not rel:
+        return None
+    return stack_model_path(REPO_ROOT, rel, what, getattr(stack, "path", None) or f"stack {stack.name}")
+
+
+def _given_file(value: str | None, option: str, what: str) -> Path | None:
+    if not value:
+        return None
+    p = Path(value)
+    if not p.exists():
+        raise BadInput(f"{option} {p}: no {what} there", hint=f"give the path of an existing {what}")
+    if p.is_dir():
+        raise BadInput(f"{option} {p} is a directory, where the {what} file belongs", hint=f"give the {what} file itself")
+    return p
+
+
+def build_context(opts: DoctorOptions) -> Context:
+    image = not opts.stack and (in_image() or IMAGE.lock_file.is_file())
+    if image:
+        stack = load_stack(IMAGE.stack_file)
+        lock = IMAGE.lock_file
+        target = IMAGE.target_dir
+        draft = IMAGE.draft_dir
+    else:
+        stack = load_stack(opts.stack or "cpu-vllm")
+        lock = REPO_ROOT / "locks" / f"{stack.name}.lock"
+        target = _repo_path(stack.target["path"], "target.path", stack) if stack.target["path"] else None
+        draft = _repo_path(stack.draft["path"], "draft.path", stack)
+    lock = _given_file(opts.lock, "--lock", "lock file") or lock
+    if opts.target:
+        # A folder named on the command line must be a model folder: a typo must not turn into a skipped check.
+        target = require_model_folder(opts.target, what="target", option="--target")
+        read_model_config(target, what="target", option="--target")
+    if opts.draft:
+        draft = require_model_folder(opts.draft, what="drafter", option="--draft")
+        read_model_config(draft, what="drafter", option="--draft")
+        read_drafter_manifest(draft)  # checked when present; `speclock doctor --draft` also requires it (runner)
+    if opts.python and not Path(opts.python).is_file() and not shutil.which(opts.python):
+        raise BadInput(f"--python {opts.python}: no Python executable there", hint="give the engine's python (a path or a command on PATH)")
+    python, note = resolve_python(stack, opts.python)
+    site = None
+    if opts.site_packages and not Path(opts.site_packages).is_dir():
+        raise BadInput(f"--site-packages {opts.site_packages} is not a folder", hint="give the engine's site-packages folder")
+    if python:
+        site = Path(opts.site_packages) if opts.site_packages else default_site_packages(python)
+    return Context(stack, python, note, site, lock, target, draft, opts.arch)
+
+
+# ---------------------------------------------------------------- target and drafter facts
+
+def load_manifest(draft_dir: Path | None) -> dict | None:
+    """The drafter's manifest, checked (speclock.drafter.models.read_drafter_manifest); None when there is none."""
+    if not draft_dir or not Path(draft_dir).is_dir():
+        return None
+    return read_drafter_manifest(draft_dir)
+
+
+def target_facts(ctx: Context, manifest: dict | None) -> dict:
+    """Architecture, layer count and inner language-model class of the target."""
+    facts: dict = {"arch": None, "num_hidden_layers": None, "inner": None, "source": None}
+    cfg_path = ctx.target_dir / "config.json" if ctx.target_dir else None
+    if cfg_path and (cfg_path.exists() or cfg_path.is_symlink()):
+        cfg = read_model_config(ctx.target_dir, what="target")  # types checked: BadInput naming file and key
+        text = cfg.get("text_config") or None
+        facts["arch"] = config_architecture(cfg)
+        facts["num_hidden_layers"] = cfg.get("num_hidden_layers") or (text or {}).get("num_hidden_layers")
+        if text:
+            facts["inner"] = config_architecture(text) or INNER_BY_MODEL_TYPE.get(text.get("model_type") or "")
+        facts["source"] = str(cfg_path)
+    if manifest and isinstance(manifest.get("target"), dict):
+        t = manifest["target"]
+        facts["arch"] = facts["arch"] or t.get("architecture")
+        facts["num_hidden_layers"] = facts["num_hidden_layers"] or t.get("num_hidden_layers")
+        facts["source"] = facts["source"] or "drafter manifest"
+    if ctx.arch:
+        facts["arch"], facts["source"] = ctx.arch, "--arch"
+    return facts
+
+
+# ---------------------------------------------------------------- engine questions (one subprocess)
+
+def ask_engine(ctx: Context, request: dict, timeout: int = 240) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(request, f)
+    try:
+        proc = engine_subprocess(["batch", f.name], python=ctx.python, site_packages=ctx.site_packages, timeout=timeout)
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    answers = last_json(proc, f"asking {ctx.stack.engine['name']} in {ctx.python}")
+    answers["_stderr_tail"] = proc.stderr.strip().splitlines()[-3:]
+    return answers
