@@ -374,16 +374,19 @@ def test_distributed_settings_of_the_wrong_shape_are_bad_input(tmp_path):
 
 
 def test_drafter_manifest_and_config_of_the_wrong_shape_are_bad_input(tmp_path):
-    from speclock.drafter.manifest import MANIFEST_NAME, MANIFEST_SCHEMA, read_manifest
+    from speclock.drafter.models import DRAFT_MANIFEST as MANIFEST_NAME, MANIFEST_SCHEMA, read_drafter_manifest
+
+    def read_manifest(folder):  # what training reads back: required, with its schema
+        return read_drafter_manifest(folder, required=True, strict_schema=True)
 
     (tmp_path / MANIFEST_NAME).write_bytes(b"\x00\x01")
     with pytest.raises(BadInput, match=MANIFEST_NAME):
         read_manifest(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text(json.dumps({"schema": MANIFEST_SCHEMA, "target": "smol"}))
-    with pytest.raises(BadInput, match="'target'"):
+    with pytest.raises(BadInput, match="target is string"):
         read_manifest(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text(json.dumps({"schema": MANIFEST_SCHEMA, "reference": [3]}))
-    with pytest.raises(BadInput, match=r"'reference\[0\]'"):
+    with pytest.raises(BadInput, match=r"reference\[0\] is number"):
         read_manifest(tmp_path)
 
 

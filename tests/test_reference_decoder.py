@@ -59,9 +59,10 @@ def test_counters_add_up_over_a_run():
 
 
 def test_committed_manifest_follows_the_contract():
-    from speclock.drafter.manifest import drafter_sha256, lookup_reference, read_manifest
+    from speclock.drafter.manifest import drafter_sha256, lookup_reference
+    from speclock.drafter.models import read_drafter_manifest
 
-    m = read_manifest(train_support.COMMITTED_DRAFTER)
+    m = read_drafter_manifest(train_support.COMMITTED_DRAFTER, required=True, strict_schema=True)
     assert m["schema"] == "speclock.drafter/v1"
     assert set(m["target"]) >= {"name", "sha256", "architecture", "num_hidden_layers", "hidden_size", "vocab_size"}
     assert m["engine_layer_ids"]["vllm"] == m["aux_layers_after"]
@@ -81,10 +82,11 @@ def test_committed_manifest_follows_the_contract():
 def test_manifest_of_another_target_is_refused(tmp_path):
     import shutil
     import json as _json
-    from speclock.drafter.manifest import check_manifest_matches_target, read_manifest
+    from speclock.drafter.manifest import check_manifest_matches_target
+    from speclock.drafter.models import read_drafter_manifest
 
     target = train_support.real_target()
-    m = read_manifest(train_support.COMMITTED_DRAFTER)
+    m = read_drafter_manifest(train_support.COMMITTED_DRAFTER, required=True, strict_schema=True)
     check_manifest_matches_target(m, target)  # the real pair matches
     other = dict(m, target=dict(m["target"], sha256="0" * 64))
     with pytest.raises(CheckFailed, match="trained on target"):

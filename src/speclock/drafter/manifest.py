@@ -1,4 +1,4 @@
-"""A drafter folder's speclock manifest: read and checked, matched against its target, reference
+"""A drafter folder's speclock manifest (read and checked by drafter.models.read_drafter_manifest): matched against its target, reference
 records keyed by (target, drafter, prompts, k, max_tokens); and the drafter loaded back for decoding.
 
 Written by train/export (training makes drafters); read by verify/ (smoke) and the reference engine.
@@ -11,11 +11,8 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, expect, read_json
-from speclock.drafter.models import target_sha256
+from speclock.drafter.models import DRAFT_MANIFEST, read_drafter_manifest, target_sha256
 from speclock.spec.prompts import prompts_sha256
-
-MANIFEST_NAME = "speclock-manifest.json"
-MANIFEST_SCHEMA = "speclock.drafter/v1"
 
 
 def drafter_sha256(folder: Path) -> str:
@@ -23,31 +20,7 @@ def drafter_sha256(folder: Path) -> str:
     return target_sha256(folder)
 
 
-# --- manifest: reading, checking, reference records ------------------------------------------
-def read_manifest(folder: Path) -> dict:
-    p = Path(folder) / MANIFEST_NAME
-    if not p.is_file():
-        raise BadInput(f"{folder} has no {MANIFEST_NAME}", hint="export the drafter with `speclock train export`")
-    hint = "export the drafter again with `speclock train export` (or restore the folder from git)"
-    m = read_json(p, what="drafter manifest", hint=hint)
-    if m.get("schema") != MANIFEST_SCHEMA:
-        raise BadInput(f"{p}: key 'schema' is {m.get('schema')!r}, expected {MANIFEST_SCHEMA!r}", hint=hint)
-    target = m.get("target")
-    if target is not None:  # what check_manifest_matches_target and the reference key read
-        expect(target, dict, "key 'target'", path=p, hint=hint)
-        for key, kind in (("name", str), ("sha256", str), ("num_hidden_layers", int), ("hidden_size", int),
-                          ("vocab_size", int)):
-            if key in target:
-                expect(target[key], kind, f"key 'target.{key}'", path=p, hint=hint)
-    if "reference" in m:
-        expect(m["reference"], list, "key 'reference'", path=p, hint=hint)
-        for i, rec in enumerate(m["reference"]):
-            expect(rec, dict, f"key 'reference[{i}]'", path=p, hint=hint)
-            if "key" in rec:
-                expect(rec["key"], dict, f"key 'reference[{i}].key'", path=p, hint=hint)
-    return m
-
-
+# --- manifest: matching the target, reference records (read and checked by drafter.models) -----
 def check_manifest_matches_target(manifest: dict, target_dir: Path, target_config=None) -> None:
     """The drafter was trained on this target: same weights hash and shape; raises CheckFailed if not."""
     t = manifest.get("target")
@@ -85,14 +58,14 @@ def lookup_reference(manifest: dict, key: dict) -> dict | None:
 
 def record_reference(folder: Path, key: dict, metrics: dict, extra: dict | None = None) -> dict:
     """Add or replace the record for `key` in the folder's manifest (atomic rewrite)."""
-    m = read_manifest(folder)
+    m = read_drafter_manifest(folder, required=True, strict_schema=True)
     fields = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
     m["reference"] = [r for r in m.get("reference", []) if not all(r.get("key", {}).get(f) == key.get(f) for f in fields)]
     rec = {"key": key, "metrics": metrics}
     if extra:
         rec.update(extra)
     m["reference"].append(rec)
-    atomic_write_text(Path(folder) / MANIFEST_NAME, json.dumps(m, indent=2) + "\n", mode=0o644)
+    atomic_write_text(Path(folder) / DRAFT_MANIFEST, json.dumps(m, indent=2) + "\n", mode=0o644)
     return m
 
 
@@ -103,7 +76,7 @@ def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Pa
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter  # imports torch
 
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = read_drafter_manifest(folder, required=True, strict_schema=True)
     if check_target_dir is not None:
         check_manifest_matches_target(manifest, check_target_dir, target.config)
     cfg_path = folder / "config.json"

