@@ -20,52 +20,31 @@ def _number(text: str, kind: type) -> float | int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (counts, jobs, epochs)."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed: give an integer of at least 1")
-    return value
+def _bounded(kind: type, ok, allowed: str, name: str, doc: str):
+    """A type that parses `kind` and accepts what `ok` allows; the message says what to give."""
+    def check(text: str):
+        value = _number(text, kind)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{value} is not allowed: give {allowed}")
+        return value
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = doc
+    return check
 
 
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (seeds, offsets, optional counts where 0 means none)."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed: give an integer of at least 0")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (minutes, seconds, rates)."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed: give a number above 0")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (temperatures, tolerances)."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed: give a number of at least 0")
-    return value
-
-
-def probability(text: str) -> float:
-    """A finite number in [0, 1] (rates, fractions, min-p)."""
-    value = _number(text, float)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed: give a number from 0 to 1")
-    return value
+positive_int = _bounded(int, lambda v: v >= 1, "an integer of at least 1", "positive_int",
+                        "An integer >= 1 (counts, jobs, epochs).")
+non_negative_int = _bounded(int, lambda v: v >= 0, "an integer of at least 0", "non_negative_int",
+                            "An integer >= 0 (seeds, offsets, optional counts where 0 means none).")
+positive_float = _bounded(float, lambda v: v > 0, "a number above 0", "positive_float",
+                          "A finite number > 0 (minutes, seconds, rates).")
+non_negative_float = _bounded(float, lambda v: v >= 0, "a number of at least 0", "non_negative_float",
+                              "A finite number >= 0 (temperatures, tolerances).")
+probability = _bounded(float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1", "probability",
+                       "A finite number in [0, 1] (rates, fractions, min-p).")
 
 
 def int_range(low: int, high: int):
     """An integer in [low, high] (for example k, the number of speculative tokens)."""
-    def check(text: str) -> int:
-        value = _number(text, int)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not allowed: give an integer from {low} to {high}")
-        return value
-    check.__name__ = f"int_{low}_{high}"
-    return check
+    return _bounded(int, lambda v: low <= v <= high, f"an integer from {low} to {high}", f"int_{low}_{high}",
+                    f"An integer from {low} to {high}.")
