@@ -36,8 +36,6 @@ def _check_output_path(path: Path, option: str) -> None:
             break
 
 
-# ---------------------------------------------------------------- CLI
-
 def _print_check(results: list[PatchResult], version: str, where: str) -> None:
     print(f"patch series against {where} ({version}):")
     for r in results:

@@ -1,5 +1,4 @@
-"""Patch files (`patches/<engine>/NNNN-what.patch`): read the header and unified diff, refusing
-anything not understood whole, and apply or un-apply hunks with exact context.
+"""Patch files: read header and unified diff (refusing anything not understood whole), apply hunks exactly.
 
 A patch file is a header, then a unified diff against the engine's installed package (paths
 relative to site-packages, `a/` and `b/` prefixes allowed):

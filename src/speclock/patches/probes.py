@@ -1,5 +1,8 @@
-"""Probes that prove a patch took effect: static ones read source files (a wheel need not be installed),
-runtime ones import the engine in its own Python through `speclock.engines.probe`."""
+"""Probes that prove a patch took effect: static ones read source, runtime ones import the engine.
+
+Static probes also run on a wheel that is only downloaded; runtime probes run `speclock.engines.probe`
+in the engine's own Python, so its imports are fresh and its packages are the ones checked.
+"""
 
 from __future__ import annotations
 

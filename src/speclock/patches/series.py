@@ -1,5 +1,6 @@
-"""A stack's patch series: load it (confined to patches/<engine>/), check it against a release, apply it
-at image build all or nothing, verify its probes, and name it in the image label.
+"""A stack's patch series: load, check against a release, apply all or nothing, verify, label the image.
+
+The series is read from patches/<engine>/ only (each entry confined there before anything is read).
 
 Lifecycle of a patch against a given engine release (`speclock patches check`):
   applies          every hunk matches exactly (context lines included)
@@ -98,7 +99,7 @@ def check_series(patches: list[Patch], tree: SourceTree, version: str) -> list[P
     return results
 
 
-# ---------------------------------------------------------------- stack and engine plumbing
+# ---------------------------------------------------------------- the stack's series
 
 def patches_root() -> Path:
     if os.environ.get("SPECLOCK_PATCHES_DIR"):  # tests and out-of-tree series

@@ -1,5 +1,4 @@
-"""Engine source trees a series is checked against: an installed site-packages folder, a wheel that was
-only downloaded, or either with pending edits on top; and what engine version a folder holds."""
+"""Engine source trees a series is checked against (site-packages, a downloaded wheel, pending edits)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,6 @@ from speclock.core.files import os_error, read_text
 from speclock.core.names import normalize
 from speclock.core.versions import version_key
 from speclock.patches.diff import bad_rel_path
-
-# ---------------------------------------------------------------- source trees
 
 class SourceTree:
     """Files of an engine package: a site-packages folder or a wheel that was only downloaded."""

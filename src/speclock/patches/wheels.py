@@ -1,5 +1,4 @@
-"""Engine wheels for checking a series against any release: looked up on the index or in a committed
-lock, downloaded into the cache, and verified by sha256 on every use."""
+"""Engine wheels for checking a series against any release: found, downloaded, sha256-verified on every use."""
 
 from __future__ import annotations
 
