@@ -117,6 +117,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     image_id = builder.build(containerfile=containerfile, context=ctx, tag=ref, build_args=build_args, labels=labels,
                              target="runtime", no_cache=no_cache, timestamp=lock["source_date_epoch"])
     build_s = time.monotonic() - t0
+    _check_labels(builder, ref, labels, progress)
     record = {**info, "builder": builder.name, "image_id": image_id, "build_seconds": round(build_s, 2),
               "total_seconds": round(time.monotonic() - started, 2), "no_cache": no_cache,
               "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -127,6 +128,17 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     write_record(stack.name, record)
     progress(f"built {ref}\n  image id {image_id}\n  build {build_s:.1f} s, total {record['total_seconds']:.1f} s")
     return record
+
+
+def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress) -> None:
+    """Say so when the image does not carry the labels asked for: a builder that reused a fully cached
+    final step may keep the labels of the build that made it (only values outside the inputs, such as
+    the revision, can differ then: the same inputs give the same tag)."""
+    carried = builder.labels(ref)
+    stale = sorted(k for k, v in labels.items() if carried.get(k) != v)
+    if stale:
+        progress(f"warning: {ref} carries other values than asked for labels {', '.join(stale)} (a reused cached "
+                 "image); building again with --no-cache relabels it")
 
 
 def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | None = None,

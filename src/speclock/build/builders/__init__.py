@@ -30,6 +30,9 @@ class Builder(Protocol):
     def layers(self, ref: str) -> list[dict]:
         """[{"size": bytes, "created_by": str}] from the image history, oldest first."""
 
+    def labels(self, ref: str) -> dict[str, str]:
+        """The labels the image's config carries."""
+
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         """Push to a registry; return the pushed manifest digest (sha256:...)."""
 

@@ -81,6 +81,12 @@ class Buildah:
             out.append({"created_by": h.get("created_by", ""), "size": msizes[i] if i < len(msizes) else 0})
         return out
 
+    def labels(self, ref: str) -> dict[str, str]:
+        proc = capture(self._cmd("inspect", "--type", "image", ref))
+        if proc.returncode != 0:
+            raise CheckFailed(f"no image {ref} in buildah's store", hint="build it first")
+        return (json.loads(proc.stdout).get("OCIv1", {}).get("config", {}) or {}).get("Labels") or {}
+
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         with tempfile.NamedTemporaryFile(prefix="speclock-digest-") as dfile:
             cmd = self._cmd("push", "--digestfile", dfile.name)

@@ -77,6 +77,12 @@ class Docker:
                 out.append({"created_by": row.get("CreatedBy", ""), "size": size})
         return out
 
+    def labels(self, ref: str) -> dict[str, str]:
+        proc = capture([docker_cli(), "image", "inspect", "--format", "{{json .Config.Labels}}", ref])
+        if proc.returncode != 0:
+            raise CheckFailed(f"no image {ref} in docker", hint="build it first")
+        return json.loads(proc.stdout or "null") or {}
+
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         cli = docker_cli()
         if capture([cli, "tag", ref, dest]).returncode != 0:

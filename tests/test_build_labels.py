@@ -1,0 +1,153 @@
+"""The image labels: one vocabulary (speclock.build.labels, docs/labels.md), handed to the builders as
+`--label` options, and the patches label equal to what `speclock patches label` prints. No builder runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzz_support import run_cli
+from speclock.build import image as build
+from speclock.build.builders import ensure_in_docker
+from speclock.build.builders import buildah as buildah_mod, docker as docker_mod
+from speclock.core.errors import EnvironmentProblem
+from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, labels_for
+from speclock.patches.series import load_series, series_label
+from speclock.spec.lock import read_lock
+from speclock.spec.stack import load_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+PATCHED = "vllm-kimi-0.17.1"  # a stack with a patch series
+
+
+def labels(name: str) -> dict[str, str]:
+    return labels_for(load_stack(name), read_lock(ROOT / "locks" / f"{name}.lock"), "TAG", "INPUTS", "REV")
+
+
+@pytest.mark.parametrize("name", [p.stem for p in sorted((ROOT / "locks").glob("*.lock"))])
+def test_every_key_is_in_the_one_vocabulary(name):
+    got = labels(name)
+    assert all(k.startswith((f"{LABEL_PREFIX}.", f"{OCI_PREFIX}.")) for k in got), sorted(got)
+    assert "org.speclock.patches" not in got and f"{LABEL_PREFIX}.patches" in got
+
+
+def test_the_patches_label_is_what_patches_label_prints():
+    got = labels(PATCHED)
+    key, value = series_label(load_series(load_stack(PATCHED)))
+    assert got[key] == value
+    assert re.fullmatch(r"([^,@]+\.patch@[0-9a-f]{12})(,[^,@]+\.patch@[0-9a-f]{12})+", value)
+    code, out, err = run_cli("patches", "label", "--stack", PATCHED)
+    assert code == 0, err
+    assert out.strip() == f"{key}={got[key]}"
+
+
+def test_no_label_depends_on_the_wall_clock():
+    lock = read_lock(ROOT / "locks" / "cpu-vllm.lock")
+    got = labels("cpu-vllm")
+    # created is the lock's SOURCE_DATE_EPOCH: buildah builds of the same inputs keep one digest
+    assert got["org.opencontainers.image.created"] == dt.datetime.fromtimestamp(
+        lock["source_date_epoch"], dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    time.sleep(1.1)
+    assert labels("cpu-vllm") == got
+
+
+def test_docs_labels_md_documents_every_key():
+    doc = (ROOT / "docs" / "labels.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z0-9.-]+)` \|", doc, flags=re.M))
+    keys = set().union(*(labels(p.stem) for p in (ROOT / "locks").glob("*.lock")))
+    assert documented == keys
+
+
+class Recording:
+    """A builder that records what build-image hands it."""
+    name = "buildah"
+
+    def __init__(self):
+        self.calls = []
+
+    def build(self, **kw):
+        self.calls.append(kw)
+        return "sha256:" + "1" * 64
+
+    def labels(self, ref):
+        return dict(self.calls[-1]["labels"])
+
+    def layers(self, ref):
+        return []
+
+
+def test_build_image_passes_the_labels_to_the_builder_not_into_the_containerfile(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
+    stack = load_stack("cpu-vllm")
+    lock = read_lock(ROOT / "locks" / "cpu-vllm.lock")
+    for pkg in lock["packages"] + lock["assets"]:  # placeholder wheels in a private wheelhouse
+        entry = tmp_path / "cache" / "wheelhouse" / pkg["sha256"] / pkg["filename"]
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.touch()
+    rec = Recording()
+    monkeypatch.setattr(build, "get_builder", lambda name: rec)
+    monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
+    monkeypatch.setattr(build, "ensure_base_image", lambda *a, **k: "localhost/speclock-base:x")
+    monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
+    record = build.build_image(stack, progress=lambda m: None)
+    (call,) = rec.calls
+    assert call["labels"] == record["labels"] == labels_for(stack, lock, record["tag"], record["inputs_sha256"], "rev")
+    assert call["labels"][f"{LABEL_PREFIX}.inputs-sha256"][:16] == record["tag"]
+    staged = Path(call["containerfile"]).read_text()
+    assert not re.search(r"^LABEL ", staged, flags=re.M) and LABEL_PREFIX not in staged
+    info = json.loads((Path(call["context"]) / "config" / "image.json").read_text())
+    assert info["labels"] == call["labels"]  # what the image's own image.json says
+
+
+def test_a_builder_keeping_old_labels_is_reported(tmp_path, monkeypatch):
+    msgs = []
+    rec = Recording()
+    rec.labels = lambda ref: {"io.speclock.stack": "other"}
+    build._check_labels(rec, "localhost/x:1", {"io.speclock.stack": "cpu-vllm", "io.speclock.cuda": "none"}, msgs.append)
+    assert msgs and "io.speclock.cuda, io.speclock.stack" in msgs[0] and "--no-cache" in msgs[0]
+
+
+@pytest.mark.parametrize("builder", [buildah_mod.BUILDER, docker_mod.BUILDER])
+def test_each_builder_turns_labels_into_label_options(builder, tmp_path, monkeypatch):
+    seen = []
+
+    def fake_stream(cmd, **kw):
+        seen.append(list(cmd))
+        iid = cmd[cmd.index("--iidfile") + 1]
+        Path(iid).write_text("sha256:" + "2" * 64)
+        return 0, ""
+
+    monkeypatch.setattr(sys.modules[type(builder).__module__], "stream", fake_stream)
+    builder.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag="localhost/x:1", build_args={},
+                  labels={"io.speclock.stack": "cpu-vllm", "io.speclock.patches": "a.patch@0123456789ab,b.patch@ba9876543210"},
+                  target="runtime", no_cache=False, timestamp=0)
+    (cmd,) = seen
+    pairs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--label"]
+    assert pairs == ["io.speclock.stack=cpu-vllm", "io.speclock.patches=a.patch@0123456789ab,b.patch@ba9876543210"]
+
+
+def test_ensure_in_docker_asks_the_builder_that_made_the_image(monkeypatch):
+    asked = []
+    monkeypatch.setattr(buildah_mod.Buildah, "copy_to_docker", lambda self, ref: asked.append(("buildah", ref)) or ref)
+    monkeypatch.setattr(docker_mod.Docker, "copy_to_docker", lambda self, ref: asked.append(("docker", ref)) or ref)
+    assert ensure_in_docker({"builder": "buildah", "ref": "localhost/speclock-a:1"}) == "localhost/speclock-a:1"
+    assert ensure_in_docker({"builder": "docker", "ref": "localhost/speclock-a:2"}) == "localhost/speclock-a:2"
+    assert asked == [("buildah", "localhost/speclock-a:1"), ("docker", "localhost/speclock-a:2")]
+
+
+def test_a_buildah_image_already_in_docker_is_not_copied_again(monkeypatch):
+    monkeypatch.setattr(buildah_mod, "in_docker", lambda ref: True)
+    monkeypatch.setattr(buildah_mod, "stream", lambda *a, **k: pytest.fail("copied again"))
+    assert buildah_mod.BUILDER.copy_to_docker("localhost/speclock-a:1") == "localhost/speclock-a:1"
+
+
+def test_a_docker_image_missing_from_docker_names_the_docker_builder(monkeypatch):
+    monkeypatch.setattr(docker_mod, "in_docker", lambda ref: False)
+    with pytest.raises(EnvironmentProblem, match="--builder docker"):
+        docker_mod.BUILDER.copy_to_docker("localhost/speclock-a:1")
