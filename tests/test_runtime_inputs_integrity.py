@@ -23,6 +23,7 @@ import pytest
 from fuzz_support import assert_clean_refusal, run_cli, snapshot, assert_nothing_written
 from speclock import engines
 from speclock.drafter import models
+import speclock.verify.smoke.run as smoke_run
 from speclock.verify import smoke, soak
 from speclock.core.errors import BadInput
 from speclock.core.files import TEMP_PREFIX
@@ -442,15 +443,15 @@ def test_ctrl_c_during_smoke_and_soak_exits_130_kills_the_engine_and_writes_noth
     monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
     monkeypatch.setattr(speclock.spec.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
     # smoke and soak import these by name: patch them where they are looked up too
-    for module in (smoke, soak):
+    for module in (smoke_run, soak):
         monkeypatch.setattr(module, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
         monkeypatch.setattr(module, "package_version", lambda package: "0.0-test")
-    monkeypatch.setattr(smoke, "package_version", lambda package: "0.0-test")
+    monkeypatch.setattr(smoke_run, "package_version", lambda package: "0.0-test")
     monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
     for command in ("smoke", "soak"):
         fake = FakeEngine(tmp_path / command)
         (tmp_path / command).mkdir()
-        monkeypatch.setattr(smoke, "get_engine", lambda name, fake=fake: fake)
+        monkeypatch.setattr(smoke_run, "get_engine", lambda name, fake=fake: fake)
         monkeypatch.setattr(engines, "get_engine", lambda name, fake=fake: fake)
         monkeypatch.setattr(soak, "get_engine", lambda name, fake=fake: fake)
         out = tmp_path / command / "out"

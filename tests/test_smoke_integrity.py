@@ -11,7 +11,8 @@ import types
 import pytest
 
 import speclock.engines as engines
-import speclock.verify.smoke as smoke
+import speclock.verify.smoke.reference as smoke_reference
+import speclock.verify.smoke.run as smoke_run
 from fuzz_support import run_cli
 from speclock.verify.report import load_report
 from speclock.core.errors import BadInput
@@ -61,17 +62,19 @@ def smoke_inputs(tmp_path, monkeypatch):
     fake_transformers.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *_a, **_k: object())
     monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
     monkeypatch.setattr(speclock.spec.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
-    monkeypatch.setattr(smoke, "chat_prompt_ids", lambda tok, text: [1, 2, 3])  # smoke imports it by name
-    monkeypatch.setattr(smoke, "package_version", lambda package: "0.0-test")
+    monkeypatch.setattr(smoke_run, "chat_prompt_ids", lambda tok, text: [1, 2, 3])  # smoke imports it by name
+    monkeypatch.setattr(smoke_run, "package_version", lambda package: "0.0-test")
     monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
     # The toy folders hold no weights to hash; the key's shape is all the report check needs.
-    monkeypatch.setattr(smoke, "reference_key", lambda inp, texts: {
-        "target_sha256": "a" * 64, "drafter_sha256": "b" * 64, "prompts_sha256": "c" * 64,
-        "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens})
+    def key(inp, texts):
+        return {"target_sha256": "a" * 64, "drafter_sha256": "b" * 64, "prompts_sha256": "c" * 64,
+                "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
+    for module in (smoke_run, smoke_reference):  # looked up in both
+        monkeypatch.setattr(module, "reference_key", key)
 
     def run(engine):
-        monkeypatch.setattr(smoke, "get_engine", lambda name: engine)
+        monkeypatch.setattr(smoke_run, "get_engine", lambda name: engine)
         monkeypatch.setattr(engines, "get_engine", lambda name: engine)
         out = tmp_path / "out"
         code, _out, err = run_cli("smoke", "--target", target, "--draft", draft, "--prompts", prompts,

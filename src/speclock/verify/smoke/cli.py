@@ -1,0 +1,35 @@
+"""`speclock smoke`: the command (its flags are shared with soak and selfcheck: inputs.add_smoke_arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from speclock.verify.report import human_table
+from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
+from speclock.verify.smoke.run import run_smoke
+
+DESCRIPTION = """Runs the stack's engine twice on the same chat-templated prompts, greedily: without the drafter
+(the judge of losslessness and the throughput baseline) and with it (counters taken as deltas
+around the run). Compares the outputs token for token, computes the report contract's metrics,
+compares acceptance with speclock's reference decoder on the same drafter and prompts (recorded
+in the drafter's manifest, or run live), applies the stack's thresholds and writes the report.
+The report is written even when the engine fails mid-run, with the failure in it.
+"""
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    inp = resolve_inputs(SmokeOptions.from_args(args))
+    report, code = run_smoke(inp)
+    print(json.dumps(report, indent=2) if args.json else human_table(report))
+    return code
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("smoke", help="run the engine with and without the drafter: lossless, acceptance, speedup",
+                       description=DESCRIPTION + "\n\nExit 0 pass, 1 check failed (or the engine crashed), "
+                                   "2 bad input, 3 environment problem (engine missing).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_smoke_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the report JSON instead of the table")
+    p.set_defaults(func=_cmd_smoke)

@@ -1,0 +1,173 @@
+"""Smoke's inputs: the typed options, the paths and settings resolved from them (flags, else the image
+layout, else the stack), the output folder made up front, and the shared flags of smoke, soak and selfcheck."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from speclock.core.args import non_negative_float, positive_int
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import clean_stale_temps, os_error
+from speclock.core.layout import IMAGE, in_image, REPO_ROOT
+from speclock.drafter.models import read_drafter_manifest, read_model_config, stack_model_path
+from speclock.spec.prompts import packaged_file
+from speclock.spec.stack import load_stack
+
+
+def log(msg: str) -> None:
+    print(f"smoke: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    """The smoke flags (add_smoke_arguments), as the CLI of smoke, soak and selfcheck parsed them."""
+    stack: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    prompts: str | None = None
+    num_prompts: int | None = None
+    max_tokens: int | None = None
+    reference: str = "recorded"
+    server: str | None = None
+    plain_server: str | None = None
+    min_mean_acceptance_length: float | None = None
+    min_speedup: float | None = None  # no flag yet: a threshold override a caller may set
+    max_reference_gap: float | None = None  # no flag yet: idem
+    plain_cache: str | None = None
+    out: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SmokeOptions:
+        """The options from a parsed command line (the CLI functions only; a missing flag keeps its default)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+@dataclass
+class SmokeInputs:
+    stack: Any  # speclock.spec.stack.Stack
+    target: Path
+    draft: Path
+    prompts_file: Path
+    num_prompts: int
+    max_tokens: int
+    k: int
+    out_dir: Path
+    reference: str = "recorded"  # recorded | live | off
+    server_url: str = ""  # spec-decoding server (attach instead of starting the engine)
+    plain_server_url: str = ""  # the same model served without a drafter
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    plain_cache: Path | None = None  # reuse no-drafter outputs across runs (fault sweeps, tests)
+
+
+
+# ---------------------------------------------------------------- inputs
+
+def default_out_dir(stack_name: str) -> Path:
+    return Path("/tmp/speclock-out") if in_image() else REPO_ROOT / "out" / f"smoke-{stack_name}"
+
+
+def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
+    """Paths from the flags, else from the image layout (inside an image), else from the stack."""
+    inside = in_image()
+    if opts.stack:
+        stack = load_stack(opts.stack)
+    elif inside:
+        stack = load_stack(IMAGE.stack_file)
+    else:
+        stack = load_stack("cpu-vllm")
+    smoke = stack.smoke
+    if opts.target:
+        target = Path(opts.target)
+    elif inside:
+        target = IMAGE.target_dir
+    elif stack.target["path"]:
+        target = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", getattr(stack, "path", None))
+    else:
+        raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; on the host give the converted folder",
+                       hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)")
+    if opts.draft:
+        draft = Path(opts.draft)
+    else:
+        draft = IMAGE.draft_dir if inside else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path",
+                                                                getattr(stack, "path", None))
+    if opts.prompts:
+        prompts = Path(opts.prompts)
+    elif inside:
+        prompts = IMAGE.prompts_file
+    elif smoke["prompts_file"]:
+        prompts = packaged_file(smoke["prompts_file"])
+    else:
+        raise BadInput(f"stack {stack.name} names no prompts", hint="--prompts FILE (JSONL)")
+    # Every model file smoke reads is checked here, before an engine starts or anything is written.
+    read_model_config(target, what="target", option="--target")
+    read_model_config(draft, what="draft", option="--draft")
+    read_drafter_manifest(draft)  # optional, but when present its recorded references must be well-formed
+    thresholds = dict(stack.thresholds)
+    for key in ("min_mean_acceptance_length", "min_speedup", "max_reference_gap"):
+        override = getattr(opts, key)
+        if override is not None:
+            thresholds[key] = override
+    n = opts.num_prompts or smoke["num_prompts"]
+    if n < 1 or (opts.max_tokens is not None and opts.max_tokens < 1):
+        raise BadInput("--num-prompts and --max-tokens must be at least 1")
+    out_dir = prepare_out_dir(Path(opts.out) if opts.out else default_out_dir(stack.name), "--out")
+    plain_cache = prepare_out_dir(Path(opts.plain_cache), "--plain-cache") if opts.plain_cache else None
+    return SmokeInputs(
+        stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
+        max_tokens=opts.max_tokens or smoke["max_tokens"], k=smoke["num_speculative_tokens"],
+        out_dir=out_dir, reference=opts.reference,
+        server_url=opts.server or "", plain_server_url=opts.plain_server or "", thresholds=thresholds,
+        plain_cache=plain_cache)
+
+
+def prepare_out_dir(path: Path, option: str) -> Path:
+    """Create an output folder up front: a file in the way, no permission or a full disk is reported (exit 2/3)
+    before the engine runs for minutes, not after."""
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"{option} {path} is a file, where an output folder belongs", hint=f"give {option} a folder path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, path, "create the output folder") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise EnvironmentProblem(f"permission denied: cannot write into {path}",
+                                 hint=f"give {option} a folder this user may write")
+    clean_stale_temps(path)  # temp files a killed run left (the writers' TEMP_PREFIX)
+    return path
+
+
+def server_url(text: str) -> str:
+    """--server/--plain-server: an http(s) URL with a host (argparse type: anything else is exit 2 at parse time)."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with a host (e.g. http://127.0.0.1:8000)")
+    return text
+
+
+def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", help="stack name or path (default: the image's stack; on the host cpu-vllm)")
+    p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
+    p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
+    p.add_argument("--prompts", help="JSONL prompt file (default: the image's, or the stack's MT-Bench questions)")
+    p.add_argument("--num-prompts", type=positive_int, help="prompts to use (default: the stack's smoke.num_prompts)")
+    p.add_argument("--max-tokens", type=positive_int, help="new tokens per prompt (default: the stack's smoke.max_tokens)")
+    p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
+                   help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
+                        "run the reference decoder now (slow on a CPU), or skip")
+    p.add_argument("--server", type=server_url, help="URL of a running engine server with the drafter (instead of starting the engine)")
+    p.add_argument("--plain-server", type=server_url, help="URL of the same model served without a drafter (with --server)")
+    p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=non_negative_float,
+                   help="override the stack's floor (e.g. to show that a too-high floor fails)")
+    p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
+                                          "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)")
+    p.add_argument("--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)")

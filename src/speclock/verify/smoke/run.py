@@ -1,0 +1,237 @@
+"""Smoke's run: the engine without and with the drafter, the report's numbers, the verdict and report.json."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.files import expect, os_error, read_json
+from speclock.core.layout import IMAGE, in_image
+from speclock.drafter.models import config_architecture, read_model_config, target_sha256 as weights_sha256
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
+from speclock.spec.prompts import chat_prompt_ids, load_prompts
+from speclock.verify import lossless
+from speclock.verify.gate import evaluate, failures_of
+from speclock.verify.report import SCHEMA_ID, validate_report, write_atomic, write_report
+from speclock.verify.smoke.inputs import log, SmokeInputs
+from speclock.verify.smoke.reference import reference_key, reference_section
+
+
+def image_identity() -> dict[str, str]:
+    """{ref, digest} of the image we run in: env (set by `docker run -e`), else image.json, else the host."""
+    info: dict[str, Any] = {}
+    if in_image() and IMAGE.build_info.is_file():
+        try:
+            info = read_json(IMAGE.build_info, what="image build info")
+        except SpeclockError:
+            info = {}  # the identity is informational: a damaged image.json leaves it empty, never crashes
+    info = {k: v for k, v in info.items() if isinstance(v, str)}
+    ref = os.environ.get("SPECLOCK_IMAGE_REF") or info.get("ref") or info.get("tag") or ("" if in_image() else "host")
+    digest = os.environ.get("SPECLOCK_IMAGE_DIGEST") or info.get("digest") or ""
+    return {"ref": str(ref), "digest": str(digest)}
+
+
+
+def visible_arch(stack) -> str | None:
+    """The stack arch name of the visible GPU (sm_100 -> sm_100a when the stack targets that), or None."""
+    if not stack.is_gpu:
+        return None
+    try:
+        # heavy, optional (torch): imported only where it is used
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception:
+        return None
+    plain = f"sm_{major}{minor}"
+    return plain + "a" if plain + "a" in stack.gpu["archs"] else plain
+
+
+def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
+    """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
+
+    key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
+                      weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
+    return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tokens: int, label: str):
+    """Start, warm up, generate with counters as deltas, stop. Returns (outputs, seconds, counters, captured)."""
+    t0 = time.perf_counter()
+    log(f"starting {engine.NAME} {label}")
+    # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
+    with running(engine, config) as session:
+        log(f"{engine.NAME} {label} ready in {time.perf_counter() - t0:.1f} s; generating {len(prompt_ids)} prompts x {max_tokens} tokens")
+        session.generate(prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
+        before = session.counters()
+        t1 = time.perf_counter()
+        outputs = session.generate(prompt_ids, max_tokens)
+        seconds = time.perf_counter() - t1
+        delta = session.counters() - before
+        captured = session.captured_layers()
+    log(f"{label}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
+    return outputs, seconds, delta, captured
+
+
+def read_plain_cache(cache_file: Path, n_prompts: int) -> tuple[list[list[int]], float] | None:
+    """Cached no-drafter outputs, or None when absent or damaged (a cache is rebuilt, never trusted blindly)."""
+    if not cache_file.is_file():
+        return None
+    try:
+        cached = read_json(cache_file, what="plain-output cache")
+        outputs = expect(cached.get("outputs"), list, "outputs", path=cache_file)
+        seconds = expect(cached.get("seconds"), float, "seconds", path=cache_file)
+        if len(outputs) != n_prompts or seconds <= 0:
+            raise BadInput(f"{cache_file}: {len(outputs)} outputs for {n_prompts} prompts, {seconds} s")
+        for i, out in enumerate(outputs):
+            for j, tok in enumerate(expect(out, list, f"outputs[{i}]", path=cache_file)):
+                expect(tok, int, f"outputs[{i}][{j}]", path=cache_file)
+    except BadInput as err:
+        log(f"ignoring a damaged plain-output cache ({str(err).splitlines()[0]}); running without the drafter again")
+        return None
+    return outputs, float(seconds)
+
+
+def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
+    """The report with everything known before the engine runs (what a failed run still reports)."""
+    tcfg = read_model_config(inp.target, what="target")
+    n_layers = int(tcfg.get("num_hidden_layers") or 0)
+    ids, ids_source = aux_layer_ids(inp.draft, n_layers)
+    engine = inp.stack.engine
+    return {
+        "schema": SCHEMA_ID,
+        "stack": inp.stack.name,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "image": image_identity(),
+        "engine": {"name": engine["name"], "package": engine["package"], "version": package_version(engine["package"]),
+                   "pinned_version": engine["version"], "mode": "server" if inp.server_url else "offline"},
+        "target": {"path": str(inp.target), "arch": config_architecture(tcfg) or "?", "num_layers": n_layers},
+        "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
+        "num_speculative_tokens": inp.k,
+        "max_tokens": inp.max_tokens,
+        "prompts": {"source": str(inp.prompts_file), "count": len(texts)},
+        "metrics": SpecCounters().metrics(),
+        "throughput": {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None},
+        "lossless": {"checked": 0, "mismatches": 0, "first_mismatches": []},
+        "reference": None,
+        "thresholds": inp.thresholds,
+        "run": {"completed": False, "stage": "start", "error": None, "seconds": None},
+        "verdict": "fail",
+        "failures": [],
+    }
+
+
+def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
+    """Run the smoke test; return (report, exit code). The report is written to inp.out_dir/report.json."""
+    t_start = time.perf_counter()
+    texts = load_prompts(inp.prompts_file)
+    if len(texts) < inp.num_prompts:
+        log(f"{inp.prompts_file} holds {len(texts)} prompts; using all of them")
+    texts = texts[:inp.num_prompts]
+    try:
+        # heavy, optional (transformers): imported only where it is used
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise EnvironmentProblem(f"transformers is not importable: {err}", hint="run in the engine's environment") from None
+    tokenizer = AutoTokenizer.from_pretrained(str(inp.target))
+    prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
+    report = skeleton(inp, texts)
+    code = 1
+    run = report["run"]
+    try:
+        if not inp.server_url and not report["engine"]["version"]:
+            raise EnvironmentProblem(f"the engine package {report['engine']['package']} is not installed here",
+                                     hint="run inside the image, or install the stack's engine in this environment")
+        engine = get_engine(inp.stack.engine["name"])
+        arch = visible_arch(inp.stack)
+        settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
+        report.setdefault("gpu", {})["arch"] = arch
+        run["stage"] = "plain (no drafter)"
+        plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
+        cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
+        cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
+        if cached is not None:
+            plain, plain_s = cached
+            log(f"plain outputs reused from {cache_file}")
+            report["lossless"]["plain_from"] = str(cache_file)
+        else:
+            plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
+            if cache_file:
+                try:
+                    write_atomic(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
+                except OSError as err:
+                    raise os_error(err, cache_file, "write the plain-output cache") from None
+        run["stage"] = "speculative (with drafter)"
+        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url)
+        spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
+        run["stage"] = "compare"
+        report["draft"]["captured_layers"] = captured
+        report["metrics"] = delta.metrics()
+        base_tps, spec_tps = sum(map(len, plain)) / plain_s, sum(map(len, spec)) / spec_s
+        report["throughput"] = {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
+                                "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}
+        judge = None
+        if plain != spec:  # the float32 judge loads the target: only when something diverged
+            run["stage"] = "lossless (judging divergences)"
+            judge = lossless.float32_judge(inp.target, log=log)
+        report["lossless"] = lossless.compare(plain, spec, prompt_ids, judge)
+        if report["lossless"]["numeric_ties"]:
+            log(f"lossless: {report['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
+                 f"(float32 margin <= tie limit), {report['lossless']['mismatches']} real mismatch(es)")
+        run.update(completed=True, stage="done")
+        code = 0
+    except (BadInput, EnvironmentProblem) as err:
+        run["error"] = str(err)
+        code = err.exit_code
+    except Exception as err:  # an engine crash: the report says so and the check fails
+        run["error"] = f"{type(err).__name__}: {err}"
+        log("engine failure:\n" + traceback.format_exc(limit=6))
+        code = 1
+    reference_error = None
+    try:
+        report["reference"] = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
+    except (BadInput, EnvironmentProblem) as err:
+        try:  # keep the key: without it the report cannot be matched to a baseline's drafter
+            key = reference_key(inp, texts)
+        except (BadInput, EnvironmentProblem):
+            key = None
+        report["reference"] = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": str(err)}
+        if isinstance(err, BadInput):  # a damaged recorded reference is bad input, never a silent "no reference"
+            reference_error = err
+    if report["reference"].get("note"):
+        log(f"reference: {report['reference']['note']}")
+    failures = failures_of(evaluate(report, inp.thresholds))
+    if not run["completed"]:
+        # Counters of a run that did not finish say nothing about the drafter: report the crash alone.
+        failures = [f"engine failed during {run['stage']}: {run['error']}"]
+    if reference_error is not None:
+        failures = failures + [f"reference: {str(reference_error).splitlines()[0]}"]
+    report["failures"] = failures
+    report["verdict"] = "fail" if failures else "pass"
+    if code == 0 and failures:
+        code = BadInput.exit_code if reference_error is not None else 1
+    run["seconds"] = round(time.perf_counter() - t_start, 2)
+    try:
+        validate_report(report, "the report being written")
+    except BadInput as err:
+        # The engine's own counters contradict each other (or the reference disagrees with them): that is
+        # a failed check of the engine, not bad input from the user. The report is still written, for
+        # diagnosis; gate refuses it (exit 2) if anyone tries to pass it off.
+        report["failures"] = report["failures"] + [f"inconsistent measurements: {str(err).splitlines()[0]}"]
+        report["verdict"] = "fail"
+        code = code or 1
+    try:
+        path = write_report(inp.out_dir / "report.json", report)
+    except OSError as err:
+        raise os_error(err, inp.out_dir / "report.json", "write the report") from None
+    log(f"wrote {path} in {run['seconds']:.1f} s")
+    return report, code
