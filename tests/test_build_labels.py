@@ -1,5 +1,6 @@
-"""The image labels: one vocabulary (speclock.build.labels, docs/labels.md), handed to the builders as
-`--label` options, and the patches label equal to what `speclock patches label` prints. No builder runs."""
+"""The image labels: one vocabulary (speclock.build.labels, docs/labels.md), handed to the builders by
+Builder.build(labels=...) (docker: --label; buildah: one LABEL step in its own copy of the Containerfile),
+and the patches label equal to what `speclock patches label` prints. No builder runs."""
 
 from __future__ import annotations
 
@@ -113,23 +114,47 @@ def test_a_builder_keeping_old_labels_is_reported(tmp_path, monkeypatch):
     assert msgs and "io.speclock.cuda, io.speclock.stack" in msgs[0] and "--no-cache" in msgs[0]
 
 
-@pytest.mark.parametrize("builder", [buildah_mod.BUILDER, docker_mod.BUILDER])
-def test_each_builder_turns_labels_into_label_options(builder, tmp_path, monkeypatch):
+LABELS = {"io.speclock.stack": "cpu-vllm", "io.speclock.patches": "a.patch@0123456789ab,b.patch@ba9876543210"}
+
+
+def run_build(builder, tmp_path, monkeypatch, labels) -> tuple[list[str], str]:
+    """(the builder's command, the Containerfile text it was given) without running it."""
     seen = []
 
     def fake_stream(cmd, **kw):
-        seen.append(list(cmd))
-        iid = cmd[cmd.index("--iidfile") + 1]
-        Path(iid).write_text("sha256:" + "2" * 64)
+        seen.append((list(cmd), Path(cmd[cmd.index("-f") + 1]).read_text()))
+        Path(cmd[cmd.index("--iidfile") + 1]).write_text("sha256:" + "2" * 64)
         return 0, ""
 
     monkeypatch.setattr(sys.modules[type(builder).__module__], "stream", fake_stream)
-    builder.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag="localhost/x:1", build_args={},
-                  labels={"io.speclock.stack": "cpu-vllm", "io.speclock.patches": "a.patch@0123456789ab,b.patch@ba9876543210"},
-                  target="runtime", no_cache=False, timestamp=0)
-    (cmd,) = seen
-    pairs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--label"]
-    assert pairs == ["io.speclock.stack=cpu-vllm", "io.speclock.patches=a.patch@0123456789ab,b.patch@ba9876543210"]
+    (tmp_path / "Containerfile").write_text("FROM scratch AS runtime\nUSER 10001\n")
+    assert builder.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag="localhost/x:1", build_args={},
+                         labels=labels, target="runtime", no_cache=False, timestamp=0) == "sha256:" + "2" * 64
+    (call,) = seen
+    return call
+
+
+def test_docker_gets_the_labels_as_label_options(tmp_path, monkeypatch):
+    cmd, text = run_build(docker_mod.BUILDER, tmp_path, monkeypatch, LABELS)
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--label"] == [f"{k}={v}" for k, v in LABELS.items()]
+    assert "LABEL" not in text
+
+
+def test_buildah_gets_the_labels_as_one_label_step_of_its_own_copy(tmp_path, monkeypatch):
+    cmd, text = run_build(buildah_mod.BUILDER, tmp_path, monkeypatch, LABELS)
+    assert "--label" not in cmd  # one step per --label in buildah; one LABEL is one step
+    assert text == buildah_mod.labelled_containerfile("FROM scratch AS runtime\nUSER 10001\n", LABELS)
+    assert text.count("\nLABEL ") == 1 and '"io.speclock.patches"="a.patch@0123456789ab,b.patch@ba9876543210"' in text
+    assert (tmp_path / "Containerfile").read_text() == "FROM scratch AS runtime\nUSER 10001\n"  # the context untouched
+    assert Path(cmd[cmd.index("-f") + 1]).parent != tmp_path
+    # the same labels in another order give the same text (the same history, the same digest)
+    assert buildah_mod.labelled_containerfile("X\n", dict(reversed(LABELS.items()))) == \
+        buildah_mod.labelled_containerfile("X\n", LABELS)
+
+
+def test_buildah_without_labels_reads_the_containerfile_as_staged(tmp_path, monkeypatch):
+    cmd, text = run_build(buildah_mod.BUILDER, tmp_path, monkeypatch, {})
+    assert cmd[cmd.index("-f") + 1] == str(tmp_path / "Containerfile") and "LABEL" not in text
 
 
 def test_ensure_in_docker_asks_the_builder_that_made_the_image(monkeypatch):

@@ -131,9 +131,8 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
 
 
 def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress) -> None:
-    """Say so when the image does not carry the labels asked for: a builder that reused a fully cached
-    final step may keep the labels of the build that made it (only values outside the inputs, such as
-    the revision, can differ then: the same inputs give the same tag)."""
+    """Say so when the built image does not carry exactly the labels asked for (the record and image.json
+    say what was asked): a builder that reused a cached image with older labels, for one."""
     carried = builder.labels(ref)
     stale = sorted(k for k, v in labels.items() if carried.get(k) != v)
     if stale:
