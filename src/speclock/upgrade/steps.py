@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from speclock.build import image as build, records, wheelhouse
-from speclock.build.builders import ensure_in_docker, get_builder
+from speclock.build import records, wheelhouse
+from speclock.build.builders import get_builder
+from speclock.build.context import context_dir, context_lock, context_name, stage_context
 from speclock.build.fetch import fetch as fetch_wheels
-from speclock.build.run import run_image
+from speclock.build.image import build_image, selfcheck_image
+from speclock.build.inputs import image_tag, inputs_hash
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import atomic_write_text, read_json
+from speclock.core.files import read_json
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.patches.series import check_series, load_series
@@ -87,13 +87,15 @@ def check_patches(stack: Stack, lock: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) -> dict[str, Any] | None:
-    """The build record of an image with exactly this candidate's inputs, if that image still exists."""
+    """The build record of an image with exactly this candidate's inputs, if that image still exists.
+
+    The tag comes the way build-image computes it: the context staged by build.context, hashed by build.inputs."""
     lock = read_lock(lock_file)
-    with build.context_lock(build.context_name(stack, lock_file), progress):
-        ctx = build.cache_dir() / "contexts" / build.context_name(stack, lock_file)
+    with context_lock(context_name(stack, lock_file), progress):
+        ctx = context_dir(stack, lock_file)
         fetch_wheels(lock, progress=lambda m: None)
-        build.stage_context(stack, lock, ctx, lock_file=lock_file)
-        tag = build.inputs_hash(ctx, lock)[:16]
+        stage_context(stack, lock, ctx, lock_file=lock_file)
+        tag = image_tag(inputs_hash(ctx, lock))
     record_file = records.records_dir(stack.name) / f"{tag}.{builder_name}.json"
     if not record_file.is_file():
         return None
@@ -117,29 +119,19 @@ def read_image_result(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_in_image(record: dict[str, Any], outputs: Path, *, progress) -> None:
-    """`speclock doctor --json` and `speclock smoke` inside the image, hardened; results into `outputs`."""
+def check_in_image(stack: Stack, record: dict[str, Any], *, progress) -> Path:
+    """The image's own self-check (build-image's: doctor, smoke, gate; hardened), recorded with the build;
+    returns the folder with its doctor.json, report.json and selfcheck.json."""
+    return Path(selfcheck_image(stack, record, progress=lambda m: progress(f"  {m}"))["outputs"])
 
-    if outputs.exists():
-        shutil.rmtree(outputs)
-    outputs.mkdir(parents=True)
-    ref = ensure_in_docker(record)
-    progress(f"  doctor in {ref}")
-    proc = run_image(ref, ["doctor", "--json"], capture_output=True, timeout=1800)
-    try:
-        doctor = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        doctor = {"verdict": "fail", "error": f"doctor exited {proc.returncode} without a JSON result: "
-                                              f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
-    doctor["exit_code"] = proc.returncode
-    atomic_write_text(outputs / "doctor.json", json.dumps(doctor, indent=2) + "\n")
-    progress(f"  doctor: {doctor.get('verdict')} (exit {proc.returncode})")
-    progress(f"  smoke test in {ref}")
-    proc = run_image(ref, ["smoke", "--out", "/out"], out_dir=outputs, capture_output=True, timeout=3600)
-    tail = (proc.stderr.strip().splitlines() or [""])[-1]
-    atomic_write_text(outputs / "smoke-exit.json", json.dumps({"exit_code": proc.returncode, "error": tail if proc.returncode else None}) + "\n")
-    atomic_write_text(outputs / "smoke.log", proc.stdout + proc.stderr)
-    progress(f"  smoke: exit {proc.returncode}")
+
+def selfcheck_outputs(record: dict[str, Any]) -> Path | None:
+    """The outputs of a self-check already recorded with this image, when they hold doctor and smoke results."""
+    done = record.get("selfcheck")
+    outputs = Path(done["outputs"]) if isinstance(done, dict) and isinstance(done.get("outputs"), str) else None
+    if outputs and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
+        return outputs
+    return None
 
 
 @dataclasses.dataclass
@@ -235,7 +227,7 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         steps["build"].detail = f"{record['ref']} (reused: an image with exactly these inputs exists)"
     else:
         try:
-            record = build.build_image(cand.stack, builder_name=builder_name, lock_file=cand.lock_file, progress=progress)
+            record = build_image(cand.stack, builder_name=builder_name, lock_file=cand.lock_file, progress=progress)
         except CheckFailed as err:
             steps["build"].status, steps["build"].detail = "fail", f"the candidate image did not build: {err}"
             steps["build"].seconds = round(time.monotonic() - t0, 1)
@@ -245,11 +237,11 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
 
     progress("[4/5] doctor and smoke test in the candidate image (read-only, no network, non-root)")
-    outputs = records.records_dir(cand.stack.name) / f"{record['tag']}.{record['builder']}.upgrade"
-    if not rerun_selfcheck and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
+    outputs = None if rerun_selfcheck else selfcheck_outputs(record)
+    if outputs:
         progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
     else:
-        _timed(steps["smoke"], lambda: check_in_image(record, outputs, progress=progress))
+        outputs = _timed(steps["smoke"], lambda: check_in_image(cand.stack, record, progress=progress))
     doctor = read_image_result(outputs / "doctor.json") or {}
     checks = doctor.get("checks") if isinstance(doctor.get("checks"), list) else []
     checks = [c for c in checks if isinstance(c, dict)]  # the image's output: a damaged entry is no check
@@ -276,7 +268,10 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
             steps["smoke"].detail = f"the engine run did not complete: {run.get('error')}"
     else:
         steps["smoke"].status = "fail"
-        steps["smoke"].detail = str((read_image_result(outputs / "smoke-exit.json") or {}).get("error") or f"no report.json in {outputs}")
+        stages = (read_image_result(outputs / "selfcheck.json") or {}).get("stages")
+        smoke = stages.get("smoke") if isinstance(stages, dict) else None
+        smoke = smoke if isinstance(smoke, dict) else {}
+        steps["smoke"].detail = str(smoke.get("error") or smoke.get("note") or f"no report.json in {outputs}")
         return result
 
     progress(f"[5/5] gate: candidate report against the current baseline {baseline}")
