@@ -31,7 +31,7 @@ from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
-from speclock.verify.report import _get, load_report
+from speclock.verify.report import dotted_get, load_report
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
 IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")
@@ -90,8 +90,8 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
         raise refuse(f"{source}: key 'run.completed': the baseline's engine run did not complete; it cannot be the "
                      f"baseline of report {report_source}")
     for key in ("stack", "engine.name", "num_speculative_tokens", "prompts.count", "max_tokens", "target.arch"):
-        mine_found, mine = _get(report, key)
-        theirs_found, theirs = _get(baseline, key)
+        mine_found, mine = dotted_get(report, key)
+        theirs_found, theirs = dotted_get(baseline, key)
         for found, where in ((mine_found, report_source), (theirs_found, source)):
             if not found:
                 raise refuse(f"{where}: key '{key}' is missing, so baseline {source} cannot be matched to report {report_source}")
@@ -101,8 +101,8 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
     # needs a new baseline, not a silent pass (or fail) against the old one's acceptance. Leaving the
     # identity out of either side must not skip this.
     for key in IDENTITY:
-        mine_found, mine = _get(report, key)
-        theirs_found, theirs = _get(baseline, key)
+        mine_found, mine = dotted_get(report, key)
+        theirs_found, theirs = dotted_get(baseline, key)
         for found, where in ((mine_found, report_source), (theirs_found, source)):
             if not found:
                 raise BadInput(f"{where}: key '{key}' is missing: without it baseline {source} cannot be matched to "

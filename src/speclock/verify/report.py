@@ -89,7 +89,8 @@ _TOLERANCE = 5e-4
 _HINT = "a report written by `speclock smoke` (schema speclock.smoke/v1), unedited; see docs/smoke.md"
 
 
-def _get(data: dict, dotted: str) -> tuple[bool, Any]:
+def dotted_get(data: dict, dotted: str) -> tuple[bool, Any]:
+    """(found, value) at a dotted key path such as "reference.key.k"."""
     node: Any = data
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -137,12 +138,12 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
     if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused; 10**400 overflows a float
         raise BadInput(f"{source}: key '{odd}': not a finite number in range (|x| < 2**63)", hint=_HINT)
     for key, types in REQUIRED.items():
-        found, value = _get(data, key)
+        found, value = dotted_get(data, key)
         if not found:
             raise BadInput(f"{source}: key '{key}': missing", hint=_HINT)
         _check_type(source, key, value, types)
     for key, types in OPTIONAL.items():
-        found, value = _get(data, key)
+        found, value = dotted_get(data, key)
         if found:
             _check_type(source, key, value, types)
 
