@@ -13,14 +13,11 @@ from speclock.spec.lock import lock_path
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import pin_value
 from speclock.upgrade.steps import UpgradeResult
+from speclock.verify.report import fmt_number
 
 
-def _f(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
+def _cell(v: Any) -> str:
+    return fmt_number(v, missing="n/a")  # a summary cell: a metric one side lacks reads n/a
 
 
 def _delta(before: float | None, after: float | None) -> str:
@@ -73,12 +70,12 @@ def summary_markdown(res: UpgradeResult) -> str:
                            ("speedup", "speedup (spec / plain tok/s)"), ("spec_tok_s", "spec tok/s"),
                            ("baseline_tok_s", "plain tok/s")]:
             bv, av = (b or {}).get(key), (a or {}).get(key)
-            lines.append(f"| {label} | {_f(bv)} | {_f(av)} | {_delta(bv, av)} |")
+            lines.append(f"| {label} | {_cell(bv)} | {_cell(av)} | {_delta(bv, av)} |")
         npos = max(len((b or {}).get("per_position") or []), len((a or {}).get("per_position") or []))
         for i in range(npos):
             bv = ((b or {}).get("per_position") or [None] * npos)[i] if i < len((b or {}).get("per_position") or []) else None
             av = ((a or {}).get("per_position") or [None] * npos)[i] if i < len((a or {}).get("per_position") or []) else None
-            lines.append(f"| accepted at position {i + 1} | {_f(bv)} | {_f(av)} | {_delta(bv, av)} |")
+            lines.append(f"| accepted at position {i + 1} | {_cell(bv)} | {_cell(av)} | {_delta(bv, av)} |")
         lines.append(f"| lossless (spec == plain) | {(b or {}).get('lossless', 'n/a')} | {(a or {}).get('lossless', 'n/a')} | |")
         lines.append(f"| aux layers configured / captured | {(b or {}).get('aux_layer_ids')} / {(b or {}).get('captured_layers')} "
                      f"| {(a or {}).get('aux_layer_ids')} / {(a or {}).get('captured_layers')} | |")
@@ -86,7 +83,7 @@ def summary_markdown(res: UpgradeResult) -> str:
         lines += ["", "### Gate (candidate against the current baseline)", "", "| check | result | value | limit |",
                   "|---|---|---|---|"]
         for ch in res.gate_checks:
-            lines.append(f"| {ch['name']} | {'pass' if ch['ok'] else '**FAIL**'} | {_f(ch['value'])} | {ch['limit']} |")
+            lines.append(f"| {ch['name']} | {'pass' if ch['ok'] else '**FAIL**'} | {_cell(ch['value'])} | {ch['limit']} |")
     lines += ["", f"Verdict: **{verdict}**", ""]
     return "\n".join(lines)
 
@@ -111,7 +108,7 @@ def junit_xml(res: UpgradeResult) -> str:
                   failure_type="upgrade", skipped="an earlier step failed" if s.status == "skipped" else None)
              for s in res.steps]
     for ch in res.gate_checks:
-        value = f"{_f(ch['value'])} (limit {ch['limit']})"
+        value = f"{_cell(ch['value'])} (limit {ch['limit']})"
         reason = f"{ch['name']}: {ch['detail'] or value}"
         cases.append(Case(f"speclock.upgrade.gate.{ch['kind']}", ch["name"], seconds=0.0,
                           failure=None if ch["ok"] else reason, failure_type="upgrade"))

@@ -31,7 +31,7 @@ from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
-from speclock.verify.report import dotted_get, load_report
+from speclock.verify.report import dotted_get, fmt_number, load_report
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
 IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")
@@ -59,13 +59,9 @@ class Check:
 
 
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}"
     if isinstance(v, list):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    return str(v)
+    return fmt_number(v)
 
 
 def _rel_drop(base: float, cur: float) -> float:

@@ -278,9 +278,10 @@ def write_report(path: str | Path, report: dict[str, Any]) -> Path:
     return files.atomic_write_json(path, report, indent=2)
 
 
-def _fmt(v: Any, digits: int = 3) -> str:
+def fmt_number(v: Any, digits: int = 3, missing: str = "-") -> str:
+    """A number for a table (floats to `digits` places); `missing` for None."""
     if v is None:
-        return "-"
+        return missing
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
@@ -299,12 +300,12 @@ def human_table(report: dict[str, Any]) -> str:
         ("prompts", f"{report['prompts']['count']} from {report['prompts']['source']}, k={report['num_speculative_tokens']}"),
         ("lossless", f"{ll['checked'] - ll['mismatches'] - ll.get('numeric_ties', 0)}/{ll['checked']} identical, "
                      f"{ll.get('numeric_ties', 0)} part at numeric ties, {ll['mismatches']} mismatched"),
-        ("mean acceptance length", _fmt(m["mean_acceptance_length"])),
-        ("acceptance rate", _fmt(m["acceptance_rate"])),
+        ("mean acceptance length", fmt_number(m["mean_acceptance_length"])),
+        ("acceptance rate", fmt_number(m["acceptance_rate"])),
         ("acceptance per position", per_pos),
-        ("reference acceptance length", _fmt((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else "")),
-        ("reference gap", _fmt(ref.get("gap"))),
-        ("tok/s plain -> spec", f"{_fmt(t['baseline_tok_s'], 1)} -> {_fmt(t['spec_tok_s'], 1)}  (speedup {_fmt(t['speedup'], 2)})"),
+        ("reference acceptance length", fmt_number((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else "")),
+        ("reference gap", fmt_number(ref.get("gap"))),
+        ("tok/s plain -> spec", f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  (speedup {fmt_number(t['speedup'], 2)})"),
         ("verdict", report["verdict"].upper()),
     ]
     width = max(len(k) for k, _ in rows)
