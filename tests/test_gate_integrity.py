@@ -470,11 +470,11 @@ def test_gate_outputs_to_a_directory_are_bad_input_and_leave_no_temp(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
-def test_report_write_atomic_is_the_shared_writer(tmp_path):
+def test_the_shared_atomic_writer_leaves_no_temp(tmp_path):
     from speclock.core import files
-    from speclock.verify import report
 
-    report.write_atomic(tmp_path / "a" / "x.txt", "hello")
+    # report.write_atomic was a shim over it: smoke and soak now call it directly
+    files.atomic_write_text(tmp_path / "a" / "x.txt", "hello")
     assert (tmp_path / "a" / "x.txt").read_text() == "hello"
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(files.TEMP_PREFIX)]
 

@@ -269,11 +269,6 @@ def load_report(path: str | Path, *, what: str = "report file") -> dict[str, Any
     return validate_report(data, str(path))
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Kept for callers that import it from here: the one atomic writer (fsynced), speclock.core.files."""
-    return files.atomic_write_text(path, text)
-
-
 def write_report(path: str | Path, report: dict[str, Any]) -> Path:
     return files.atomic_write_json(path, report, indent=2)
 

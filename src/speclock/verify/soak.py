@@ -26,11 +26,10 @@ from typing import Any
 
 from speclock.core.args import positive_float, positive_int
 from speclock.core.errors import BadInput
-from speclock.core.files import os_error
+from speclock.core.files import atomic_write_text, os_error
 from speclock.engines import EngineConfig, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
-from speclock.verify.report import write_atomic
 from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
 
 SOAK_SCHEMA = "speclock.soak/v1"
@@ -180,7 +179,7 @@ def _cmd_soak(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else inp.out_dir
     for name, text in (("soak.json", json.dumps(doc, indent=2) + "\n"), ("soak.md", markdown(doc))):
         try:
-            write_atomic(out / name, text)
+            atomic_write_text(out / name, text)
         except OSError as err:
             raise os_error(err, out / name, "write the soak result") from None
     print(markdown(doc))

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.core.files import expect, os_error, read_json
+from speclock.core.files import atomic_write_text, expect, os_error, read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.drafter.models import config_architecture, read_model_config, target_sha256 as weights_sha256
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.gate import evaluate, failures_of
-from speclock.verify.report import SCHEMA_ID, validate_report, write_atomic, write_report
+from speclock.verify.report import SCHEMA_ID, validate_report, write_report
 from speclock.verify.smoke.inputs import log, SmokeInputs
 from speclock.verify.smoke.reference import reference_key, reference_section
 
@@ -167,7 +167,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
             plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
             if cache_file:
                 try:
-                    write_atomic(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
+                    atomic_write_text(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
                 except OSError as err:
                     raise os_error(err, cache_file, "write the plain-output cache") from None
         run["stage"] = "speculative (with drafter)"
