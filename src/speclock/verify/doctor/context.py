@@ -3,7 +3,6 @@ target facts, the engine's answers), a check's result, and the DoctorCheck proto
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import shutil
 import sys
@@ -16,7 +15,7 @@ from speclock.core.errors import BadInput
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.drafter.models import (config_architecture, read_drafter_manifest, read_model_config, require_model_folder,
                                      stack_model_path)
-from speclock.engines import envs as engine_envs
+from speclock.engines import envs as engine_envs, package_version
 from speclock.patches.probes import engine_subprocess, last_json
 from speclock.patches.trees import default_site_packages
 from speclock.spec.stack import Stack, load_stack
@@ -76,19 +75,12 @@ class DoctorCheck(Protocol):
 
 # ---------------------------------------------------------------- context
 
-def _engine_version_here(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
-
-
 def resolve_python(stack: Stack, python: str | None) -> tuple[str | None, str]:
     """The engine's Python: --python, this one (if it has the pinned engine), or a cached engine env."""
     if python:
         return python, f"--python {python}"
     dist, version = stack.engine["package"], stack.engine["version"]
-    if _engine_version_here(dist) == version:
+    if package_version(dist) == version:
         return sys.executable, f"this Python has {dist} {version}"
     if stack.engine["package"] in engine_envs.KNOWN:
         spec = f"{dist}=={version}"
