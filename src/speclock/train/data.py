@@ -31,6 +31,7 @@ from typing import Iterator
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
+from speclock.core.jsonl import read_jsonl
 from speclock.spec.prompts import chat_prompt_ids, require_chat_template
 
 
@@ -256,42 +257,13 @@ def _response_record(line: bytes, path: Path, lineno: int) -> dict:
 def read_done(path: Path) -> dict[str, dict]:
     """Records already written. A torn last line (a write cut off by a kill) is cut off the file;
     a bad line before the last is an error (BadInput naming the line): the file was damaged."""
-    done: dict[str, dict] = {}
     path = Path(path)
-    if not path.exists():
-        return done
-    note_input(path)
-    if path.is_dir():
-        raise BadInput(f"{path}: the responses file is a directory, where a file belongs",
-                       hint="remove that folder; `speclock train generate` writes the file")
-    good = 0
-    try:
-        with open(path, "rb") as f:
-            lines = f.readlines()
-    except OSError as err:
-        raise os_error(err, path, "read the responses file") from None
-    for lineno, line in enumerate(lines, 1):
-        last = lineno == len(lines)
-        if not line.endswith(b"\n") and last:
-            break  # torn by a kill mid-write: cut below
-        if not line.strip():
-            good += len(line)
-            continue
-        try:
-            rec = _response_record(line, path, lineno)
-        except BadInput:
-            if last:  # a damaged last line is what a kill leaves behind too
-                break
-            raise
-        done[rec["id"]] = rec
-        good += len(line)
-    if good != sum(len(line) for line in lines):
-        try:
-            with open(path, "r+b") as f:
-                f.truncate(good)
-        except OSError as err:
-            raise os_error(err, path, "cut the torn last line of") from None
-    return done
+    if not path.exists() and not path.is_symlink():
+        return {}
+    records = read_jsonl(path, lambda line, lineno: _response_record(line, path, lineno), what="responses file",
+                         hint="remove that folder; `speclock train generate` writes the file",
+                         torn_last=True, bad_last_is_torn=True)
+    return {rec["id"]: rec for _, rec in records}
 
 
 def append_records(path: Path, records: list[dict]) -> None:

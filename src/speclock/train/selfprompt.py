@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from speclock.core.errors import BadInput
-from speclock.core.files import os_error, read_bytes
+from speclock.core.jsonl import read_jsonl
 from speclock.spec.prompts import require_chat_template
 
 _MARK = "\x00speclock-user-text\x00"
@@ -65,28 +65,8 @@ def acceptable(text: str, min_chars: int = 12, max_chars: int = 2000) -> bool:
     return len(set(words)) >= 0.4 * len(words)
 
 
-def _read_existing(path: Path) -> tuple[list[str], int]:
-    """(texts already written, next serial number); cuts a torn last line first (a kill mid-write).
-
-    A bad line before the last one is an error naming the line: the file was damaged or is not ours."""
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return [], 0
-    hint = "pass a new --out file, or delete this one (a rerun then starts over)"
-    data = read_bytes(path, what="self-prompt file", hint=hint)
-    lines = data.splitlines(keepends=True)
-    if lines and not lines[-1].endswith(b"\n"):
-        cut = len(data) - len(lines[-1])
-        try:
-            with open(path, "r+b") as f:
-                f.truncate(cut)
-        except OSError as err:
-            raise os_error(err, path, "cut the torn last line of") from None
-        lines = lines[:-1]
-    texts, serial = [], 0
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
+def _self_prompt_record(path: Path, hint: str):
+    def check(raw: bytes, lineno: int) -> tuple[str, int]:
         try:
             rec = json.loads(raw.decode("utf-8"))
             text = rec["conversations"][0]["value"]
@@ -96,9 +76,21 @@ def _read_existing(path: Path) -> tuple[list[str], int]:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as err:
             raise BadInput(f"{path}:{lineno}: not a self-prompt record (id 'self:<n>', conversations[0].value): "
                            f"{type(err).__name__} {str(err)[:100]}", hint=hint) from None
-        texts.append(text)
-        serial = max(serial, number + 1)
-    return texts, serial
+        return text, number
+    return check
+
+
+def _read_existing(path: Path) -> tuple[list[str], int]:
+    """(texts already written, next serial number); cuts a torn last line first (a kill mid-write).
+
+    A bad line before the last one is an error naming the line: the file was damaged or is not ours."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return [], 0
+    hint = "pass a new --out file, or delete this one (a rerun then starts over)"
+    records = [rec for _, rec in read_jsonl(path, _self_prompt_record(path, hint), what="self-prompt file", hint=hint,
+                                            torn_last=True)]
+    return [text for text, _ in records], max((number + 1 for _, number in records), default=0)
 
 
 def synthesize_prompts(model, tokenizer, out_path: Path, n: int, batch_size: int = 512, max_new_tokens: int = 160,
