@@ -19,7 +19,7 @@ from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path,
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
 from speclock.spec.lock import lock_path, read_lock
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 # After Ctrl-C (or the first failure), how long running downloads get to notice the stop and clean up
 # before their temp files are removed for them (a download blocked in a socket read cannot notice).
@@ -123,7 +123,7 @@ def add_commands(sub) -> None:
                                    "($SPECLOCK_CACHE/wheelhouse, default ~/.cache/speclock): verified by sha256, reused "
                                    "across builds, corrupted entries refetched. After this, builds need no network. "
                                    "Exit 2: an invalid lock; 3: a file the index no longer serves, the network, the disk.")
-    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--lock", metavar="PATH", help="the lock to fetch (default locks/<stack>.lock)")
     p.add_argument("--jobs", type=positive_int, default=4, help="parallel downloads, at least 1 (default 4)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")

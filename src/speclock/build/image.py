@@ -31,7 +31,7 @@ from speclock.core.files import atomic_output, atomic_write_text, clean_stale_te
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.spec import baseimage
 from speclock.spec.lock import check_lock, lock_path, read_lock
-from speclock.spec.stack import Stack, load_stack
+from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 
 def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print,
@@ -218,7 +218,7 @@ def add_commands(sub) -> None:
                        description="Build the OCI image of a stack from its lock, offline: verifies the wheelhouse, "
                                    "imports the locked base, stages the context and runs the builder. The tag is the "
                                    "hash of every input; buildah builds are reproducible (same inputs, same digest).")
-    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
     p.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     p.add_argument("--skip-selfcheck", action="store_true",

@@ -10,7 +10,7 @@ import sys
 from speclock.build.builders import get_builder
 from speclock.build.records import read_record
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
 def is_loopback(registry: str) -> bool:
@@ -62,7 +62,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("push-image", help="push a built image to an OCI registry and print its digest",
                        description="Push the last image built for a stack (or --tag) to REGISTRY/speclock-<stack>:<tag>. "
                                    "Refuses an image whose self-check has not passed unless --force.")
-    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000")
     p.add_argument("--repository", help="repository name (default speclock-<stack>)")
     p.add_argument("--tag", help="content tag of the build to push (default: the latest build)")

