@@ -96,7 +96,7 @@ def _repo_path(rel: str, what: str, stack: Stack) -> Path | None:
     """A model path from the stack file: inside the repository (a stack is data; it must not point elsewhere)."""
     if not rel:
         return None
-    return stack_model_path(REPO_ROOT, rel, what, getattr(stack, "path", None) or f"stack {stack.name}")
+    return stack_model_path(REPO_ROOT, rel, what, stack.path)
 
 
 def _given_file(value: str | None, option: str, what: str) -> Path | None:

@@ -87,15 +87,14 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     elif inside:
         target = IMAGE.target_dir
     elif stack.target["path"]:
-        target = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", getattr(stack, "path", None))
+        target = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
     else:
         raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; on the host give the converted folder",
                        hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)")
     if opts.draft:
         draft = Path(opts.draft)
     else:
-        draft = IMAGE.draft_dir if inside else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path",
-                                                                getattr(stack, "path", None))
+        draft = IMAGE.draft_dir if inside else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path", stack.path)
     if opts.prompts:
         prompts = Path(opts.prompts)
     elif inside:
