@@ -328,7 +328,8 @@ def test_generate_stage_refuses_a_damaged_responses_file(cache, tmp_path):
                               "--device", "cpu")
     assert code == 2, err  # a missing target folder is bad input, not an environment problem
     assert_clean_refusal(code, err, names="no-target")
-    from speclock.train.pipeline import Settings, stage_extract
+    from speclock.train.pipeline import stage_extract
+    from speclock.train.settings import Settings
 
     with pytest.raises(BadInput, match="responses.jsonl:2"):
         stage_extract(Settings(work=work), model=None, layers=[1])
@@ -355,7 +356,7 @@ def test_self_prompt_file_bad_line_named_and_torn_last_line_cut(tmp_path):
     ("p.jsonl", b'{"conversations": 5}\n', "no user text"), ("p.jsonl", b"[" * 100000 + b"\n", "not valid JSON"),
 ])
 def test_bad_prompt_files_are_bad_input(tmp_path, name, content, what):
-    from speclock.train.data import load_prompt_records
+    from speclock.train.prompt_sources import load_prompt_records
 
     path = tmp_path / name
     path.write_bytes(content)
@@ -396,6 +397,10 @@ def test_hidden_index_shard_names_stay_in_their_folder(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"schema": SCHEMA, "shards": [{"file": "../../x", "ids": []}]}))
     with pytest.raises(BadInput, match="shard file"):
         load_index(tmp_path)
+    # N-rank extraction writes its shards in parts/<world>-<rank>/: a path inside the folder is fine
+    shard = "parts/world2-rank000/shard-00000.safetensors"
+    (tmp_path / "index.json").write_text(json.dumps({"schema": SCHEMA, "shards": [{"file": shard, "ids": [1]}]}))
+    assert load_index(tmp_path)["shards"][0]["file"] == shard
     (tmp_path / "index.json").write_text("[]")
     with pytest.raises(BadInput, match="index.json"):
         load_index(tmp_path)
