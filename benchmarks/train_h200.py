@@ -29,7 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from speclock.train.fit import FitConfig  # noqa: E402
-from speclock.train.pipeline import Settings, log, measure_speed, pick_device, run_all, stage_reference  # noqa: E402
+from speclock.train.judge import measure_speed, stage_reference  # noqa: E402
+from speclock.train.pipeline import run_all  # noqa: E402
+from speclock.train.settings import Settings, log, pick_device  # noqa: E402
 
 
 def save_drafter(out: Path, export: Path, work: Path, part_bytes: int = 15 << 20) -> None:

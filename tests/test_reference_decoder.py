@@ -96,7 +96,8 @@ def test_manifest_of_another_target_is_refused(tmp_path):
 def test_target_without_chat_template_is_refused(tmp_path):
     import shutil
     from speclock.core.errors import BadInput
-    from speclock.train.pipeline import Settings, load_target_model
+    from speclock.train.pipeline import load_target_model
+    from speclock.train.settings import Settings
 
     target = train_support.real_target()
     bare = tmp_path / "bare"

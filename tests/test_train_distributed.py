@@ -29,7 +29,7 @@ def _fit(**kw):
 
 
 def _settings(work: Path, target: Path, **fit):
-    from speclock.train.pipeline import Settings
+    from speclock.train.settings import Settings
 
     return Settings(work=work, target=target, target_name="tiny", aux_layers_after=LAYERS, extract_batch_tokens=600,
                     shard_tokens=200, fit=_fit(**fit), device="cpu")

@@ -64,7 +64,8 @@ def test_extraction_rerun_adds_nothing(quick_run):
 
 def test_generation_resumes_after_interruption_without_loss_or_duplicates(quick_run, tmp_path):
     from speclock.train.data import read_done
-    from speclock.train.pipeline import load_target_model, quick_settings, stage_generate
+    from speclock.train.pipeline import load_target_model, stage_generate
+    from speclock.train.settings import quick_settings
 
     _, target = quick_run
     s = quick_settings(tmp_path, target=target, num_prompts=3, max_new_tokens=4, gen_batch=2, max_prompt_tokens=512)
@@ -87,7 +88,8 @@ def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_ru
     import torch
     from speclock.train.extract import load_shards
     from speclock.train.fit import train_drafter
-    from speclock.train.pipeline import load_target_model, quick_settings
+    from speclock.train.pipeline import load_target_model
+    from speclock.train.settings import quick_settings
 
     work, target = quick_run
     s = quick_settings(tmp_path, target=target)
@@ -111,7 +113,8 @@ def test_fp8_stores_hold_the_bf16_states_within_e4m3_precision(quick_run, tmp_pa
     from speclock.drafter.models import target_sha256
     from speclock.train.data import read_done
     from speclock.train.extract import extract_hidden_states, gather_states, load_shards
-    from speclock.train.pipeline import load_target_model, quick_settings
+    from speclock.train.pipeline import load_target_model
+    from speclock.train.settings import quick_settings
 
     work, target = quick_run
     s = quick_settings(tmp_path, target=target)
@@ -146,7 +149,8 @@ def test_fp8_stores_hold_the_bf16_states_within_e4m3_precision(quick_run, tmp_pa
 def test_held_out_sequences_are_scored_per_training_step(quick_run, tmp_path):
     from speclock.train.extract import load_shards
     from speclock.train.fit import train_drafter
-    from speclock.train.pipeline import load_target_model, quick_settings
+    from speclock.train.pipeline import load_target_model
+    from speclock.train.settings import quick_settings
 
     work, target = quick_run
     s = quick_settings(tmp_path, target=target)

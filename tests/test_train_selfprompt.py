@@ -81,7 +81,7 @@ def test_acceptable_requests():
 
 
 def test_self_prompts_are_distinct_and_a_rerun_adds_to_the_file(tmp_path):
-    from speclock.train.data import load_prompt_records
+    from speclock.train.prompt_sources import load_prompt_records
     from speclock.train.selfprompt import synthesize_prompts
 
     model, tok = train_support.target_model()
@@ -120,8 +120,8 @@ def test_a_foreign_file_is_refused_with_its_line(tmp_path):
 
 def test_mix_draws_from_each_source_and_records_it(tmp_path):
     from speclock.core.errors import BadInput
-    from speclock.train.data import load_prompt_records
-    from speclock.train.data import mix_prompt_files
+    from speclock.train.prompt_sources import load_prompt_records
+    from speclock.train.prompt_sources import mix_prompt_files
 
     a = tmp_path / "a.jsonl"
     b = tmp_path / "b.jsonl"
@@ -144,7 +144,8 @@ def test_mix_draws_from_each_source_and_records_it(tmp_path):
 
 def test_generate_with_self_prompts_regenerates_the_mix_and_reruns_keep_it(tmp_path):
     from speclock.train.data import read_done
-    from speclock.train.pipeline import quick_settings, stage_generate
+    from speclock.train.pipeline import stage_generate
+    from speclock.train.settings import quick_settings
 
     model, tok = train_support.target_model()
     s = quick_settings(tmp_path, target=train_support.real_target(), num_prompts=2, self_prompts=2, max_new_tokens=4,

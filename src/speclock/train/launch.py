@@ -23,7 +23,8 @@ from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, read_json
 from speclock.train.distributed import DIST_STAGES, LAUNCH_ENV, backend_for, under_torchrun
 from speclock.train.fit import FitConfig
-from speclock.train.pipeline import Settings, log, run_all
+from speclock.train.pipeline import run_all
+from speclock.train.settings import Settings, log
 
 
 def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:

