@@ -25,6 +25,7 @@ from pathlib import Path
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, os_error, read_json
 from speclock.core.layout import cache_dir
+from speclock.core.names import normalize
 
 MARKER = ".speclock-env.json"
 KNOWN = ("vllm", "sglang")
@@ -47,7 +48,7 @@ def envs_root() -> Path:
 
 def parse_spec(spec: str) -> tuple[str, str]:
     name, sep, version = spec.partition("==")
-    name = name.strip().lower()
+    name = normalize(name.strip())
     version = version.strip()
     # The version names a folder that an incomplete install gets removed from: a plain version only.
     if not sep or name not in KNOWN or not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}", version):

@@ -108,10 +108,6 @@ def gencode_flags(archs: list[str]) -> list[str]:
     return flags
 
 
-def _sha256(path: Path) -> str:
-    return file_sha256(path)
-
-
 def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = None,
                       cuda: str | None = None, cuda_key: str = "gpu.cuda", progress=print) -> dict:
     """Compile csrc/fp8_pack.cu for `archs` into out_dir/libspeclock_fp8.so; returns the manifest.
@@ -148,8 +144,8 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
             "library": FP8_LIBRARY,
             "archs": archs,
             "nvcc": f"{have[0]}.{have[1]}",
-            "source_sha256": _sha256(FP8_SOURCE),
-            "library_sha256": _sha256(lib_tmp),
+            "source_sha256": file_sha256(FP8_SOURCE),
+            "library_sha256": file_sha256(lib_tmp),
             "command": [Path(cmd[0]).name, *cmd[1:-1], FP8_SOURCE.name],
         }
         # fsynced and renamed into place one by one (speclock.core.files), the library first: a manifest

@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import file_sha256
 from speclock.core.layout import cache_dir, IMAGE
 from speclock.kernels import build
 
@@ -81,7 +81,7 @@ def load_library(device_index: int = 0) -> ctypes.CDLL:
             f"no fp8 kernel library for this GPU ({wanted[0]}): {where}",
             hint=f"add {wanted[0]} to the stack's gpu.archs and rebuild the image, or set SPECLOCK_KERNELS_DIR "
                  "to a folder built with `python -m speclock.kernels.build`")
-    src = hashlib.sha256(build.FP8_SOURCE.read_bytes()).hexdigest()[:16]
+    src = file_sha256(build.FP8_SOURCE)[:16]
     arch = wanted[0] if wanted[0] in build.ARCH_MIN_CUDA else wanted[1]
     folder = cache_dir() / "kernels" / f"{src}-{arch}"
     if _manifest(folder) is None:

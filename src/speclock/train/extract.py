@@ -26,12 +26,11 @@ is never in the index and is overwritten.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from speclock.core.errors import BadInput
-from speclock.core.files import atomic_write_text, clean_stale_temps, confined, fsync_dir, read_json, TEMP_PREFIX
+from speclock.core.files import atomic_write_text, clean_stale_temps, confined, publish, read_json, TEMP_PREFIX
 from speclock.kernels import fp8_pack, fp8_unpack
 
 SCHEMA = "speclock.hidden/v1"
@@ -110,14 +109,6 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-def _publish(tmp: Path, dest: Path) -> None:
-    """A file a library wrote to `tmp` (safetensors wants a path): fsync, rename over `dest`, fsync the folder."""
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, dest)
-    fsync_dir(dest.parent)
-
-
 def load_index(out_dir: Path) -> dict | None:
     p = out_dir / "index.json"
     if not p.exists():
@@ -185,7 +176,7 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
         }
         tmp = out_dir / (TEMP_PREFIX + name)  # named so the next run's clean_stale_temps removes a killed run's
         save_file(tensors, str(tmp))
-        _publish(tmp, out_dir / name)
+        publish(tmp, out_dir / name)
         index["shards"].append({"file": name, "ids": pending["ids"], "tokens": int(offsets[-1])})
         index["tokens"] += int(offsets[-1])
         index["sequences"] += len(pending["ids"])
