@@ -112,3 +112,20 @@ def test_invoke_test_is_what_ci_runs():
     TASKS.ns["test"](Recorder())
     assert seen == [f"{sys.executable} -m pytest -q"] or seen[0].endswith("-m pytest -q"), seen
     assert "invoke test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_documented_invoke_flag_is_a_flag_of_its_task():
+    """`invoke TASK --flag` in the README and docs/: each flag is one the task takes (quoted --args text aside)."""
+    core = {"help", "list", "dry"}  # invoke's own
+    bad = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for line in doc.read_text().splitlines():
+            for m in re.finditer(r"invoke ([a-z][a-z-]*)([^`|\n]*)", line):
+                name, rest = m.group(1), re.sub(r"\"[^\"]*\"|'[^']*'", "", m.group(2)).split("&&")[0].split("#")[0]
+                if name not in TASKS.ns.task_names:
+                    continue
+                flags = {a.name for a in TASKS.ns[name].get_arguments()}
+                for flag in re.findall(r"(?:^|\s|\[)--([a-z][a-z-]*)", rest):
+                    if flag.replace("-", "_") not in flags | core:
+                        bad.append(f"{doc.name}: invoke {name} --{flag}")
+    assert not bad, bad
