@@ -149,8 +149,11 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
         shutil.rmtree(out)
     progress(f"self-check of {ref}: doctor, smoke, gate (offline, read-only, non-root)")
     t0 = time.monotonic()
+    # The image's own log is progress: it goes to stderr, so `--json` callers (build-image, upgrade) keep a
+    # parseable stdout; the verdict is read from the files the image writes.
     proc = run_image(ref, ["selfcheck", "--out", "/out", *(args or [])], out_dir=out,
-                     env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]})
+                     env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]},
+                     stdout=2)  # fd 2: valid even where sys.stderr is replaced (tests, captured runs)
     verdict = _image_output(out / "selfcheck.json")
     result = {"verdict": verdict.get("verdict") if isinstance(verdict.get("verdict"), str) else "fail",
               "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1), "outputs": str(out)}

@@ -22,7 +22,8 @@ HARDENED = ["--read-only", "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "512
 
 
 def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture_output: bool = False,
-              timeout: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+              timeout: int | None = None, env: dict[str, str] | None = None,
+              stdout=None) -> subprocess.CompletedProcess:
     # SPECLOCK_RUN_ARGS: extra `docker run` options, e.g. "--gpus all" on a GPU runner (ci/speclock-upgrade.yml).
     # A name of our own, so a Ctrl-C (or a timeout) can remove the container: killing the docker client alone
     # would leave it running.
@@ -38,7 +39,7 @@ def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture
     try:
         if capture_output:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        return subprocess.run(cmd, timeout=timeout)
+        return subprocess.run(cmd, timeout=timeout, stdout=stdout)
     except BaseException:
         _remove_container(name)
         raise
