@@ -393,6 +393,10 @@ def test_hidden_index_shard_names_stay_in_their_folder(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"schema": SCHEMA, "shards": [{"file": "../../x", "ids": []}]}))
     with pytest.raises(BadInput, match="shard file"):
         load_index(tmp_path)
+    # N-rank extraction writes its shards in parts/<world>-<rank>/: a path inside the folder is fine
+    shard = "parts/world2-rank000/shard-00000.safetensors"
+    (tmp_path / "index.json").write_text(json.dumps({"schema": SCHEMA, "shards": [{"file": shard, "ids": [1]}]}))
+    assert load_index(tmp_path)["shards"][0]["file"] == shard
     (tmp_path / "index.json").write_text("[]")
     with pytest.raises(BadInput, match="index.json"):
         load_index(tmp_path)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from speclock.errors import BadInput
-from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, fsync_dir, plain_name
+from speclock.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, fsync_dir
 
 SCHEMA = "speclock.hidden/v1"
 
@@ -131,8 +131,8 @@ def load_index(out_dir: Path) -> dict | None:
             isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("ids"), list)
             for sh in idx["shards"]):
         raise BadInput(f"{p}: key 'shards' is not a list of {{file, ids}} objects", hint=hint)
-    for sh in idx["shards"]:  # shard names come from data: each must be a file of this folder
-        plain_name(sh["file"], what="shard file", source=p)
+    for sh in idx["shards"]:  # shard names come from data: each must stay inside this folder (N-rank runs use parts/...)
+        confined(out_dir, sh["file"], what="shard file", source=p)
     return idx
 
 
