@@ -285,19 +285,35 @@ def test_a_subfolder_of_the_series_is_still_allowed(env):
     assert code == 0, err
 
 
-def test_apply_never_writes_through_a_symlink_out_of_the_engine_tree(env):
+def test_apply_never_writes_through_a_symlinked_file(env):
+    # A linked copy of an engine tree (files linked to the installed engine) is patched by replacing
+    # each link with a new file: the file the link pointed at is never written.
     outside = env.root / "elsewhere"
     outside.mkdir()
     (outside / "tiny.py").write_text(MODULE)
     (env.engine / "vllm" / "tiny.py").unlink()
     (env.engine / "vllm" / "tiny.py").symlink_to(outside / "tiny.py")
     stack = env.series({"0001-outer.patch": GOOD})
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
+                           "--no-runtime-probes")
+    assert code == 0, err
+    assert (outside / "tiny.py").read_text() == MODULE
+    patched = env.engine / "vllm" / "tiny.py"
+    assert not patched.is_symlink() and patched.read_text() != MODULE
+
+
+def test_apply_refuses_a_target_folder_linked_out_of_the_engine_tree(env):
+    outside = env.root / "elsewhere"
+    outside.mkdir()
+    (env.engine / "vllm").rename(outside / "vllm")  # the package folder now lives outside, linked in
+    (env.engine / "vllm").symlink_to(outside / "vllm", target_is_directory=True)
+    stack = env.series({"0001-outer.patch": GOOD})
     before = snapshot(env.root)
     code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
                            "--no-runtime-probes")
-    assert_clean_refusal(code, err, allowed=(2,), names="vllm/tiny.py")
+    assert_clean_refusal(code, err, allowed=(2,), names="vllm")
     assert "resolves outside" in err
-    assert (outside / "tiny.py").read_text() == MODULE
+    assert (outside / "vllm" / "tiny.py").read_text() == MODULE
     assert_nothing_written(before, snapshot(env.root))
 
 

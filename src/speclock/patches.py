@@ -1050,9 +1050,11 @@ def apply_series(stack: Stack, site_packages: Path, python: str | None = None, r
     final: dict[str, str] = {}
     for r in results:
         final.update(r.new_texts)
-    # Every target must resolve inside site-packages (no '..', no symbolic link leading out) before any write.
-    targets = {rel: confined(site_packages, rel, what="patch target", source=", ".join(
-        r.patch.name for r in results if rel in r.new_texts)) for rel in final}
+    # Every target's folder must resolve inside site-packages (no '..', no linked folder leading out) before any
+    # write. The file itself may be a symbolic link (a linked copy of an engine tree): the atomic write replaces
+    # the link with a new file and never writes through it.
+    targets = {rel: confined(site_packages, str(Path(rel).parent), what="patch target folder", source=", ".join(
+        r.patch.name for r in results if rel in r.new_texts)) / Path(rel).name for rel in final}
     for rel, text in final.items():
         try:
             compile(text, rel, "exec") if rel.endswith(".py") else None
