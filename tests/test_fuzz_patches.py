@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import textwrap
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +24,7 @@ from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, 
 from speclock.patches import diff as patch_diff, trees as patch_trees
 from speclock.core.errors import BadInput
 from test_patches_integrity import GOOD, MODULE
+from test_patches_series import write_tiny_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted((ROOT / "patches" / "vllm").rglob("*.patch"))
@@ -118,29 +118,7 @@ def synth_engine(root: Path, patch: patch_diff.Patch, version: str = "0.17.1") -
 
 
 def write_stack(root: Path, series: list[str], version: str = "0.17.1") -> Path:
-    stack = root / "fz.toml"
-    stack.write_text(textwrap.dedent(f'''\
-        schema = 1
-        name = "fz"
-        [base]
-        kind = "debian-rootfs"
-        [python]
-        version = "3.11"
-        [torch]
-        version = "2.13.0+cpu"
-        [engine]
-        name = "vllm"
-        package = "vllm"
-        version = "{version}"
-        [patches]
-        series = {json.dumps(series, ensure_ascii=False)}
-        [target]
-        name = "t"
-        path = "t"
-        [draft]
-        path = "d"
-        '''), encoding="utf-8")
-    return stack
+    return write_tiny_stack(root, series, name="fz", version=version)
 
 
 def fresh(tmp_path: Path) -> Path:

@@ -30,7 +30,8 @@ from speclock.patches import cli as patches_cli, diff as patch_diff, probes as p
 from speclock.patches import trees as patch_trees, wheels as patch_wheels
 from speclock.core.errors import BadInput, EnvironmentProblem
 
-from test_patches_series import MODULE  # the same tiny engine module as the series tests
+from test_patches_series import MODULE, write_tiny_stack  # the series tests' tiny engine and stack
+from test_patches_series import make_engine as make_tiny_engine
 
 HEADER = textwrap.dedent('''\
     speclock-patch: 1
@@ -62,40 +63,11 @@ DIFF_LINE = HEADER.count("\n") + 1  # line number of '--- a/vllm/tiny.py'
 
 
 def make_engine(root: Path, version: str = "9.9.9") -> Path:
-    site = root / "site-packages"
-    (site / "vllm").mkdir(parents=True)
-    (site / "vllm" / "__init__.py").write_text("")
-    (site / "vllm" / "tiny.py").write_text(MODULE)
-    dist = site / f"vllm-{version}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    return site
+    return make_tiny_engine(root, version)
 
 
 def write_stack(root: Path, series: list[str]) -> Path:
-    stack = root / "tiny.toml"
-    stack.write_text(textwrap.dedent(f'''\
-        schema = 1
-        name = "tiny"
-        [base]
-        kind = "debian-rootfs"
-        [python]
-        version = "3.11"
-        [torch]
-        version = "2.13.0+cpu"
-        [engine]
-        name = "vllm"
-        package = "vllm"
-        version = "9.9.9"
-        [patches]
-        series = {json.dumps(series)}
-        [target]
-        name = "t"
-        path = "t"
-        [draft]
-        path = "d"
-        '''))
-    return stack
+    return write_tiny_stack(root, series)
 
 
 @pytest.fixture

@@ -91,15 +91,12 @@ def make_engine(root: Path, version: str = "9.9.9", text: str = MODULE) -> Path:
     return site
 
 
-def make_series(root: Path, patches: dict[str, str]) -> tuple[Path, Path]:
-    pdir = root / "patches" / "vllm"
-    pdir.mkdir(parents=True)
-    for name, text in patches.items():
-        (pdir / name).write_text(text)
-    stack = root / "tiny.toml"
+def write_tiny_stack(root: Path, series: list[str], *, name: str = "tiny", version: str = "9.9.9") -> Path:
+    """A minimal stack of the tiny engine with this patch series (the patch tests share it)."""
+    stack = root / f"{name}.toml"
     stack.write_text(textwrap.dedent(f'''\
         schema = 1
-        name = "tiny"
+        name = "{name}"
         [base]
         kind = "debian-rootfs"
         [python]
@@ -109,16 +106,24 @@ def make_series(root: Path, patches: dict[str, str]) -> tuple[Path, Path]:
         [engine]
         name = "vllm"
         package = "vllm"
-        version = "9.9.9"
+        version = "{version}"
         [patches]
-        series = {json.dumps(list(patches))}
+        series = {json.dumps(series, ensure_ascii=False)}
         [target]
         name = "t"
         path = "t"
         [draft]
         path = "d"
-        '''))
-    return root / "patches", stack
+        '''), encoding="utf-8")
+    return stack
+
+
+def make_series(root: Path, patches: dict[str, str]) -> tuple[Path, Path]:
+    pdir = root / "patches" / "vllm"
+    pdir.mkdir(parents=True)
+    for name, text in patches.items():
+        (pdir / name).write_text(text)
+    return root / "patches", write_tiny_stack(root, list(patches))
 
 
 def speclock(*args: str, patches_dir: Path) -> subprocess.CompletedProcess:

@@ -433,11 +433,10 @@ def test_running_kills_the_engine_process_group_within_2_s_on_ctrl_c(tmp_path):
         fake.release.set()
 
 
-def test_ctrl_c_during_smoke_and_soak_exits_130_kills_the_engine_and_writes_nothing(tmp_path, monkeypatch):
+def stub_smoke_host(monkeypatch) -> None:
+    """What smoke and soak need from the host besides the engine: a tokenizer and an engine version."""
     import speclock.spec.prompts
 
-    target, draft = models_in(tmp_path)
-    prompts = prompts_in(tmp_path)
     fake_transformers = types.ModuleType("transformers")
     fake_transformers.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *_a, **_k: object())
     monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
@@ -446,8 +445,13 @@ def test_ctrl_c_during_smoke_and_soak_exits_130_kills_the_engine_and_writes_noth
     for module in (smoke_run, soak):
         monkeypatch.setattr(module, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
         monkeypatch.setattr(module, "package_version", lambda package: "0.0-test")
-    monkeypatch.setattr(smoke_run, "package_version", lambda package: "0.0-test")
     monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
+
+
+def test_ctrl_c_during_smoke_and_soak_exits_130_kills_the_engine_and_writes_nothing(tmp_path, monkeypatch):
+    target, draft = models_in(tmp_path)
+    prompts = prompts_in(tmp_path)
+    stub_smoke_host(monkeypatch)
     for command in ("smoke", "soak"):
         fake = FakeEngine(tmp_path / command)
         (tmp_path / command).mkdir()

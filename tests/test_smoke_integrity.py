@@ -5,8 +5,6 @@ prompt missing from one run counts as checked and mismatched."""
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 
@@ -16,7 +14,7 @@ import speclock.verify.smoke.run as smoke_run
 from fuzz_support import run_cli
 from speclock.verify.report import load_report
 from speclock.core.errors import BadInput
-from test_runtime_inputs_integrity import models_in, prompts_in
+from test_runtime_inputs_integrity import models_in, prompts_in, stub_smoke_host
 
 
 class CountingEngine:
@@ -54,17 +52,9 @@ class CountingEngine:
 
 @pytest.fixture()
 def smoke_inputs(tmp_path, monkeypatch):
-    import speclock.spec.prompts
-
     target, draft = models_in(tmp_path)
     prompts = prompts_in(tmp_path)
-    fake_transformers = types.ModuleType("transformers")
-    fake_transformers.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *_a, **_k: object())
-    monkeypatch.setitem(sys.modules, "transformers", fake_transformers)
-    monkeypatch.setattr(speclock.spec.prompts, "chat_prompt_ids", lambda tok, text: [1, 2, 3])
-    monkeypatch.setattr(smoke_run, "chat_prompt_ids", lambda tok, text: [1, 2, 3])  # smoke imports it by name
-    monkeypatch.setattr(smoke_run, "package_version", lambda package: "0.0-test")
-    monkeypatch.setattr(engines, "package_version", lambda package: "0.0-test")
+    stub_smoke_host(monkeypatch)
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
     # The toy folders hold no weights to hash; the key's shape is all the report check needs.
     def key(inp, texts):
