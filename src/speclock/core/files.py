@@ -161,7 +161,7 @@ def expect(value: Any, types: type | tuple, where: str, *, path: str | os.PathLi
     if not ok and float in want and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise BadInput(f"{path}: {where} is {json_type(value)} {_short(value)}, where {_type_names(types)} belongs",
+        raise BadInput(f"{path}: {where} is {json_type(value)} {short_repr(value)}, where {_type_names(types)} belongs",
                        hint=hint or "give the file that speclock wrote, unedited")
     if finite and isinstance(value, float) and not math.isfinite(value):
         raise BadInput(f"{path}: {where} is {value}, where a finite number belongs",
@@ -169,7 +169,7 @@ def expect(value: Any, types: type | tuple, where: str, *, path: str | os.PathLi
     return value
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return f"({text[:60]}{'...' if len(text) > 60 else ''})"
 

@@ -124,7 +124,7 @@ def stack_path(name_or_path: str | os.PathLike, root: Path | None = None) -> Pat
 def _named_path(name: Any, root: Path | None, source: str | None = None) -> Path:
     where = f"{source}: " if source else ""
     if not isinstance(name, str) or not STACK_NAME.match(name):
-        raise BadInput(f"{where}stack name {files._short(name)} is not a plain stack name",
+        raise BadInput(f"{where}stack name {files.short_repr(name)} is not a plain stack name",
                        hint="a stack name is a file name in stacks/ without .toml (letters, digits, '.', '_', '-'); "
                             "a stack elsewhere is given as a path to its .toml file")
     path = files.confined(stacks_dir(root), f"{name}.toml", what="stack", source=source)

@@ -54,7 +54,7 @@ def _not_plain_data(value: Any, where: str) -> tuple[str, str] | None:
     if isinstance(value, float) and not math.isfinite(value):
         return where, f"{value} is not a finite number"
     if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:
-        return where, f"{files._short(value)} is out of range (TOML integers are 64-bit)"
+        return where, f"{files.short_repr(value)} is out of range (TOML integers are 64-bit)"
     if isinstance(value, (datetime.date, datetime.time)):
         return where, f"{value.isoformat()} is a TOML date/time, where a string, number, boolean, list or table belongs"
     if isinstance(value, list):
@@ -99,7 +99,7 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
         fields = SCHEMA[sec_name]
         for key in body:
             if not sec_name and key in SCHEMA and not isinstance(body[key], dict):
-                raise bad(key, f"expected a table [{key}], got {type(body[key]).__name__} {files._short(body[key])}",
+                raise bad(key, f"expected a table [{key}], got {type(body[key]).__name__} {files.short_repr(body[key])}",
                           f"a [{key}] section")
             full = f"{sec_name}.{key}" if sec_name else key
             if key not in fields:
@@ -121,7 +121,7 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             if odd:  # nan/inf (tomllib parses them) would turn every comparison against a threshold False
                 raise bad(odd[0], odd[1], f"{kind}: {desc}; numbers must be finite")
             if not _type_ok(kind, value):
-                raise bad(full, f"expected {kind}, got {type(value).__name__} {files._short(value)}", f"{kind}: {desc}")
+                raise bad(full, f"expected {kind}, got {type(value).__name__} {files.short_repr(value)}", f"{kind}: {desc}")
             if allowed is not None:
                 values = value if isinstance(value, list) else [value]
                 for v in values:

@@ -271,7 +271,7 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
 
     doc = read_lock(lock, stack=stack)  # the stack adds its own index host to the allowed ones
     if doc.get("stack") != stack.name:
-        raise BadInput(f"{lock}: key 'stack' is {files._short(doc.get('stack'))}, not the stack {stack.name}",
+        raise BadInput(f"{lock}: key 'stack' is {files.short_repr(doc.get('stack'))}, not the stack {stack.name}",
                        hint=f"re-create the lock with `invoke lock --stack {stack.name}`")
     versions = [p["version"] for p in doc["packages"] if normalize(p["name"]) == normalize(pinned["package"])]
     if not versions:

@@ -107,7 +107,7 @@ def _check_type(source: str, key: str, value: Any, types: tuple) -> None:
     ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
     if not ok:
         raise BadInput(f"{source}: key '{key}': expected {_type_names(types)}, got {files.json_type(value)} "
-                       f"{files._short(value)}", hint=_HINT)
+                       f"{files.short_repr(value)}", hint=_HINT)
     if isinstance(value, float) and not math.isfinite(value):
         raise BadInput(f"{source}: key '{key}': {value} is not a finite number", hint=_HINT)
 
@@ -133,7 +133,7 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadInput(f"{source}: not a JSON object (a {files.json_type(data)})", hint=_HINT)
     if data.get("schema") != SCHEMA_ID:
-        raise BadInput(f"{source}: key 'schema': {files._short(data.get('schema'))} is not {SCHEMA_ID!r}", hint=_HINT)
+        raise BadInput(f"{source}: key 'schema': {files.short_repr(data.get('schema'))} is not {SCHEMA_ID!r}", hint=_HINT)
     odd = _non_finite(data, "")
     if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused; 10**400 overflows a float
         raise BadInput(f"{source}: key '{odd}': not a finite number in range (|x| < 2**63)", hint=_HINT)
@@ -151,7 +151,7 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
         return BadInput(f"{source}: key '{key}': {problem}", hint=_HINT)
 
     if data["verdict"] not in ("pass", "fail"):
-        raise bad("verdict", f"{files._short(data['verdict'])} is not 'pass' or 'fail'")
+        raise bad("verdict", f"{files.short_repr(data['verdict'])} is not 'pass' or 'fail'")
     if not all(isinstance(f, str) for f in data["failures"]):
         raise bad("failures", "expected a list of strings")
     if data["verdict"] == "pass" and data["failures"]:
@@ -183,7 +183,7 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
     drafts, tokens, accepted, per_pos = m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"], m["accepted_per_position"]
     for i, v in enumerate(per_pos):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad(f"metrics.accepted_per_position[{i}]", f"expected a count, got {files._short(v)}")
+            raise bad(f"metrics.accepted_per_position[{i}]", f"expected a count, got {files.short_repr(v)}")
         if v > drafts:
             raise bad(f"metrics.accepted_per_position[{i}]", f"{v} acceptances at one position exceed num_drafts {drafts}")
     # A draft proposes at most k tokens (vLLM may propose fewer near max_tokens), never more.
@@ -197,11 +197,11 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
         raise bad("metrics.accepted_per_position", f"sums to {sum(per_pos)}, num_accepted_tokens is {accepted}")
     rate = accepted / tokens if tokens else 0.0
     if not 0.0 <= m["acceptance_rate"] <= 1.0 or not _close(m["acceptance_rate"], rate):
-        raise bad("metrics.acceptance_rate", f"{files._short(m['acceptance_rate'])} is not num_accepted_tokens / num_draft_tokens "
+        raise bad("metrics.acceptance_rate", f"{files.short_repr(m['acceptance_rate'])} is not num_accepted_tokens / num_draft_tokens "
                                              f"= {accepted}/{tokens} = {rate:.6f}")
     mal = 1.0 + accepted / drafts if drafts else 1.0
     if not _close(m["mean_acceptance_length"], mal):
-        raise bad("metrics.mean_acceptance_length", f"{files._short(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
+        raise bad("metrics.mean_acceptance_length", f"{files.short_repr(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
                                                     f"num_drafts = 1 + {accepted}/{drafts} = {mal:.6f}")
     rates = m.get("acceptance_per_position")
     if rates is not None:
@@ -211,7 +211,7 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
             want = a / drafts if drafts else 0.0
             if (isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0
                     or not _close(r, want)):
-                raise bad(f"metrics.acceptance_per_position[{i}]", f"{files._short(r)} is not accepted_per_position / "
+                raise bad(f"metrics.acceptance_per_position[{i}]", f"{files.short_repr(r)} is not accepted_per_position / "
                                                                    f"num_drafts = {a}/{drafts}")
 
 
@@ -235,7 +235,7 @@ def _check_reference(data: dict[str, Any], bad) -> None:
     ref_len = metrics.get("mean_acceptance_length") if isinstance(metrics, dict) else None
     if ref_len is not None:
         if isinstance(ref_len, bool) or not isinstance(ref_len, (int, float)) or not math.isfinite(ref_len) or ref_len <= 0:
-            raise bad("reference.metrics.mean_acceptance_length", f"{files._short(ref_len)} is not a positive number")
+            raise bad("reference.metrics.mean_acceptance_length", f"{files.short_repr(ref_len)} is not a positive number")
     gap = ref.get("gap")
     if gap is None and ref_len is not None and (data.get("run") or {}).get("completed") is not False:
         # smoke computes the gap whenever both runs measured: leaving it out would skip the integration check
@@ -251,7 +251,7 @@ def _check_reference(data: dict[str, Any], bad) -> None:
         for name in ("target_sha256", "drafter_sha256", "prompts_sha256"):
             value = key.get(name)
             if value is not None and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
-                raise bad(f"reference.key.{name}", f"{files._short(value)} is not a sha256 (64 hex digits)")
+                raise bad(f"reference.key.{name}", f"{files.short_repr(value)} is not a sha256 (64 hex digits)")
         for name, mine, label in (("k", data["num_speculative_tokens"], "num_speculative_tokens"),
                                   ("max_tokens", data.get("max_tokens"), "max_tokens"),
                                   ("num_prompts", data["prompts"]["count"], "prompts.count")):
