@@ -194,7 +194,7 @@ def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) ->
             raise os_error(err, target, "place the wheel at") from None
 
 
-# --- wheels cached outside the lock (engine wheels that `pip download` put in cache_dir()/wheels) ---
+# --- wheels cached outside the lock (tools that `pip download` put in cache_dir()/wheels: cuobjdump) ---
 
 def _wheel_sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
@@ -229,11 +229,6 @@ def cached_wheel_intact(path: Path) -> bool:
         return False
     record_cached_wheel(path)
     return True
-
-
-def requirements_text(packages: list[dict[str, Any]]) -> str:
-    """A pip requirements file with exact pins and hashes (`--require-hashes` mode)."""
-    return "".join(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}\n" for p in packages)
 
 
 def requirements_text(packages: list[dict[str, Any]]) -> str:

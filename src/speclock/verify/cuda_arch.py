@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from speclock.build.wheelhouse import cached_wheel_intact, record_cached_wheel
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import TEMP_PREFIX, atomic_write_json, read_json
 from speclock.core.layout import cache_dir
@@ -92,10 +93,16 @@ def find_cuobjdump(extra_roots: list[Path] | None = None, download: bool = True)
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     have = sorted(wheels.glob("nvidia_cuda_cuobjdump-*.whl"))
+    for wheel in have:  # re-verified on every use: a truncated download is removed and fetched again
+        if not cached_wheel_intact(wheel):
+            wheel.unlink(missing_ok=True)
+    have = [w for w in have if w.is_file()]
     if not have:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", CUOBJDUMP_PACKAGE, "-d", str(wheels)],
                               capture_output=True, text=True)
         have = sorted(wheels.glob("nvidia_cuda_cuobjdump-*.whl"))
+        for wheel in have:
+            record_cached_wheel(wheel)
         if proc.returncode != 0 or not have:
             raise EnvironmentProblem(f"cannot download {CUOBJDUMP_PACKAGE}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}",
                                      hint=f"install it (pip install {CUOBJDUMP_PACKAGE}) or set SPECLOCK_CUOBJDUMP")
