@@ -18,7 +18,7 @@ from typing import Any, Callable
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
-from speclock.spec.lock import lock_path, read_lock
+from speclock.spec.lock import IMAGE_TARGET, lock_path, lock_targets, read_lock, target_lock
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 # After Ctrl-C (or the first failure), how long running downloads get to notice the stop and clean up
@@ -107,13 +107,18 @@ def _stop_workers(stop: threading.Event, tasks: queue.SimpleQueue, threads: list
 def _cmd_fetch(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     lock_file = Path(args.lock) if args.lock else lock_path(stack)
-    lock = read_lock(lock_file, stack=stack)  # every name and URL checked before anything is written
+    full = read_lock(lock_file, stack=stack)  # every name and URL checked before anything is written
+    keys = list(lock_targets(full)) if args.target == "all" else [args.target]
+    views = [full if key == IMAGE_TARGET else target_lock(full, key) for key in keys]  # an unknown target: exit 2
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
     store = store_dir()
-    out(f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} into {store}")
-    done = fetch(lock, store=store, jobs=args.jobs, progress=out)
+    done: dict[str, Path] = {}
+    for key, lock in zip(keys, views):
+        out(f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} "
+            f"(target {key}) into {store}")
+        done.update(fetch(lock, store=store, jobs=args.jobs, progress=out))
     if args.json:
-        print(json.dumps({"stack": lock["stack"], "store": str(store), "files": len(done)}, indent=2))
+        print(json.dumps({"stack": full["stack"], "targets": keys, "store": str(store), "files": len(done)}, indent=2))
     return 0
 
 
@@ -125,6 +130,9 @@ def add_commands(sub) -> None:
                                    "Exit 2: an invalid lock; 3: a file the index no longer serves, the network, the disk.")
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--lock", metavar="PATH", help="the lock to fetch (default locks/<stack>.lock)")
+    p.add_argument("--target", default=IMAGE_TARGET, metavar="TARGET",
+                   help=f"which of the lock's targets: '{IMAGE_TARGET}' (default: the image's Python and platform), a host "
+                        "target of python.host_targets such as '3.12-x86_64' (for `speclock host-env`), or 'all'")
     p.add_argument("--jobs", type=positive_int, default=4, help="parallel downloads, at least 1 (default 4)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_fetch)

