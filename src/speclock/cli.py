@@ -20,6 +20,7 @@ from speclock.core.files import current_input, os_error
 COMMAND_MODULES = [
     "speclock.spec.cli",
     "speclock.build.fetch",
+    "speclock.build.hostenv",
     "speclock.build.image",
     "speclock.build.push",
     "speclock.build.run",

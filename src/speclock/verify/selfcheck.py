@@ -5,6 +5,11 @@ verdict recorded with the image) to the output folder (default /tmp/speclock-out
 image's root filesystem is read-only). Every stage runs even when an earlier one failed, so
 one run shows everything that is wrong. Exit: 3 if any stage met an environment problem,
 else 2 for bad input, else 1 if anything failed, else 0.
+
+On a GPU host without a container runtime: `speclock host-env --stack S --dest DIR` builds the
+stack's locked environment laid out like the image; then `DIR/bin/speclock selfcheck` (or
+`speclock selfcheck --env DIR`, which runs exactly that) takes the stack, lock, target, drafter and
+prompts from DIR as an image run takes them from /opt/speclock (docs/host-env.md).
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +133,34 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     return final
 
 
+def env_args(opts: SmokeOptions, baseline: str) -> list[str]:
+    """The selfcheck flags that give `opts` and `baseline` again (for running selfcheck inside a host environment)."""
+    argv = []
+    defaults = SmokeOptions()
+    for f in fields(SmokeOptions):
+        value = getattr(opts, f.name)
+        if value is not None and value != getattr(defaults, f.name) and f.name not in ("min_speedup", "max_reference_gap"):
+            argv += [f"--{f.name.replace('_', '-')}", str(value)]
+    return argv + (["--baseline", baseline] if baseline != "auto" else [])
+
+
+def selfcheck_in_env(env_dir: str, opts: SmokeOptions, baseline: str) -> int:
+    """Run selfcheck inside a host environment (`speclock host-env`): its bin/speclock, which sets what the image's
+    ENV sets; a --stack must be the environment's own."""
+    from speclock.build.hostenv import env_command, read_record
+    record = read_record(Path(env_dir))
+    if opts.stack and load_stack(opts.stack).name != record["stack"]:
+        raise BadInput(f"--stack {opts.stack}: the environment {env_dir} is stack {record['stack']}'s",
+                       hint=f"leave out --stack (the environment's stack is used), or build one with `speclock host-env "
+                            f"--stack {opts.stack} --dest DIR`")
+    cmd = env_command(Path(env_dir), ["selfcheck", *env_args(replace(opts, stack=None), baseline)])
+    _log(f"running in the host environment {env_dir} (stack {record['stack']}, target {record['target']}): {' '.join(cmd)}")
+    return subprocess.run(cmd).returncode
+
+
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    if args.env:
+        return selfcheck_in_env(args.env, SmokeOptions.from_args(args), args.baseline)
     return selfcheck(SelfcheckOptions(SmokeOptions.from_args(args), baseline=args.baseline))
 
 
@@ -137,4 +170,6 @@ def add_commands(sub) -> None:
     add_smoke_arguments(p)
     p.add_argument("--baseline", default="auto", help="baseline report for the gate ('auto' = the stored one for this "
                                                       "stack and engine version, 'none' = skip)")
+    p.add_argument("--env", metavar="DIR", help="run inside the host environment DIR made by `speclock host-env` (its "
+                                                "stack, lock, target and prompts, as in an image)")
     p.set_defaults(func=_cmd_selfcheck)

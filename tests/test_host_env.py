@@ -1,0 +1,220 @@
+"""`speclock host-env`: a real venv, a real offline hash-checked pip install from a wheelhouse of tiny real wheels,
+the refusals (wrong Python or machine: exit 2 naming the lock's targets; a missing wheel: exit 3 naming the
+fetch command; a corrupted wheel: refused), host packages version-checked, and no DEST after a failure or Ctrl-C."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tinywheels import ROOT, base_of_committed_lock, entry, make_wheel, tiny_wheels, write_stack
+
+from speclock.build.hostenv import glibc_needed, version_matches
+from speclock.spec.lock import MACHINE_PLATFORMS, finish_lock, read_lock, write_lock
+from speclock.spec.resolve import platform_tags
+from speclock.spec.stack import load_stack
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
+def _pip_version() -> str:
+    """pip as the host's site-packages has it (what a --system-site-packages venv of this Python sees)."""
+    proc = subprocess.run([sys._base_executable, "-c", "import importlib.metadata as m; print(m.version('pip'))"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_packages=(), engine_env=None):
+    """A stack and its lock over tiny wheels, in a fetch-layout wheelhouse (<sha256>/<file>). Host targets get the
+    image's entries (the tiny wheels are pure enough to stand in for any Python)."""
+    wheels = tiny_wheels(root / "built")
+    engine = make_wheel(root / "built", "tinyengine", "1.0", tag=f"{CP}-{CP}-manylinux_2_17_x86_64", requires=("tinydep>=1",))
+    stack = load_stack(write_stack(root, host_targets=host_targets, python=image_python, engine_env=engine_env))
+    packages = sorted([entry(engine), entry(wheels["tinydep"]), entry(wheels["torch"]), *extra_packages], key=lambda e: e["name"])
+    assets = [entry(wheels["tinyprompts"])]
+    targets = {k: {"python": k.split("-")[0], "machine": k.split("-")[1], "platforms": list(MACHINE_PLATFORMS[k.split("-")[1]]),
+                   "packages": packages, "excluded": [], "assets": assets} for k in host_targets}
+    doc = {"schema": "speclock.lock/v1", "stack": stack.name, "stack_sha256": stack.source_sha256, "stack_data": stack.data,
+           "resolver": {"tool": "pip", "requirements": stack.requirements()},
+           "python": {"version": image_python, "platforms": platform_tags(stack)}, "base": base_of_committed_lock(),
+           "source_date_epoch": 0, "packages": packages, "excluded": [], "assets": assets}
+    if targets:
+        doc["targets"] = targets
+    (root / "locks").mkdir()
+    write_lock(root / "locks" / "tiny.lock", finish_lock(doc))
+    store = root / "wheelhouse"
+    for p in packages + assets:
+        if (root / "built" / p["filename"]).is_file():
+            (store / p["sha256"]).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / "built" / p["filename"], store / p["sha256"] / p["filename"])
+    return stack, store
+
+
+def host_env(root: Path, *args: str, wait: bool = True):
+    cmd = [sys.executable, "-m", "speclock", "host-env", "--stack", str(root / "stacks" / "tiny.toml"),
+           "--lock", str(root / "locks" / "tiny.lock"), "--wheelhouse", str(root / "wheelhouse"), *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(root / "cache"))
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def leftovers(root: Path, name: str = "env") -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name == name or p.name.startswith(name + "."))
+
+
+def test_builds_a_venv_offline_laid_out_like_the_image(tmp_path):
+    stack, _ = make_repo(tmp_path, engine_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    dest = tmp_path / "env"
+    proc = host_env(tmp_path, "--dest", str(dest), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["target"], out["python"], out["hash_checked"]) == ("image", PY, 3)
+    assert leftovers(tmp_path) == ["env"]
+    # the wheels are installed in the venv (this Python), hash-checked, nothing else
+    run = subprocess.run([str(dest / "bin" / "python"), "-c", "import tinyengine, tinydep, torch; print(tinyengine.TAG, torch.VERSION)"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.stdout.split() == [f"{CP}-{CP}-manylinux_2_17_x86_64", "9.9.9"], run.stderr
+    home = dest / "speclock"
+    record = json.loads((home / "host-env.json").read_text())
+    assert record["stack"] == "tiny" and record["target"] == "image" and record["version_checked"] == []
+    assert {r["name"] for r in record["hash_checked"]} == {"tinyengine", "tinydep", "torch"}
+    lock = read_lock(home / "lock.json", stack=load_stack(home / "stacks" / "tiny.toml"))
+    assert lock["lock_sha256"] == record["target_lock_sha256"] and lock["lock_from"] == record["lock_sha256"]
+    assert (home / "locks" / "tiny.lock").read_bytes() == (home / "lock.json").read_bytes()
+    assert (home / "prompts" / "prompts.jsonl").read_text().count("turns") == 2  # from the prompts wheel
+    assert (home / "draft" / "config.json").is_file() and (home / "target" / "config.json").is_file()
+    assert not (dest / ".wheels").exists() and not (dest / ".assets").exists()
+    # bin/speclock runs this speclock copy with the image's environment and the stack's engine.env
+    script = (dest / "bin" / "speclock").read_text()
+    assert "export SPECLOCK_IN_IMAGE=1" in script and "export VLLM_USE_FLASHINFER_SAMPLER=0" in script
+    assert str(tmp_path) not in script  # found relative to itself
+    check = subprocess.run([str(dest / "bin" / "speclock"), "stack", "check", "tiny"], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "/nonexistent"})
+    assert check.returncode == 0 and "stack tiny" in check.stdout and str(home / "stacks") in check.stdout, check.stderr
+    assert ".tmp-" not in (dest / "bin" / "activate").read_text()
+    # the same again: nothing to do; another target or host packages: DEST exists (exit 2) unless --force
+    again = host_env(tmp_path, "--dest", str(dest))
+    assert again.returncode == 0 and "already the host environment" in again.stdout
+    # selfcheck --env refuses another stack's name before running anything
+    sc = subprocess.run([sys.executable, "-m", "speclock", "selfcheck", "--env", str(dest), "--stack", "cpu-vllm"],
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert sc.returncode == 2 and "stack tiny's" in sc.stderr
+
+
+def test_wrong_python_or_machine_is_refused_naming_the_targets(tmp_path):
+    other = "3.10" if PY != "3.10" else "3.12"
+    make_repo(tmp_path, image_python=other, host_targets=(f"{other}-x86_64", f"{PY}-aarch64"))
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"this host runs Python {PY} on x86_64" in proc.stderr
+    assert f"image ({other}-x86_64), {other}-x86_64, {PY}-aarch64" in proc.stderr
+    assert f"add '{PY}-x86_64' to python.host_targets" in proc.stderr and "speclock lock --stack tiny" in proc.stderr
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--target", f"{PY}-aarch64")
+    assert proc.returncode == 2 and f"is for Python {PY} on aarch64" in proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_missing_wheel_exits_3_naming_the_fetch_command(tmp_path):
+    stack, store = make_repo(tmp_path, host_targets=(f"{PY}-x86_64",))
+    victim = next(store.glob("*/torch-*.whl"))
+    shutil.rmtree(victim.parent)
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"))
+    assert proc.returncode == 3, proc.stderr
+    assert victim.name in proc.stderr and f"speclock fetch --stack tiny --target {PY}-x86_64" in proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_corrupted_wheel_is_refused_and_leaves_nothing(tmp_path):
+    stack, store = make_repo(tmp_path)
+    victim = next(store.glob("*/tinydep-*.whl"))
+    victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"))
+    assert proc.returncode == 1, proc.stderr
+    assert "tinydep-1.2-py3-none-any.whl has sha256" in proc.stderr and "refused" in proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failed_install_leaves_no_dest(tmp_path):
+    """A wheel whose hash is the lock's but that pip cannot install: the build fails inside the temp folder."""
+    broken = tmp_path / "built2" / "tinybroken-1.0-py3-none-any.whl"
+    broken.parent.mkdir()
+    broken.write_bytes(b"not a zip file at all")
+    stack, store = make_repo(tmp_path, extra_packages=[entry(broken)])
+    (store / entry(broken)["sha256"]).mkdir()
+    shutil.copyfile(broken, store / entry(broken)["sha256"] / broken.name)
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"))
+    assert proc.returncode == 3, proc.stderr
+    assert "pip install -r requirements.txt failed" in proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_ctrl_c_removes_the_temp_folder_and_a_killed_runs_leftover_is_cleaned(tmp_path):
+    make_repo(tmp_path)
+    dead = tmp_path / "env.tmp-999999"  # a host-env that was SIGKILLed (no such process)
+    dead.mkdir()
+    (dead / "junk").write_text("x")
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), wait=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any((p / "bin").exists() for p in tmp_path.glob("env.tmp-*") if p != dead):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:  # finished before the signal landed: the point (no half-made DEST) still holds
+        assert leftovers(tmp_path) == ["env"]
+        pytest.skip("the build finished before Ctrl-C arrived")
+    assert proc.returncode == 130, err
+    assert leftovers(tmp_path) == []  # the killed run's leftover went too
+
+
+def test_host_packages_are_version_checked_not_hash_checked(tmp_path):
+    pip_version = _pip_version()
+    if not pip_version:
+        pytest.skip("this Python's base installation has no pip to stand in for a host package")
+    fake = {"name": "pip", "version": pip_version, "filename": f"pip-{pip_version}-py3-none-any.whl",
+            "url": f"https://files.pythonhosted.org/packages/xx/pip-{pip_version}-py3-none-any.whl", "sha256": "0" * 64}
+    make_repo(tmp_path, extra_packages=[fake])
+    dest = tmp_path / "env"
+    # without --use-host-packages the (absent) pip wheel is needed from the wheelhouse
+    proc = host_env(tmp_path, "--dest", str(dest))
+    assert proc.returncode == 3 and fake["filename"] in proc.stderr
+    proc = host_env(tmp_path, "--dest", str(dest), "--use-host-packages", "pip", "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((dest / "speclock" / "host-env.json").read_text())
+    assert [(r["name"], r["host_version"], r["checked"]) for r in record["version_checked"]] == [("pip", pip_version, "version")]
+    assert "pip" not in {r["name"] for r in record["hash_checked"]}
+    assert "include-system-site-packages = true" in (dest / "pyvenv.cfg").read_text()
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env2"), "--use-host-packages", "nosuch*")
+    assert proc.returncode == 2 and "matches no package" in proc.stderr
+
+
+def test_host_package_at_another_version_is_refused(tmp_path):
+    fake = {"name": "pip", "version": "0.0.1", "filename": "pip-0.0.1-py3-none-any.whl",
+            "url": "https://files.pythonhosted.org/packages/xx/pip-0.0.1-py3-none-any.whl", "sha256": "0" * 64}
+    make_repo(tmp_path, extra_packages=[fake])
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--use-host-packages", "pip")
+    assert proc.returncode == 3 and "pip" in proc.stderr and "(lock: 0.0.1)" in proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_version_rule_for_local_labels():
+    assert version_matches("2.11.0", "2.11.0", "13.0")
+    assert version_matches("2.11.0+cu130", "2.11.0", "13.0")  # PyPI's 2.11.0 is the cu130 build
+    assert not version_matches("2.11.0+cu126", "2.11.0", "13.0")
+    assert not version_matches("2.11.0+cpu", "2.11.0", "13.0")
+    assert not version_matches("2.11.0+cu130", "2.11.0", "")  # a CPU stack: no CUDA label matches
+    assert version_matches("2.13.0+cpu", "2.13.0+cpu", "")
+    assert not version_matches("2.13.0", "2.13.0+cpu", "")
+    assert not version_matches("2.11.1+cu130", "2.11.0", "13.0")
+
+
+def test_glibc_needed_from_wheel_tags():
+    assert glibc_needed("a-1-cp312-cp312-manylinux_2_28_x86_64.whl") == (2, 28)
+    assert glibc_needed("a-1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl") == (2, 17)
+    assert glibc_needed("a-1-py3-none-any.whl") == (0, 0)
