@@ -166,3 +166,14 @@ def test_fetch_target_fills_the_same_wheelhouse(tiny, tmp_path):
 def test_lock_doc_hash_covers_targets(tiny):
     _, _, doc, _ = tiny
     assert doc["lock_sha256"] == canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
+
+
+def test_fetch_leaves_out_host_packages(tiny, tmp_path):
+    root, _, doc, _ = tiny
+    env = {"SPECLOCK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "speclock", "fetch", "--stack", str(root / "stacks" / "tiny.toml"), "--lock",
+                           str(root / "locks" / "tiny.lock"), "--target", "3.12-x86_64", "--use-host-packages", "torch,tiny*"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    fetched = sorted(p.name for p in (tmp_path / "cache" / "wheelhouse").glob("*/*.whl"))
+    assert fetched == ["tinyprompts-1.0-py3-none-any.whl"]  # the data wheel is always fetched

@@ -113,6 +113,12 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
     store = store_dir()
     done: dict[str, Path] = {}
+    skip = tuple(x for x in (args.use_host_packages or "").split(",") if x.strip())
+    if skip:
+        from speclock.build.hostenv import select_host_packages
+        views = [{**lock, "packages": [p for p in lock["packages"]
+                                        if p not in select_host_packages(skip, lock["packages"], key)]}
+                 for key, lock in zip(keys, views)]
     for key, lock in zip(keys, views):
         out(f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} "
             f"(target {key}) into {store}")
@@ -133,6 +139,9 @@ def add_commands(sub) -> None:
     p.add_argument("--target", default=IMAGE_TARGET, metavar="TARGET",
                    help=f"which of the lock's targets: '{IMAGE_TARGET}' (default: the image's Python and platform), a host "
                         "target of python.host_targets such as '3.12-x86_64' (for `speclock host-env`), or 'all'")
+    p.add_argument("--use-host-packages", metavar="NAMES", default="",
+                   help="comma-separated packages (or patterns: 'nvidia-*') not to fetch because the host that runs "
+                        "`speclock host-env --use-host-packages` with the same list has them")
     p.add_argument("--jobs", type=positive_int, default=4, help="parallel downloads, at least 1 (default 4)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_fetch)
