@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from speclock.build.hostenv import select_host_packages
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
@@ -115,7 +116,6 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     done: dict[str, Path] = {}
     skip = tuple(x for x in (args.use_host_packages or "").split(",") if x.strip())
     if skip:
-        from speclock.build.hostenv import select_host_packages
         views = [{**lock, "packages": [p for p in lock["packages"]
                                         if p not in select_host_packages(skip, lock["packages"], key)]}
                  for key, lock in zip(keys, views)]

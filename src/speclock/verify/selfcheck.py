@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from speclock.build.hostenv import env_command, read_record
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import atomic_write_text, os_error
 from speclock.spec.stack import load_stack
@@ -147,7 +148,6 @@ def env_args(opts: SmokeOptions, baseline: str) -> list[str]:
 def selfcheck_in_env(env_dir: str, opts: SmokeOptions, baseline: str) -> int:
     """Run selfcheck inside a host environment (`speclock host-env`): its bin/speclock, which sets what the image's
     ENV sets; a --stack must be the environment's own."""
-    from speclock.build.hostenv import env_command, read_record
     record = read_record(Path(env_dir))
     if opts.stack and load_stack(opts.stack).name != record["stack"]:
         raise BadInput(f"--stack {opts.stack}: the environment {env_dir} is stack {record['stack']}'s",
