@@ -55,7 +55,7 @@ def test_each_target_is_resolved_for_its_own_python_and_machine(tiny):
         assert files[key]["tinydep"] == "tinydep-1.2-py3-none-any.whl" and "torch" in files[key]
     t = doc["targets"]["3.12-aarch64"]
     assert (t["python"], t["machine"]) == ("3.12", "aarch64")
-    assert t["platforms"] == ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64", "linux_aarch64"]
+    assert t["platforms"] == [f"manylinux_2_{n}_aarch64" for n in range(34, 16, -1)] + ["manylinux2014_aarch64", "linux_aarch64"]
     assert [a["name"] for a in t["assets"]] == ["tinyprompts"]
     # the image target keeps the lock's top-level keys, as before
     assert {p["name"] for p in doc["packages"]} == {"tinyengine", "tinydep", "torch"}
@@ -64,7 +64,9 @@ def test_each_target_is_resolved_for_its_own_python_and_machine(tiny):
 
 
 def test_machine_platforms_is_data():
-    assert MACHINE_PLATFORMS["x86_64"] == ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+    # glibc 2.34 down to 2.17, newest first (llguidance, a vLLM dependency, has only manylinux_2_31 wheels)
+    assert MACHINE_PLATFORMS["x86_64"][:2] == ("manylinux_2_34_x86_64", "manylinux_2_33_x86_64")
+    assert MACHINE_PLATFORMS["x86_64"][-3:] == ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
     assert MACHINE_PLATFORMS["aarch64"] == tuple(t.replace("x86_64", "aarch64") for t in MACHINE_PLATFORMS["x86_64"])
     assert resolve.host_target_doc("3.12-aarch64")["platforms"] == list(MACHINE_PLATFORMS["aarch64"])
 

@@ -45,9 +45,12 @@ ENTRY_LISTS = ("packages", "assets", "excluded")
 
 # The one map from a machine to the wheel platform tags a host target of that machine accepts (newest
 # first). Adding a machine (e.g. riscv64) is a row here plus the machine in spec.validate's host_targets
-# pattern; aarch64 (GH200, GB200) is already a row. glibc 2.28 is the floor: what the CUDA wheels need.
+# pattern; aarch64 (GH200, GB200) is already a row. glibc 2.34 is the ceiling (RHEL/Rocky 9 HPC nodes,
+# Ubuntu 22.04+; vLLM needs llguidance's manylinux_2_31 wheel); host-env checks the host's glibc per wheel.
+HOST_GLIBC_MAX = 34
 MACHINE_PLATFORMS: dict[str, tuple[str, ...]] = {
-    machine: (f"manylinux_2_28_{machine}", f"manylinux_2_17_{machine}", f"manylinux2014_{machine}", f"linux_{machine}")
+    machine: tuple(f"manylinux_2_{n}_{machine}" for n in range(HOST_GLIBC_MAX, 16, -1))
+    + (f"manylinux2014_{machine}", f"linux_{machine}")
     for machine in ("x86_64", "aarch64")
 }
 # The key of the image's own target (the lock's top-level packages) where a command takes a target name.
