@@ -41,6 +41,7 @@ class EngineConfig:
     num_speculative_tokens: int = 3
     settings: dict[str, Any] = field(default_factory=dict)  # stack [engine].settings
     server_url: str = ""  # attach to a running server instead of starting one in-process
+    env: dict[str, str] = field(default_factory=dict)  # stack engine.env: set while the engine runs
 
 
 class EngineSession(Protocol):
@@ -192,15 +193,31 @@ class running:
 
     def __enter__(self):
         self._before = _descendants()
+        # engine.env goes into this process's environment: the engine reads it here (vLLM's envs are read
+        # when used) and its worker processes inherit it. Restored when the engine stops.
+        self._saved_env = {k: os.environ.get(k) for k in self.config.env}
+        os.environ.update({str(k): str(v) for k, v in self.config.env.items()})
         try:
             self.session = self.engine.start(self.config)
         except BaseException as err:
             self._cleanup(interrupted=not isinstance(err, Exception))
+            self._restore_env()
             raise
         return self.session
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._cleanup(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
+        try:
+            self._cleanup(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
+        finally:
+            self._restore_env()
+
+    def _restore_env(self) -> None:
+        for key, value in getattr(self, "_saved_env", {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env = {}
 
     def _cleanup(self, *, interrupted: bool) -> None:
         session, self.session = self.session, None

@@ -156,7 +156,8 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
         report.setdefault("gpu", {})["arch"] = arch
         run["stage"] = "plain (no drafter)"
-        plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url)
+        env = {str(k): str(v) for k, v in (inp.stack.engine.get("env") or {}).items()}  # engine.env
+        plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url, env)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
         cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
         if cached is not None:
@@ -171,7 +172,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
                 except OSError as err:
                     raise os_error(err, cache_file, "write the plain-output cache") from None
         run["stage"] = "speculative (with drafter)"
-        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url)
+        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url, env)
         spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
         run["stage"] = "compare"
         report["draft"]["captured_layers"] = captured
