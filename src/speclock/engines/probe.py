@@ -8,6 +8,10 @@ in a subprocess, so the engine's imports never leak into speclock's process):
   eagle3 ENGINE ARCH...                  does the engine's registry resolve ARCH, and does the
                                          engine's own EAGLE-3 check pass on that (outer) class
   cuda                                   CUDA runtime/driver versions and GPUs (cuda-python bindings)
+  triton_build                           Triton builds and loads a trivial C extension through its own
+                                         build path (compiler, Python.h), with an empty Triton cache
+  torch_archs                            torch's version, CUDA release and compiled arch list
+  setenv / getenv                        set the stack's engine.env (first in a batch) / read variables
   batch REQUEST.json                     {key: [action, [args...]]} answered in one import
   capture ENGINE ARCH N CONFIG [--inner ARCH]
                                          the layers (as "hidden state after k decoder layers") the
@@ -22,10 +26,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import importlib.util
 import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import tempfile
 import types
 import warnings
 
@@ -264,6 +273,86 @@ def cuda_info() -> dict:
     return out
 
 
+# A trivial C extension, built through Triton's own launcher build path (compiler from $CC, else gcc or
+# clang on PATH; Python.h from sysconfig) and loaded: what Triton does before its first kernel runs.
+_TRITON_SRC = r"""
+#include <Python.h>
+#include <stdlib.h>
+static PyObject* answer(PyObject* self, PyObject* args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "speclock_triton_probe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_speclock_triton_probe(void) { return PyModule_Create(&module); }
+"""
+_TRITON_BUILD = (
+    "import sys\n"
+    "from triton.runtime.build import compile_module_from_src\n"
+    "mod = compile_module_from_src(sys.argv[1], 'speclock_triton_probe')\n"
+    "assert mod.answer() == 42, 'the built extension returned the wrong value'\n"
+    "print('built')\n"
+)
+
+
+def _python_include() -> str:
+    scheme = sysconfig.get_default_scheme()
+    if scheme == "posix_local":  # Debian's scheme; Triton maps it the same way
+        scheme = "posix_prefix"
+    return sysconfig.get_paths(scheme=scheme)["include"]
+
+
+def triton_build() -> dict:
+    """Build and load a C extension the way Triton builds its GPU launcher (no GPU needed).
+
+    In a child process with an empty TRITON_CACHE_DIR, so neither a warm cache nor a compiler that
+    Triton found earlier in this process can hide a missing one."""
+    if importlib.util.find_spec("triton") is None:
+        return {"installed": False}
+    try:
+        version = md.version("triton")
+    except md.PackageNotFoundError:
+        version = None
+    include = _python_include()
+    out = {"installed": True, "version": version, "cc_env": os.environ.get("CC"),
+           "compiler": os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"),
+           "python_include": include, "python_h": os.path.isfile(os.path.join(include, "Python.h")),
+           "python_version": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+    with tempfile.TemporaryDirectory(prefix="speclock-triton-") as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache)
+        try:
+            proc = subprocess.run([sys.executable, "-c", _TRITON_BUILD, _TRITON_SRC], env=env, capture_output=True,
+                                  text=True, timeout=300)
+            text, code = (proc.stdout + proc.stderr).strip(), proc.returncode
+        except subprocess.TimeoutExpired:
+            text, code = "the build took over 300 s", -1
+    out["built"] = code == 0 and text.endswith("built")
+    out["output_tail"] = [] if out["built"] else text.splitlines()[-8:]
+    return out
+
+
+def torch_archs() -> dict:
+    """torch's compiled GPU code: SASS (sm_XY) and PTX (compute_XY); no GPU needed on a CUDA build."""
+    # heavy, optional (torch): imported only where it is used
+    import torch
+
+    flags: list = []
+    if torch.version.cuda:
+        try:
+            flags = str(torch._C._cuda_getArchFlags() or "").split()
+        except Exception:  # an older or unusual build: the public list (SASS only)
+            flags = list(torch.cuda.get_arch_list())
+    return {"version": torch.__version__, "cuda": torch.version.cuda, "flags": flags}
+
+
+def setenv(env: dict) -> list:
+    """The stack's engine.env, set before any other question imports the engine (ask_engine asks it first)."""
+    for key, value in env.items():
+        os.environ[str(key)] = str(value)
+    return sorted(env)
+
+
+def getenv(*names: str) -> dict:
+    return {n: os.environ.get(n) for n in names}
+
+
 def batch(request: dict) -> dict:
     """Several questions in one engine import (importing an engine takes tens of seconds)."""
     out: dict = {}
@@ -281,6 +370,10 @@ ACTIONS = {
     "eagle3": lambda engine, *archs: eagle3(engine, list(archs)),
     "capture": lambda engine, arch, n, config, inner=None: capture(engine, arch, int(n), config, inner),
     "cuda": cuda_info,
+    "triton_build": triton_build,
+    "torch_archs": torch_archs,
+    "setenv": setenv,
+    "getenv": getenv,
 }
 
 

@@ -38,13 +38,19 @@ _ELF_LINE = re.compile(r"ELF file\s+\d+:\s+(\S+)")
 _PTX_LINE = re.compile(r"PTX file\s+\d+:\s+(\S+)")
 _TK_ARCH = re.compile(rb"-arch[ =](sm_\d+[af]?)")
 
-# Libraries an engine loads on the GPU path, and which of them apply to which compute capability
-# (SGLang picks sgl_kernel/sm90 on Hopper and sgl_kernel/sm100 everywhere else: load_utils.py).
+# Compiled libraries the serving path loads: the engine's own and those of the kernel packages it
+# calls (FlashInfer with its precompiled cubin / jit-cache wheels, DeepGEMM, Triton's bundled
+# libraries, torch), and which of them apply to which compute capability (SGLang picks
+# sgl_kernel/sm90 on Hopper and sgl_kernel/sm100 everywhere else: load_utils.py). A package that
+# is not installed adds nothing.
+KERNEL_PACKAGES = ["flashinfer", "flashinfer_cubin", "flashinfer_jit_cache*", "deep_gemm", "triton", "torch/lib"]
 ENGINE_LIBRARIES = {
-    "vllm": {"packages": ["vllm"], "only": {}},
-    "sglang": {"packages": ["sgl_kernel"],
+    "vllm": {"packages": ["vllm", *KERNEL_PACKAGES], "only": {}},
+    "sglang": {"packages": ["sgl_kernel", *KERNEL_PACKAGES],
                "only": {"sgl_kernel/sm90/": lambda cc: cc == (9, 0), "sgl_kernel/sm100/": lambda cc: cc != (9, 0)}},
 }
+# Packages that ship loose cubins (read as one library per package: the union of their archs).
+CUBIN_PACKAGES = ("flashinfer_cubin",)
 
 
 def parse_arch(name: str) -> tuple[int, int, str]:
@@ -241,16 +247,51 @@ def coverage(inv: Inventory, target: str) -> dict:
 
 
 def engine_libraries(engine: str, site_packages: Path) -> list[Path]:
-    """Compiled extensions the engine loads (every .so under its packages)."""
+    """Compiled libraries the engine's serving path loads: every .so under its packages and its kernel
+    packages (KERNEL_PACKAGES), each file once, plus one folder per package of loose cubins."""
     spec = ENGINE_LIBRARIES.get(engine)
     if spec is None:
         raise BadInput(f"no library table for engine {engine!r}", hint=f"known: {', '.join(ENGINE_LIBRARIES)}")
-    libs = []
-    for pkg in spec["packages"]:
-        root = Path(site_packages) / pkg
-        if root.is_dir():
-            libs.extend(sorted(p for p in root.rglob("*.so") if p.is_file()))
+    libs, seen = [], set()
+    for pattern in spec["packages"]:
+        for root in sorted(Path(site_packages).glob(pattern)):
+            if not root.is_dir():
+                continue
+            if root.name in CUBIN_PACKAGES:
+                if any(root.rglob("*.cubin")):
+                    libs.append(root)
+                continue
+            for p in sorted(root.rglob("*.so")):
+                real = p.resolve()
+                if p.is_file() and real not in seen:  # a symlinked copy is read once
+                    seen.add(real)
+                    libs.append(p)
     return libs
+
+
+_NAME_ARCH = re.compile(r"[Ss]m_?(\d{2,3}[af]?)(?![0-9])")
+
+
+def cubin_folder_inventory(folder: Path) -> Inventory:
+    """Archs of a folder of loose cubins (flashinfer-cubin): from each file name where it carries the arch
+    (fmhaSm100fKernel_..., ..._sm100f.cubin), else from the cubin's own .note.nv.tkinfo (-arch sm_90a)."""
+    archs: set[str] = set()
+    for p in Path(folder).rglob("*.cubin"):
+        m = _NAME_ARCH.search(p.name)
+        if not m:
+            try:
+                t = _TK_ARCH.search(p.read_bytes())
+            except OSError:
+                continue
+            if t:
+                archs.add(t[1].decode())
+            continue
+        try:
+            parse_arch("sm_" + m[1])
+        except BadInput:
+            continue
+        archs.add("sm_" + m[1])
+    return Inventory(str(folder), sorted(archs, key=_sort_key), [])
 
 
 def applies(engine: str, rel: str, target: str) -> bool:
@@ -284,7 +325,7 @@ def coverage_table(libs: list[Path], root: Path, targets: list[str], engine: str
         rel = str(Path(lib).relative_to(root)) if Path(lib).is_relative_to(root) else str(lib)
         if log:
             log(f"cuobjdump {rel}")
-        inv = inventory(lib, tool=tool)
+        inv = cubin_folder_inventory(lib) if Path(lib).is_dir() else inventory(lib, tool=tool)
         if not inv.has_device_code:
             continue
         cells = {}

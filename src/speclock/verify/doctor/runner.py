@@ -17,8 +17,12 @@ from speclock.verify.doctor.context import (build_context, Check, Context, Docto
                                             load_manifest, target_facts)
 from speclock.verify.doctor.eagle3 import Eagle3Target
 from speclock.verify.doctor.engine_import import EngineImport
+from speclock.verify.doctor.flashinfer_kernels import FlashInferKernels
+from speclock.verify.doctor.import_traps import ImportTraps
 from speclock.verify.doctor.kernels import Kernels
 from speclock.verify.doctor.patches import Patches
+from speclock.verify.doctor.torch_archs import TorchArchs
+from speclock.verify.doctor.triton_build import TritonBuild
 from speclock.verify.doctor.versions import LockVersions
 
 DOCTOR_SCHEMA = "speclock.doctor/v1"
@@ -27,18 +31,30 @@ DESCRIPTION = """`speclock doctor`: static self-checks of an engine environment,
 They catch, before any GPU time is spent, the failures that cost EAGLE-3 deployments days:
 an EAGLE-3 check that the engine runs on the OUTER model class (which a hand patch of the inner
 class never touched), a drafter whose `eagle_aux_hidden_state_layer_ids` mean different layers
-in vLLM and SGLang, kernels with no code for the GPU the image targets, and drift from the lock.
+in vLLM and SGLang, kernels with no code for the GPU the image targets, a runtime need of the
+serving path the image lacks (Triton's C compiler, FlashInfer's precompiled kernels, an
+engine.env setting), and drift from the lock.
 
 Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
   lock-versions   every locked package has the locked version in the engine's Python
   engine-import   the engine imports
+  import-traps    no known import trap of the engine springs on the GPU path (a table: engine,
+                  versions, missing package, the engine.env setting that avoids it)
   patches         the stack's patch series is applied and every probe passes
   eagle3-target   the engine's registry resolves the target architecture and the engine's own
                   EAGLE-3 check passes on that class (the outer one, which the engine checks)
   aux-layers      the layers the engine will feed the drafter (engine's own convention, from
                   the config the drafter folder has) equal the drafter manifest's aux_layers_after
   gpu-archs       every compiled extension has SASS or usable PTX for each stack GPU arch
-                  (cuobjdump), as a table per library; known gaps in the stack are accepted
+                  (cuobjdump), as a table per library: the engine's and its kernel packages'
+                  (flashinfer + its cubin/jit-cache wheels, sgl_kernel, deep_gemm, triton, torch);
+                  known gaps in the stack are accepted
+  torch-archs     torch's compiled arch list (SASS + PTX) covers each stack GPU arch
+  flashinfer-kernels  each arch where the engine runs FlashInfer (stack settings or the engine's
+                  default) has FlashInfer's precompiled kernels (flashinfer-cubin / -jit-cache)
+                  at flashinfer-python's version
+  triton-build    Triton really builds and loads a C extension through its own build path
+                  (C compiler, Python.h), with an empty cache; GPU stacks only
   cuda-driver     CUDA runtime vs driver and the visible GPU's compute capability (cuda-python)
   kernels         speclock's own CUDA kernel library (kernels.build) holds a cubin for exactly each
                   stack GPU arch and no PTX (cuobjdump), and is the one its kernels.json describes
@@ -47,8 +63,9 @@ All engine questions go to the engine's Python in one subprocess (`speclock.engi
 Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine missing.
 """
 # The order of the report.
-DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (LockVersions(), EngineImport(), Patches(), Eagle3Target(), AuxLayers(),
-                                          GpuArchs(), CudaDriver(), Kernels())
+DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (LockVersions(), EngineImport(), ImportTraps(), Patches(), Eagle3Target(),
+                                          AuxLayers(), GpuArchs(), TorchArchs(), FlashInferKernels(), TritonBuild(),
+                                          CudaDriver(), Kernels())
 CHECKS = tuple(c.name for c in DOCTOR_CHECKS)
 ENGINE_CHECKS = tuple(c.name for c in DOCTOR_CHECKS if c.needs_engine)
 
