@@ -433,7 +433,7 @@ def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeyp
     monkeypatch.setattr(build, "inputs_hash", lambda ctx, doc: "f" * 64)
     monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
     monkeypatch.setattr(build, "build_args_for", lambda *a, **k: {})
-    monkeypatch.setattr(build, "staged_containerfile", lambda ctx, with_kernels=False: ctx / "Containerfile")
+    monkeypatch.setattr(build, "staged_containerfile", lambda ctx, with_kernels=False, engine_env=None: ctx / "Containerfile")
     code, _out, err = run_cli("build-image", "--stack", STACK, "--skip-selfcheck")
     assert code == 130, err
     records = cache / "images" / STACK

@@ -221,3 +221,14 @@ def test_gpu_image_builds_and_doctor_passes_inside_without_a_gpu(name):
                           "ls /opt/speclock/kernels; command -v gcc g++ cc c++ || echo no-host-compiler"],
                          capture_output=True, text=True)
     assert "libspeclock_fp8.so" in run.stdout and "kernels.json" in run.stdout and "no-host-compiler" in run.stdout
+
+
+def test_engine_env_becomes_one_env_line_in_the_runtime_stage():
+    """The stack's engine.env reaches the engine however it is started in the image (not only via speclock)."""
+    plain = containerfile.containerfile_text(False)
+    text = containerfile.containerfile_text(False, {"VLLM_USE_FLASHINFER_SAMPLER": "0", "B": 'a "q"'})
+    assert containerfile.ENGINE_ENV_MARK in plain and containerfile.ENGINE_ENV_MARK not in text
+    env_lines = [l for l in text.splitlines() if l.startswith("ENV B=")]
+    assert env_lines == ['ENV B="a \\"q\\"" VLLM_USE_FLASHINFER_SAMPLER="0"']
+    runtime = text[text.index("FROM patched AS runtime"):]
+    assert env_lines[0] in runtime and runtime.index(env_lines[0]) < runtime.index("USER 10001")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,18 @@ def test_divergences_between_windows_are_judged_by_the_target():
     assert [(w["numeric_ties"], w["mismatches"]) for w in windows] == [(0, 0), (0, 0), (0, 1)]
     assert windows[2]["first_mismatches"][0]["position"] == 0
     assert not judge(windows, 0.05)[0]
+
+
+def test_soak_starts_the_engine_as_smoke_does_with_arch_settings_and_engine_env():
+    """A soak on Blackwell must run the stack's Blackwell backend and its engine.env, like the smoke test."""
+    from types import SimpleNamespace
+
+    from speclock.spec.stack import load_stack
+    from speclock.verify.soak import soak_engine_config
+
+    stack = load_stack("vllm-0.26.0-torch2.11-cu130")
+    inp = SimpleNamespace(stack=stack, target=Path("/t"), draft=Path("/d"), k=3, server_url="")
+    hopper, blackwell = soak_engine_config(inp, "sm_90a"), soak_engine_config(inp, "sm_100a")
+    assert hopper.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"} == blackwell.env
+    assert "attention_backend" not in hopper.settings
+    assert blackwell.settings["attention_backend"] == "TRITON_ATTN" and blackwell.settings["dtype"] == "bfloat16"

@@ -3,6 +3,7 @@ stage spliced in for stacks with kernels.build. Labels are not written here: the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +18,29 @@ BASE_CONTAINERFILE = REPO_ROOT / "containers" / "base-rootfs.Containerfile"
 KERNELS_CONTAINERFILE = REPO_ROOT / "containers" / "kernels.Containerfile"
 KERNELS_STAGE_MARK = "# @kernels-stage"
 KERNELS_COPY_MARK = "# @kernels-copy"
+ENGINE_ENV_MARK = "# @engine-env"
 KERNELS_IN_IMAGE = "/opt/speclock/kernels"  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
 
 
-def containerfile_text(with_kernels: bool) -> str:
-    """containers/Containerfile, with the kernel builder stage and its one COPY spliced in when asked."""
+def engine_env_line(env: dict[str, str]) -> str:
+    """One ENV instruction for the stack's engine.env (names are validated; values JSON-quoted), or ''."""
+    return "ENV " + " ".join(f"{k}={json.dumps(str(v))}" for k, v in sorted(env.items())) + "\n" if env else ""
+
+
+def containerfile_text(with_kernels: bool, engine_env: dict[str, str] | None = None) -> str:
+    """containers/Containerfile, with the kernel builder stage and its one COPY spliced in when asked, and the
+    stack's engine.env as an ENV line."""
     text = CONTAINERFILE.read_text()
     lines = text.splitlines(keepends=True)
-    marks = {m: [i for i, l in enumerate(lines) if l.startswith(m)] for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK)}
+    marks = {m: [i for i, l in enumerate(lines) if l.startswith(m)]
+             for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK, ENGINE_ENV_MARK)}
     if any(len(v) != 1 for v in marks.values()):
-        raise BadInput(f"{CONTAINERFILE} must hold exactly one '{KERNELS_STAGE_MARK}' and one '{KERNELS_COPY_MARK}' line",
-                       hint="restore the marker comments where the kernel stage and its COPY belong")
+        raise BadInput(f"{CONTAINERFILE} must hold exactly one '{KERNELS_STAGE_MARK}', one '{KERNELS_COPY_MARK}' "
+                       f"and one '{ENGINE_ENV_MARK}' line",
+                       hint="restore the marker comments where the kernel stage, its COPY and the engine ENV belong")
+    if engine_env:
+        lines[marks[ENGINE_ENV_MARK][0]] = engine_env_line(engine_env)
+        text = "".join(lines)
     if not with_kernels:
         return text
     lines[marks[KERNELS_COPY_MARK][0]] = f"COPY --from=kernels {KERNELS_IN_IMAGE} {KERNELS_IN_IMAGE}\n"
@@ -38,10 +51,10 @@ def containerfile_text(with_kernels: bool) -> str:
     return "".join(lines)
 
 
-def staged_containerfile(ctx: Path, *, with_kernels: bool = False) -> Path:
-    """ctx/Containerfile: containers/Containerfile (+ the kernel stage for stacks with kernels.build)."""
+def staged_containerfile(ctx: Path, *, with_kernels: bool = False, engine_env: dict[str, str] | None = None) -> Path:
+    """ctx/Containerfile: containers/Containerfile (+ the kernel stage for stacks with kernels.build, + engine.env)."""
     path = ctx / "Containerfile"
-    sync_text(path, containerfile_text(with_kernels))
+    sync_text(path, containerfile_text(with_kernels, engine_env))
     return path
 
 

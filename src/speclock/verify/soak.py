@@ -31,6 +31,7 @@ from speclock.engines import EngineConfig, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
+from speclock.verify.smoke.run import visible_arch
 
 SOAK_SCHEMA = "speclock.soak/v1"
 
@@ -108,6 +109,13 @@ def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]
             w["first_mismatches"] = c["first_mismatches"]
 
 
+def soak_engine_config(inp, arch: str | None = None) -> EngineConfig:
+    """The drafted engine as smoke starts it: the GPU arch's settings (gpu.arch_settings) and engine.env."""
+    arch = visible_arch(inp.stack) if arch is None else arch
+    env = {str(k): str(v) for k, v in (inp.stack.engine.get("env") or {}).items()}
+    return EngineConfig(inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env)
+
+
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
     """Start the engine with the drafter once; run windows until `minutes` have passed (at least two)."""
     # heavy, optional (transformers): imported only where it is used
@@ -117,7 +125,7 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     tokenizer = AutoTokenizer.from_pretrained(str(inp.target))
     prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
     engine = get_engine(inp.stack.engine["name"])
-    config = EngineConfig(inp.target, inp.draft, inp.k, dict(inp.stack.engine["settings"]), inp.server_url)
+    config = soak_engine_config(inp)
     t0 = time.perf_counter()
     windows: list[dict[str, Any]] = []
     differing: dict[int, list[list[int]]] = {}  # window index -> outputs that differ from the first window's
