@@ -218,3 +218,33 @@ def test_glibc_needed_from_wheel_tags():
     assert glibc_needed("a-1-cp312-cp312-manylinux_2_28_x86_64.whl") == (2, 28)
     assert glibc_needed("a-1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl") == (2, 17)
     assert glibc_needed("a-1-py3-none-any.whl") == (0, 0)
+
+
+def test_doctor_accepts_the_hosts_cuda_build_only_for_packages_host_env_took_from_the_host(tmp_path, monkeypatch):
+    """lock-versions in a host env: torch 2.11.0+cu130 from the host matches the lock's 2.11.0 on a CUDA 13.0 stack;
+    the same local label on a hash-checked package, or +cpu on a host package, is still a difference."""
+    from types import SimpleNamespace
+
+    from speclock.core.layout import ImageLayout
+    from speclock.spec.stack import load_stack
+    from speclock.verify.doctor import versions
+
+    home = tmp_path / "speclock"
+    home.mkdir()
+    lock = {"schema": "speclock.lock/v1", "packages": [{"name": "torch", "version": "2.11.0"},
+                                                         {"name": "numpy", "version": "2.3.5"}]}
+    (home / "lock.json").write_text(json.dumps(lock))
+    (home / "host-env.json").write_text(json.dumps({"version_checked": [{"name": "torch", "version": "2.11.0+cu130"}]}))
+    monkeypatch.setattr(versions, "IMAGE", ImageLayout(home))
+    monkeypatch.setattr(versions, "in_image", lambda: True)
+    stack = load_stack("vllm-0.26.0-torch2.11-cu130")
+
+    def run(dists):
+        ctx = SimpleNamespace(lock_path=home / "lock.json", stack=stack, python_note="",
+                              engine_answers={"dists": {"ok": True, "result": dists}})
+        return versions.check_lock(ctx)
+
+    ok = run({"torch": "2.11.0+cu130", "numpy": "2.3.5"})
+    assert ok.status == "pass" and "1 from the host" in ok.reason
+    assert run({"torch": "2.11.0+cpu", "numpy": "2.3.5"}).status == "fail"
+    assert run({"torch": "2.11.0+cu130", "numpy": "2.3.5+cu130"}).status == "fail"  # numpy was hash-checked

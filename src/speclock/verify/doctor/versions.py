@@ -4,10 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from speclock.build.hostenv import RECORD, version_matches
 from speclock.core.errors import BadInput
 from speclock.core.files import expect, read_json
+from speclock.core.layout import IMAGE, in_image
 from speclock.core.names import normalize
 from speclock.verify.doctor.context import Check, Context
+
+
+def host_provided(ctx: Context) -> set[str]:
+    """Packages a host environment took from the host (`speclock host-env --use-host-packages`): host-env checked
+    their versions, not their hashes, and recorded them in $SPECLOCK_HOME/host-env.json. Empty in an image."""
+    record_path = IMAGE.root / RECORD
+    if not in_image() or not record_path.is_file() or Path(ctx.lock_path or "") != IMAGE.lock_file:
+        return set()
+    record = read_json(record_path, what="host environment record", expect=dict,
+                       hint="rebuild the environment with `speclock host-env`")
+    rows = expect(record.get("version_checked", []), list, "version_checked", path=record_path)
+    return {normalize(r["name"]) for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)}
 
 
 def check_lock(ctx: Context) -> Check:
@@ -30,20 +44,24 @@ def check_lock(ctx: Context) -> Check:
     have = {normalize(k): v for k, v in answer["result"].items()}
     excluded = {normalize(n["name"] if isinstance(n, dict) else n) for n in lock.get("excluded", [])}
     wrong, missing = [], []
+    # A host's CUDA build of the locked release (2.11.0+cu130 for 2.11.0 on a CUDA 13.0 stack) is the locked one.
+    from_host, cuda = host_provided(ctx), ctx.stack.gpu["cuda"]
     for pkg in lock["packages"]:
         name = normalize(pkg["name"])
         if name in excluded:
             continue
         if name not in have:
             missing.append(f"{pkg['name']}=={pkg['version']}")
-        elif have[name] != pkg["version"]:
+        elif have[name] != pkg["version"] and not (name in from_host and version_matches(have[name], pkg["version"], cuda)):
             wrong.append(f"{pkg['name']} {have[name]} (lock: {pkg['version']})")
     n = len([p for p in lock["packages"] if normalize(p["name"]) not in excluded])
     if wrong or missing:
         parts = ([f"{len(wrong)} differ: " + ", ".join(wrong[:5])] if wrong else []) + \
                 ([f"{len(missing)} missing: " + ", ".join(missing[:5])] if missing else [])
         return Check("lock-versions", "fail", "; ".join(parts), {"differ": wrong, "missing": missing})
-    return Check("lock-versions", "pass", f"all {n} locked packages have the locked version", {"lock": str(ctx.lock_path)})
+    note = f" ({len(from_host)} from the host, version-checked, not hash-checked)" if from_host else ""
+    return Check("lock-versions", "pass", f"all {n} locked packages have the locked version{note}",
+                 {"lock": str(ctx.lock_path), "from_host": sorted(from_host)})
 
 
 class LockVersions:
