@@ -248,3 +248,21 @@ def test_doctor_accepts_the_hosts_cuda_build_only_for_packages_host_env_took_fro
     assert ok.status == "pass" and "1 from the host" in ok.reason
     assert run({"torch": "2.11.0+cpu", "numpy": "2.3.5"}).status == "fail"
     assert run({"torch": "2.11.0+cu130", "numpy": "2.3.5+cu130"}).status == "fail"  # numpy was hash-checked
+
+
+def test_kernels_folder_is_copied_in_and_a_folder_without_a_library_is_refused(tmp_path):
+    """--kernels takes the image's built kernel library; a folder that is not one is bad input before anything is made."""
+    make_repo(tmp_path)
+    empty = tmp_path / "not-kernels"
+    empty.mkdir()
+    bad = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--kernels", str(empty))
+    assert bad.returncode == 2 and "kernels.json and libspeclock_fp8.so" in bad.stderr
+    assert leftovers(tmp_path) == []
+    lib = tmp_path / "kernels"
+    lib.mkdir()
+    (lib / "kernels.json").write_text('{"archs": ["sm_90a"]}')
+    (lib / "libspeclock_fp8.so").write_bytes(b"\x7fELF not really")
+    ok = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--kernels", str(lib))
+    assert ok.returncode == 0, ok.stderr
+    home = tmp_path / "env" / "speclock"
+    assert (home / "kernels" / "libspeclock_fp8.so").read_bytes() == b"\x7fELF not really"

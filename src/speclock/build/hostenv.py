@@ -73,6 +73,7 @@ class HostEnvOptions:
     host_packages: tuple[str, ...] = ()  # names or patterns (fnmatch) of the target's packages
     lock: str | None = None
     force: bool = False
+    kernels: str | None = None  # a built kernel library folder (kernels.json + libspeclock_fp8.so), e.g. the image's
 
 
 # ---------------------------------------------------------------- which target
@@ -369,6 +370,10 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
                        hint=f"leave {stack.engine['package']} out of --use-host-packages")
     install = [p for p in packages if p["name"] not in host_names]
     check_glibc(install + assets)
+    if opts.kernels and not all((Path(opts.kernels) / f).is_file() for f in ("kernels.json", "libspeclock_fp8.so")):
+        raise BadInput(f"--kernels {opts.kernels}: not a built kernel library (needs kernels.json and libspeclock_fp8.so)",
+                       hint=f"copy /opt/speclock/kernels out of the image of {stack.name} (docker cp), or build one with "
+                            f"`speclock kernels-build --stack {stack.name} --out DIR`")
     dest = Path(opts.dest).expanduser().absolute()
     if dest.exists() or dest.is_symlink():
         if not opts.force:
@@ -460,6 +465,11 @@ def _build(stack: Stack, full: dict[str, Any], view: dict[str, Any], key: str, i
     baselines = REPO_ROOT / "baselines" / stack.name
     if baselines.is_dir():
         _copy_tree(baselines, home / "baselines" / stack.name)
+    if opts.kernels:
+        # speclock's kernels are built by the image's kernel stage (nvcc for exactly gpu.archs); a host env takes
+        # that library as built (`docker cp` it out of the image) rather than compiling on the host.
+        progress(f"  kernel library from {opts.kernels}")
+        _copy_tree(Path(opts.kernels), home / "kernels")
     tools_env = {"PYTHONPATH": str(home / "src"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if stack.patch_series:
         progress(f"  applying the patch series ({len(stack.patch_series)} patches) to {stack.engine['package']}")
@@ -529,7 +539,7 @@ def env_command(env_dir: Path, args: list[str]) -> list[str]:
 def _cmd_host_env(args: argparse.Namespace) -> int:
     patterns = tuple(p for p in (args.use_host_packages or "").split(",") if p.strip())
     opts = HostEnvOptions(stack=args.stack, dest=args.dest, target=args.target, wheelhouse=args.wheelhouse,
-                          host_packages=patterns, lock=args.lock, force=args.force)
+                          host_packages=patterns, lock=args.lock, force=args.force, kernels=args.kernels)
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
 
     def on_term(signum, frame):  # a `kill` cleans up like Ctrl-C: the temp folder goes, exit 130
@@ -569,6 +579,8 @@ def add_commands(sub) -> None:
                    help="comma-separated packages (or patterns: 'nvidia-*') the host's Python already has at the lock's "
                         "versions, used from there (--system-site-packages), version-checked instead of hash-checked")
     p.add_argument("--lock", metavar="PATH", help="the lock to use (default locks/<stack>.lock)")
+    p.add_argument("--kernels", metavar="DIR", help="speclock's built kernel library for stacks with kernels.build (a folder "
+                   "with kernels.json and libspeclock_fp8.so, e.g. /opt/speclock/kernels copied out of the stack's image)")
     p.add_argument("--force", action="store_true", help="replace DEST if it exists (only once the new one is complete)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_host_env)
