@@ -24,8 +24,8 @@ CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 
 def _pip_version() -> str:
-    """pip as the host's site-packages has it (what a --system-site-packages venv of this Python sees)."""
-    proc = subprocess.run([sys._base_executable, "-c", "import importlib.metadata as m; print(m.version('pip'))"],
+    """pip as the host's Python has it: what the interpreter running host-env sees (its venv's, when it runs from one)."""
+    proc = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('pip'))"],
                           capture_output=True, text=True)
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
@@ -266,3 +266,26 @@ def test_kernels_folder_is_copied_in_and_a_folder_without_a_library_is_refused(t
     assert ok.returncode == 0, ok.stderr
     home = tmp_path / "env" / "speclock"
     assert (home / "kernels" / "libspeclock_fp8.so").read_bytes() == b"\x7fELF not really"
+
+
+def test_host_packages_of_the_running_venv_are_seen(tmp_path):
+    """The lent GPU machine's torch lives in a venv: host-env run from a venv sees that venv's packages as the host's."""
+    import importlib.metadata as md
+
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests do not run from a venv here")
+    base_has = subprocess.run([sys._base_executable, "-c", "import importlib.metadata as m; m.version('invoke')"],
+                              capture_output=True).returncode == 0
+    if base_has:
+        pytest.skip("the base Python has invoke too: nothing venv-only to stand in for the host's torch")
+    version = md.version("invoke")
+    fake = {"name": "invoke", "version": version, "filename": f"invoke-{version}-py3-none-any.whl",
+            "url": f"https://files.pythonhosted.org/packages/xx/invoke-{version}-py3-none-any.whl", "sha256": "0" * 64}
+    make_repo(tmp_path, extra_packages=[fake])
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--use-host-packages", "invoke", "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "env" / "speclock" / "host-env.json").read_text())
+    assert [(r["name"], r["host_version"]) for r in record["version_checked"]] == [("invoke", version)]
+    run = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c", "import invoke, tinyengine; print('ok')"],
+                         capture_output=True, text=True)
+    assert run.stdout.strip() == "ok", run.stderr

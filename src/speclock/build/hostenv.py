@@ -37,6 +37,7 @@ import re
 import shlex
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -434,6 +435,10 @@ def _build(stack: Stack, full: dict[str, Any], view: dict[str, Any], key: str, i
     venv_cmd = [sys.executable, "-m", "venv", "--without-pip", "--prompt", dest.name] + (["--system-site-packages"] if host else []) + [str(tmp)]
     _run(venv_cmd, "python -m venv", "check the host's Python (the venv module)")
     python = tmp / "bin" / "python"
+    if host and sys.prefix != sys.base_prefix:
+        # Run from a venv (the lent GPU machine's torch lives in /opt/torch/.venv): a venv made from it sees only the
+        # base interpreter's site-packages, so the running venv's goes in as a .pth, after the env's own.
+        (_site_packages(tmp) / "speclock-host-site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     host_rows = check_host_packages(python, host, stack) if host else []
     links = tmp / ".wheels"
     links.mkdir()
