@@ -111,7 +111,7 @@ def test_arch_settings_must_name_a_targeted_arch(tmp_path):
 
 def test_engine_settings_for_an_arch_merge_the_override():
     stack = load_stack("vllm-cu130")
-    assert stack.engine_settings_for("sm_100a")["attention_backend"] == "FLASHINFER"
+    assert stack.engine_settings_for("sm_100a")["attention_backend"] == "TRITON_ATTN"
     assert "attention_backend" not in stack.engine_settings_for("sm_90a")
 
 
