@@ -438,3 +438,15 @@ def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeyp
     assert code == 130, err
     records = cache / "images" / STACK
     assert not records.exists() or not list(records.iterdir())
+
+
+def test_a_builder_that_runs_out_of_disk_is_an_environment_problem_not_a_bad_input():
+    """Measured: buildah's 'no space left on device' while committing the 10 GB venv layer was reported as
+    'fix the input it names' (exit 1); it is the machine's disk (exit 3), and the hint says how much is needed."""
+    from speclock.build.builders._proc import build_failure
+    from speclock.core.errors import CheckFailed, EnvironmentProblem
+
+    full = build_failure("buildah", 125, "Error: committing container ...: write /var/tmp/storage1/1: no space left on device")
+    assert isinstance(full, EnvironmentProblem) and full.exit_code == 3 and "disk is full" in str(full)
+    other = build_failure("docker", 1, "ERROR: process did not complete successfully")
+    assert isinstance(other, CheckFailed) and other.exit_code == 1

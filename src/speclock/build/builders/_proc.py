@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-from speclock.core.errors import EnvironmentProblem
+from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 
 def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str = "  | ",
@@ -31,6 +31,17 @@ def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str
         # Ctrl-C (or any failure here): stop the builder too, never leave it running behind us
         stop(proc)
         raise
+
+
+def build_failure(builder: str, rc: int, tail: str) -> Exception:
+    """The error for a failed build: a full disk is the machine's problem (exit 3), anything else the build's (1)."""
+    if "no space left on device" in tail.lower():
+        return EnvironmentProblem(f"{builder} build failed: the disk is full (no space left on device):\n{tail[-1200:]}",
+                                  hint="free space (GPU images need about 20 GB while building: the venv layer is written "
+                                       "twice, then copied into docker for the self-check), e.g. remove old images, "
+                                       "then build again")
+    return CheckFailed(f"{builder} build failed (exit {rc}):\n{tail[-2500:]}",
+                       hint="read the step output above; fix the input it names and build again")
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 1.5) -> None:

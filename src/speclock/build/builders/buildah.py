@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speclock.build.builders._proc import capture, stream
+from speclock.build.builders._proc import build_failure, capture, stream
 from speclock.build.builders.docker import in_docker
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
@@ -68,8 +68,7 @@ class Buildah:
             cmd += ["--iidfile", str(iid), str(context)]
             rc, tail = stream(cmd)
             if rc != 0:
-                raise CheckFailed(f"buildah build failed (exit {rc}):\n{tail[-2500:]}",
-                                  hint="read the step output above; fix the input it names and build again")
+                raise build_failure("buildah", rc, tail)
             return iid.read_text().strip()
 
     def image_id(self, ref: str) -> str:

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from speclock.build.builders._proc import capture, stream
+from speclock.build.builders._proc import build_failure, capture, stream
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 
@@ -57,8 +57,7 @@ class Docker:
             cmd += ["--iidfile", str(iid), str(context)]
             rc, tail = stream(cmd, env=self._env())
             if rc != 0:
-                raise CheckFailed(f"docker build failed (exit {rc}):\n{tail[-2500:]}",
-                                  hint="read the step output above; fix the input it names and build again")
+                raise build_failure("docker", rc, tail)
             return iid.read_text().strip()
 
     def image_id(self, ref: str) -> str:
