@@ -77,7 +77,7 @@ def test_gpu_stack_stages_a_kernel_build_for_exactly_its_archs(staged, name):
     stack = load_stack(name)
     # The kernel build reads gpu.archs from the staged copy of the stack: the same list.
     staged_stack = load_stack(ctx / "kernel-tools" / "stacks" / f"{name}.toml")
-    assert staged_stack.gpu["archs"] == stack.gpu["archs"] == ["sm_90a", "sm_100a", "sm_103a", "sm_120a"]
+    assert staged_stack.gpu["archs"] == stack.gpu["archs"] and "sm_90a" in stack.gpu["archs"]
     kernels = st["kernels"]
     assert kernels["from"] == "${KERNEL_BASE_IMAGE}" and args["KERNEL_BASE_IMAGE"].startswith("localhost/speclock-kernel-base")
     run = " ".join(kernels["body"])
