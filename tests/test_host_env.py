@@ -289,3 +289,12 @@ def test_host_packages_of_the_running_venv_are_seen(tmp_path):
     run = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c", "import invoke, tinyengine; print('ok')"],
                          capture_output=True, text=True)
     assert run.stdout.strip() == "ok", run.stderr
+
+
+def test_a_target_for_another_python_points_at_the_target_the_lock_has_for_this_host(tmp_path):
+    """Asking for a host target on the wrong Python, when the lock already has this host's (the image's), names it."""
+    other = "3.10" if PY != "3.10" else "3.12"
+    make_repo(tmp_path, host_targets=(f"{other}-x86_64",))
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--target", f"{other}-x86_64")
+    assert proc.returncode == 2 and "use --target image (or auto)" in proc.stderr, proc.stderr
+    assert "python.host_targets" not in proc.stderr

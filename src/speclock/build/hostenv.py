@@ -108,8 +108,16 @@ def choose_target(doc: dict[str, Any], requested: str = "auto") -> str:
         raise BadInput(f"target {requested} of stack {doc['stack']} is for Python {t['python']} on {t['machine']}; this host "
                        f"runs Python {py} on {machine} ({here}); the lock has: {target_names(doc)}",
                        hint=f"run host-env with a Python {t['python']} interpreter on {t['machine']}, or "
-                            + _relock_hint(doc["stack"], here))
+                            + _other_target_hint(doc, here))
     return requested
+
+
+def _other_target_hint(doc: dict[str, Any], here: str) -> str:
+    """How to get a target for this host: one the lock already has (auto or its name), else a re-lock."""
+    for name, t in lock_targets(doc).items():
+        if f"{t['python']}-{t['machine']}" == here:
+            return f"use --target {name} (or auto): the lock already has this host's Python and machine"
+    return _relock_hint(doc["stack"], here)
 
 
 def _glibc() -> tuple[int, int] | None:
