@@ -3,7 +3,7 @@
 #   run_hostenv.sh setup        join the carried wheelhouse, `speclock host-env` (offline, hash-checked,
 #                               the host's CUDA stack version-checked), with the image's kernel library
 #   run_hostenv.sh kernels      the image's fp8 kernel library checked against the reference on this GPU (setup runs it)
-#   run_hostenv.sh no-cc        selfcheck as the image before the fix (no C compiler): expected to fail
+#   run_hostenv.sh no-cc        doctor + a 4-prompt smoke as the image before the fix (no C compiler): expected to fail
 #   run_hostenv.sh cc           selfcheck as the image after the fix (gcc present)
 #   run_hostenv.sh bench CONFIGS [SETTINGS-JSON]   tokens/s with and without the drafter
 # Everything lands in $OUT; nothing is written into the repository.
@@ -34,7 +34,9 @@ case "$1" in
     tail -n 30 "$OUT/kernels.log" ;;
   no-cc)
     ( COMPILER=no; . benchmarks/h200/hostenv.sh
-      timeout 300 $E/bin/speclock selfcheck --out "$OUT/no-compiler" --baseline none --num-prompts 8 --max-tokens 32; echo "selfcheck exit $?" ) > "$OUT/no-compiler.log" 2>&1
+      mkdir -p "$OUT/no-compiler"
+      timeout 120 $E/bin/speclock doctor --json > "$OUT/no-compiler/doctor.json"; echo "doctor exit $?"
+      timeout 200 $E/bin/speclock smoke --out "$OUT/no-compiler" --num-prompts 4 --max-tokens 16; echo "smoke exit $?" ) > "$OUT/no-compiler.log" 2>&1
     grep -v '^\s*$' "$OUT/no-compiler.log" | tail -n 40 ;;
   cc)
     ( COMPILER=yes; . benchmarks/h200/hostenv.sh
