@@ -65,3 +65,16 @@ def test_move_aside_names_the_action_on_an_odd_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(SpeclockError, match="could not move the tarball aside"):
         move_aside(tmp_path / "x.tar", tmp_path / "y", what="the tarball")
+
+
+def test_pid_alive_keeps_leftovers_of_live_or_unknown_writers():
+    """One rule for files named by their writer's pid (host-env's DIR.tmp-<pid>, the base's .partial-<pid>)."""
+    import subprocess
+    import sys
+
+    from speclock.core.files import pid_alive
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    assert pid_alive(os.getpid()) and not pid_alive(gone.pid)
+    assert pid_alive(2 ** 80)  # not a pid at all: leave the file alone

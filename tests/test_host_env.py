@@ -234,7 +234,8 @@ def test_doctor_accepts_the_hosts_cuda_build_only_for_packages_host_env_took_fro
     lock = {"schema": "speclock.lock/v1", "packages": [{"name": "torch", "version": "2.11.0"},
                                                          {"name": "numpy", "version": "2.3.5"}]}
     (home / "lock.json").write_text(json.dumps(lock))
-    (home / "host-env.json").write_text(json.dumps({"version_checked": [{"name": "torch", "version": "2.11.0+cu130"}]}))
+    (home / "host-env.json").write_text(json.dumps({"schema": "speclock.host-env/v1",
+                                                    "version_checked": [{"name": "torch", "version": "2.11.0+cu130"}]}))
     monkeypatch.setattr(versions, "IMAGE", ImageLayout(home))
     monkeypatch.setattr(versions, "in_image", lambda: True)
     stack = load_stack("vllm-0.26.0-torch2.11-cu130")

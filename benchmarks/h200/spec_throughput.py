@@ -51,7 +51,7 @@ def main() -> int:
     texts = load_prompts(args.prompts, max(args.concurrent, args.batch1_prompts))
     prompts = [chat_prompt_ids(tok, t) for t in texts]
     settings = dict(stack.engine_settings_for("sm_90a"), **json.loads(args.settings))
-    env = {str(k): str(v) for k, v in (stack.engine.get("env") or {}).items()}  # as smoke sets it
+    env = stack.engine_env  # as smoke sets it
     engine = get_engine(stack.engine["name"])
 
     for item in args.configs.split(","):

@@ -48,7 +48,7 @@ from typing import Any, Callable
 from speclock import __version__
 from speclock.build.wheelhouse import entry_path, requirements_text, store_dir
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
-from speclock.core.files import (atomic_write_json, atomic_write_text, confined, file_sha256, os_error, plain_name,
+from speclock.core.files import (atomic_write_json, atomic_write_text, confined, file_sha256, os_error, pid_alive, plain_name,
                                  read_json)
 from speclock.core.layout import IMPORT_ROOT, REPO_ROOT
 from speclock.core.names import normalize
@@ -296,7 +296,7 @@ def _site_packages(env: Path) -> Path:
 def wrapper_script(stack: Stack, key: str, lock_sha256: str) -> str:
     """DIR/bin/speclock: speclock run as in the image (its ENV), found relative to itself (DIR may move)."""
     env = {**RUN_ENV, "SPECLOCK_IMAGE_REF": f"host-env:{stack.name}/{key}@lock-{lock_sha256[:12]}",
-           **{k: str(v) for k, v in stack.engine["env"].items()}}
+           **stack.engine_env}
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     return ("#!/bin/sh\n"
             f"# speclock host environment: stack {stack.name}, target {key}, lock {lock_sha256[:12]} (speclock host-env).\n"
@@ -337,22 +337,12 @@ def read_record(env_dir: Path) -> dict[str, Any]:
     return doc
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_builds(dest: Path) -> list[Path]:
     """Remove DIR.tmp-<pid> / DIR.old-<pid> folders whose process is gone (a killed host-env)."""
     removed = []
     for p in dest.parent.glob(f"{dest.name}.*-*"):
         m = re.fullmatch(re.escape(dest.name) + r"\.(tmp|old)-(\d+)", p.name)
-        if m and p.is_dir() and not p.is_symlink() and (int(m[2]) != os.getpid()) and not _pid_alive(int(m[2])):
+        if m and p.is_dir() and not p.is_symlink() and (int(m[2]) != os.getpid()) and not pid_alive(int(m[2])):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -527,7 +517,7 @@ def _build(stack: Stack, full: dict[str, Any], view: dict[str, Any], key: str, i
         "interpreter": sys.executable, "speclock_version": __version__,
         "hash_checked": [{"name": p["name"], "version": p["version"], "sha256": p["sha256"]} for p in install],
         "version_checked": host_rows, "host_packages_requested": sorted(opts.host_packages),
-        "engine_env": dict(stack.engine["env"]), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "engine_env": stack.engine_env, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_json(home / RECORD, record, indent=1)
     return record

@@ -112,7 +112,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     if kernel_base_ref:
         progress(f"  kernels: {', '.join(stack.kernels)} for {', '.join(stack.gpu['archs'])} (nvcc stage, then only the library)")
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
-    containerfile = staged_containerfile(ctx, with_kernels=bool(stack.kernels), engine_env=stack.engine.get("env") or {})
+    containerfile = staged_containerfile(ctx, with_kernels=bool(stack.kernels), engine_env=stack.engine_env)
     t0 = time.monotonic()
     image_id = builder.build(containerfile=containerfile, context=ctx, tag=ref, build_args=build_args, labels=labels,
                              target="runtime", no_cache=no_cache, timestamp=lock["source_date_epoch"])

@@ -295,6 +295,18 @@ def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int | None 
     return atomic_write_text(path, json.dumps(data, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid may still run (a leftover named by its writer's pid is kept while it does).
+    Alive under another user, or not a valid pid: True (leave its files alone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
 def clean_stale_temps(folder: str | os.PathLike, *, prefixes: tuple[str, ...] = (TEMP_PREFIX,),
                       older_than_s: float = 0.0) -> list[Path]:
     """Remove temp files a killed run left in `folder` (not recursive). Returns what was removed."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
-from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, move_aside, os_error, publish
+from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, move_aside, os_error, pid_alive, publish
 from speclock.core.layout import cache_dir
 from speclock.spec.stack import Stack
 
@@ -71,13 +71,8 @@ def _clean_partials(folder: Path) -> None:
         pid = entry.name.rpartition(".partial-")[2]
         if not pid.isdigit():
             continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # that build is still running
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError, ValueError):
-            continue  # alive under another user, or not a pid: leave it
+        if pid_alive(int(pid)):
+            continue  # that build is still running (or runs under another user): leave it
         try:
             entry.unlink()
         except OSError:

@@ -75,6 +75,11 @@ class Stack:
     def patch_series(self) -> list[str]:
         return list(self.data["patches"]["series"])
 
+    @property
+    def engine_env(self) -> dict[str, str]:
+        """engine.env: the environment the engine needs (validated: names and string values)."""
+        return {str(k): str(v) for k, v in (self.engine.get("env") or {}).items()}
+
     def engine_settings_for(self, arch: str | None) -> dict[str, Any]:
         """engine.settings with the GPU arch's overrides (gpu.arch_settings) applied."""
         merged = dict(self.engine["settings"])

@@ -112,7 +112,7 @@ def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]
 def soak_engine_config(inp, arch: str | None = None) -> EngineConfig:
     """The drafted engine as smoke starts it: the GPU arch's settings (gpu.arch_settings) and engine.env."""
     arch = visible_arch(inp.stack) if arch is None else arch
-    env = {str(k): str(v) for k, v in (inp.stack.engine.get("env") or {}).items()}
+    env = inp.stack.engine_env
     return EngineConfig(inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env)
 
 

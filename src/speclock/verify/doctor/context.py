@@ -176,7 +176,7 @@ def target_facts(ctx: Context, manifest: dict | None) -> dict:
 # ---------------------------------------------------------------- engine questions (one subprocess)
 
 def ask_engine(ctx: Context, request: dict, timeout: int = 240) -> dict:
-    env = {str(k): str(v) for k, v in (ctx.stack.engine.get("env") or {}).items()}
+    env = ctx.stack.engine_env
     if env:  # the stack's engine.env, set in the engine's Python before any question imports the engine
         request = {"_engine_env": ["setenv", [env]], **request}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

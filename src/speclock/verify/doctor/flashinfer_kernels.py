@@ -45,7 +45,7 @@ def _uses_flashinfer(value) -> bool:
 def flashinfer_needs(ctx: Context, fi_installed: bool) -> dict[str, str]:
     """{arch: why the engine runs FlashInfer there} for the stack's GPU archs."""
     stack, engine = ctx.stack, ctx.stack.engine
-    env = {str(k): str(v) for k, v in (engine.get("env") or {}).items()}
+    env = stack.engine_env
     out: dict[str, str] = {}
     for arch in stack.gpu["archs"]:
         settings = stack.engine_settings_for(arch)
@@ -115,7 +115,7 @@ def decide(ctx: Context, needs: dict[str, str], fi_version: str | None, wheels: 
     cuda = (ctx.stack.gpu.get("cuda") or "").replace(".", "")
     if not fi_version:
         return Check("flashinfer-kernels", "fail",
-                     f"flashinfer-python is not installed, but the engine runs FlashInfer: "
+                     "flashinfer-python is not installed, but the engine runs FlashInfer: "
                      + "; ".join(f"{a}: {r}" for a, r in needs.items())
                      + "; lock flashinfer-python with its kernels (flashinfer-cubin, python.extra), or set another "
                        "attention_backend in gpu.arch_settings", {"needs": needs})

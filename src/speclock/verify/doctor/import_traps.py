@@ -48,7 +48,7 @@ def springs(trap: ImportTrap, ctx: Context, installed: set[str]) -> bool:
         pass
     if normalize(trap.missing) in installed:
         return False
-    env = {str(k): str(v) for k, v in (engine.get("env") or {}).items()}
+    env = ctx.stack.engine_env
     return any(env.get(k) != v for k, v in trap.env)
 
 

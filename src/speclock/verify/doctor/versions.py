@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speclock.build.hostenv import RECORD, version_matches
+from speclock.build.hostenv import read_record, RECORD, version_matches
 from speclock.core.errors import BadInput
 from speclock.core.files import expect, read_json
 from speclock.core.layout import IMAGE, in_image
@@ -18,8 +18,7 @@ def host_provided(ctx: Context) -> set[str]:
     record_path = IMAGE.root / RECORD
     if not in_image() or not record_path.is_file() or Path(ctx.lock_path or "") != IMAGE.lock_file:
         return set()
-    record = read_json(record_path, what="host environment record", expect=dict,
-                       hint="rebuild the environment with `speclock host-env`")
+    record = read_record(IMAGE.root.parent)  # IMAGE.root is DIR/speclock in a host environment
     rows = expect(record.get("version_checked", []), list, "version_checked", path=record_path)
     return {normalize(r["name"]) for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)}
 

@@ -156,7 +156,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
         report.setdefault("gpu", {})["arch"] = arch
         run["stage"] = "plain (no drafter)"
-        env = {str(k): str(v) for k, v in (inp.stack.engine.get("env") or {}).items()}  # engine.env
+        env = inp.stack.engine_env
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url, env)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
         cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
