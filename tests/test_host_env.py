@@ -299,3 +299,17 @@ def test_a_target_for_another_python_points_at_the_target_the_lock_has_for_this_
     proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--target", f"{other}-x86_64")
     assert proc.returncode == 2 and "use --target image (or auto)" in proc.stderr, proc.stderr
     assert "python.host_targets" not in proc.stderr
+
+
+def test_the_host_run_environment_is_the_images_env():
+    """RUN_ENV is what containers/Containerfile's runtime ENV sets besides paths; a host run must not drift from it."""
+    import re as _re
+
+    from speclock.build.containerfile import CONTAINERFILE
+    from speclock.build.hostenv import RUN_ENV
+
+    text = CONTAINERFILE.read_text()
+    block = text[text.index("ENV PATH="):text.index("USER 10001")]
+    image_env = dict(_re.findall(r"([A-Z_]+)=(\S+?)\s*\\?$", block, _re.M))
+    paths = {"PATH", "PYTHONPATH", "SPECLOCK_HOME", "HOME"}  # set per environment by bin/speclock
+    assert {k: v for k, v in image_env.items() if k not in paths} == RUN_ENV
