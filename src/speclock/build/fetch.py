@@ -115,10 +115,10 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     store = store_dir()
     done: dict[str, Path] = {}
     skip = tuple(x for x in (args.use_host_packages or "").split(",") if x.strip())
-    if skip:
-        views = [{**lock, "packages": [p for p in lock["packages"]
-                                        if p not in select_host_packages(skip, lock["packages"], key)]}
-                 for key, lock in zip(keys, views)]
+    if skip:  # the host's packages: names matched once per target
+        host = [{p["filename"] for p in select_host_packages(skip, lock["packages"], key)} for key, lock in zip(keys, views)]
+        views = [{**lock, "packages": [p for p in lock["packages"] if p["filename"] not in names]}
+                 for lock, names in zip(views, host)]
     for key, lock in zip(keys, views):
         out(f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} "
             f"(target {key}) into {store}")
