@@ -117,7 +117,7 @@ def record_path(stack_name: str, builder: str, tag: str | None = None) -> Path:
 def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
     path = record_path(stack_name, builder, tag)
     if not path.exists() and not path.is_symlink():
-        raise BadInput(f"no {builder} build of stack {stack_name}{' with tag ' + tag if tag else ''} is recorded "
+        raise BadInput(f"no {builder} build of stack {stack_name}{' with --tag ' + repr(tag) if tag else ''} is recorded "
                        f"(no {path})",
                        hint=f"run `speclock build-image --stack {stack_name} --builder {builder}` first")
     hint = _record_hint(stack_name, builder)
