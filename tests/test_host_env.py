@@ -313,3 +313,23 @@ def test_the_host_run_environment_is_the_images_env():
     image_env = dict(_re.findall(r"([A-Z_]+)=(\S+?)\s*\\?$", block, _re.M))
     paths = {"PATH", "PYTHONPATH", "SPECLOCK_HOME", "HOME"}  # set per environment by bin/speclock
     assert {k: v for k, v in image_env.items() if k not in paths} == RUN_ENV
+
+
+def test_doctor_reports_the_version_python_imports_when_the_host_has_an_older_copy(tmp_path):
+    """Found on the H200: a host environment sees the host's site-packages after its own, and the probe's package
+    list took the last copy on sys.path (the host's), so lock-versions failed on 38 packages that were right."""
+    def dist(site: Path, version: str):
+        info = site / f"shadowed-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: Shadowed\nVersion: {version}\n")
+    dist(tmp_path / "venv-site", "2.0")   # the venv's locked copy, first on sys.path
+    dist(tmp_path / "host-site", "1.0")   # the host's older copy, after it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path / "venv-site"), str(tmp_path / "host-site")])}
+    proc = subprocess.run([sys.executable, "-m", "speclock.engines.probe", "dists"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = answer.get("result", answer)
+    assert found["Shadowed"] == "2.0"
+    imported = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('shadowed'))"],
+                              capture_output=True, text=True, env=env).stdout.strip()
+    assert imported == "2.0"  # the same copy importlib.metadata.version() (and import) would use

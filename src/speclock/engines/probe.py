@@ -30,6 +30,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,7 +64,17 @@ def engine_import(engine: str) -> dict:
 
 
 def dists() -> dict:
-    return {d.metadata["Name"]: d.version for d in md.distributions() if d.metadata["Name"]}
+    # The first copy on sys.path is the one Python imports (and md.version() reports). A host environment
+    # also sees the host's site-packages after its own, where an older copy must not overwrite the answer
+    # (found on the H200: 38 host versions reported instead of the venv's locked ones).
+    out, seen = {}, set()
+    for d in md.distributions():
+        name = d.metadata["Name"]
+        key = name and re.sub(r"[-_.]+", "-", name).lower()
+        if key and key not in seen:
+            seen.add(key)
+            out[name] = d.version
+    return out
 
 
 def resolve(engine: str, arch: str):
