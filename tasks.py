@@ -26,7 +26,8 @@ def speclock(c, argv):
 def test(c, fast=False):
     """Run the test suite (what CI runs)."""
     marker = ["-m", "not slow"] if fast else []
-    c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *marker]), env=ENV, pty=False)
+    # The 15 slowest tests at the end of every run: where the suite's time goes (CI has 90 minutes).
+    c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", "--durations=15", *marker]), env=ENV, pty=False)
 
 
 @task(name="nix-check", help={"offline": "skip the test that downloads a locked wheel from PyPI"})
