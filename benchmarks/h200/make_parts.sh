@@ -27,4 +27,4 @@ PY
 tar -cf "$OUTDIR/wh312.tar" -C "$WH" -T "$OUTDIR/files.txt"
 (cd "$OUTDIR" && rm -f wh.part* && split -b 44000000 -d -a 2 wh312.tar wh.part && sha256sum wh312.tar | cut -d' ' -f1 > SHA256SUMS.wh312 && rm wh312.tar)
 [ -n "$KTAR" ] && cp "$KTAR" "$OUTDIR/kernels.tar"
-echo "$(ls "$OUTDIR"/wh.part* | wc -l) parts in $OUTDIR; copy SHA256SUMS.wh312 to benchmarks/h200/, the parts to .carry/"
+echo "$(ls "$OUTDIR"/wh.part* | wc -l) parts in $OUTDIR; copy SHA256SUMS.wh312 to benchmarks/h200/SHA256SUMS.$S, the parts to .carry/"

@@ -8,12 +8,12 @@
 #   run_hostenv.sh bench CONFIGS [SETTINGS-JSON]   tokens/s with and without the drafter
 # Everything lands in $OUT; nothing is written into the repository.
 set -uo pipefail
-S=vllm-0.26.0-torch2.11-cu130 P=/tmp/speclock-parts E=/tmp/speclock-env
+S=${STACK:-vllm-0.26.0-torch2.11-cu130} P=/tmp/speclock-parts E=/tmp/speclock-env  # STACK=... for another stack
 REPO=$PWD
 setup() {
   [ -x "$E/bin/speclock" ] && { echo "host env already in $E"; return 0; }
   cat $P/wh.part* > /tmp/wh312.tar
-  echo "$(cat benchmarks/h200/SHA256SUMS.wh312)  /tmp/wh312.tar" | sha256sum -c - || return 3
+  echo "$(cat benchmarks/h200/SHA256SUMS.$S)  /tmp/wh312.tar" | sha256sum -c - || return 3
   mkdir -p /tmp/speclock-wh && tar -xf /tmp/wh312.tar -C /tmp/speclock-wh && rm /tmp/wh312.tar
   kernels=()
   if [ -f $P/kernels.tar ]; then  # /opt/speclock/kernels copied out of the stack's built image
