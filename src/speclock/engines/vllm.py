@@ -104,11 +104,12 @@ class OfflineSession:
         self.config = config
         self.llm = LLM(**engine_kwargs(config))
 
-    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None) -> list[list[int]]:
         # heavy, optional (vllm): imported only where it is used
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        # greedy unless smoke's sampled profile asks for {temperature, seed}
+        params = SamplingParams(max_tokens=max_tokens, **{"temperature": 0.0, **(sampling or {})})
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
