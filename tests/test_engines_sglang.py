@@ -91,6 +91,19 @@ def test_server_info_average_since_start_becomes_a_per_run_delta():
 
 def test_verify_calls_from_metrics_text():
     assert verify_calls_from_prometheus(PROMETHEUS) == 100
+    two = PROMETHEUS + 'sglang:spec_verify_calls_total{model_name="/opt/speclock/target",dp_rank="1"} 20.0\n'
+    assert verify_calls_from_prometheus(two.encode()) == 120  # summed over label sets, read from the body's bytes
+
+
+def test_verify_calls_missing_or_malformed():
+    gauge_only = "\n".join(PROMETHEUS.splitlines()[3:]) + "\n"  # the acceptance gauge, no verify counter
+    assert verify_calls_from_prometheus(gauge_only) is None  # no --enable-metrics: no per-run server_info figure
+    from speclock.core.errors import EnvironmentProblem
+
+    with pytest.raises(EnvironmentProblem, match="SGLang server http://h/metrics is not Prometheus text"):
+        verify_calls_from_prometheus('sglang:spec_verify_calls_total{model_name="t" 1\n', "http://h/metrics")
+    with pytest.raises(EnvironmentProblem, match="is inf, not a whole count"):
+        verify_calls_from_prometheus("sglang:spec_verify_calls_total +Inf\n", "http://h/metrics")
 
 
 def test_captured_layers_follow_sglangs_shift_rules():

@@ -31,6 +31,10 @@ ENGINES: dict[str, str] = {
     "reference": "speclock.engines.reference",
 }
 
+# Server mode sends one request per prompt, this many at once: the server batches concurrent requests, as it
+# does production traffic (1: one at a time).
+DEFAULT_CONCURRENCY = 8
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -42,6 +46,7 @@ class EngineConfig:
     settings: dict[str, Any] = field(default_factory=dict)  # stack [engine].settings
     server_url: str = ""  # attach to a running server instead of starting one in-process
     env: dict[str, str] = field(default_factory=dict)  # stack engine.env: set while the engine runs
+    concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once (offline engines batch all)
 
 
 class EngineSession(Protocol):

@@ -1,12 +1,18 @@
-"""The one HTTP helper of the engine adapters that attach to a running server (vLLM, SGLang)."""
+"""The HTTP helpers of the engine adapters that attach to a running server (vLLM, SGLang): one request, and
+requests sent concurrently with a bound."""
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
+from typing import Any, Callable, Sequence, TypeVar
 
 from speclock.core.errors import EnvironmentProblem
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def http(url: str, body: dict | None = None, timeout: float = 600, *, server: str = "server") -> bytes:
@@ -21,3 +27,46 @@ def http(url: str, body: dict | None = None, timeout: float = 600, *, server: st
             return resp.read()
     except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
         raise EnvironmentProblem(f"{server} {url}: {err}", hint="check that the server runs and the URL is right") from None
+
+
+def map_bounded(fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R]:
+    """[fn(item) for item in items], with up to `concurrency` calls in flight at once; results in the items' order.
+
+    Once a call fails no further item is started; the error of the earliest failed item is raised after the
+    calls in flight return. The worker threads are daemons: Ctrl-C leaves at once, not after the requests in
+    flight (a server finishes or drops them itself).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    if concurrency == 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    results: list[Any] = [None] * len(items)
+    errors: list[tuple[int, BaseException]] = []
+    todo = iter(enumerate(items))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if errors:
+                    return
+                nxt = next(todo, None)
+            if nxt is None:
+                return
+            i, item = nxt
+            try:
+                results[i] = fn(item)
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
+                with lock:
+                    errors.append((i, err))
+                return
+
+    threads = [threading.Thread(target=worker, name=f"speclock-request-{n}", daemon=True)
+               for n in range(min(concurrency, len(items)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise min(errors, key=lambda e: e[0])[1]
+    return results

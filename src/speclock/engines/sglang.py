@@ -20,7 +20,8 @@ from typing import Any
 from speclock.core.errors import EnvironmentProblem
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
-from speclock.engines.http import http
+from speclock.engines.http import http, map_bounded
+from speclock.engines.prometheus import counter_samples
 
 NAME = "sglang"
 
@@ -88,13 +89,12 @@ def _avg_accept_length(info: dict[str, Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def verify_calls_from_prometheus(text: str) -> int:
-    """`sglang:spec_verify_calls_total` summed over label sets (needs --enable-metrics)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("sglang:spec_verify_calls_total"):
-            total += float(line.rsplit(None, 1)[1])
-    return int(total)
+def verify_calls_from_prometheus(body: bytes | str, url: str = "/metrics") -> int | None:
+    """`sglang:spec_verify_calls_total` summed over label sets; None when the server has no such counter
+    (started without --enable-metrics, or without a drafter). Parsed by prometheus_client."""
+    samples = [s for s in counter_samples(body, "sglang:spec_verify_calls", server="SGLang server", url=url)
+               if s.name == "sglang:spec_verify_calls"]
+    return sum(s.value for s in samples) if samples else None
 
 
 def captured_layers_for(aux_ids: list[int], target_arch: str) -> list[int]:
@@ -161,15 +161,21 @@ class ServerSession(_MetaSession):
         self.server_info_lengths: list[float | None] = []
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """One /generate request per prompt, up to config.concurrency in flight; results in prompt order."""
         before = json.loads(_http(f"{self.base}/server_info"))
-        v0 = verify_calls_from_prometheus(_http(f"{self.base}/metrics").decode())
-        body = {"input_ids": prompts, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}}
-        results = json.loads(_http(f"{self.base}/generate", body))
-        results = results if isinstance(results, list) else [results]
+        url = f"{self.base}/metrics"
+        v0 = verify_calls_from_prometheus(_http(url), url)
+        params = {"temperature": 0.0, "max_new_tokens": max_tokens}
+
+        def one(p: list[int]) -> dict[str, Any]:
+            result = json.loads(_http(f"{self.base}/generate", {"input_ids": p, "sampling_params": params}))
+            return result[0] if isinstance(result, list) else result
+
+        results = map_bounded(one, prompts, self.config.concurrency)
         outputs = self._take(results)
         after = json.loads(_http(f"{self.base}/server_info"))
         run = counters_from_meta([r.get("meta_info") or {} for r in results], self.config.num_speculative_tokens)
-        self.server_info_lengths.append(server_info_delta(before, after, v0, run.num_drafts))
+        self.server_info_lengths.append(None if v0 is None else server_info_delta(before, after, v0, run.num_drafts))
         return outputs
 
     def stop(self) -> None:

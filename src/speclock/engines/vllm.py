@@ -11,12 +11,12 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
 from typing import Any
 
 from speclock.core.errors import EnvironmentProblem
 from speclock.engines import EngineConfig, SpecCounters, package_version
-from speclock.engines.http import http
+from speclock.engines.http import http, map_bounded
+from speclock.engines.prometheus import counter_samples
 
 NAME = "vllm"
 _PREFIX = "vllm:spec_decode_"
@@ -55,30 +55,50 @@ def counters_from_snapshot(metrics: list[Any]) -> SpecCounters:
     return SpecCounters(accepted_per_position=tuple(per_pos), **totals)
 
 
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_TOTALS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
-def counters_from_prometheus(text: str) -> SpecCounters:
-    """Parse a vLLM server's `/metrics` text (Prometheus exposition format)."""
-    totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+def counters_from_prometheus(body: bytes | str, *, url: str = "/metrics", require: bool = False) -> SpecCounters:
+    """A vLLM server's spec-decode counters from its `/metrics` page, summed over engines (label sets).
+
+    Parsed by prometheus_client (speclock.engines.prometheus). `require`: the server was asked to run a
+    drafter, so a page without `vllm:spec_decode_num_drafts` is a server without one (or with stats off),
+    not zero acceptance.
+    """
+    totals = dict.fromkeys(_TOTALS, 0)
     per_pos: dict[int, int] = {}
-    for line in text.splitlines():
-        if not line.startswith(_PREFIX):
-            continue
-        m = _SAMPLE.match(line)
-        if not m or not m["name"].endswith("_total"):
-            continue  # skip _created samples
-        key = m["name"][len(_PREFIX):-len("_total")]
-        value = int(float(m["value"]))
+    seen = set()
+    for s in counter_samples(body, _PREFIX, server="vLLM server", url=url):
+        key = s.name[len(_PREFIX):]
+        seen.add(key)
         if key == "num_accepted_tokens_per_pos":
-            labels = dict(_LABEL.findall(m["labels"] or ""))
-            pos = int(labels["position"])
-            per_pos[pos] = per_pos.get(pos, 0) + value
+            pos = s.labels.get("position", "")
+            if not pos.isdigit():
+                raise EnvironmentProblem(f"vLLM server {url}: {s.name} has position label {pos!r}, not a draft position 0, 1, ...",
+                                         hint="the server's metrics are not what this adapter reads; check the engine version")
+            per_pos[int(pos)] = per_pos.get(int(pos), 0) + s.value
         elif key in totals:
-            totals[key] += value
+            totals[key] += s.value
+    if require and "num_drafts" not in seen:
+        raise EnvironmentProblem(f"vLLM server {url} has no {_PREFIX}num_drafts counter: it serves without a drafter "
+                                 "(or with --disable-log-stats)",
+                                 hint="give --server the server started with the EAGLE-3 speculative config, "
+                                      "--plain-server the one without")
     positions = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
     return SpecCounters(accepted_per_position=positions, **totals)
+
+
+def check_not_reset(before: SpecCounters, now: SpecCounters, url: str) -> None:
+    """Counters only grow while a server runs: one that went back means the server restarted between two reads,
+    and a delta across the restart is not this run's acceptance."""
+    pairs = [(k, getattr(before, k), getattr(now, k)) for k in _TOTALS]
+    pairs += [(f"accepted at position {i}", b, a) for i, (b, a) in
+              enumerate(zip(before.accepted_per_position, now.accepted_per_position))]
+    for name, b, a in pairs:
+        if a < b:
+            raise EnvironmentProblem(f"vLLM server {url}: counter {name} went back from {b} to {a}: the server "
+                                     "restarted during the run, so its counters do not measure this run",
+                                     hint="run again against a server that stays up for the whole run")
 
 
 def _captured_aux_layers(worker) -> list[int]:
@@ -149,17 +169,28 @@ class ServerSession:
         self.base = config.server_url.rstrip("/")
         models = json.loads(_http(f"{self.base}/v1/models"))
         self.model = models["data"][0]["id"]
+        self._last: SpecCounters | None = None
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        out = []
-        for p in prompts:  # one request each: the server batches concurrent requests itself
+        """One request per prompt, up to config.concurrency in flight (the server batches them, as it does
+        production traffic); results in prompt order."""
+        def one(p: list[int]) -> list[int]:
             body = {"model": self.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
             resp = json.loads(_http(f"{self.base}/v1/completions", body))
-            out.append(list(resp["choices"][0]["token_ids"]))
-        return out
+            return list(resp["choices"][0]["token_ids"])
+
+        return map_bounded(one, prompts, self.config.concurrency)
 
     def counters(self) -> SpecCounters:
-        return counters_from_prometheus(_http(f"{self.base}/metrics").decode())
+        # Read after every request of a batch has been answered. vLLM records a step's stats before its
+        # finished requests can answer (AsyncLLM's output handler yields only between chunks of
+        # VLLM_V1_OUTPUT_PROC_CHUNK_SIZE = 128 outputs), so a delta around a batch holds all of its steps.
+        url = f"{self.base}/metrics"
+        now = counters_from_prometheus(_http(url), url=url, require=self.config.draft is not None)
+        if self._last is not None:
+            check_not_reset(self._last, now, url)
+        self._last = now
+        return now
 
     def captured_layers(self) -> list[int] | None:
         return None  # not visible from outside the server
