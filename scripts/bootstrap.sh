@@ -9,7 +9,9 @@ log() { printf '[bootstrap %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 if [ "$(id -u)" != 0 ]; then echo "bootstrap.sh must run as root (it installs Debian packages and starts dockerd)" >&2; exit 3; fi
 
-PKGS="docker.io buildah skopeo mmdebstrap debootstrap docker-registry uidmap fuse-overlayfs ca-certificates git nix-bin"
+# podman: the second runtime of `speclock run-image --runtime podman` (GPUs through CDI); it shares
+# buildah's image store (containers-storage), so buildah builds run without a copy.
+PKGS="docker.io buildah skopeo podman mmdebstrap debootstrap docker-registry uidmap fuse-overlayfs ca-certificates git nix-bin"
 missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
   log "installing Debian packages: $(echo $missing)"
