@@ -9,8 +9,9 @@ What a lock's checks prove, and what they do not:
 - Authenticity comes from `read_lock`'s provenance checks plus `speclock lock --check` against
   the (reviewed) stack file: every entry's filename is a plain file name equal to the basename of
   its URL, a wheel's name and version match the entry's, the URL is https on PyPI's hosts or on
-  the host of an index a stack file names (file:// is still allowed for the one local torch wheel),
-  and each sha256 is 64 hex digits. `lock --check` then says whether the lock was made from the
+  the host of an index a stack file names, and each sha256 is 64 hex digits. read_lock still reads a
+  file:// url (tests' tiny locks use them), but `lock --check` fails on one (`local_entries`): a
+  committed lock names index URLs, a local copy only as mirror_url. `lock --check` then says whether the lock was made from the
   stack as it is. A crafted lock can pass all of this only by naming real files on allowed indexes
   with their hashes - so a lock diff in a pull request still needs review (which versions, which
   indexes); the checks make sure that what the diff shows is what fetch downloads and installs.
@@ -215,6 +216,26 @@ def _all_entries(doc: dict[str, Any], path: Path):
         for key in ENTRY_LISTS:
             for i, entry in enumerate(target.get(key, [])):
                 yield key, entry, f"targets.{tkey}.{key}[{i}]"
+
+
+def local_entries(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, entry) for every entry of every target whose url is a file:// URL (a file of one machine)."""
+    out = []
+    for tkey, target in lock_targets(doc).items():
+        prefix = "" if tkey == IMAGE_TARGET else f"targets.{tkey}."
+        for key in ENTRY_LISTS:
+            for i, entry in enumerate(target.get(key, [])):
+                if str(entry.get("url", "")).lower().startswith("file:"):
+                    out.append((f"{prefix}{key}[{i}] ({entry.get('name')})", entry))
+    return out
+
+
+def portability_problems(doc: dict[str, Any], stack_name: str) -> list[str]:
+    """What `lock --check` says of file:// URLs: one line per entry, naming it and the fix."""
+    return [f"{where}.url {entry['url']} is a file on the machine that made the lock, which no other machine has; "
+            f"run `speclock lock --stack {stack_name} --no-resolve` to record the URL of the index that serves it "
+            "(the local copy stays as mirror_url), or lock again where its index is reachable"
+            for where, entry in local_entries(doc)]
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
 from speclock.core.names import normalize
 from speclock.spec import baseimage
-from speclock.spec.lock import LOCK_SCHEMA, finish_lock, lock_path, machine_platforms, split_target
+from speclock.spec.lock import LOCK_SCHEMA, finish_lock, local_entries, lock_path, machine_platforms, split_target
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack
 
@@ -116,22 +117,112 @@ def _pypi_url(entry: dict[str, Any]) -> str | None:
     return None
 
 
-def _portable_urls(entries: list[dict[str, Any]], progress) -> None:
-    """Record PyPI URLs for wheels found in a local mirror (file://), keeping the mirror as mirror_url,
-    so the lock works on machines without that mirror."""
+def index_file_url(index: str, filename: str) -> str:
+    """Where a stack's index serves a wheel file: `<index>/<filename>`, the filename percent-encoded.
+
+    This is the layout of download.pytorch.org, the index stacks name (torch.index): its simple page
+    https://download.pytorch.org/whl/cpu/torch/ links each file right under the index root, with '+' as
+    %2B, e.g. /whl/cpu/torch-2.1.1-cp310-cp310-manylinux_2_17_aarch64.manylinux2014_aarch64.whl (listed in
+    astral-sh/uv#1497) and /torch-1.2.0%2Bcpu-cp37-cp37m-manylinux1_x86_64.whl (spinalcordtoolbox#3107), so
+    torch 2.13.0+cpu is https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl.
+    When the index is reachable, `_index_url` takes the URL from its simple page instead."""
+    return index.rstrip("/") + "/" + urllib.parse.quote(filename, safe="")
+
+
+_HREF = re.compile(r"""href=["']?([^"' >]+)""", re.IGNORECASE)
+
+
+def _index_url(index: str, entry: dict[str, Any]) -> str | None:
+    """The URL the index's simple page (PEP 503) links for this wheel, when the page names it with the same sha256
+    (or none); None when the page cannot be read or does not list the file."""
+    page = f"{index.rstrip('/')}/{entry['name']}/"
+    try:
+        with urllib.request.urlopen(page, timeout=30) as resp:
+            html = resp.read().decode("utf-8", "replace")
+    except Exception:
+        return None
+    for href in _HREF.findall(html):
+        url, _, fragment = urllib.parse.urljoin(page, href).partition("#")
+        if url_basename(url) != entry["filename"]:
+            continue
+        if fragment.startswith("sha256=") and fragment[7:] != entry["sha256"]:
+            return None  # the index serves other bytes under this name: not the locked file
+        return url
+    return None
+
+
+def portable_url(entry: dict[str, Any], *, index: str | None, index_reachable: bool,
+                 torch_name: str = "torch") -> tuple[str | None, str]:
+    """(https URL, how it was found) for a wheel the resolver took from a local folder or mirror (file://).
+
+    torch comes from the index the stack names for it (torch.index): its URL there, read from the index's simple
+    page when the index is reachable, else in the index's file layout (index_file_url; noted as unverified). Any
+    other wheel: PyPI's URL for the same file name and sha256, else the stack's index (only where reachable).
+    None when no index is known to serve it."""
+    if index and entry["name"] == normalize(torch_name):
+        if index_reachable:
+            url = _index_url(index, entry)
+            return (url, f"from {index}") if url else (None, f"{index} does not list it")
+        return index_file_url(index, entry["filename"]), f"{index} unreachable: its file layout, not verified"
+    url = _pypi_url(entry)
+    if url:
+        return url, "from PyPI"
+    if index and index_reachable:
+        url = _index_url(index, entry)
+        if url:
+            return url, f"from {index}"
+    return None, "not on PyPI" + (f" nor on {index}" if index else "")
+
+
+def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None = None,
+                   index_reachable: bool = False) -> None:
+    """Record an index URL for every wheel found in a local folder or mirror (file://), keeping the local copy as
+    mirror_url (fetch uses it where it exists), so the lock works on machines without that folder. A wheel no index
+    is known to serve keeps its file:// url: `require_portable` refuses the lock, `lock --check` fails on it."""
     local = [e for e in entries if e["url"].startswith("file://")]
     if not local:
         return
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
-        urls = list(pool.map(_pypi_url, local))
+        found = list(pool.map(lambda e: portable_url(e, index=index, index_reachable=index_reachable), local))
     kept = []
-    for entry, url in zip(local, urls):
+    for entry, (url, how) in zip(local, found):
         if url:
             entry["mirror_url"], entry["url"] = entry["url"], url
+            if "not verified" in how:
+                progress(f"  {entry['filename']}: {url} ({how})")
         else:
-            kept.append(entry["filename"])
-    progress(f"  {len(local) - len(kept)} wheels from a local mirror mapped to their PyPI URLs"
-             + (f"; not on PyPI, kept local: {', '.join(kept)}" if kept else ""))
+            kept.append(f"{entry['filename']} ({how})")
+    progress(f"  {len(local) - len(kept)} wheels from a local folder or mirror mapped to their index URLs"
+             + (f"; no index URL found for: {', '.join(kept)}" if kept else ""))
+
+
+def require_portable(stack: Stack, doc: dict[str, Any]) -> None:
+    """EnvironmentProblem naming the wheels that only a local folder of this machine has (a lock must work anywhere)."""
+    local = local_entries(doc)
+    if local:
+        names = sorted({f"{e['name']} {e['version']}" for _, e in local})
+        raise EnvironmentProblem(
+            f"stack {stack.name}: {len(names)} locked wheel(s) come from a local folder and no index is known to serve "
+            f"them: {', '.join(names)}; a lock with file:// URLs works only on the machine that made it",
+            hint="check network access to pypi.org (and to the stack's torch.index), or name the index that serves "
+                 "them in the stack (torch.index); then lock again")
+
+
+def portable_lock(stack: Stack, doc: dict[str, Any], *, progress=print) -> dict[str, Any]:
+    """The lock with portable URLs, WITHOUT resolving again: every version, file and sha256 stays; only a file:// url
+    becomes its index URL (by the same code `resolve_lock` uses), the local copy kept as mirror_url. For locks made
+    before resolve did this, or while an index was unreachable. Returns the re-hashed lock; refuses (exit 3) to
+    leave a file:// url."""
+    doc = json.loads(json.dumps(doc))  # a copy: the caller's lock stays as read
+    index = stack.torch["index"] or None
+    reachable = bool(index) and _index_reachable(index)
+    if index and not reachable:
+        progress(f"  note: torch index {index} is unreachable; its URLs follow its file layout, not verified")
+    for holder in [doc, *(doc.get("targets") or {}).values()]:
+        for key in ("packages", "excluded", "assets"):
+            _portable_urls(holder.get(key, []), progress, index=index, index_reachable=reachable)
+    require_portable(stack, doc)
+    return finish_lock(doc)
 
 
 # PyPI wheels that together make nvcc (compiler, cicc, crt and runtime headers, CCCL headers, static
@@ -170,7 +261,9 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
     items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index, python=python, platforms=platforms)
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
     packages = sorted((_entry(i) for i in items), key=lambda e: e["name"])
-    _portable_urls(packages, progress)
+    # `index` is the torch index pip could reach (None when unreachable); URLs name the stack's own index either way
+    mapping = {"index": stack.torch["index"] or None, "index_reachable": index is not None}
+    _portable_urls(packages, progress, **mapping)
     installed = [p for p in packages if p["name"] not in excluded]
     progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
     assets = []
@@ -179,7 +272,7 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
         assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None,
                                                          python=python, platforms=platforms)),
                         key=lambda e: e["name"])
-        _portable_urls(assets, progress)
+        _portable_urls(assets, progress, **mapping)
     return installed, [p for p in packages if p["name"] in excluded], assets
 
 
@@ -239,4 +332,5 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         doc["kernel_base"] = kernel_base  # only stacks with kernels.build: other locks keep their shape
     if targets:
         doc["targets"] = targets  # only stacks with python.host_targets: other locks keep their shape
+    require_portable(stack, doc)
     return finish_lock(doc)

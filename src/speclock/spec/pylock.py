@@ -1,0 +1,286 @@
+"""`locks/pylock.<stack>.toml`: every lock also as a PEP 751 lock file (pylock.toml, lock-version 1.0), for pip,
+uv and other tools that read the standard format. Written with the lock (`write_lock_files`), checked against it
+by `lock --check` (`pylock_drift`).
+
+What it holds, and why so:
+- File name: PEP 751 allows `pylock.toml` or `pylock.<name>.toml` where <name> has no '.', so a stack name's dots
+  become '_' (`pylock.vllm-0_26_0-torch2_11-cu130.toml`); `pylock.cpu-vllm.toml` keeps its name.
+- One multi-use file for all of a lock's targets (the image's and python.host_targets). Each target is one entry of
+  `environments`, a marker of its Python and machine (`python_version == '3.11' and platform_machine == 'x86_64'
+  and sys_platform == 'linux' and implementation_name == 'cpython'`). A package version locked by every target has
+  no marker; one locked by only some targets (networkx 3.6.1 for 3.11, 3.7 for 3.12) is one [[packages]] entry per
+  version whose `marker` names its targets. An entry lists the wheels its targets locked (cp311 and cp312 builds of
+  one version); an installer takes the one whose tags fit its machine, as PEP 751 says. Two targets with the same
+  Python and machine have the same marker: if they lock different versions of a package the file could not tell
+  them apart, and `pylock_doc` refuses (exit 2) rather than write an ambiguous lock.
+- Wheels: `name` (the file name), `url` and `hashes.sha256` exactly as in the lock. No `size` (the lock has none).
+  A lock's mirror_url (a file of one machine) is not written: the pylock is for any machine.
+- Only what is installed is a package: a target's `excluded` (resolved, never installed) and `assets` (data wheels
+  unpacked at build time) go under [tool.speclock.targets.<key>], with the base rootfs digest(s), the stack and
+  lock hashes and each target's Python, machine and platform tags: speclock's data, in the table PEP 751 gives
+  tools.
+- Installing offline: pip (26.3) and uv (0.13.9) both download a pylock wheel from its `url` and never take it from
+  --find-links (checked); with a `path` they use the local file. `offline_pylock` adds each wheel's path in a
+  wheelhouse, so `pip install --no-index -r` / `uv pip install --offline --no-index -r` install the lock without a
+  network.
+
+TOML is written by tomli_w (scripts/requirements-host.txt; only `lock` needs it) and read by tomllib.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, os_error
+from speclock.core.names import normalize
+from speclock.spec.lock import lock_targets, write_lock
+
+PYLOCK_VERSION = "1.0"
+CREATED_BY = "speclock"
+PYLOCK_SCHEMA = "speclock.pylock/v1"
+
+
+def pylock_path(lock_file: str | os.PathLike) -> Path:
+    """locks/<stack>.lock -> locks/pylock.<stack>.toml (dots of the name as '_': PEP 751 names have none)."""
+    lock_file = Path(lock_file)
+    return lock_file.with_name(f"pylock.{lock_file.stem.replace('.', '_')}.toml")
+
+
+def environment_marker(python: str, machine: str) -> str:
+    """The PEP 508 marker of one target: its Python version and machine, CPython on Linux (what pip resolved for)."""
+    return (f"python_version == '{python}' and platform_machine == '{machine}' and sys_platform == 'linux' "
+            "and implementation_name == 'cpython'")
+
+
+def _version_key(python: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in python.split(".") if x.isdigit())
+
+
+def _wheel(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"name": entry["filename"], "url": entry["url"], "hashes": {"sha256": entry["sha256"]}}
+
+
+def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+    """An excluded or asset entry under [tool.speclock]: as in the lock, less the machine-local mirror_url."""
+    return {k: entry[k] for k in ("name", "version", "filename", "url", "sha256")}
+
+
+def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """The pylock.toml content of a (read) lock, as a dict in the key order PEP 751 lists them."""
+    targets = lock_targets(doc)
+    markers = {key: environment_marker(t["python"], t["machine"]) for key, t in targets.items()}
+    # (name, version) -> the targets that lock it, and its wheels by file name
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, target in targets.items():
+        for entry in target["packages"]:
+            group = groups.setdefault((normalize(entry["name"]), entry["version"]), {"targets": [], "wheels": {}})
+            group["targets"].append(key)
+            have = group["wheels"].setdefault(entry["filename"], entry)
+            if (have["sha256"], have["url"]) != (entry["sha256"], entry["url"]):
+                raise BadInput(f"the lock of stack {doc['stack']} names {entry['filename']} twice with another url or "
+                               f"sha256 (targets {', '.join(group['targets'])})",
+                               hint=f"re-create it with `speclock lock --stack {doc['stack']}`")
+    _refuse_ambiguous(doc, groups, markers)
+    all_keys = set(targets)
+    packages = []
+    for (name, version), group in sorted(groups.items(), key=lambda kv: (kv[0][0], min(list(targets).index(k) for k in kv[1]["targets"]))):
+        package: dict[str, Any] = {"name": name, "version": version}
+        if set(group["targets"]) != all_keys:
+            own = list(dict.fromkeys(markers[k] for k in group["targets"]))
+            package["marker"] = own[0] if len(own) == 1 else " or ".join(f"({m})" for m in own)
+        package["wheels"] = [_wheel(group["wheels"][f]) for f in sorted(group["wheels"])]
+        packages.append(package)
+    pythons = sorted({t["python"] for t in targets.values()}, key=_version_key)
+    top = _version_key(pythons[-1])
+    tool: dict[str, Any] = {"schema": PYLOCK_SCHEMA, "stack": doc["stack"], "stack-sha256": doc["stack_sha256"],
+                            "lock-sha256": doc["lock_sha256"], "base": doc["base"]}
+    if "kernel_base" in doc:
+        tool["kernel-base"] = doc["kernel_base"]
+    if "source_date_epoch" in doc:
+        tool["source-date-epoch"] = doc["source_date_epoch"]
+    tool["targets"] = {key: {"python": t["python"], "machine": t["machine"], "marker": markers[key],
+                             "platforms": list(t["platforms"]),
+                             "excluded": [_plain(e) for e in t.get("excluded", [])],
+                             "assets": [_plain(e) for e in t.get("assets", [])]}
+                       for key, t in targets.items()}
+    return {
+        "lock-version": PYLOCK_VERSION,
+        "environments": list(dict.fromkeys(markers.values())),
+        "requires-python": f">={pythons[0]},<{top[0]}.{top[1] + 1}",
+        "created-by": CREATED_BY,
+        "packages": packages,
+        "tool": {"speclock": tool},
+    }
+
+
+def _refuse_ambiguous(doc: dict[str, Any], groups: dict[tuple[str, str], dict[str, Any]], markers: dict[str, str]) -> None:
+    """BadInput when two targets with one marker lock different versions of a package (no installer could choose)."""
+    by_name: dict[str, list[tuple[str, list[str]]]] = {}
+    for (name, version), group in groups.items():
+        by_name.setdefault(name, []).append((version, group["targets"]))
+    for name, versions in by_name.items():
+        seen: dict[str, tuple[str, str]] = {}
+        for version, keys in versions:
+            for key in keys:
+                other = seen.get(markers[key])
+                if other and other[0] != version:
+                    raise BadInput(
+                        f"the lock of stack {doc['stack']}: targets {other[1]} and {key} have the same Python and machine "
+                        f"({markers[key]}) but lock {name} {other[0]} and {version}; pylock.toml cannot tell them apart",
+                        hint="give the host target another Python or machine than the image's, or drop it from "
+                             "python.host_targets (the image's target already covers that environment)")
+                seen.setdefault(markers[key], (version, key))
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The TOML text of a pylock document (tomli_w; EnvironmentProblem when it is not installed)."""
+    try:
+        import tomli_w
+    except ImportError:
+        raise EnvironmentProblem("writing pylock.toml needs the tomli_w package, which this Python lacks",
+                                 hint="pip install -r scripts/requirements-host.txt (it pins tomli-w)") from None
+    header = ("# PEP 751 lock file made by speclock from the lock next to it (same wheels, URLs and sha256); do not edit:\n"
+              "# run `speclock lock` to re-create both. speclock's own data is under [tool.speclock].\n")
+    return header + tomli_w.dumps(doc)
+
+
+def write_lock_files(lock_file: str | os.PathLike, doc: dict[str, Any]) -> Path:
+    """Write the lock and its pylock: both or neither. Returns the pylock's path.
+
+    Both texts are made first (an error there writes nothing), then each goes to a fsynced temp file beside its
+    target; the renames come last, the pylock's first. When the lock's rename fails the old pylock is put back.
+    A crash between the two renames leaves a new pylock beside the old lock, which `lock --check` reports as drift."""
+    lock_file = Path(lock_file)
+    target = pylock_path(lock_file)
+    text = render(pylock_doc(doc))
+    clean_stale_temps(target.parent, older_than_s=600)
+    try:
+        old = target.read_bytes() if target.is_file() else None
+    except OSError as err:
+        raise os_error(err, target, "read") from None
+    atomic_write_text(target, text)
+    try:
+        write_lock(lock_file, doc)
+    except BaseException:
+        try:
+            if old is None:
+                target.unlink(missing_ok=True)
+            else:
+                atomic_write_text(target, old.decode("utf-8"))
+            fsync_dir(target.parent)
+        except OSError:
+            pass  # the lock's error is the one to report; lock --check names the pylock that is left
+        raise
+    return target
+
+
+def read_pylock(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse a pylock file (tomllib). BadInput names the file: missing, unreadable or not TOML."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInput(f"no pylock file {path}", hint="run `speclock lock --stack NAME --no-resolve` to write it") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise BadInput(f"{path}: not a readable TOML file ({err})",
+                       hint="re-create it with `speclock lock --stack NAME --no-resolve`") from None
+
+
+def _label(package: Any, i: int) -> str:
+    if isinstance(package, dict):
+        return f"{package.get('name')} {package.get('version')}"
+    return f"packages[{i}]"
+
+
+def _packages_by_key(packages: Any) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    problems = []
+    if not isinstance(packages, list):
+        return out, [f"packages is not a list of tables ({type(packages).__name__})"]
+    for i, package in enumerate(packages):
+        if not isinstance(package, dict) or not isinstance(package.get("name"), str):
+            problems.append(f"packages[{i}] is not a package table with a name")
+            continue
+        out[(normalize(package["name"]), str(package.get("version")))] = package
+    return out, problems
+
+
+def _wheels_by_name(package: dict[str, Any]) -> dict[str, Any]:
+    wheels = package.get("wheels")
+    if not isinstance(wheels, list):
+        return {}
+    return {str(w.get("name")): w for w in wheels if isinstance(w, dict)}
+
+
+def _diff_values(have: Any, want: Any, where: str) -> list[str]:
+    if isinstance(have, dict) and isinstance(want, dict):
+        out = []
+        for key in list(want) + [k for k in have if k not in want]:
+            out += _diff_values(have.get(key), want.get(key), f"{where}.{key}")
+        return out
+    return [] if have == want else [f"{where}: pylock has {have!r}, the lock gives {want!r}"]
+
+
+def pylock_drift(lock_file: str | os.PathLike, doc: dict[str, Any]) -> list[str]:
+    """How the pylock next to a lock differs from what the lock gives (empty = in sync): a missing or unreadable file,
+    and per package what differs (missing, extra, marker, a wheel's url or sha256), then the other keys."""
+    path = pylock_path(lock_file)
+    name = Path(lock_file).stem
+    if not path.is_file():
+        return [f"{path} is missing; run `speclock lock --stack {name} --no-resolve` to write it from the lock"]
+    try:
+        have = read_pylock(path)
+    except BadInput as err:
+        return [f"{err.message}; run `speclock lock --stack {name} --no-resolve` to write it again"]
+    want = pylock_doc(doc)
+    where = path.name
+    have_pkgs, out = _packages_by_key(have.get("packages"))
+    want_pkgs, _ = _packages_by_key(want["packages"])
+    for key, package in want_pkgs.items():
+        label = f"{where}: package {key[0]} {key[1]}"
+        if key not in have_pkgs:
+            out.append(f"{label} is in the lock, missing from the pylock")
+            continue
+        got = have_pkgs[key]
+        if got.get("marker") != package.get("marker"):
+            out.append(f"{label}: marker is {got.get('marker')!r}, the lock gives {package.get('marker')!r}")
+        got_wheels, want_wheels = _wheels_by_name(got), _wheels_by_name(package)
+        for filename, wheel in want_wheels.items():
+            other = got_wheels.get(filename)
+            if other is None:
+                out.append(f"{label}: wheel {filename} is missing from the pylock")
+                continue
+            if other.get("url") != wheel["url"]:
+                out.append(f"{label}: wheel {filename}: url is {other.get('url')!r}, the lock gives {wheel['url']!r}")
+            if other.get("hashes") != wheel["hashes"]:
+                out.append(f"{label}: wheel {filename}: hashes are {other.get('hashes')!r}, the lock gives sha256 "
+                           f"{wheel['hashes']['sha256']!r}")
+        for filename in got_wheels.keys() - want_wheels.keys():
+            out.append(f"{label}: wheel {filename} is in the pylock, not in the lock")
+        extra = {k: v for k, v in got.items() if k not in ("name", "version", "marker", "wheels")}
+        if extra:
+            out.append(f"{label}: keys the lock does not give: {', '.join(sorted(extra))}")
+    for key in have_pkgs.keys() - want_pkgs.keys():
+        out.append(f"{where}: package {key[0]} {key[1]} is in the pylock, not in the lock")
+    for key in list(want) + [k for k in have if k not in want]:
+        if key != "packages":
+            out += _diff_values(have.get(key), want.get(key), f"{where}: {key}")
+    return out
+
+
+def offline_pylock(pylock: dict[str, Any], wheel_files: dict[str, str | os.PathLike]) -> dict[str, Any]:
+    """The pylock with each wheel's local file as its `path` (absolute), from {sha256: file}: what pip and uv install
+    from without a network. A wheel whose sha256 is not in `wheel_files` keeps only its url."""
+    out = {**pylock, "packages": []}
+    for package in pylock["packages"]:
+        wheels = []
+        for wheel in package.get("wheels", []):
+            local = wheel_files.get(wheel["hashes"]["sha256"])
+            wheels.append({**wheel, "path": str(Path(local).resolve())} if local else dict(wheel))
+        out["packages"].append({**package, "wheels": wheels})
+    return out
+
