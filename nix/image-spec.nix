@@ -17,6 +17,9 @@ let
   # speclock.build.labels.source_url's default (used when neither SPECLOCK_SOURCE_URL nor a git remote is set).
   sourceUrl = readMatch "/src/speclock/build/labels.py" "DEFAULT_SOURCE_URL = \"(https://[^\"]+)\"" "DEFAULT_SOURCE_URL";
   labelPrefix = readMatch "/src/speclock/build/labels.py" "LABEL_PREFIX = \"([^\"]+)\"" "LABEL_PREFIX";
+  licenses = readMatch "/src/speclock/build/labels.py" "LICENSES = \"([^\"]+)\"" "LICENSES";
+  # flake.nix gives "dirty" for a flake of a dirty tree (Nix 2.8 has no dirtyRev); labels.is_dirty's "+dirty" too.
+  dirty = if revision == "dirty" || builtins.match ".*[+]dirty" revision != null then "true" else "false";
   # The patches label's key, as speclock.patches.series.series_label gives it.
   patchesKey = readMatch "/src/speclock/patches/series.py" "LABEL_KEY = \"([^\"]+)\"" "LABEL_KEY";
   # Its value: `name@sha12` of each patch file in series order (series_label), "none" for no series.
@@ -85,7 +88,15 @@ let
         "org.opencontainers.image.source" = sourceUrl;
         "org.opencontainers.image.revision" = revision;
         "org.opencontainers.image.created" = created;
-        "org.opencontainers.image.version" = "${version}+${tag}";
+        "org.opencontainers.image.documentation" = "${sourceUrl}#readme";
+        "org.opencontainers.image.licenses" = licenses;
+        # What the image packages: the engine's version, the content tag as build metadata.
+        "org.opencontainers.image.version" = "${s.engine.version}+${tag}";
+        # No base image: the Nix image is built from nixpkgs store paths (not the locked Debian rootfs).
+        "org.opencontainers.image.base.name" = "nixpkgs";
+        "org.opencontainers.image.base.digest" = "none";
+        "${labelPrefix}.speclock-version" = version;
+        "${labelPrefix}.dirty" = dirty;
         "${labelPrefix}.stack" = s.name;
         "${labelPrefix}.inputs-sha256" = inputs;
         "${labelPrefix}.lock-sha256" = s.lockSha256;

@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from fuzz_support import run_cli
 from speclock.build import image as build
 from speclock.build.builders import ensure_in_docker
 from speclock.build.builders import buildah as buildah_mod, docker as docker_mod
 from speclock.core.errors import EnvironmentProblem
-from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, labels_for
+from speclock.build.labels import LABEL_PREFIX, LICENSES, OCI_PREFIX, base_labels, labels_for
 from speclock.patches.series import load_series, series_label
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
@@ -58,11 +59,73 @@ def test_no_label_depends_on_the_wall_clock():
     assert labels("cpu-vllm") == got
 
 
-def test_docs_labels_md_documents_every_key():
+def documented_keys() -> list[str]:
+    """The keys of docs/labels.md's table, in its order."""
     doc = (ROOT / "docs" / "labels.md").read_text()
-    documented = set(re.findall(r"^\| `([a-z0-9.-]+)` \|", doc, flags=re.M))
-    keys = set().union(*(labels(p.stem) for p in (ROOT / "locks").glob("*.lock")))
-    assert documented == keys
+    return re.findall(r"^\| `([a-z0-9.-]+)` \|", doc, flags=re.M)
+
+
+def test_docs_labels_md_documents_every_key():
+    documented = documented_keys()
+    assert len(documented) == len(set(documented)), "a key listed twice"
+    for name in (p.stem for p in (ROOT / "locks").glob("*.lock")):
+        assert set(documented) == set(labels(name)), name  # every stack's image: exactly the documented keys
+
+
+def test_the_oci_keys_asked_for_are_all_there():
+    got = labels("cpu-vllm")
+    for key in ("title", "description", "source", "documentation", "licenses", "revision", "created", "version",
+                "base.name", "base.digest"):
+        assert f"{OCI_PREFIX}.{key}" in got, key
+
+
+def test_licenses_is_speclocks_license_from_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels("cpu-vllm")[f"{OCI_PREFIX}.licenses"] == LICENSES == project["license"]["text"]
+
+
+def test_version_says_what_the_image_packages_and_speclocks_version_has_its_own_key():
+    from speclock import __version__
+    got = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "ab5e3f80fa59b65c",
+                     "INPUTS", "REV")
+    assert got[f"{OCI_PREFIX}.version"] == f"{load_stack('cpu-vllm').engine['version']}+ab5e3f80fa59b65c"
+    assert got[f"{LABEL_PREFIX}.speclock-version"] == __version__
+
+
+def test_the_base_of_a_locked_rootfs_and_of_a_registry_image():
+    lock = read_lock(ROOT / "locks" / "cpu-vllm.lock")
+    got = labels("cpu-vllm")
+    sha = lock["base"]["sha256"]
+    assert got[f"{OCI_PREFIX}.base.name"] == f"localhost/speclock-base:{sha[:16]}"  # what ensure_base_image imports
+    assert got[f"{OCI_PREFIX}.base.digest"] == f"sha256:{sha}" and got[f"{LABEL_PREFIX}.base"] == sha
+    pinned = "registry.example/org/base@sha256:" + "c" * 64
+    assert base_labels({"base": {"kind": "image", "ref": pinned}}) == {
+        f"{OCI_PREFIX}.base.name": "registry.example/org/base", f"{OCI_PREFIX}.base.digest": "sha256:" + "c" * 64}
+
+
+@pytest.mark.parametrize("revision, dirty", [("0123abc", "false"), ("0123abc+dirty", "true"),
+                                             ("uncommitted+dirty", "true"), ("unknown", "false")])
+def test_a_dirty_revision_is_marked_dirty(revision, dirty):
+    got = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "TAG", "INPUTS", revision)
+    assert got[f"{OCI_PREFIX}.revision"] == revision and got[f"{LABEL_PREFIX}.dirty"] == dirty
+
+
+def test_an_uncommitted_edit_to_an_input_makes_the_revision_dirty(tmp_path, monkeypatch):
+    """A real git checkout: committed inputs give the commit; an edit adds +dirty (build.inputs.git_revision)."""
+    import subprocess
+    from speclock.build import inputs
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.setattr(inputs, "REPO_ROOT", tmp_path)
+    assert inputs.git_revision([tmp_path / "src"]) == head
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    assert inputs.git_revision([tmp_path / "src"]) == head + "+dirty"
 
 
 class Recording:

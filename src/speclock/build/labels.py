@@ -17,6 +17,10 @@ from speclock.spec.stack import Stack
 LABEL_PREFIX = "io.speclock"
 OCI_PREFIX = "org.opencontainers.image"
 DEFAULT_SOURCE_URL = "https://github.com/speclock/speclock"
+# speclock's own license (pyproject.toml's `license`; tests/test_build_labels.py keeps the two equal).
+# The image also holds third-party software under its own licenses: docs/labels.md says what this means.
+LICENSES = "Apache-2.0"
+DIRTY_SUFFIX = "+dirty"
 
 
 def source_url() -> str:
@@ -25,6 +29,32 @@ def source_url() -> str:
         return os.environ["SPECLOCK_SOURCE_URL"]
     proc = subprocess.run(["git", "-C", str(REPO_ROOT), "remote", "get-url", "origin"], capture_output=True, text=True)
     return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else DEFAULT_SOURCE_URL
+
+
+def documentation_url(source: str) -> str:
+    """org.opencontainers.image.documentation: the README of the source repository (an https source),
+    else the project's."""
+    base = source.removesuffix(".git") if source.startswith("https://") else DEFAULT_SOURCE_URL
+    return f"{base}#readme"
+
+
+def is_dirty(revision: str) -> bool:
+    """Whether a revision (org.opencontainers.image.revision) says the inputs had uncommitted edits."""
+    return revision.endswith(DIRTY_SUFFIX)
+
+
+def base_labels(lock: dict[str, Any]) -> dict[str, str]:
+    """org.opencontainers.image.base.name / base.digest of the locked base.
+
+    A registry image (base kind `image`, pinned `name@sha256:...`): its name and manifest digest. A locked
+    Debian rootfs: the local image it is imported as and the sha256 of the rootfs tarball (there is no
+    registry manifest: the tarball is what the lock pins)."""
+    base = lock["base"]
+    if base.get("kind") == "image":
+        name, _, digest = base["ref"].partition("@")
+        return {f"{OCI_PREFIX}.base.name": name, f"{OCI_PREFIX}.base.digest": digest}
+    return {f"{OCI_PREFIX}.base.name": f"localhost/speclock-base:{base['sha256'][:16]}",
+            f"{OCI_PREFIX}.base.digest": f"sha256:{base['sha256']}"}
 
 
 def patches_label(stack: Stack, patches_root: Path | None = None) -> tuple[str, str]:
@@ -42,14 +72,21 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
     epoch = lock["source_date_epoch"]
     engine = stack.engine
     patches_key, patches_value = patches_label(stack, patches_root)
+    source = source_url()
     return {
         f"{OCI_PREFIX}.title": f"speclock-{stack.name}",
         f"{OCI_PREFIX}.description": stack.data.get("description", ""),
-        f"{OCI_PREFIX}.source": source_url(),
+        f"{OCI_PREFIX}.source": source,
+        f"{OCI_PREFIX}.documentation": documentation_url(source),
+        f"{OCI_PREFIX}.licenses": LICENSES,
         f"{OCI_PREFIX}.revision": revision,
         # The reproducible timestamp (the lock's SOURCE_DATE_EPOCH), not the wall clock.
         f"{OCI_PREFIX}.created": dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        f"{OCI_PREFIX}.version": f"{__version__}+{tag}",
+        # What the image packages: the engine at its pinned version, the content tag as build metadata.
+        f"{OCI_PREFIX}.version": f"{engine['version']}+{tag}",
+        **base_labels(lock),
+        f"{LABEL_PREFIX}.speclock-version": __version__,
+        f"{LABEL_PREFIX}.dirty": "true" if is_dirty(revision) else "false",
         f"{LABEL_PREFIX}.stack": stack.name,
         f"{LABEL_PREFIX}.inputs-sha256": inputs,
         f"{LABEL_PREFIX}.lock-sha256": lock["lock_sha256"],
