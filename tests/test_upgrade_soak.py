@@ -101,7 +101,7 @@ def test_soak_starts_the_engine_as_smoke_does_with_arch_settings_and_engine_env(
     from speclock.verify.soak import soak_engine_config
 
     stack = load_stack("vllm-0.26.0-torch2.11-cu130")
-    inp = SimpleNamespace(stack=stack, target=Path("/t"), draft=Path("/d"), k=3, server_url="")
+    inp = SimpleNamespace(stack=stack, target=Path("/t"), draft=Path("/d"), k=3, server_url="", concurrency=8)
     hopper, blackwell = soak_engine_config(inp, "sm_90a"), soak_engine_config(inp, "sm_100a")
     assert hopper.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"} == blackwell.env
     assert "attention_backend" not in hopper.settings

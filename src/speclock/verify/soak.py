@@ -113,7 +113,8 @@ def soak_engine_config(inp, arch: str | None = None) -> EngineConfig:
     """The drafted engine as smoke starts it: the GPU arch's settings (gpu.arch_settings) and engine.env."""
     arch = visible_arch(inp.stack) if arch is None else arch
     env = inp.stack.engine_env
-    return EngineConfig(inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env)
+    return EngineConfig(inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env,
+                        concurrency=inp.concurrency)
 
 
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:

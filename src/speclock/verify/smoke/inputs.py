@@ -16,6 +16,7 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.drafter.models import read_drafter_manifest, read_model_config, stack_model_path
+from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.spec.prompts import packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
@@ -40,6 +41,7 @@ class SmokeOptions:
     min_speedup: float | None = None  # no flag yet: a threshold override a caller may set
     max_reference_gap: float | None = None  # no flag yet: idem
     plain_cache: str | None = None
+    concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once (smoke --concurrency)
     out: str | None = None
 
     @classmethod
@@ -63,6 +65,7 @@ class SmokeInputs:
     plain_server_url: str = ""  # the same model served without a drafter
     thresholds: dict[str, Any] = field(default_factory=dict)
     plain_cache: Path | None = None  # reuse no-drafter outputs across runs (fault sweeps, tests)
+    concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once
 
 
 
@@ -122,7 +125,7 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
         max_tokens=opts.max_tokens or smoke["max_tokens"], k=smoke["num_speculative_tokens"],
         out_dir=out_dir, reference=opts.reference,
         server_url=opts.server or "", plain_server_url=opts.plain_server or "", thresholds=thresholds,
-        plain_cache=plain_cache)
+        plain_cache=plain_cache, concurrency=opts.concurrency)
 
 
 def prepare_out_dir(path: Path, option: str) -> Path:

@@ -157,7 +157,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         report.setdefault("gpu", {})["arch"] = arch
         run["stage"] = "plain (no drafter)"
         env = inp.stack.engine_env
-        plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url, env)
+        plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url, env, concurrency=inp.concurrency)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
         cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
         if cached is not None:
@@ -172,7 +172,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
                 except OSError as err:
                     raise os_error(err, cache_file, "write the plain-output cache") from None
         run["stage"] = "speculative (with drafter)"
-        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url, env)
+        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url, env, concurrency=inp.concurrency)
         spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
         run["stage"] = "compare"
         report["draft"]["captured_layers"] = captured
