@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "speclock.build.hostenv",
     "speclock.build.image",
     "speclock.build.push",
+    "speclock.build.sbom",
     "speclock.build.run",
     "speclock.build.nixcheck",
     "speclock.verify.smoke.cli",

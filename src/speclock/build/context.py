@@ -119,11 +119,13 @@ def _patch_files(stack: Stack) -> dict[str, Path]:
     return files
 
 
-def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
+def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None,
+                  sbom: bool = False, progress=print) -> None:
     """Lay out the build context: wheels, tools, patches, drafter, config, source.
 
     The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the
-    lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's)."""
+    lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's). `sbom`: also write
+    config/sbom.cdx.json (build.sbom; it reads the base rootfs and two asset wheels, so only image builds ask)."""
     _stage_wheels(stack, lock, ctx / "wheels")
 
     tools = stage_tool_files(SRC_ROOT, TOOL_PACKAGES, TOOL_TOP_FILES)
@@ -151,6 +153,9 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
         config.update({f"baselines/{stack.name}/{k}": v for k, v in tree_files(baselines).items()})
     sync_tree(config, ctx / "config")
     sync_file(lock_file or lock_path(stack), ctx / "config" / "lock.json")
+    if sbom:
+        from speclock.build.sbom import stage_sbom  # the CycloneDX library loads only when an SBOM is made
+        stage_sbom(stack, lock, ctx, progress=progress)
     sync_tree(tree_files(SRC_ROOT), ctx / "src" / "speclock")
 
 

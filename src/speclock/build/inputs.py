@@ -14,8 +14,9 @@ from speclock.core.layout import REPO_ROOT
 from speclock.spec.stack import Stack
 
 # Files of the staged context derived from the inputs (not inputs themselves), and the wheel lists
-# that stand for the wheels (each wheel is covered by the lock's hash).
-DERIVED = ("config/image.json", "Containerfile")
+# that stand for the wheels (each wheel is covered by the lock's hash). The SBOM is made from the lock,
+# the staged files and the locked base (build.sbom): a candidate staged without it gets the same tag.
+DERIVED = ("config/image.json", "config/sbom.cdx.json", "Containerfile")
 WHEEL_LISTS = ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt")
 
 

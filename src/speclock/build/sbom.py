@@ -1,0 +1,649 @@
+"""The image's SBOM: a CycloneDX JSON document made by the CycloneDX project's library (cyclonedx-python-lib),
+from the lock and the staged inputs, stored in the image and pushed beside it as an OCI referrer.
+
+What it lists (docs/sbom.md): every Python package of the image's venv (name, version, the wheel's sha256,
+pkg:pypi purl); every Debian package of the base rootfs (read from the locked tarball's dpkg status,
+pkg:deb/debian purl; dpkg records no .deb hash, so these carry none); the model assets (the target's
+GGUF and the smoke prompts, hashed inside their locked wheels; each drafter file); the engine patches.
+The build-time wheels (the lock's assets) are listed with scope `excluded`: they are not in the image.
+
+Nothing in it depends on the wall clock or the machine: the timestamp is the lock's SOURCE_DATE_EPOCH,
+every bom-ref is named, and the serial number is derived from the rest of the document, so the same
+inputs give the same bytes (and the image keeps its reproducible digest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import gzip
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from speclock import __version__
+from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, read_json
+from speclock.core.layout import REPO_ROOT, cache_dir
+from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
+
+# The staged context's config/ is copied to /opt/speclock (containers/Containerfile: COPY config /opt/speclock).
+SBOM_IN_CONTEXT = "config/sbom.cdx.json"
+SBOM_IN_IMAGE = "/opt/speclock/sbom.cdx.json"
+SBOM_LABEL = ("io.speclock.sbom", SBOM_IN_IMAGE)
+SBOM_MEDIA_TYPE = "application/vnd.cyclonedx+json"
+SCHEMA_VERSION = "1.7"  # the newest the pinned cyclonedx-python-lib writes and validates
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+EMPTY_JSON = b"{}"
+MANIFEST_TYPES = (OCI_MANIFEST, "application/vnd.docker.distribution.manifest.v2+json", OCI_INDEX,
+                  "application/vnd.docker.distribution.manifest.list.v2+json")
+INSTALL = "pip install -r scripts/requirements-host.txt (cyclonedx-python-lib[json-validation]), or run scripts/bootstrap.sh"
+
+
+def _cyclonedx():
+    """The library's modules, imported on use (speclock --help stays fast; the image never makes SBOMs)."""
+    try:
+        from cyclonedx.contrib.this.builders import this_component
+        from cyclonedx.model import HashAlgorithm, HashType, Property, XsUri
+        from cyclonedx.model.bom import Bom, BomMetaData
+        from cyclonedx.model.component import (Component, ComponentScope, ComponentType, Diff, Patch,
+                                               PatchClassification, Pedigree)
+        from cyclonedx.output import make_outputter
+        from cyclonedx.schema import OutputFormat, SchemaVersion
+        from cyclonedx.validation.json import JsonStrictValidator
+        from packageurl import PackageURL
+    except ImportError as err:
+        raise EnvironmentProblem(f"the SBOM needs cyclonedx-python-lib, which does not import here ({err})",
+                                 hint=INSTALL) from None
+    return argparse.Namespace(**{k: v for k, v in locals().items() if k != "err"})
+
+
+# ---- the base rootfs's Debian packages ---------------------------------------------------------------
+
+def parse_dpkg_status(text: str) -> list[dict[str, str]]:
+    """The installed packages of a dpkg status file: name, version, arch, source (sorted, deduplicated)."""
+    out = {}
+    for para in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in para.splitlines():
+            if line[:1] in (" ", "\t") and key:
+                continue  # a continuation line (descriptions, conffiles): not needed
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        if not fields.get("Package") or fields.get("Status", "").split()[-1:] != ["installed"]:
+            continue
+        source = fields.get("Source", "").split(" ")[0] or fields["Package"]
+        pkg = {"name": fields["Package"], "version": fields.get("Version", ""),
+               "arch": fields.get("Architecture", ""), "source": source}
+        out[(pkg["name"], pkg["arch"])] = pkg
+    return [out[k] for k in sorted(out)]
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
+    """{"os": os-release fields (+ debian_version), "packages": [...]} from a rootfs tarball."""
+    wanted = {"var/lib/dpkg/status": "status", "etc/os-release": "os", "usr/lib/os-release": "os",
+              "etc/debian_version": "debian_version"}
+    found: dict[str, str] = {}
+    try:
+        with tarfile.open(tar_path) as tar:
+            for member in tar:
+                name = member.name.lstrip("./")
+                if name in wanted and member.isfile() and wanted[name] not in found:
+                    found[wanted[name]] = tar.extractfile(member).read().decode("utf-8", "replace")
+    except (OSError, tarfile.TarError) as err:
+        raise CheckFailed(f"cannot read the base rootfs {tar_path}: {err}",
+                          hint="remove it from the cache; the next build or `speclock sbom` rebuilds it") from None
+    if "status" not in found:
+        raise CheckFailed(f"the base rootfs {tar_path} has no var/lib/dpkg/status: its Debian packages cannot be listed",
+                          hint="use a debian-rootfs base (mmdebstrap), or base.kind = 'image' in the stack")
+    osr = parse_os_release(found.get("os", ""))
+    if "debian_version" in found:
+        osr["DEBIAN_VERSION"] = found["debian_version"].strip()
+    return {"os": osr, "packages": parse_dpkg_status(found["status"])}
+
+
+def base_packages(base: dict[str, Any], *, progress=print) -> dict[str, Any] | None:
+    """The Debian packages of a locked debian-rootfs base (None for a base image by ref: not enumerated).
+
+    Read once from the tarball (verified against the lock's sha256) and kept beside the cache, keyed by
+    that sha256, so later SBOMs need no tarball."""
+    if base.get("kind") != "debian-rootfs":
+        return None
+    keep = cache_dir() / "sbom" / f"base-{base['sha256']}.json"
+    if keep.is_file():
+        try:
+            got = read_json(keep, what="cached base package list")
+            if got.get("sha256") == base["sha256"] and isinstance(got.get("packages"), list):
+                return got
+        except BadInput:
+            pass  # damaged: read the tarball again
+    from speclock.spec import baseimage
+    progress(f"  listing the Debian packages of the base rootfs {base['sha256'][:16]}")
+    got = {"sha256": base["sha256"], **read_rootfs_packages(baseimage.verified_rootfs(base, progress=progress))}
+    atomic_write_json(keep, got, indent=1, sort_keys=True)
+    return got
+
+
+# ---- inputs that are not in the lock --------------------------------------------------------------------
+
+def wheel_member_sha256(pkg: dict[str, Any], member: str) -> str:
+    """sha256 of one file inside a locked wheel (the wheel fetched and verified into the wheelhouse first)."""
+    from speclock.build import wheelhouse
+    path, _ = wheelhouse.ensure_entry(pkg)
+    h = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open(member) as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except KeyError:
+        raise BadInput(f"{pkg['filename']} has no file {member}",
+                       hint="check target.gguf / smoke.prompts_file in the stack against the wheel's contents") from None
+    except (OSError, zipfile.BadZipFile) as err:
+        raise CheckFailed(f"cannot read {path}: {err}", hint="remove it from the wheelhouse and fetch again") from None
+    return h.hexdigest()
+
+
+def _asset(lock: dict[str, Any], requirement: str, where: str) -> dict[str, Any]:
+    name = requirement.split("==")[0].strip().lower().replace("_", "-")
+    for pkg in lock["assets"]:
+        if pkg["name"].lower().replace("_", "-") == name:
+            return pkg
+    raise BadInput(f"the lock of stack {lock['stack']} has no asset {name} ({where})",
+                   hint=f"run `speclock lock --stack {lock['stack']}`")
+
+
+def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
+    """(patches, draft files) as `speclock sbom` reads them from the checkout: the same names the staged
+    context gives (patches/<engine>/<file>, draft/<file>), so both make the same SBOM."""
+    from speclock.build.context import _patch_files, tree_files
+    draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
+    if not draft.is_dir():
+        raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} is not a folder",
+                       hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
+    return _patch_files(stack), tree_files(draft)
+
+
+# ---- the document -----------------------------------------------------------------------------------
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _pypi_purl(cdx, pkg: dict[str, Any]):
+    """pkg:pypi/<name>@<version>?file_name=<wheel>, plus repository_url for a wheel from another index than PyPI.
+
+    The download URL stays in the lock, not in an externalReference: the strict validator's IRI check of
+    ~200 URLs costs ~15 s, and the purl with the wheel's name and sha256 already identifies the file."""
+    qualifiers = {"file_name": pkg["filename"]}
+    url = urllib.parse.urlsplit(pkg["url"])
+    if url.scheme == "https" and url.hostname not in ("files.pythonhosted.org", "pypi.org"):
+        qualifiers["repository_url"] = f"{url.scheme}://{url.netloc}{url.path.rsplit('/', 1)[0]}"
+    return cdx.PackageURL(type="pypi", name=_norm(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
+
+
+def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], draft: dict[str, Path],
+              progress=print) -> str:
+    """The SBOM (CycloneDX JSON) of the image built from `lock`; `patches` = {"<engine>/<file>": path} in series
+    order, `draft` = {"<file>": path}. Validated against the CycloneDX schema before it is returned."""
+    cdx = _cyclonedx()
+    sha = lambda hexdigest: [cdx.HashType(alg=cdx.HashAlgorithm.SHA_256, content=hexdigest)]  # noqa: E731
+    prop = lambda k, v: cdx.Property(name=f"speclock:{k}", value=str(v))  # noqa: E731
+    epoch = int(lock.get("source_date_epoch") or 0)
+
+    root = cdx.Component(type=cdx.ComponentType.CONTAINER, name=f"speclock-{stack.name}",
+                         version=f"lock-{lock['lock_sha256'][:16]}", bom_ref="image",
+                         description=stack.data.get("description") or None,
+                         properties=[prop("stack", stack.name), prop("lock-sha256", lock["lock_sha256"]),
+                                     prop("engine", f"{stack.engine['name']} {stack.engine['version']}"),
+                                     prop("sbom-path", SBOM_IN_IMAGE)])
+    components: list[Any] = []
+    top: list[Any] = []
+
+    # The base rootfs and its Debian packages.
+    base = lock["base"]
+    listed = base_packages(base, progress=progress)
+    if listed is None:
+        base_c = cdx.Component(type=cdx.ComponentType.CONTAINER, name=base.get("ref", "base"), bom_ref="base",
+                               properties=[prop("base-kind", base.get("kind", "image")),
+                                           prop("note", "a base image by reference: its packages are not listed")])
+        debs: list[Any] = []
+    else:
+        osr = listed["os"]
+        distro = f"{osr.get('ID', 'debian')}-{osr.get('VERSION_ID', '')}".rstrip("-")
+        base_c = cdx.Component(type=cdx.ComponentType.OPERATING_SYSTEM, name=osr.get("ID", "debian"),
+                               version=osr.get("DEBIAN_VERSION") or osr.get("VERSION_ID") or None, bom_ref="base",
+                               hashes=sha(base["sha256"]),
+                               properties=[prop("base-kind", "debian-rootfs"), prop("base-recipe", base.get("command", "")),
+                                           prop("distro", distro)])
+        debs = []
+        for p in listed["packages"]:
+            purl = cdx.PackageURL(type="deb", namespace=osr.get("ID", "debian"), name=p["name"], version=p["version"],
+                                  qualifiers={"arch": p["arch"], "distro": distro,
+                                              **({"upstream": p["source"]} if p["source"] != p["name"] else {})})
+            debs.append(cdx.Component(type=cdx.ComponentType.LIBRARY, name=p["name"], version=p["version"],
+                                      purl=purl, bom_ref=f"deb:{p['name']}:{p['arch']}"))
+    components += [base_c, *debs]
+    top.append(base_c)
+
+    # The engine's patches (files) and the Python packages of the venv (the engine carries the patches as pedigree).
+    engine_pkg = _norm(stack.engine["package"])
+    patch_cs, pedigree = [], []
+    for rel, path in patches.items():
+        patch_cs.append(cdx.Component(type=cdx.ComponentType.FILE, name=f"patches/{rel}", bom_ref=f"patch:{rel}",
+                                      hashes=sha(file_sha256(path)),
+                                      properties=[prop("path", f"/opt/speclock/patches/{rel}")]))
+        pedigree.append(cdx.Patch(type=cdx.PatchClassification.UNOFFICIAL,
+                                  diff=cdx.Diff(url=cdx.XsUri(f"file:///opt/speclock/patches/{rel}"))))
+    venv = []
+    for pkg in lock["packages"]:
+        venv.append(cdx.Component(
+            type=cdx.ComponentType.LIBRARY, name=pkg["name"], version=pkg["version"], purl=_pypi_purl(cdx, pkg),
+            bom_ref=f"pypi:{_norm(pkg['name'])}", hashes=sha(pkg["sha256"]),
+            pedigree=cdx.Pedigree(patches=pedigree) if pedigree and _norm(pkg["name"]) == engine_pkg else None))
+    if pedigree and not any(_norm(p["name"]) == engine_pkg for p in lock["packages"]):
+        raise BadInput(f"the lock of stack {stack.name} has no package {stack.engine['package']} (engine.package)",
+                       hint=f"run `speclock lock --stack {stack.name}`")
+    components += venv + patch_cs
+    top += venv + patch_cs
+
+    # Build-time wheels: read at build time (the target's GGUF, the prompts, the converters), not in the image.
+    for pkg in lock["assets"]:
+        components.append(cdx.Component(type=cdx.ComponentType.LIBRARY, name=pkg["name"], version=pkg["version"],
+                                        purl=_pypi_purl(cdx, pkg), bom_ref=f"build-asset:{_norm(pkg['name'])}", hashes=sha(pkg["sha256"]),
+                                        scope=cdx.ComponentScope.EXCLUDED, properties=[prop("role", "build-asset")]))
+
+    # The models and the data.
+    target = stack.target
+    if target.get("gguf"):
+        wheel = _asset(lock, target["package"], "target.package")
+        model = cdx.Component(type=cdx.ComponentType.MACHINE_LEARNING_MODEL, name=target.get("name") or target["gguf"],
+                              bom_ref="model:target", hashes=sha(wheel_member_sha256(wheel, target["gguf"])),
+                              properties=[prop("role", "target"), prop("source", f"{wheel['filename']}:{target['gguf']}"),
+                                          prop("hashed", "the GGUF file as locked"),
+                                          prop("path", f"/opt/speclock/target (converted at build time to {target.get('dtype', '')})")])
+    else:
+        model = cdx.Component(type=cdx.ComponentType.MACHINE_LEARNING_MODEL, name=target.get("name") or "target",
+                              bom_ref="model:target",
+                              properties=[prop("role", "target"), prop("path", "/opt/speclock/target (mounted at run time)"),
+                                          prop("note", "not in the image: target.path is a folder on the serving host")])
+    draft_files = [cdx.Component(type=cdx.ComponentType.FILE, name=f"draft/{rel}", bom_ref=f"draft:{rel}",
+                                 hashes=sha(file_sha256(path)), properties=[prop("path", f"/opt/speclock/draft/{rel}")])
+                   for rel, path in sorted(draft.items())]
+    drafter = cdx.Component(type=cdx.ComponentType.MACHINE_LEARNING_MODEL, name=Path(stack.draft["path"]).name,
+                            bom_ref="model:draft", components=draft_files,
+                            properties=[prop("role", "draft (EAGLE-3)"), prop("path", "/opt/speclock/draft")])
+    models = [model, drafter]
+    if stack.smoke.get("prompts_file"):
+        wheel = _asset(lock, stack.smoke["prompts_package"], "smoke.prompts_package")
+        models.append(cdx.Component(type=cdx.ComponentType.DATA, name="smoke prompts", bom_ref="data:prompts",
+                                    hashes=sha(wheel_member_sha256(wheel, stack.smoke["prompts_file"])),
+                                    properties=[prop("source", f"{wheel['filename']}:{stack.smoke['prompts_file']}"),
+                                                prop("path", "/opt/speclock/prompts/prompts.jsonl")]))
+    components += models
+    top += models
+
+    speclock_tool = cdx.Component(type=cdx.ComponentType.APPLICATION, name="speclock", version=__version__,
+                                  bom_ref="tool:speclock")
+
+    def make(serial: uuid.UUID) -> str:
+        bom = cdx.Bom(serial_number=serial, metadata=cdx.BomMetaData(
+            timestamp=dt.datetime.fromtimestamp(epoch, dt.timezone.utc), component=root))
+        bom.metadata.tools.components.add(speclock_tool)
+        bom.metadata.tools.components.add(cdx.this_component())
+        for c in components:
+            bom.components.add(c)
+        bom.register_dependency(root, top)
+        if debs:
+            bom.register_dependency(base_c, debs)
+        return cdx.make_outputter(bom, cdx.OutputFormat.JSON, _schema(cdx)).output_as_string(indent=1) + "\n"
+
+    # The serial number: a name-based UUID of the document itself, so the same inputs give the same bytes.
+    draft_text = make(uuid.UUID(int=0))
+    text = make(uuid.uuid5(uuid.NAMESPACE_URL, "urn:speclock:sbom:" + hashlib.sha256(draft_text.encode()).hexdigest()))
+    validate_sbom(text)
+    return text
+
+
+def _schema(cdx):
+    return cdx.SchemaVersion.from_version(SCHEMA_VERSION)
+
+
+def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
+    """CheckFailed unless `text` validates against the CycloneDX JSON schema (the library's strict validator)."""
+    cdx = _cyclonedx()
+    error = cdx.JsonStrictValidator(_schema(cdx)).validate_str(text)
+    if error is not None:
+        raise CheckFailed(f"{where} does not validate against CycloneDX {SCHEMA_VERSION}: {str(error)[:500]}",
+                          hint="this is a bug in speclock.build.sbom; report it with the stack name")
+
+
+def stage_sbom(stack: Stack, lock: dict[str, Any], ctx: Path, *, progress=print) -> Path:
+    """Write the SBOM into the staged context (config/ -> /opt/speclock/sbom.cdx.json in the image)."""
+    engine = stack.engine["name"]
+    patches = {f"{engine}/{name}": ctx / "patches" / engine / name for name in stack.patch_series}
+    from speclock.build.context import sync_text, tree_files
+    text = sbom_text(stack, lock, patches=patches, draft=tree_files(ctx / "draft"), progress=progress)
+    dest = ctx / SBOM_IN_CONTEXT
+    sync_text(dest, text)
+    return dest
+
+
+def summary(text: str) -> dict[str, Any]:
+    doc = json.loads(text)
+    kinds: dict[str, int] = {}
+    for c in doc.get("components", []):
+        purl = c.get("purl", "")
+        kind = purl.split("/")[0] if purl else c.get("type", "")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"bytes": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "components": len(doc.get("components", [])), "by_kind": dict(sorted(kinds.items())),
+            "serialNumber": doc.get("serialNumber"), "specVersion": doc.get("specVersion")}
+
+
+# ---- the OCI referrer -----------------------------------------------------------------------------------
+
+def _split_registry(registry: str, repository: str) -> tuple[str, str]:
+    """("host[:port]", "namespace/repository") from push-image's --registry HOST[:PORT][/NAMESPACE] and repository."""
+    if not registry or registry.startswith(("http://", "https://", "docker://")) or " " in registry:
+        raise BadInput(f"bad registry {registry!r}", hint="give HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000 or ghcr.io/org")
+    host, _, namespace = registry.rstrip("/").partition("/")
+    return host, f"{namespace}/{repository}" if namespace else repository
+
+
+def _auth_for(host: str) -> str | None:
+    """'user:password' for `host` from the auth files buildah/podman and docker write (REGISTRY_AUTH_FILE first)."""
+    candidates = [os.environ.get("REGISTRY_AUTH_FILE"),
+                  os.path.join(os.environ.get("XDG_RUNTIME_DIR", ""), "containers", "auth.json") if os.environ.get("XDG_RUNTIME_DIR") else None,
+                  os.path.expanduser("~/.config/containers/auth.json"), os.path.expanduser("~/.docker/config.json")]
+    for name in filter(None, candidates):
+        try:
+            auths = json.loads(Path(name).read_text()).get("auths", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        entry = auths.get(host) or auths.get(f"https://{host}") or {}
+        if isinstance(entry, dict) and entry.get("auth"):
+            try:
+                return base64.b64decode(entry["auth"]).decode()
+            except ValueError:
+                continue
+    return None
+
+
+class _Registry:
+    """The few calls of the OCI distribution API a referrer push needs, with Basic/Bearer auth on a 401."""
+
+    def __init__(self, registry: str, repository: str, *, insecure: bool):
+        self.host, self.name = _split_registry(registry, repository)
+        self.base = f"{'http' if insecure else 'https'}://{self.host}"
+        self.token: str | None = None
+
+    def call(self, method: str, path: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,
+             ok=(200,), absent_ok: bool = False) -> tuple[int, Any, bytes]:
+        url = path if path.startswith("http") else self.base + path
+        for attempt in range(2):
+            req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+            if self.token:
+                req.add_header("Authorization", self.token)
+            try:
+                with urllib.request.urlopen(req, timeout=120) as resp:
+                    return resp.status, resp.headers, resp.read()
+            except urllib.error.HTTPError as err:
+                body = err.read()
+                if err.code == 401 and attempt == 0 and self._login(err.headers.get("WWW-Authenticate", "")):
+                    continue
+                if err.code == 404 and absent_ok:
+                    return 404, err.headers, body
+                if err.code in ok:
+                    return err.code, err.headers, body
+                raise CheckFailed(f"registry {self.host}: {method} {urllib.parse.urlsplit(url).path} answered "
+                                  f"{err.code}: {body[:300].decode('utf-8', 'replace')}",
+                                  hint="check the repository name and that your credentials (buildah/docker login) may push there") from None
+            except (urllib.error.URLError, OSError) as err:
+                raise EnvironmentProblem(f"registry {self.host} is not reachable: {err}",
+                                         hint="start it or check --registry (HOST[:PORT]); loopback registries use plain HTTP") from None
+        raise CheckFailed(f"registry {self.host}: {method} {path} needs credentials that were refused",
+                          hint=f"log in with `buildah login {self.host}` (or docker login)")
+
+    def _login(self, challenge: str) -> bool:
+        creds = _auth_for(self.host)
+        scheme, _, rest = challenge.partition(" ")
+        if scheme.lower() == "basic" and creds:
+            self.token = "Basic " + base64.b64encode(creds.encode()).decode()
+            return True
+        if scheme.lower() != "bearer":
+            return False
+        params = dict(p.split("=", 1) for p in rest.replace('"', "").split(",") if "=" in p)
+        query = {k: params[k] for k in ("service", "scope") if k in params}
+        query.setdefault("scope", f"repository:{self.name}:pull,push")
+        req = urllib.request.Request(params.get("realm", "") + "?" + urllib.parse.urlencode(query))
+        if creds:
+            req.add_header("Authorization", "Basic " + base64.b64encode(creds.encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                doc = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        token = doc.get("token") or doc.get("access_token")
+        self.token = f"Bearer {token}" if token else None
+        return bool(token)
+
+    def manifest(self, reference: str) -> tuple[str, bytes] | None:
+        status, headers, body = self.call("GET", f"/v2/{self.name}/manifests/{reference}",
+                                          headers={"Accept": ", ".join(MANIFEST_TYPES)}, absent_ok=True)
+        if status == 404:
+            return None
+        return (headers.get("Content-Type") or "").split(";")[0].strip(), body
+
+    def blob(self, digest: str) -> bytes:
+        body = self.call("GET", f"/v2/{self.name}/blobs/{digest}")[2]
+        if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
+            raise CheckFailed(f"registry {self.host}: blob {digest} of {self.name} does not match its digest",
+                              hint="the registry's storage is damaged; push the image again")
+        return body
+
+    def put_blob(self, data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if self.call("HEAD", f"/v2/{self.name}/blobs/{digest}", absent_ok=True)[0] == 200:
+            return digest
+        _, headers, _ = self.call("POST", f"/v2/{self.name}/blobs/uploads/", data=b"", ok=(202,))
+        location = urllib.parse.urljoin(self.base + "/", headers.get("Location", ""))
+        sep = "&" if "?" in location else "?"
+        self.call("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", data=data, ok=(201,),
+                  headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
+        return digest
+
+    def put_manifest(self, reference: str, media_type: str, body: bytes):
+        return self.call("PUT", f"/v2/{self.name}/manifests/{reference}", data=body, ok=(201,),
+                         headers={"Content-Type": media_type})[1]
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sbom_from_image(reg: _Registry, digest: str) -> bytes:
+    """The SBOM file as the pushed image holds it: read from its layers, topmost first (a few small layers)."""
+    got = reg.manifest(digest)
+    if got is None:
+        raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}", hint="push the image first")
+    media_type, body = got
+    manifest = json.loads(body)
+    if "layers" not in manifest:
+        raise BadInput(f"{reg.name}@{digest} is an index ({media_type}), not an image manifest",
+                       hint="pass the digest of the image manifest that push-image printed")
+    want = SBOM_IN_IMAGE.lstrip("/")
+    for layer in reversed(manifest["layers"]):
+        data = reg.blob(layer["digest"])
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                for member in tar:
+                    name = member.name.lstrip("./")
+                    if name == want and member.isfile():
+                        return tar.extractfile(member).read()
+                    if name == f"{Path(want).parent}/.wh.{Path(want).name}" or name == f"{Path(want).parent}/.wh..wh..opq":
+                        break
+        except tarfile.TarError as err:
+            raise CheckFailed(f"layer {layer['digest'][:19]} of {reg.name}@{digest} is not a tar this reader takes ({err})",
+                              hint="push with gzip or no compression (zstd layers are not read here), or pass sbom=")
+    raise CheckFailed(f"{reg.name}@{digest} holds no {SBOM_IN_IMAGE}",
+                      hint="rebuild the image with this speclock (build-image stages the SBOM), then push it again")
+
+
+def push_sbom_referrer(registry: str, repository: str, digest: str, *, insecure: bool,
+                       sbom: bytes | None = None) -> dict[str, Any]:
+    """Push the image's SBOM beside it as an OCI referrer: an artifact manifest (artifactType
+    application/vnd.cyclonedx+json) whose `subject` is the image manifest `digest`, in REGISTRY/repository.
+
+    `sbom`: the document; default the image's own /opt/speclock/sbom.cdx.json, read from the pushed layers.
+    A registry without the referrers API (no OCI-Subject answer) gets the tag-schema fallback: the index
+    tagged sha256-<hex> lists the referrer. Returns {"digest", "sbom_digest", "size", "subject", "referrers"}."""
+    reg = _Registry(registry, repository, insecure=insecure)
+    got = reg.manifest(digest)
+    if got is None:
+        raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}",
+                       hint="push the image first (push-image), then its SBOM")
+    subject_type, subject_body = got
+    if "sha256:" + hashlib.sha256(subject_body).hexdigest() != digest:
+        raise CheckFailed(f"registry {reg.host} answered other bytes for {reg.name}@{digest}",
+                          hint="the registry's storage is damaged; push the image again")
+    data = sbom if sbom is not None else sbom_from_image(reg, digest)
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
+        raise BadInput("the SBOM to push is not a CycloneDX JSON document",
+                       hint=f"pass the file {SBOM_IN_IMAGE} of the image (or nothing: it is read from the image)")
+    reg.put_blob(EMPTY_JSON)
+    sbom_digest = reg.put_blob(data)
+    created = (doc.get("metadata") or {}).get("timestamp")
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": SBOM_MEDIA_TYPE,
+                "config": {"mediaType": OCI_EMPTY, "digest": "sha256:" + hashlib.sha256(EMPTY_JSON).hexdigest(),
+                           "size": len(EMPTY_JSON)},
+                "layers": [{"mediaType": SBOM_MEDIA_TYPE, "digest": sbom_digest, "size": len(data),
+                            "annotations": {"org.opencontainers.image.title": Path(SBOM_IN_IMAGE).name}}],
+                "subject": {"mediaType": subject_type, "digest": digest, "size": len(subject_body)},
+                "annotations": {"org.opencontainers.image.created": created} if created else {}}
+    body = _canonical(manifest)
+    ref_digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    headers = reg.put_manifest(ref_digest, OCI_MANIFEST, body)
+    via = "api"
+    if headers.get("OCI-Subject") != digest:
+        via = "tag-schema"
+        _add_to_fallback_index(reg, digest, {"mediaType": OCI_MANIFEST, "digest": ref_digest, "size": len(body),
+                                             "artifactType": SBOM_MEDIA_TYPE, **({"annotations": manifest["annotations"]}
+                                                                                  if manifest["annotations"] else {})})
+    return {"digest": ref_digest, "sbom_digest": sbom_digest, "size": len(data), "subject": digest, "referrers": via,
+            "repository": f"{reg.host}/{reg.name}"}
+
+
+def _fallback_tag(digest: str) -> str:
+    algo, _, hexpart = digest.partition(":")
+    return f"{algo}-{hexpart}"
+
+
+def _add_to_fallback_index(reg: _Registry, subject: str, descriptor: dict[str, Any]) -> None:
+    """The referrers tag schema (OCI distribution spec 1.1): the index tagged <alg>-<hex> lists the subject's referrers."""
+    tag = _fallback_tag(subject)
+    got = reg.manifest(tag)
+    index = json.loads(got[1]) if got else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+    index["manifests"] = [m for m in index.get("manifests", []) if m.get("digest") != descriptor["digest"]] + [descriptor]
+    reg.put_manifest(tag, OCI_INDEX, _canonical(index))
+
+
+def sbom_referrers(registry: str, repository: str, digest: str, *, insecure: bool) -> list[dict[str, Any]]:
+    """The CycloneDX referrers of an image manifest: the referrers API, or the tag-schema index where it is missing."""
+    reg = _Registry(registry, repository, insecure=insecure)
+    status, headers, body = reg.call("GET", f"/v2/{reg.name}/referrers/{digest}?artifactType="
+                                     + urllib.parse.quote(SBOM_MEDIA_TYPE, safe=""), absent_ok=True)
+    if status == 200 and (headers.get("Content-Type") or "").startswith(OCI_INDEX):
+        found = json.loads(body).get("manifests", [])
+    else:
+        got = reg.manifest(_fallback_tag(digest))
+        found = json.loads(got[1]).get("manifests", []) if got else []
+    return [m for m in found if m.get("artifactType") == SBOM_MEDIA_TYPE]
+
+
+def pull_sbom_referrer(registry: str, repository: str, digest: str, *, insecure: bool) -> bytes:
+    """The SBOM pushed beside the image `digest` (its newest CycloneDX referrer), checked against its digests."""
+    found = sbom_referrers(registry, repository, digest, insecure=insecure)
+    if not found:
+        raise CheckFailed(f"{registry}/{repository}@{digest} has no CycloneDX referrer",
+                          hint="push it with push_sbom_referrer (push-image does after the image)")
+    reg = _Registry(registry, repository, insecure=insecure)
+    got = reg.manifest(found[-1]["digest"])
+    if got is None or "sha256:" + hashlib.sha256(got[1]).hexdigest() != found[-1]["digest"]:
+        raise CheckFailed(f"the referrer {found[-1]['digest']} of {registry}/{repository} is missing or damaged",
+                          hint="push the SBOM again")
+    manifest = json.loads(got[1])
+    if (manifest.get("subject") or {}).get("digest") != digest:
+        raise CheckFailed(f"the referrer {found[-1]['digest']} names another subject", hint="push the SBOM again")
+    return reg.blob(manifest["layers"][0]["digest"])
+
+
+# ---- the command ------------------------------------------------------------------------------------
+
+def _cmd_sbom(args: argparse.Namespace) -> int:
+    from speclock.spec.lock import lock_path, read_lock
+    stack = load_stack(args.stack)
+    lock_file = Path(args.lock) if args.lock else lock_path(stack)
+    lock = read_lock(lock_file, stack=stack)
+    if lock["stack"] != stack.name:
+        raise BadInput(f"{lock_file} is the lock of stack {lock['stack']}, not {stack.name}",
+                       hint=f"pass --stack {lock['stack']}, or the lock of {stack.name}")
+    err = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    started = time.monotonic()
+    patches, draft = repo_inputs(stack)
+    text = sbom_text(stack, lock, patches=patches, draft=draft, progress=err)
+    seconds = time.monotonic() - started
+    info = {**summary(text), "stack": stack.name, "seconds": round(seconds, 2)}
+    if args.out:
+        atomic_write_text(args.out, text)
+        info["out"] = str(args.out)
+        print(json.dumps(info, indent=2) if args.json else
+              f"wrote {args.out}: CycloneDX {info['specVersion']}, {info['components']} components "
+              f"({', '.join(f'{k} {v}' for k, v in info['by_kind'].items())}), {info['bytes']} bytes, {seconds:.2f} s; valid")
+    else:
+        sys.stdout.write(text)
+        err(f"CycloneDX {info['specVersion']}, {info['components']} components, {info['bytes']} bytes, {seconds:.2f} s; valid")
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("sbom", help="write a stack's SBOM (CycloneDX JSON), the one build-image puts into the image",
+                       description="Make the image's SBOM from the lock, the patches and the drafter, without building: "
+                                   "Python packages, the base's Debian packages, model assets and patches, each with its "
+                                   f"sha256 where one exists. Validated against CycloneDX {SCHEMA_VERSION}. The image "
+                                   f"carries the same document at {SBOM_IN_IMAGE}.")
+    p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
+    p.add_argument("--lock", help="the lock to describe (default locks/<stack>.lock; e.g. an upgrade candidate's)")
+    p.add_argument("--out", help="write it to this file (default: stdout)")
+    p.add_argument("--json", action="store_true", help="with --out: print the summary (size, components, seconds) as JSON")
+    p.set_defaults(func=_cmd_sbom)
