@@ -1,4 +1,5 @@
-"""`speclock push-image`: push a built image to any OCI registry and print the pushed digest."""
+"""`speclock push-image`: push a built image to any OCI registry, print the digest the registry serves
+(read back with skopeo) and the command that runs it by that digest on a GPU host."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 import sys
 
 from speclock.build.builders import get_builder
+from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import read_record
+from speclock.build.registry import registry_digest
+from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, parse_gpus
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
@@ -29,45 +33,88 @@ def destination(registry: str, stack_name: str, tag: str, repository: str | None
     return f"{registry.rstrip('/')}/{repository or 'speclock-' + stack_name}:{tag}"
 
 
-def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah", tag: str | None = None,
-               repository: str | None = None, insecure: bool | None = None, force: bool = False) -> dict:
-    record = read_record(stack_name, builder_name, tag)
-    verdict = record.get("selfcheck", {}).get("verdict")
-    if verdict != "pass" and not force:
-        reason = "its self-check did not run" if verdict is None else f"its self-check verdict is {verdict!r}"
+def built_dirty(record: dict) -> bool:
+    """Whether the build's inputs had uncommitted edits (io.speclock.dirty; older records: the revision)."""
+    labels = record.get("labels") or {}
+    if f"{LABEL_PREFIX}.dirty" in labels:
+        return labels[f"{LABEL_PREFIX}.dirty"] == "true"
+    return is_dirty(labels.get(f"{OCI_PREFIX}.revision", ""))
 
-        raise CheckFailed(f"refusing to push {record['ref']}: {reason}",
-                          hint=f"`speclock build-image --stack {stack_name} --builder {builder_name}` (or `invoke "
-                               f"build-image`) runs the image's self-check and records its verdict; fix what it reports "
-                               f"(`speclock run-image --stack {stack_name}` runs the self-check again to look at it), "
-                               "or pass --force to push anyway")
-    builder = get_builder(builder_name)
+
+def refusals(record: dict, stack_name: str, builder_name: str) -> list[tuple[str, str]]:
+    """(why, what to do) for each reason not to push this build."""
+    out = []
+    verdict = record.get("selfcheck", {}).get("verdict")
+    if verdict != "pass":
+        reason = "its self-check did not run" if verdict is None else f"its self-check verdict is {verdict!r}"
+        out.append((reason, f"`speclock build-image --stack {stack_name} --builder {builder_name}` (or `invoke "
+                            f"build-image`) runs the image's self-check and records its verdict; fix what it reports "
+                            f"(`speclock run-image --stack {stack_name}` runs the self-check again to look at it)"))
+    if built_dirty(record):
+        revision = (record.get("labels") or {}).get(f"{OCI_PREFIX}.revision", "?")
+        out.append((f"it was built from uncommitted edits (revision {revision}, {LABEL_PREFIX}.dirty=true): its "
+                    "labels name no commit that holds its inputs",
+                    "commit the edits (`git status` lists them) and build again (`speclock build-image "
+                    f"--stack {stack_name} --builder {builder_name}`)"))
+    return out
+
+
+def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah", tag: str | None = None,
+               repository: str | None = None, insecure: bool | None = None, force: bool = False,
+               gpus: str = "all") -> dict:
+    record = read_record(stack_name, builder_name, tag)
+    gpu_selection = parse_gpus(gpus)
     dest = destination(registry, stack_name, record["tag"], repository)
-    digest = builder.push(record["ref"], dest, insecure=is_loopback(registry) if insecure is None else insecure)
-    return {"ref": record["ref"], "pushed": dest, "digest": digest, "builder": builder_name}
+    refused = refusals(record, stack_name, builder_name)
+    if refused and not force:
+        raise CheckFailed(f"refusing to push {record['ref']}: " + "; ".join(why for why, _ in refused),
+                          hint="; ".join(fix for _, fix in refused) + "; or pass --force to push it anyway")
+    builder = get_builder(builder_name)
+    insecure = is_loopback(registry) if insecure is None else insecure
+    pushed = builder.push(record["ref"], dest, insecure=insecure)
+    # What the registry serves for the tag now, read back: the digest to pull and run by.
+    digest = registry_digest(dest, insecure=insecure)
+    if digest != pushed:
+        raise CheckFailed(f"the registry serves {digest} for {dest}, but the push wrote {pushed}",
+                          hint="another push of the same tag came in between: push again, and pull by the digest "
+                               "this prints")
+    by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
+    result = {"ref": record["ref"], "pushed": dest, "digest": digest, "by_digest": by_digest, "builder": builder_name,
+              "run": gpu_host_commands(by_digest, gpu_selection)}
+    if refused:
+        result["forced"] = [why for why, _ in refused]
+    return result
 
 
 def _cmd_push(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     result = push_image(stack.name, args.registry, builder_name=args.builder, tag=args.tag, repository=args.repository,
-                        insecure=True if args.insecure else None, force=args.force)
+                        insecure=True if args.insecure else None, force=args.force, gpus=args.gpus)
+    for why in result.get("forced", []):
+        print(f"warning: pushed with --force although {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"pushed {result['pushed']}\n  digest {result['digest']}")
+        print(f"pushed {result['pushed']}\n  digest {result['digest']}\n"
+              f"run it on a GPU host (the hardening of `speclock run-image`, by digest):\n"
+              f"  {result['run']['docker']}\n  {result['run']['podman']}")
     return 0
 
 
 def add_commands(sub) -> None:
     p = sub.add_parser("push-image", help="push a built image to an OCI registry and print its digest",
-                       description="Push the last image built for a stack (or --tag) to REGISTRY/speclock-<stack>:<tag>. "
-                                   "Refuses an image whose self-check has not passed unless --force.")
+                       description="Push the last image built for a stack (or --tag) to REGISTRY/speclock-<stack>:<tag>, "
+                                   "print the digest the registry serves (read back with skopeo) and the docker and "
+                                   "podman commands that run it by digest on a GPU host. Refuses an image whose "
+                                   "self-check has not passed, or one built from uncommitted edits, unless --force.")
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000")
     p.add_argument("--repository", help="repository name (default speclock-<stack>)")
     p.add_argument("--tag", help="content tag of the build to push (default: the latest build)")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="whose image store to push from")
     p.add_argument("--insecure", action="store_true", help="plain HTTP / no TLS verification (automatic for loopback)")
-    p.add_argument("--force", action="store_true", help="push even if the self-check has not passed")
+    p.add_argument("--force", action="store_true",
+                   help="push even if the self-check has not passed or the image was built from uncommitted edits")
+    p.add_argument("--gpus", default="all", help=f"GPUs in the printed run commands: {GPUS_HELP} (default all)")
     p.add_argument("--json", action="store_true", help="machine-readable result")
     p.set_defaults(func=_cmd_push)

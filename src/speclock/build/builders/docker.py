@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from speclock.build.builders._proc import build_failure, capture, stream
+from speclock.build.registry import registry_digest
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 
@@ -91,10 +92,8 @@ class Docker:
             raise EnvironmentProblem(f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
                                      hint="check the registry address, that it runs, and `docker login`; "
                                           "plain-HTTP registries other than 127.0.0.0/8 need dockerd's insecure-registries")
-        m = re.search(r"digest: (sha256:[0-9a-f]{64})", tail)
-        if not m:
-            raise EnvironmentProblem(f"docker push printed no digest for {dest}")
-        return m[1]
+        # the registry's own answer, not a line of docker's log
+        return registry_digest(dest, insecure=insecure)
 
     def remove(self, ref: str) -> None:
         capture([docker_cli(), "rmi", "-f", ref])
