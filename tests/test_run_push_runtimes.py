@@ -345,3 +345,29 @@ def test_a_docker_build_is_copied_into_podmans_store_once(tmp_path):
     finally:
         subprocess.run([DOCKER, "rmi", "-f", ref], capture_output=True)
         subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.buildah
+@pytest.mark.parametrize("builder_name", ["buildah", "docker"])
+def test_a_dirty_builds_labels_reach_the_image_verbatim(builder_name, tmp_path):
+    """labels_for's whole vocabulary (a +dirty revision) through each real builder, read back from the image."""
+    from speclock.build.builders import get_builder
+    from speclock.build.labels import labels_for
+    from speclock.spec.lock import read_lock
+    from speclock.spec.stack import load_stack
+
+    builder = get_builder(builder_name)
+    labels = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "h3labels",
+                        "0" * 64, "0123abc+dirty")
+    assert labels["io.speclock.dirty"] == "true"
+    (tmp_path / "f").write_text("x\n")
+    (tmp_path / "Containerfile").write_text("FROM scratch AS runtime\nCOPY f /f\n")
+    ref = f"localhost/speclock-cpu-vllm:h3labels{builder_name}"
+    try:
+        builder.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag=ref, build_args={},
+                      labels=labels, target="runtime", no_cache=False, timestamp=0)
+        assert builder.labels(ref) == labels
+    finally:
+        builder.remove(ref)
