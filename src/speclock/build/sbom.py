@@ -70,7 +70,12 @@ def _cyclonedx():
     except ImportError as err:
         raise EnvironmentProblem(f"the SBOM needs cyclonedx-python-lib, which does not import here ({err})",
                                  hint=INSTALL) from None
-    return argparse.Namespace(**{k: v for k, v in locals().items() if k != "err"})
+    return argparse.Namespace(
+        this_component=this_component, HashAlgorithm=HashAlgorithm, HashType=HashType, Property=Property, XsUri=XsUri,
+        Bom=Bom, BomMetaData=BomMetaData, Component=Component, ComponentScope=ComponentScope,
+        ComponentType=ComponentType, Diff=Diff, Patch=Patch, PatchClassification=PatchClassification, Pedigree=Pedigree,
+        make_outputter=make_outputter, OutputFormat=OutputFormat, SchemaVersion=SchemaVersion,
+        JsonStrictValidator=JsonStrictValidator, PackageURL=PackageURL)
 
 
 # ---- the base rootfs's Debian packages ---------------------------------------------------------------
