@@ -80,6 +80,14 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "num_prompts": ("int", False, 80, "prompts per smoke run", None),
         "max_tokens": ("int", False, 64, "new tokens per prompt", None),
         "num_speculative_tokens": ("int", False, 3, "k, the draft length", None),
+        "profile": ("str", False, "quick", "the smoke profile a run uses when none is asked for (the image's self-check): quick, full or sampled (docs/smoke.md)", ["quick", "full", "sampled"]),
+        "attention_backends": ("list[str]", False, [], "attention backends the engine has for this stack's arch; with more than one, smoke runs the drafter once per backend and the gate checks each against the baseline (empty = the engine's default only)", None),
+        "attention_backend_setting": ("str", False, "attention_backend", "the engine setting that selects the attention backend (merged into engine.settings per backend)", None),
+    },
+    "smoke.profiles": {
+        "quick": ("table", False, {}, "overrides of the quick profile (greedy, smoke.max_tokens): num_prompts, max_tokens, max_mean_drift, max_position_drift, two_sided, position_drift", None),
+        "full": ("table", False, {}, "overrides of the full profile (greedy, 256 tokens, per-position drift): the same keys", None),
+        "sampled": ("table", False, {}, "overrides of the sampled profile (temperature > 0 over seeds): the same keys plus temperature and seeds", None),
     },
     "smoke.thresholds": {
         "min_mean_acceptance_length": ("float", False, 1.0, "floor on 1 + accepted/drafts", None),

@@ -173,7 +173,8 @@ def _load(path: Path) -> Stack:
 # Keys that never change what a lock resolves (how the smoke test runs and judges, which drafter
 # folder is copied): editing them needs no re-lock.
 UNPINNED = ("description", "draft", "smoke.thresholds", "smoke.num_prompts", "smoke.max_tokens",
-            "smoke.num_speculative_tokens")
+            "smoke.num_speculative_tokens", "smoke.profile", "smoke.profiles", "smoke.attention_backends",
+            "smoke.attention_backend_setting")
 
 
 def pinned_view(data: Any) -> Any:

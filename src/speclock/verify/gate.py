@@ -31,6 +31,7 @@ from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
+from speclock.verify.profiles import BUILTIN, Profile, report_profile, resolve_profile
 from speclock.verify.report import dotted_get, fmt_number, load_report
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
@@ -85,6 +86,20 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
     if (baseline.get("run") or {}).get("completed") is False:
         raise refuse(f"{source}: key 'run.completed': the baseline's engine run did not complete; it cannot be the "
                      f"baseline of report {report_source}")
+    mine_prof, theirs_prof = report_profile(report), report_profile(baseline)
+    if mine_prof != theirs_prof:
+        raise BadInput(f"{source}: the baseline was measured with smoke profile {theirs_prof!r}, the report {report_source} "
+                       f"with profile {mine_prof!r} (key 'profile'; a report without it is {'quick'!r})",
+                       hint=f"gate against a {mine_prof} baseline (baselines/<stack>/<engine package>-<version>"
+                            f"{'' if mine_prof == 'quick' else '.' + mine_prof}.json), or run `speclock smoke --profile "
+                            f"{theirs_prof}` to compare with this one")
+    mine_t, theirs_t = _temperature(report), _temperature(baseline)
+    if mine_t != theirs_t:
+        raise refuse(f"{source}: baseline key 'profile.temperature' is {theirs_t}, the report {report_source} has {mine_t}")
+    mine_b, theirs_b = _backend_names(report), _backend_names(baseline)
+    if mine_b != theirs_b:
+        raise refuse(f"{source}: the baseline measured attention backends {theirs_b or ['the default']}, the report "
+                     f"{report_source} {mine_b or ['the default']} (key 'attention_backends')")
     for key in ("stack", "engine.name", "num_speculative_tokens", "prompts.count", "max_tokens", "target.arch"):
         mine_found, mine = dotted_get(report, key)
         theirs_found, theirs = dotted_get(baseline, key)
@@ -111,15 +126,78 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
                          f"{report_source} with {str(mine)[:12]} (key '{key}')")
 
 
-def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[Check]:
-    """Every check the report must pass; a failed check's `kind` says where the fault most likely is."""
+def _temperature(report: dict[str, Any]) -> float:
+    prof = report.get("profile")
+    return float(prof.get("temperature", 0.0)) if isinstance(prof, dict) else 0.0
+
+
+def _backend_names(report: dict[str, Any]) -> list[str]:
+    return [b["backend"] for b in report.get("attention_backends") or []]
+
+
+def _rates(metrics: dict[str, Any]) -> list[float]:
+    drafts = metrics["num_drafts"]
+    return [a / drafts if drafts else 0.0 for a in metrics["accepted_per_position"]]
+
+
+def _drift(base: float, cur: float) -> float:
+    """Signed relative drift of `cur` from `base` (negative: a drop)."""
+    if base:
+        return (cur - base) / base
+    return 0.0 if cur == base else float("inf")
+
+
+def drift_checks(metrics: dict[str, Any], base_metrics: dict[str, Any], profile: Profile, thresholds: dict[str, Any],
+                 label: str = "") -> list[Check]:
+    """Mean acceptance length and each position's acceptance rate against the baseline's, by relative drift.
+
+    A drop beyond the tolerance fails. A rise beyond it fails too where losslessness is not proven token by
+    token (profile.two_sided: the sampled profile), since a rejection sampler that accepts what it should
+    reject raises acceptance. The mean's drop limit is smoke.thresholds.max_relative_drop unless the profile
+    sets max_mean_drift.
+    """
+    checks = []
+    mean_tol = profile.max_mean_drift if profile.max_mean_drift is not None else thresholds.get("max_relative_drop", 0.05)
+    pairs = []
+    if profile.two_sided or label:  # a one-sided top-level mean is the "acceptance length vs baseline" check
+        pairs.append(("mean acceptance length", base_metrics["mean_acceptance_length"], metrics["mean_acceptance_length"], mean_tol))
+    if profile.position_drift:
+        k = len(metrics["accepted_per_position"])
+        for i, (b, c) in enumerate(zip(_rates(base_metrics), _rates(metrics))):
+            pairs.append((f"acceptance at position {i + 1} of {k}", b, c, profile.position_tolerance(i)))
+    for what, base, cur, tol in pairs:
+        d = _drift(base, cur)
+        ok = d >= -tol and (not profile.two_sided or d <= tol)
+        side = "two-sided" if profile.two_sided else "drop"
+        why = "; a rise is suspect where losslessness is not proven token by token" if d > 0 else ""
+        detail = "" if ok else (f"{cur:.3f} vs baseline {base:.3f}: {'rose' if d > 0 else 'dropped'} {abs(d):.1%} "
+                                f"(limit {tol:.1%}, {side}{why})")
+        checks.append(Check(f"{what} vs baseline{label} ({profile.name})", ok, round(d, 4) if d != float("inf") else None,
+                            f"{'|drift|' if profile.two_sided else 'drop'} <= {tol:.1%}", "regression", detail))
+    return checks
+
+
+def _builtin_profile(report: dict[str, Any]) -> Profile:
+    """The report's profile with speclock's built-in tolerances (a caller without a stack at hand)."""
+    name = report_profile(report)
+    tol = {k: (tuple(v) if isinstance(v, list) else v) for k, v in BUILTIN[name].items()
+           if k in ("max_mean_drift", "max_position_drift", "two_sided", "position_drift")}
+    return Profile(name=name, num_prompts=0, max_tokens=0, temperature=_temperature(report), seeds=(0,), **tol)
+
+
+def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None = None,
+             profile: Profile | None = None) -> list[Check]:
+    """Every check the report must pass; a failed check's `kind` says where the fault most likely is.
+
+    `profile` gives the drift tolerances against the baseline (default: the built-in values of the report's profile)."""
     m, ll, tp = report["metrics"], report["lossless"], report["throughput"]
     run = report.get("run") or {"completed": True, "error": None}
     checks = [Check("engine run completed", bool(run.get("completed")), run.get("completed"), "true", "engine",
                     "" if run.get("completed") else f"the engine failed: {run.get('error')}")]
-    checks.append(Check("lossless (spec == plain, token for token, up to numeric ties)", ll["checked"] > 0 and ll["mismatches"] == 0,
-                        f"{ll['mismatches']}/{ll['checked']} differ", "0 differ", "lossless",
-                        "" if ll["checked"] else "no outputs were compared"))
+    if not (_temperature(report) > 0 and ll.get("mode") == "sampled"):  # sampled: see profiles.py (not token by token)
+        checks.append(Check("lossless (spec == plain, token for token, up to numeric ties)",
+                            ll["checked"] > 0 and ll["mismatches"] == 0, f"{ll['mismatches']}/{ll['checked']} differ",
+                            "0 differ", "lossless", "" if ll["checked"] else "no outputs were compared"))
     k = report["num_speculative_tokens"]
     mal = m["mean_acceptance_length"]
     floor = thresholds.get("min_mean_acceptance_length", 1.0)
@@ -143,12 +221,19 @@ def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[
                             f"(gap {ref['gap']:.3f} > {limit}): the engine integration is broken (e.g. wrong aux layers "
                             f"captured), not the drafter"))
     if baseline is not None:
+        profile = profile or _builtin_profile(report)
         limit = thresholds.get("max_relative_drop", 0.05)
-        base_mal = baseline["metrics"]["mean_acceptance_length"]
-        drop = _rel_drop(base_mal, mal)
-        checks.append(Check(f"acceptance length vs baseline ({baseline['engine']['version']})", drop <= limit, drop,
-                            f"<= {limit} relative drop", "regression",
-                            "" if drop <= limit else f"{mal:.3f} vs baseline {base_mal:.3f}: dropped {drop:.1%} (limit {limit:.0%})"))
+        if not profile.two_sided:  # two-sided profiles check the mean both ways in drift_checks
+            base_mal = baseline["metrics"]["mean_acceptance_length"]
+            drop = _rel_drop(base_mal, mal)
+            checks.append(Check(f"acceptance length vs baseline ({baseline['engine']['version']})", drop <= limit, drop,
+                                f"<= {limit} relative drop", "regression",
+                                "" if drop <= limit else f"{mal:.3f} vs baseline {base_mal:.3f}: dropped {drop:.1%} (limit {limit:.0%})"))
+        checks += drift_checks(m, baseline["metrics"], profile, thresholds)
+        base_backends = {b["backend"]: b for b in baseline.get("attention_backends") or []}
+        for b in (report.get("attention_backends") or [])[1:]:  # the first backend is the top-level metrics
+            checks += drift_checks(b["metrics"], base_backends[b["backend"]]["metrics"], profile, thresholds,
+                                   f", attention backend {b['backend']}")
         if min_speedup and baseline["throughput"].get("speedup") and tp.get("speedup") is not None:
             sdrop = _rel_drop(baseline["throughput"]["speedup"], tp["speedup"])
             checks.append(Check("speedup vs baseline", sdrop <= limit, sdrop, f"<= {limit} relative drop", "regression"))
@@ -199,17 +284,19 @@ def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str |
     return "\n".join(lines) + "\n"
 
 
-def baseline_path(baselines_dir: Path, stack: str, engine_package: str, engine_version: str) -> Path:
-    """baselines/<stack>/<package>-<version>.json; every part comes from data, so each must be a plain name."""
+def baseline_path(baselines_dir: Path, stack: str, engine_package: str, engine_version: str, profile: str = "quick") -> Path:
+    """baselines/<stack>/<package>-<version>.json for the quick profile (the files stored before profiles existed),
+    <package>-<version>.<profile>.json for the others; every part comes from data, so each must be a plain name."""
     folder = files.plain_name(stack, what="stack name")
-    name = files.plain_name(f"{engine_package}-{engine_version}.json", what="baseline file name")
+    suffix = "" if profile == "quick" else f".{profile}"
+    name = files.plain_name(f"{engine_package}-{engine_version}{suffix}.json", what="baseline file name")
     return files.confined(baselines_dir, f"{folder}/{name}", what="baseline")
 
 
 def find_baseline(baselines_dir: Path, report: dict[str, Any]) -> Path | None:
     """The stored baseline for the report's stack and engine version, if one is stored."""
     pkg = report["engine"].get("package") or report["engine"]["name"]
-    path = baseline_path(baselines_dir, report["stack"], pkg, report["engine"]["version"])
+    path = baseline_path(baselines_dir, report["stack"], pkg, report["engine"]["version"], report_profile(report))
     return path if path.exists() else None
 
 
@@ -300,15 +387,15 @@ class GateResult:
                 "checks": [dict(asdict(c), status=c.status) for c in self.checks], "failures": failures_of(self.checks)}
 
 
-def _stored_baseline(stack, baselines_dir: Path | None) -> tuple[Path | None, str]:
-    """(the stored baseline, None) or (None, why there is none): --baseline auto."""
+def _stored_baseline(stack, baselines_dir: Path | None, profile: str = "quick") -> tuple[Path | None, str]:
+    """(the stored baseline, None) or (None, why there is none): --baseline auto, for the report's profile."""
     bdir = baselines_dir or (IMAGE.baselines_dir if in_image() else REPO_ROOT / "baselines")
-    path = baseline_path(bdir, stack.name, stack.engine["package"], stack.engine["version"])
+    path = baseline_path(bdir, stack.name, stack.engine["package"], stack.engine["version"], profile)
     if path.exists():
         return path, ""
     if not bdir.is_dir():
         return None, f"no baselines folder {bdir}"
-    return None, f"no stored baseline {path} for {stack.engine['package']} {stack.engine['version']}"
+    return None, f"no stored {profile}-profile baseline {path} for {stack.engine['package']} {stack.engine['version']}"
 
 
 def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | None = None,
@@ -321,6 +408,7 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
     report = load_report(report_path)
     st = resolve_stack(report, stack, report_src)
     thresholds = dict(st.thresholds)
+    profile = resolve_profile(st, report_profile(report), source=f"{report_src}: key 'profile.name'")
     if baselines_dir is not None and not Path(baselines_dir).is_dir():
         raise BadInput(f"--baselines-dir {baselines_dir}: {'not a folder' if Path(baselines_dir).exists() else 'no such folder'}",
                        hint="give the folder that holds <stack>/<engine package>-<version>.json (the repo's baselines/), "
@@ -329,7 +417,7 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
     if baseline is None or baseline == "none":
         warnings.append("no baseline (--baseline none): the regression check against a baseline was skipped")
     elif baseline == "auto":
-        found, why = _stored_baseline(st, Path(baselines_dir) if baselines_dir else None)
+        found, why = _stored_baseline(st, Path(baselines_dir) if baselines_dir else None, profile.name)
         if found is None:
             warnings.append(f"no baseline: {why}; the regression check against a baseline was skipped "
                             "(record one by checking a passing report and copying it there, or pass --baseline REPORT)")
@@ -340,7 +428,7 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
     if base_src is not None:
         base_doc = load_report(base_src, what="baseline report")
         check_baseline_matches(report, base_doc, base_src, report_src)
-    checks = evaluate(report, thresholds, base_doc)
+    checks = evaluate(report, thresholds, base_doc, profile)
     if base_doc is None:
         checks.append(Check("acceptance length vs baseline", True, None, "a baseline report", "regression",
                             warnings[0], warn=True))

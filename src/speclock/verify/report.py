@@ -82,6 +82,16 @@ OPTIONAL: dict[str, tuple] = {
     "reference.key.num_prompts": (int,),
     "reference.key.k": (int,),
     "reference.key.max_tokens": (int,),
+    # smoke profiles (speclock.verify.profiles); a report without `profile` is a quick (greedy) one
+    "profile": (dict,),
+    "profile.name": (str,),
+    "profile.temperature": _NUM,
+    "profile.seeds": (list,),
+    "lossless.mode": (str,),
+    "sampled": (dict,),
+    "sampled.temperature": _NUM,
+    "sampled.per_seed": (list,),
+    "attention_backends": (list,),
 }
 _INT_LIMIT = 2 ** 63  # counters are 64-bit in every engine; a larger integer is no measurement
 # Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
@@ -172,11 +182,68 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
             raise bad(f"throughput.{key}", f"negative ({value})")
     if isinstance(data.get("reference"), dict):
         _check_reference(data, bad)
+    _check_profile(data, k, bad)
     return data
+
+
+def _check_profile(data: dict[str, Any], k: int, bad) -> None:
+    """The profile, its per-seed counters and its attention backends agree with the report's own numbers.
+
+    A greedy report may not call its lossless section 'sampled' (that would skip the token-for-token check),
+    and a sampled report's per-seed counters must add up to its pooled metrics."""
+    from speclock.verify.profiles import PROFILES  # profiles imports nothing from here; keep report light
+
+    prof = data.get("profile")
+    name, temp = "quick", 0.0
+    if prof is not None:
+        name, temp = prof.get("name"), prof.get("temperature", 0.0)
+        if name not in PROFILES:
+            raise bad("profile.name", f"{files.short_repr(name)} is not one of {', '.join(PROFILES)}")
+        if (name == "sampled") != (temp > 0):
+            raise bad("profile.temperature", f"{temp} in profile {name} (sampled samples at temperature > 0; quick and full are greedy)")
+    if data["lossless"].get("mode", "greedy") != "greedy" and not (data["lossless"]["mode"] == "sampled" and temp > 0):
+        raise bad("lossless.mode", f"{files.short_repr(data['lossless']['mode'])} in a greedy run: greedy outputs are compared token for token")
+    sampled = data.get("sampled")
+    if name == "sampled" and data.get("run", {}).get("completed", True) and not isinstance(sampled, dict):
+        raise bad("sampled", "missing: a completed sampled-profile run reports its counters per seed")
+    if isinstance(sampled, dict):
+        per_seed = sampled.get("per_seed") or []
+        totals = [0, 0, 0, [0] * k]
+        for i, seed in enumerate(per_seed):
+            if not isinstance(seed, dict):
+                raise bad(f"sampled.per_seed[{i}]", "expected an object of counters")
+            _check_metrics(seed, k, lambda key, problem, i=i: bad(f"sampled.per_seed[{i}].{key.removeprefix('metrics.')}", problem))
+            totals[0] += seed["num_drafts"]
+            totals[1] += seed["num_draft_tokens"]
+            totals[2] += seed["num_accepted_tokens"]
+            totals[3] = [a + b for a, b in zip(totals[3], seed["accepted_per_position"] + [0] * k)]
+        m = data["metrics"]
+        if per_seed and [m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"], list(m["accepted_per_position"]) + [0] * (k - len(m["accepted_per_position"]))] != totals:
+            raise bad("sampled.per_seed", "the per-seed counters do not add up to metrics (num_drafts, num_draft_tokens, "
+                                          "num_accepted_tokens, accepted_per_position)")
+    backends = data.get("attention_backends")
+    if backends is not None:
+        names = []
+        for i, b in enumerate(backends):
+            if not isinstance(b, dict) or not isinstance(b.get("backend"), str) or not isinstance(b.get("metrics"), dict):
+                raise bad(f"attention_backends[{i}]", "expected {backend: name, metrics: {...}}")
+            _check_metrics(b["metrics"], k, lambda key, problem, i=i: bad(f"attention_backends[{i}].{key}", problem))
+            names.append(b["backend"])
+        if len(set(names)) != len(names):
+            raise bad("attention_backends", f"a backend is listed twice: {names}")
+        if backends and backends[0]["metrics"] != data["metrics"]:
+            raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
+
+
+_COUNTER_TYPES = {"num_drafts": (int,), "num_draft_tokens": (int,), "num_accepted_tokens": (int,),
+                  "accepted_per_position": (list,), "acceptance_rate": _NUM, "mean_acceptance_length": _NUM}
 
 
 def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
     """The counters must agree with each other: the derived rates are computed from them, not trusted."""
+    for key, types in _COUNTER_TYPES.items():  # nested copies (per seed, per backend) are not in REQUIRED
+        if key not in m or isinstance(m[key], bool) or not isinstance(m[key], types):
+            raise bad(f"metrics.{key}", f"expected {_type_names(types)}, got {files.short_repr(m.get(key))}")
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         if m[key] < 0:
             raise bad(f"metrics.{key}", f"negative ({m[key]})")

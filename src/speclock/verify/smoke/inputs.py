@@ -19,6 +19,7 @@ from speclock.drafter.models import read_drafter_manifest, read_model_config, st
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.spec.prompts import packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
+from speclock.verify.profiles import PROFILES, Profile, resolve_profile
 
 
 def log(msg: str) -> None:
@@ -34,6 +35,7 @@ class SmokeOptions:
     prompts: str | None = None
     num_prompts: int | None = None
     max_tokens: int | None = None
+    profile: str | None = None
     reference: str = "recorded"
     server: str | None = None
     plain_server: str | None = None
@@ -66,6 +68,7 @@ class SmokeInputs:
     thresholds: dict[str, Any] = field(default_factory=dict)
     plain_cache: Path | None = None  # reuse no-drafter outputs across runs (fault sweeps, tests)
     concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once
+    profile: Profile | None = None  # quick | full | sampled (speclock.verify.profiles)
 
 
 
@@ -85,6 +88,8 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     else:
         stack = load_stack(DEFAULT_STACK)
     smoke = stack.smoke
+    profile = resolve_profile(stack, opts.profile or smoke["profile"],
+                              source="--profile" if opts.profile else f"{stack.path}: key 'smoke.profile'")
     if opts.target:
         target = Path(opts.target)
     elif inside:
@@ -115,17 +120,17 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
         override = getattr(opts, key)
         if override is not None:
             thresholds[key] = override
-    n = opts.num_prompts or smoke["num_prompts"]
+    n = opts.num_prompts or profile.num_prompts
     if n < 1 or (opts.max_tokens is not None and opts.max_tokens < 1):
         raise BadInput("--num-prompts and --max-tokens must be at least 1")
     out_dir = prepare_out_dir(Path(opts.out) if opts.out else default_out_dir(stack.name), "--out")
     plain_cache = prepare_out_dir(Path(opts.plain_cache), "--plain-cache") if opts.plain_cache else None
     return SmokeInputs(
         stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
-        max_tokens=opts.max_tokens or smoke["max_tokens"], k=smoke["num_speculative_tokens"],
+        max_tokens=opts.max_tokens or profile.max_tokens, k=smoke["num_speculative_tokens"],
         out_dir=out_dir, reference=opts.reference,
         server_url=opts.server or "", plain_server_url=opts.plain_server or "", thresholds=thresholds,
-        plain_cache=plain_cache, concurrency=opts.concurrency)
+        plain_cache=plain_cache, concurrency=opts.concurrency, profile=profile)
 
 
 def prepare_out_dir(path: Path, option: str) -> Path:
@@ -161,8 +166,12 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
     p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
     p.add_argument("--prompts", help="JSONL prompt file (default: the image's, or the stack's MT-Bench questions)")
-    p.add_argument("--num-prompts", type=positive_int, help="prompts to use (default: the stack's smoke.num_prompts)")
-    p.add_argument("--max-tokens", type=positive_int, help="new tokens per prompt (default: the stack's smoke.max_tokens)")
+    p.add_argument("--profile", choices=PROFILES,
+                   help="quick (default in an image: greedy, the stack's smoke.max_tokens), full (greedy, 256 tokens, per-position "
+                        "drift; what upgrade and GPU runs use) or sampled (temperature > 0 over several seeds, acceptance with a "
+                        "95%% confidence interval, gated two-sided); the stack's smoke.profile is the default (docs/smoke.md)")
+    p.add_argument("--num-prompts", type=positive_int, help="prompts to use (default: the profile's, i.e. the stack's smoke.num_prompts)")
+    p.add_argument("--max-tokens", type=positive_int, help="new tokens per prompt (default: the profile's: smoke.max_tokens, 256 for full)")
     p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
                    help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
                         "run the reference decoder now (slow on a CPU), or skip")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import inspect
 import json
 import os
 import time
@@ -19,6 +20,7 @@ from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engi
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.gate import evaluate, failures_of
+from speclock.verify.profiles import per_seed_summary
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
 from speclock.verify.smoke.inputs import log, SmokeInputs
 from speclock.verify.smoke.reference import reference_key, reference_section
@@ -64,22 +66,48 @@ def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list
     return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tokens: int, label: str):
-    """Start, warm up, generate with counters as deltas, stop. Returns (outputs, seconds, counters, captured)."""
+def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tokens: int, label: str,
+              passes: list[dict[str, Any] | None] | None = None):
+    """Start, warm up, generate once per pass (None = greedy, else {temperature, seed}) with counters as deltas
+    around each pass, stop. Returns ([(outputs, seconds, counters) per pass], captured)."""
+    passes = passes or [None]
     t0 = time.perf_counter()
     log(f"starting {engine.NAME} {label}")
     # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
     with running(engine, config) as session:
-        log(f"{engine.NAME} {label} ready in {time.perf_counter() - t0:.1f} s; generating {len(prompt_ids)} prompts x {max_tokens} tokens")
+        if any(passes) and "sampling" not in inspect.signature(session.generate).parameters:
+            raise BadInput(f"the {engine.NAME} adapter {type(session).__name__} generates greedily only",
+                           hint="run the quick or full profile here; the sampled profile needs an adapter that takes "
+                                "sampling parameters (the offline vLLM engine)")
+        log(f"{engine.NAME} {label} ready in {time.perf_counter() - t0:.1f} s; generating {len(prompt_ids)} prompts x "
+            f"{max_tokens} tokens{f' x {len(passes)} seeds' if len(passes) > 1 else ''}")
         session.generate(prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
-        before = session.counters()
-        t1 = time.perf_counter()
-        outputs = session.generate(prompt_ids, max_tokens)
-        seconds = time.perf_counter() - t1
-        delta = session.counters() - before
+        results = []
+        for sampling in passes:
+            before = session.counters()
+            t1 = time.perf_counter()
+            outputs = session.generate(prompt_ids, max_tokens, sampling) if sampling else session.generate(prompt_ids, max_tokens)
+            seconds = time.perf_counter() - t1
+            results.append((outputs, seconds, session.counters() - before))
+            which = f" (seed {sampling['seed']})" if sampling else ""
+            log(f"{label}{which}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
         captured = session.captured_layers()
-    log(f"{label}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
-    return outputs, seconds, delta, captured
+    return results, captured
+
+
+def sampling_passes(profile) -> list[dict[str, Any] | None]:
+    """One greedy pass, or one {temperature, seed} pass per seed of a sampled profile."""
+    if profile is None or not profile.sampled:
+        return [None]
+    return [{"temperature": profile.temperature, "seed": seed} for seed in profile.seeds]
+
+
+def backend_variants(stack, settings: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """(backend name, engine settings) per attention backend the stack lists (smoke.attention_backends, merged
+    into the settings under smoke.attention_backend_setting); [(None, settings)] when it lists none."""
+    names = list(stack.smoke.get("attention_backends") or [])
+    key = stack.smoke.get("attention_backend_setting") or "attention_backend"
+    return [(name, {**settings, key: name}) for name in names] or [(None, dict(settings))]
 
 
 def read_plain_cache(cache_file: Path, n_prompts: int) -> tuple[list[list[int]], float] | None:
@@ -118,6 +146,7 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
         "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
         "num_speculative_tokens": inp.k,
         "max_tokens": inp.max_tokens,
+        "profile": _profile_record(inp),
         "prompts": {"source": str(inp.prompts_file), "count": len(texts)},
         "metrics": SpecCounters().metrics(),
         "throughput": {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None},
@@ -128,6 +157,49 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
         "verdict": "fail",
         "failures": [],
     }
+
+
+def _profile_record(inp: SmokeInputs) -> dict[str, Any]:
+    if inp.profile is None:
+        return {"name": "quick"}
+    rec = inp.profile.describe()
+    rec.update(num_prompts=inp.num_prompts, max_tokens=inp.max_tokens)  # what ran (flags may shorten it)
+    return rec
+
+
+def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, plain, plain_s, prompt_ids, run) -> dict[str, Any]:
+    """One speculative run's report sections: counters pooled over its passes (seeds), per-seed spread, throughput,
+    and lossless (greedy: token for token against the plain run; sampled: not checkable token by token)."""
+    pooled = results[0][2]
+    for _, _, delta in results[1:]:
+        pooled = pooled + delta
+    spec_tokens = sum(sum(map(len, outputs)) for outputs, _, _ in results)
+    spec_s = sum(seconds for _, seconds, _ in results)
+    base_tps, spec_tps = sum(map(len, plain)) / plain_s, spec_tokens / spec_s
+    out: dict[str, Any] = {
+        "backend": backend, "captured_layers": captured, "metrics": pooled.metrics(),
+        "throughput": {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
+                       "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}}
+    if passes[0] is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
+        per_seed = [dict(seed=p["seed"], **delta.metrics()) for p, (_, _, delta) in zip(passes, results)]
+        out["sampled"] = {"temperature": passes[0]["temperature"], "seeds": [p["seed"] for p in passes],
+                          "per_seed": per_seed, "spread": per_seed_summary(per_seed)}
+        out["lossless"] = {"checked": 0, "mismatches": 0, "mode": "sampled",
+                           "note": "temperature > 0: two correct samplers draw different tokens, so outputs are not "
+                                   "compared token for token; the greedy profiles prove the verification path lossless, "
+                                   "and this profile's acceptance is gated two-sided against a sampled baseline (a "
+                                   "rejection sampler that rejects too often drops it, one that accepts too much raises it)"}
+        return out
+    spec = results[0][0]
+    judge = None
+    if plain != spec:  # the float32 judge loads the target: only when something diverged
+        run["stage"] = "lossless (judging divergences)"
+        judge = lossless.float32_judge(inp.target, log=log)
+    out["lossless"] = lossless.compare(plain, spec, prompt_ids, judge)
+    if out["lossless"]["numeric_ties"]:
+        log(f"lossless: {out['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
+            f"(float32 margin <= tie limit), {out['lossless']['mismatches']} real mismatch(es)")
+    return out
 
 
 def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
@@ -165,29 +237,31 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
             log(f"plain outputs reused from {cache_file}")
             report["lossless"]["plain_from"] = str(cache_file)
         else:
-            plain, plain_s, _, _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
+            # the no-drafter pass is greedy in every profile: the lossless judge and the throughput baseline
+            [(plain, plain_s, _)], _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
             if cache_file:
                 try:
                     atomic_write_text(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
                 except OSError as err:
                     raise os_error(err, cache_file, "write the plain-output cache") from None
-        run["stage"] = "speculative (with drafter)"
-        spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, settings, inp.server_url, env, concurrency=inp.concurrency)
-        spec, spec_s, delta, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens, "with drafter")
-        run["stage"] = "compare"
-        report["draft"]["captured_layers"] = captured
-        report["metrics"] = delta.metrics()
-        base_tps, spec_tps = sum(map(len, plain)) / plain_s, sum(map(len, spec)) / spec_s
-        report["throughput"] = {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
-                                "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}
-        judge = None
-        if plain != spec:  # the float32 judge loads the target: only when something diverged
-            run["stage"] = "lossless (judging divergences)"
-            judge = lossless.float32_judge(inp.target, log=log)
-        report["lossless"] = lossless.compare(plain, spec, prompt_ids, judge)
-        if report["lossless"]["numeric_ties"]:
-            log(f"lossless: {report['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
-                 f"(float32 margin <= tie limit), {report['lossless']['mismatches']} real mismatch(es)")
+        backends = []
+        for backend, backend_settings in backend_variants(inp.stack, settings):
+            run["stage"] = "speculative (with drafter)" + (f", attention backend {backend}" if backend else "")
+            spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, backend_settings, inp.server_url, env, concurrency=inp.concurrency)
+            passes = sampling_passes(inp.profile)
+            results, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens,
+                                          "with drafter" + (f" ({backend})" if backend else ""), passes)
+            run["stage"] = "compare"
+            backends.append(_measure(inp, backend, passes, results, captured, plain, plain_s, prompt_ids, run))
+        first = backends[0]
+        for key in ("metrics", "throughput", "lossless"):
+            report[key] = first[key]
+        report["draft"]["captured_layers"] = first["captured_layers"]
+        if first.get("sampled"):
+            report["sampled"] = first["sampled"]
+        if backends[0]["backend"] is not None:
+            report["attention_backends"] = [{k: b[k] for k in ("backend", "metrics", "lossless", "sampled") if k in b}
+                                            for b in backends]
         run.update(completed=True, stage="done")
         code = 0
     except (BadInput, EnvironmentProblem) as err:

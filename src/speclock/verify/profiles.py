@@ -1,0 +1,194 @@
+"""Smoke profiles: how long, how greedy and how many seeds a smoke run is, and how far it may drift.
+
+- `quick`: the in-image default (`speclock selfcheck`): the stack's prompts x smoke.max_tokens, greedy.
+- `full`: what `upgrade`, GPU runs and a request use: 256 new tokens, greedy, per-position drift checked
+  against the baseline (as vLLM's own acceptance-length test: 80 MT-Bench prompts, 256 tokens, k=3, +-5%).
+- `sampled`: temperature > 0 over several seeds: acceptance and per-position rates per seed with a 95%
+  confidence interval. Token-for-token losslessness cannot be checked there (two correct samplers draw
+  different tokens); what is checked is acceptance against a baseline of the same profile, two-sided:
+  a rejection sampler that rejects too often shows as a drop, one that accepts what it should reject as
+  a rise. Losslessness of the verification path itself is proven by the greedy profiles.
+
+Each stack may override any field per profile in `[smoke.profiles]` (e.g.
+`sampled = { temperature = 0.8, seeds = [0, 1, 2, 3] }`); the drift tolerances there come from measured
+spread (benchmarks/smoke_spread.py, docs/smoke.md). A report records its profile; the gate compares it
+only with a baseline of the same profile. A report without `profile` was written before profiles
+existed: those runs were all greedy at the stack's length, which is `quick`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from speclock.core import files
+from speclock.core.errors import BadInput
+
+PROFILES = ("quick", "full", "sampled")
+DEFAULT_PROFILE = "quick"
+LEGACY_PROFILE = "quick"  # what a report without a `profile` key was (64 tokens, greedy)
+
+# Built-in values; a stack's [smoke.profiles] table overrides them per key. None = the stack's [smoke] value.
+# Tolerances: relative drift (|report - baseline| / baseline) of the mean acceptance length and of each
+# position's acceptance rate. Greedy runs repeat exactly on one machine (docs/smoke.md: spread 0 over the
+# runs measured), so their tolerance is the engines' own CI standard, 5%, which covers other CPUs' bf16
+# rounding; the sampled tolerance comes from the spread over seeds and runs (docs/smoke.md). max_mean_drift None:
+# the mean's drop limit is smoke.thresholds.max_relative_drop (one-sided), as before profiles existed.
+BUILTIN: dict[str, dict[str, Any]] = {
+    "quick": {"num_prompts": None, "max_tokens": None, "temperature": 0.0, "seeds": [0],
+              "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True},
+    "full": {"num_prompts": None, "max_tokens": 256, "temperature": 0.0, "seeds": [0],
+             "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True},
+    "sampled": {"num_prompts": None, "max_tokens": None, "temperature": 1.0, "seeds": [0, 1, 2],
+                "max_mean_drift": 0.05, "max_position_drift": 0.10, "two_sided": True, "position_drift": True},
+}
+_KEY_HELP = {
+    "num_prompts": "a positive integer (default: smoke.num_prompts)",
+    "max_tokens": "a positive integer (default: smoke.max_tokens)",
+    "temperature": "a number >= 0 (0 = greedy)",
+    "seeds": "a non-empty list of distinct integers >= 0",
+    "max_mean_drift": "a relative tolerance from 0 to 1 (e.g. 0.05; greedy profiles default to smoke.thresholds.max_relative_drop)",
+    "max_position_drift": "a relative tolerance from 0 to 1, or one per draft position",
+    "two_sided": "true or false: a rise beyond the tolerance fails too",
+    "position_drift": "true or false: check each draft position against the baseline",
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    num_prompts: int
+    max_tokens: int
+    temperature: float
+    seeds: tuple[int, ...]
+    max_mean_drift: float | None
+    max_position_drift: tuple[float, ...] | float
+    two_sided: bool
+    position_drift: bool
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    def position_tolerance(self, i: int) -> float:
+        tol = self.max_position_drift
+        if isinstance(tol, tuple):
+            return tol[i] if i < len(tol) else tol[-1]
+        return tol
+
+    def describe(self) -> dict[str, Any]:
+        """The profile as a report records it."""
+        d = asdict(self)
+        d["seeds"] = list(self.seeds)
+        if isinstance(self.max_position_drift, tuple):
+            d["max_position_drift"] = list(self.max_position_drift)
+        return d
+
+
+def _check_value(key: str, value: Any, where: str, hint: str) -> Any:
+    def bad() -> BadInput:
+        return BadInput(f"{where}.{key}: {files.short_repr(value)} is not {_KEY_HELP[key]}", hint=hint)
+
+    if key in ("num_prompts", "max_tokens"):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise bad()
+    elif key == "temperature":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise bad()
+        value = float(value)
+    elif key == "seeds":
+        if (not isinstance(value, list) or not value or len(set(map(repr, value))) != len(value)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
+            raise bad()
+        value = tuple(value)
+    elif key == "max_mean_drift":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise bad()
+        value = float(value)
+    elif key == "max_position_drift":
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1 for v in items):
+            raise bad()
+        value = tuple(float(v) for v in value) if isinstance(value, list) else float(value)
+    elif key in ("two_sided", "position_drift"):
+        if not isinstance(value, bool):
+            raise bad()
+    return value
+
+
+def resolve_profile(stack, name: str | None = None, *, source: str = "--profile") -> Profile:
+    """The named profile (default quick) with the stack's [smoke.profiles] overrides and [smoke] defaults.
+
+    Bad input names the stack file and key: `<stack>: key 'smoke.profiles.sampled.seeds': ...`.
+    """
+    name = name or DEFAULT_PROFILE
+    if name not in PROFILES:
+        raise BadInput(f"{source}: unknown smoke profile {files.short_repr(name)}", hint=f"one of {', '.join(PROFILES)}")
+    overrides = (stack.data.get("smoke.profiles") or {}).get(name) or {}
+    where = f"{stack.path}: key 'smoke.profiles.{name}"
+    hint = f"fix [smoke.profiles] {name} in {stack.path}; keys: {', '.join(_KEY_HELP)}"
+    if not isinstance(overrides, dict):
+        raise BadInput(f"{where}': expected a table such as {{ max_tokens = 256 }}, got {files.short_repr(overrides)}", hint=hint)
+    merged = dict(BUILTIN[name])
+    for key, value in overrides.items():
+        if key not in _KEY_HELP:
+            raise BadInput(f"{where}.{key}': unknown key", hint=hint)
+        merged[key] = value
+    values = {k: _check_value(k, v, where, hint) for k, v in merged.items()}
+    values["num_prompts"] = values["num_prompts"] or stack.smoke["num_prompts"]
+    values["max_tokens"] = values["max_tokens"] or stack.smoke["max_tokens"]
+    if (name == "sampled") != (values["temperature"] > 0):
+        raise BadInput(f"{where}.temperature': {values['temperature']} in profile {name}",
+                       hint="the sampled profile samples (temperature > 0); quick and full are greedy (0)")
+    k = stack.smoke["num_speculative_tokens"]
+    if isinstance(values["max_position_drift"], tuple) and len(values["max_position_drift"]) != k:
+        raise BadInput(f"{where}.max_position_drift': {len(values['max_position_drift'])} tolerances for k = {k}",
+                       hint="give one number, or one per draft position")
+    if len(values["seeds"]) > 1 and not values["temperature"]:
+        raise BadInput(f"{where}.seeds': several seeds in a greedy profile repeat the same run", hint="use one seed")
+    return Profile(name=name, **values)
+
+
+def report_profile(report: dict[str, Any]) -> str:
+    """The profile a report was measured with; a report from before profiles existed is `quick` (greedy)."""
+    prof = report.get("profile")
+    if isinstance(prof, dict):
+        return str(prof.get("name"))
+    return LEGACY_PROFILE
+
+
+# ---------------------------------------------------------------- statistics over seeds
+
+# Two-sided 95% Student t quantiles by degrees of freedom (n - 1); more than 30 seeds use the normal 1.96.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t95(df: int) -> float:
+    if df <= 0:
+        return float("inf")
+    best = max(d for d in _T95 if d <= df) if df <= 30 else None
+    return _T95[best] if best is not None else 1.96
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation, min, max and a 95% confidence interval of the mean (Student t)."""
+    n = len(values)
+    mean = statistics.fmean(values) if values else 0.0
+    sd = statistics.stdev(values) if n > 1 else 0.0
+    half = t95(n - 1) * sd / math.sqrt(n) if n > 1 else None
+    return {"n": n, "mean": round(mean, 6), "stdev": round(sd, 6), "min": round(min(values), 6) if values else None,
+            "max": round(max(values), 6) if values else None,
+            "ci95": [round(mean - half, 6), round(mean + half, 6)] if half is not None else None}
+
+
+def per_seed_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spread over seeds of the mean acceptance length and of each position's acceptance rate."""
+    k = max((len(s["acceptance_per_position"]) for s in per_seed), default=0)
+    return {"mean_acceptance_length": spread([s["mean_acceptance_length"] for s in per_seed]),
+            "acceptance_per_position": [spread([s["acceptance_per_position"][i] for s in per_seed
+                                                if i < len(s["acceptance_per_position"])]) for i in range(k)]}
