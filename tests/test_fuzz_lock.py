@@ -21,6 +21,7 @@ from fetch_server import COMMITTED_BASE, WheelServer, make_stack, seal, wheel_en
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from speclock.core.errors import BadInput
 from speclock.spec.lock import read_lock
+from speclock.spec.pylock import write_lock_files
 from speclock.spec.stack import load_stack
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -48,7 +49,7 @@ def world(tmp_path_factory):
                 "base": COMMITTED_BASE, "source_date_epoch": COMMITTED_BASE["source_date_epoch"]})
     (root / "locks").mkdir()
     lock = root / "locks" / "cpu-vllm.lock"
-    lock.write_text(json.dumps(doc, indent=1))
+    write_lock_files(lock, doc)  # and its pylock, which the mutated locks below are checked against
     assert run_cli("lock", "--check", "--stack", str(stack_file), "--lock", str(lock))[0] == 0
     yield {"root": root, "stack_file": stack_file, "stack": stack, "doc": doc, "server": server}
     server.close()
@@ -162,7 +163,9 @@ def test_hostile_filenames(world, filename, key, url_follows):
        st.sampled_from(["sha256", "url-folder", "mirror-missing", "mirror-other-file", "version", "name-case"]),
        st.text(alphabet="0123456789abcdef", min_size=64, max_size=64), st.booleans())
 def test_plausible_crafted_lock(world, key, change, hexdigits, recompute):
-    """Edits a person might make by hand, reaching fetch: exit 1 (hash refused), 3 (not on the index) or 2."""
+    """Edits a person might make by hand, reaching fetch: exit 1 (hash refused), 3 (not on the index) or 2. lock --check
+    exits 1 for any edit, since the pylock beside the lock was made from the lock before it (its lock-sha256), and
+    names the package where the edit reaches the pylock's packages (a sha256 or a URL)."""
     doc = json.loads(json.dumps(world["doc"]))
     entry = doc[key][0]
     name = entry["filename"]
@@ -182,9 +185,15 @@ def test_plausible_crafted_lock(world, key, change, hexdigits, recompute):
         seal(doc)
     valid, errs, codes = _run_both(world, json.dumps(doc).encode())
     assert valid == (recompute and change != "version"), errs
-    if valid:  # lock --check: in sync; fetch: what the edit means
+    if valid:  # lock --check: the pylock is the old lock's; fetch: what the edit means
         expected = {"sha256": 1, "url-folder": 3}.get(change, 0)
-        assert codes == [0, expected], errs
+        changed = doc != world["doc"]
+        assert codes == [1 if changed else 0, expected], errs
+        if changed:
+            assert "pylock.cpu-vllm.toml: tool.speclock.lock-sha256" in errs[0], errs[0]
+        if change in ("sha256", "url-folder"):
+            names = f"package {entry['name']} {entry['version']}" if key == "packages" else "tool.speclock.targets.image.assets"
+            assert names in errs[0], errs[0]
         if expected == 1:
             assert "has sha256" in errs[1] and "refused" in errs[1]
         if expected == 3:

@@ -51,9 +51,14 @@ def pylock_path(lock_file: str | os.PathLike) -> Path:
 
 
 def environment_marker(python: str, machine: str) -> str:
-    """The PEP 508 marker of one target: its Python version and machine, CPython on Linux (what pip resolved for)."""
-    return (f"python_version == '{python}' and platform_machine == '{machine}' and sys_platform == 'linux' "
-            "and implementation_name == 'cpython'")
+    """The PEP 508 marker of one target: its Python version and machine, CPython on Linux (what pip resolved for).
+    A lock from before `python` was recorded names no version: its marker then has none."""
+    version = f"python_version == '{python}' and " if python else ""
+    return f"{version}platform_machine == '{machine}' and sys_platform == 'linux' and implementation_name == 'cpython'"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _version_key(python: str) -> tuple[int, ...]:
@@ -71,7 +76,9 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
 
 def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The pylock.toml content of a (read) lock, as a dict in the key order PEP 751 lists them."""
-    targets = lock_targets(doc)
+    targets = {key: {**t, "python": _text(t["python"]), "machine": _text(t["machine"]),
+                     "platforms": [p for p in t["platforms"] if isinstance(p, str)] if isinstance(t["platforms"], list) else []}
+               for key, t in lock_targets(doc).items()}
     markers = {key: environment_marker(t["python"], t["machine"]) for key, t in targets.items()}
     # (name, version) -> the targets that lock it, and its wheels by file name
     groups: dict[tuple[str, str], dict[str, Any]] = {}
@@ -94,8 +101,7 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
             package["marker"] = own[0] if len(own) == 1 else " or ".join(f"({m})" for m in own)
         package["wheels"] = [_wheel(group["wheels"][f]) for f in sorted(group["wheels"])]
         packages.append(package)
-    pythons = sorted({t["python"] for t in targets.values()}, key=_version_key)
-    top = _version_key(pythons[-1])
+    pythons = sorted({t["python"] for t in targets.values() if len(_version_key(t["python"])) >= 2}, key=_version_key)
     tool: dict[str, Any] = {"schema": PYLOCK_SCHEMA, "stack": doc["stack"], "stack-sha256": doc["stack_sha256"],
                             "lock-sha256": doc["lock_sha256"], "base": doc["base"]}
     if "kernel_base" in doc:
@@ -107,14 +113,11 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
                              "excluded": [_plain(e) for e in t.get("excluded", [])],
                              "assets": [_plain(e) for e in t.get("assets", [])]}
                        for key, t in targets.items()}
-    return {
-        "lock-version": PYLOCK_VERSION,
-        "environments": list(dict.fromkeys(markers.values())),
-        "requires-python": f">={pythons[0]},<{top[0]}.{top[1] + 1}",
-        "created-by": CREATED_BY,
-        "packages": packages,
-        "tool": {"speclock": tool},
-    }
+    out: dict[str, Any] = {"lock-version": PYLOCK_VERSION, "environments": list(dict.fromkeys(markers.values()))}
+    if pythons:
+        top = _version_key(pythons[-1])
+        out["requires-python"] = f">={pythons[0]},<{top[0]}.{top[1] + 1}"
+    return {**out, "created-by": CREATED_BY, "packages": packages, "tool": {"speclock": tool}}
 
 
 def _refuse_ambiguous(doc: dict[str, Any], groups: dict[tuple[str, str], dict[str, Any]], markers: dict[str, str]) -> None:
