@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tinywheels import ROOT, base_of_committed_lock, tiny_wheels, write_stack
 
-from speclock.core.errors import BadInput
+from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.spec import resolve
 from speclock.spec.lock import (MACHINE_PLATFORMS, check_lock, finish_lock, lock_path, lock_targets, read_lock,
                                 target_lock, write_lock)
@@ -180,3 +180,26 @@ def test_fetch_leaves_out_host_packages(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr
     fetched = sorted(p.name for p in (tmp_path / "cache" / "wheelhouse").glob("*/*.whl"))
     assert fetched == ["tinyprompts-1.0-py3-none-any.whl"]  # the data wheel is always fetched
+
+
+def test_a_torch_wheel_from_a_local_folder_gets_its_index_url(tmp_path, monkeypatch):
+    """The resolve path `lock` takes: pip finds torch in a local folder (its index unreachable); the lock names the
+    index's file URL and keeps the local wheel as mirror_url. Wheels no index is known to serve keep file://, and
+    `require_portable` (the end of resolve_lock) refuses such a lock."""
+    wheels = tiny_wheels(tmp_path / "wheels")
+    path = write_stack(tmp_path)
+    path.write_text(path.read_text().replace('version = "9.9.9"', 'version = "9.9.9"\nindex = "https://download.pytorch.org/whl/cpu"'))
+    stack = load_stack(path)
+    for k, v in {"PIP_CONFIG_FILE": "/dev/null", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(resolve, "_pypi_url", lambda entry: None)  # tiny wheels: PyPI has none of them
+    installed, _, _ = resolve._resolve_set(stack, python="3.11", platforms=resolve.platform_tags(stack), index=None,
+                                           progress=lambda *a: None)
+    torch = next(p for p in installed if p["name"] == "torch")
+    assert torch["url"] == "https://download.pytorch.org/whl/cpu/torch-9.9.9-py3-none-any.whl"
+    assert torch["mirror_url"] == wheels["torch"].resolve().as_uri()
+    others = [p for p in installed if p["name"] != "torch"]
+    assert others and all(p["url"].startswith("file://") and "mirror_url" not in p for p in others)
+    with pytest.raises(EnvironmentProblem) as err:
+        resolve.require_portable(stack, {"packages": installed, "assets": [], "stack": stack.name})
+    assert "tinydep 1.2" in str(err.value) and "torch" not in str(err.value).split("them:")[1].split(";")[0]
