@@ -11,12 +11,21 @@ from speclock.verify.report import human_table
 from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
 from speclock.verify.smoke.run import run_smoke
 
-DESCRIPTION = """Runs the stack's engine twice on the same chat-templated prompts, greedily: without the drafter
-(the judge of losslessness and the throughput baseline) and with it (counters taken as deltas
-around the run). Compares the outputs token for token, computes the report contract's metrics,
+DESCRIPTION = """Runs the stack's engine twice on the same chat-templated prompts: without the drafter
+(greedy: the judge of losslessness and the throughput baseline) and with it (counters taken as deltas
+around each run). Compares the outputs token for token, computes the report contract's metrics,
 compares acceptance with speclock's reference decoder on the same drafter and prompts (recorded
 in the drafter's manifest, or run live), applies the stack's thresholds and writes the report.
 The report is written even when the engine fails mid-run, with the failure in it.
+
+Profiles (--profile, default the stack's smoke.profile; overrides in [smoke.profiles]):
+  quick    greedy, the stack's prompts x smoke.max_tokens (64): the image's self-check
+  full     greedy, 256 new tokens: what upgrade and GPU runs use; per-position drift gated
+  sampled  temperature > 0 over several seeds: acceptance and per-position rates per seed with a
+           95% confidence interval; outputs are not compared token for token (two correct samplers
+           draw different tokens): acceptance is gated two-sided against a sampled baseline
+The report records its profile; `speclock gate` compares it only with a baseline of the same profile.
+With smoke.attention_backends listing several backends, the drafter runs once per backend.
 """
 
 
