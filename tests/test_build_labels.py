@@ -20,6 +20,7 @@ from speclock.build.builders import ensure_in_docker
 from speclock.build.builders import buildah as buildah_mod, docker as docker_mod
 from speclock.core.errors import EnvironmentProblem
 from speclock.build.labels import LABEL_PREFIX, LICENSES, OCI_PREFIX, base_labels, labels_for
+from speclock.build.sbom import SBOM_IN_IMAGE
 from speclock.patches.series import load_series, series_label
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
@@ -29,7 +30,9 @@ PATCHED = "vllm-kimi-0.17.1"  # a stack with a patch series
 
 
 def labels(name: str) -> dict[str, str]:
-    return labels_for(load_stack(name), read_lock(ROOT / "locks" / f"{name}.lock"), "TAG", "INPUTS", "REV")
+    """The labels of a Containerfile build of the stack (with its SBOM's path, as build-image gives them)."""
+    return labels_for(load_stack(name), read_lock(ROOT / "locks" / f"{name}.lock"), "TAG", "INPUTS", "REV",
+                      sbom=SBOM_IN_IMAGE)
 
 
 @pytest.mark.parametrize("name", [p.stem for p in sorted((ROOT / "locks").glob("*.lock"))])
@@ -159,9 +162,11 @@ def test_build_image_passes_the_labels_to_the_builder_not_into_the_containerfile
     monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
     monkeypatch.setattr(build, "ensure_base_image", lambda *a, **k: "localhost/speclock-base:x")
     monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
+    monkeypatch.setattr(build, "stage_sbom", lambda *a, **k: None)  # placeholder wheels: tests/test_sbom.py makes real ones
     record = build.build_image(stack, progress=lambda m: None)
     (call,) = rec.calls
-    assert call["labels"] == record["labels"] == labels_for(stack, lock, record["tag"], record["inputs_sha256"], "rev")
+    assert call["labels"] == record["labels"] == labels_for(stack, lock, record["tag"], record["inputs_sha256"], "rev",
+                                                            sbom=SBOM_IN_IMAGE)
     assert call["labels"][f"{LABEL_PREFIX}.inputs-sha256"][:16] == record["tag"]
     staged = Path(call["containerfile"]).read_text()
     assert not re.search(r"^LABEL ", staged, flags=re.M) and LABEL_PREFIX not in staged

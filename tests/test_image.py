@@ -11,6 +11,8 @@ import pytest
 
 from helpers import DOCKER, LocalRegistry, copy_repo, speclock
 
+from speclock.build.sbom import pull_sbom_referrer
+
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
 
 
@@ -75,6 +77,13 @@ def test_push_pull_back_and_run(buildah_build, registry, repo):
     for item in ("target", "draft", "prompts", "lock.json", "stacks", "src"):
         assert item in run.stdout
     assert "speclock 0.1.0" in run.stdout
+    # The image's SBOM went beside it as an OCI referrer: byte for byte the file the image holds.
+    assert pushed["sbom"] and pushed["sbom"]["subject"] == pushed["digest"]
+    held = subprocess.run([DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "cat", by_digest,
+                           "/opt/speclock/sbom.cdx.json"], capture_output=True, check=True).stdout
+    repository = pushed["pushed"].split("/", 1)[1].rsplit(":", 1)[0]
+    assert pull_sbom_referrer(registry.address, repository, pushed["digest"], insecure=True) == held
+    assert json.loads(held)["bomFormat"] == "CycloneDX"
 
 
 def test_push_refuses_an_image_without_a_passed_selfcheck(buildah_build, registry, repo):

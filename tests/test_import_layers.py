@@ -41,7 +41,8 @@ ENTRY_POINTS = {"speclock.cli", "speclock.__main__", "speclock.patches.__main__"
 HEAVY = {"torch", "transformers", "safetensors", "numpy", "triton", "gguf", "vllm", "sglang", "cuda",
          "huggingface_hub", "tokenizers", "accelerate"}
 # Optional, not heavy: speclock's own dependencies are the standard library only (pyproject: dependencies = []).
-OPTIONAL = {"packaging", "prometheus_client"}
+OPTIONAL = {"packaging", "prometheus_client", "tomli_w",
+            "cyclonedx", "packageurl"}  # the SBOM library: 4.6 s to import, loaded only when an SBOM is made
 
 # (importing module, imported module): a function-local speclock import phase A could not hoist.
 # Phase B empties this list.

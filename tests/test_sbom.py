@@ -101,7 +101,7 @@ def test_model_assets_carry_the_sha256_of_their_bytes(cpu_sbom):
 def test_patches_are_hashed_and_recorded_as_the_engines_pedigree(tmp_path):
     stack, lock = load_stack(PATCHED), read_lock(ROOT / "locks" / f"{PATCHED}.lock")
     (tmp_path / "config.json").write_text("{}")
-    patches = context._patch_files(stack)
+    patches = context.patch_files(stack)
     text = sbom.sbom_text(stack, lock, patches=patches, draft={"config.json": tmp_path / "config.json"},
                           progress=lambda m: None)
     by_ref = {c["bom-ref"]: c for c in components(text)}
@@ -142,8 +142,8 @@ def test_stage_context_puts_the_sbom_into_config_without_changing_the_tag(cpu_sb
     stack = load_stack(CPU)
     ctx = tmp_path / "ctx"
     context.stage_context(stack, lock, ctx)
-    assert not (ctx / sbom.SBOM_IN_CONTEXT).exists()  # only image builds ask for it
-    context.stage_context(stack, lock, ctx, sbom=True, progress=lambda m: None)
+    assert not (ctx / sbom.SBOM_IN_CONTEXT).exists()  # only image builds add it (build.image after staging)
+    sbom.stage_sbom(stack, lock, ctx, progress=lambda m: None)
     assert (ctx / sbom.SBOM_IN_CONTEXT).read_text() == text  # COPY config /opt/speclock -> SBOM_IN_IMAGE
     # derived from the inputs, not one of them: a candidate staged without it (upgrade) gets the same tag
     with_sbom = inputs.inputs_hash(ctx, lock)

@@ -104,7 +104,7 @@ def _stage_wheels(stack: Stack, lock: dict[str, Any], wheels: Path) -> None:
         sync_text(wheels / name, wheelhouse.requirements_text(pkgs))
 
 
-def _patch_files(stack: Stack) -> dict[str, Path]:
+def patch_files(stack: Stack) -> dict[str, Path]:
     """patches/<engine>/<entry> for each entry of the stack's series, confined to patches/<engine>/."""
     engine = stack.engine["name"]
     series_dir = REPO_ROOT / "patches" / engine
@@ -119,13 +119,12 @@ def _patch_files(stack: Stack) -> dict[str, Path]:
     return files
 
 
-def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None,
-                  sbom: bool = False, progress=print) -> None:
+def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
     """Lay out the build context: wheels, tools, patches, drafter, config, source.
 
     The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the
-    lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's). `sbom`: also write
-    config/sbom.cdx.json (build.sbom; it reads the base rootfs and two asset wheels, so only image builds ask)."""
+    lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's). Image builds then add
+    config/sbom.cdx.json (`build.sbom.stage_sbom`: it reads the base rootfs and two asset wheels)."""
     _stage_wheels(stack, lock, ctx / "wheels")
 
     tools = stage_tool_files(SRC_ROOT, TOOL_PACKAGES, TOOL_TOP_FILES)
@@ -139,7 +138,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     elif (ctx / "kernel-tools").exists():
         shutil.rmtree(ctx / "kernel-tools")
 
-    sync_tree(_patch_files(stack), ctx / "patches")
+    sync_tree(patch_files(stack), ctx / "patches")
 
     draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
     if not (draft / "config.json").is_file():
@@ -153,9 +152,6 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
         config.update({f"baselines/{stack.name}/{k}": v for k, v in tree_files(baselines).items()})
     sync_tree(config, ctx / "config")
     sync_file(lock_file or lock_path(stack), ctx / "config" / "lock.json")
-    if sbom:
-        from speclock.build.sbom import stage_sbom  # the CycloneDX library loads only when an SBOM is made
-        stage_sbom(stack, lock, ctx, progress=progress)
     sync_tree(tree_files(SRC_ROOT), ctx / "src" / "speclock")
 
 

@@ -22,6 +22,7 @@ from speclock.build.fetch import fetch
 from speclock.build.builders import Builder, ensure_in_docker, get_builder
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
 from speclock.build.context import context_dir, context_lock, context_name, stage_context
+from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
 from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
 from speclock.build.records import records_dir, write_record
@@ -97,13 +98,14 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     progress("[3/4] staging the build context")
     ctx = context_dir(stack, lock_file)
     stage_context(stack, lock, ctx, lock_file=lock_file)
+    stage_sbom(stack, lock, ctx, progress=progress)  # /opt/speclock/sbom.cdx.json; derived, not in the tag
     inputs = inputs_hash(ctx, lock)
     tag = image_tag(inputs)
     ref = image_ref(stack, tag)
     revision = git_revision([CONTAINERFILE, stack.path, lock_file, REPO_ROOT / "src",
                              REPO_ROOT / stack.draft["path"], REPO_ROOT / "patches", REPO_ROOT / "baselines"])
     # The patches label names the staged patch files: the ones the image applies.
-    labels = labels_for(stack, lock, tag, inputs, revision, patches_root=ctx / "patches")
+    labels = labels_for(stack, lock, tag, inputs, revision, patches_root=ctx / "patches", sbom=SBOM_IN_IMAGE)
     info = {"stack": stack.name, "tag": tag, "ref": ref, "inputs_sha256": inputs, "lock_sha256": lock["lock_sha256"],
             "labels": labels, "patches": stack.patch_series}
     info_path = ctx / "config" / "image.json"

@@ -66,9 +66,10 @@ def patches_label(stack: Stack, patches_root: Path | None = None) -> tuple[str, 
 
 
 def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revision: str, *,
-               patches_root: Path | None = None) -> dict[str, str]:
+               patches_root: Path | None = None, sbom: str | None = None) -> dict[str, str]:
     """Every label of the stack's image; values are fixed by the inputs (no wall clock), so buildah
-    builds stay reproducible."""
+    builds stay reproducible. `sbom`: where the image holds its SBOM (Containerfile builds; the Nix
+    image has none yet, so it gets no such label)."""
     epoch = lock["source_date_epoch"]
     engine = stack.engine
     patches_key, patches_value = patches_label(stack, patches_root)
@@ -98,4 +99,5 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
         f"{LABEL_PREFIX}.archs": ",".join(stack.gpu["archs"]) or "none",
         patches_key: patches_value,
         f"{LABEL_PREFIX}.base": lock["base"].get("sha256") or lock["base"].get("ref", ""),
+        **({f"{LABEL_PREFIX}.sbom": sbom} if sbom else {}),
     }

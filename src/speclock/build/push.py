@@ -12,6 +12,7 @@ from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import read_record
 from speclock.build.registry import registry_digest
+from speclock.build.sbom import push_sbom_referrer
 from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, parse_gpus
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec.stack import DEFAULT_STACK, load_stack
@@ -81,6 +82,11 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
     by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
     result = {"ref": record["ref"], "pushed": dest, "digest": digest, "by_digest": by_digest, "builder": builder_name,
               "run": gpu_host_commands(by_digest, gpu_selection)}
+    # The SBOM the image holds, beside it as an OCI referrer (images built before SBOMs have none to push).
+    if f"{LABEL_PREFIX}.sbom" in (record.get("labels") or {}):
+        result["sbom"] = push_sbom_referrer(registry, repository or f"speclock-{stack_name}", digest, insecure=insecure)
+    else:
+        result["sbom"] = None
     if refused:
         result["forced"] = [why for why, _ in refused]
     return result
@@ -98,6 +104,9 @@ def _cmd_push(args: argparse.Namespace) -> int:
         print(f"pushed {result['pushed']}\n  digest {result['digest']}\n"
               f"run it on a GPU host (the hardening of `speclock run-image`, by digest):\n"
               f"  {result['run']['docker']}\n  {result['run']['podman']}")
+        sbom = result["sbom"]
+        print(f"  sbom {sbom['digest']} (referrer of {result['digest']})" if sbom else
+              "  sbom: none (the image was built before speclock put SBOMs into images; rebuild to get one)")
     return 0
 
 

@@ -34,9 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from speclock import __version__
+from speclock.build import wheelhouse
+from speclock.build.context import patch_files, sync_text, tree_files
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, read_json
 from speclock.core.layout import REPO_ROOT, cache_dir
+from speclock.spec import baseimage
+from speclock.spec.lock import lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 # The staged context's config/ is copied to /opt/speclock (containers/Containerfile: COPY config /opt/speclock).
@@ -58,6 +62,7 @@ INSTALL = "pip install -r scripts/requirements-host.txt (cyclonedx-python-lib[js
 def _cyclonedx():
     """The library's modules, imported on use (speclock --help stays fast; the image never makes SBOMs)."""
     try:
+        # optional and slow to import (4.6 s): only SBOM makers need it, never `speclock --help` or the image
         from cyclonedx.contrib.this.builders import this_component
         from cyclonedx.model import HashAlgorithm, HashType, Property, XsUri
         from cyclonedx.model.bom import Bom, BomMetaData
@@ -147,7 +152,6 @@ def base_packages(base: dict[str, Any], *, progress=print) -> dict[str, Any] | N
                 return got
         except BadInput:
             pass  # damaged: read the tarball again
-    from speclock.spec import baseimage
     progress(f"  listing the Debian packages of the base rootfs {base['sha256'][:16]}")
     got = {"sha256": base["sha256"], **read_rootfs_packages(baseimage.verified_rootfs(base, progress=progress))}
     atomic_write_json(keep, got, indent=1, sort_keys=True)
@@ -158,7 +162,6 @@ def base_packages(base: dict[str, Any], *, progress=print) -> dict[str, Any] | N
 
 def wheel_member_sha256(pkg: dict[str, Any], member: str) -> str:
     """sha256 of one file inside a locked wheel (the wheel fetched and verified into the wheelhouse first)."""
-    from speclock.build import wheelhouse
     path, _ = wheelhouse.ensure_entry(pkg)
     h = hashlib.sha256()
     try:
@@ -185,12 +188,11 @@ def _asset(lock: dict[str, Any], requirement: str, where: str) -> dict[str, Any]
 def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
     """(patches, draft files) as `speclock sbom` reads them from the checkout: the same names the staged
     context gives (patches/<engine>/<file>, draft/<file>), so both make the same SBOM."""
-    from speclock.build.context import _patch_files, tree_files
     draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
     if not draft.is_dir():
         raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} is not a folder",
                        hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
-    return _patch_files(stack), tree_files(draft)
+    return patch_files(stack), tree_files(draft)
 
 
 # ---- the document -----------------------------------------------------------------------------------
@@ -351,7 +353,6 @@ def stage_sbom(stack: Stack, lock: dict[str, Any], ctx: Path, *, progress=print)
     """Write the SBOM into the staged context (config/ -> /opt/speclock/sbom.cdx.json in the image)."""
     engine = stack.engine["name"]
     patches = {f"{engine}/{name}": ctx / "patches" / engine / name for name in stack.patch_series}
-    from speclock.build.context import sync_text, tree_files
     text = sbom_text(stack, lock, patches=patches, draft=tree_files(ctx / "draft"), progress=progress)
     dest = ctx / SBOM_IN_CONTEXT
     sync_text(dest, text)
@@ -616,7 +617,6 @@ def pull_sbom_referrer(registry: str, repository: str, digest: str, *, insecure:
 # ---- the command ------------------------------------------------------------------------------------
 
 def _cmd_sbom(args: argparse.Namespace) -> int:
-    from speclock.spec.lock import lock_path, read_lock
     stack = load_stack(args.stack)
     lock_file = Path(args.lock) if args.lock else lock_path(stack)
     lock = read_lock(lock_file, stack=stack)
