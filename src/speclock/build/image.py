@@ -183,7 +183,7 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
     if smoke.get("skipped"):
         # A GPU stack built on a machine without a GPU: doctor is the proof here, smoke waits for a GPU host.
         progress(f"smoke SKIPPED: {smoke.get('note')}; run `speclock run-image --stack {stack.name}` on a GPU host "
-                 "(SPECLOCK_RUN_ARGS='--gpus all') for the smoke test and gate")
+                 "(a GPU stack gets --gpus all by default) for the smoke test and gate")
     progress(f"self-check verdict: {result['verdict']} (exit {proc.returncode}, {result['seconds']} s); outputs in {out}")
     return result
 
