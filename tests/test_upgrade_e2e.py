@@ -28,7 +28,9 @@ def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     steps = {s["name"]: s["status"] for s in doc["steps"]}
-    assert steps == {"lock": "pass", "patches": "pass", "build": "pass", "doctor": "fail", "smoke": "pass", "gate": "fail"}, doc
+    assert steps == {"lock": "pass", "patches": "pass", "build": "pass", "doctor": "fail", "smoke": "pass", "gate": "fail",
+                     "soak": "skipped"}, doc
+    assert doc["soak"] == {"status": "skipped", "detail": "an earlier step failed", "soak_s": 60.0, "max_drift": 0.05}
     doctor = next(s for s in doc["steps"] if s["name"] == "doctor")
     assert "aux-layers" in doctor["detail"] and "[3, 16, 28]" in doctor["detail"]
     assert doc["after"]["captured_layers"] == [3, 16, 28] and doc["after"]["lossless"].split("/")[0] == doc["after"]["lossless"].split("/")[1]

@@ -106,3 +106,116 @@ def test_soak_starts_the_engine_as_smoke_does_with_arch_settings_and_engine_env(
     assert hopper.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"} == blackwell.env
     assert "attention_backend" not in hopper.settings
     assert blackwell.settings["attention_backend"] == "TRITON_ATTN" and blackwell.settings["dtype"] == "bfloat16"
+
+
+# --- the soak as an upgrade step (speclock.upgrade.soak): its verdict gates the upgrade -----------------------
+
+def _host_runner(*extra: str, env: dict[str, str] | None = None):
+    """Runs the upgrade's soak command with this checkout's speclock and engine (the image's /out is a host
+    folder; the models are the default stack's, 32 tokens per prompt to keep windows short)."""
+    import os
+    import subprocess
+    import sys
+
+    def run(args: list[str], out: Path) -> int:
+        args = [str(out) if a == "/out" else a for a in args]
+        cmd = [sys.executable, "-m", "speclock", *args, "--target", str(converted_target()),
+               "--draft", str(healthy_drafter()), "--max-tokens", "32", *extra]
+        return subprocess.run(cmd, env={**os.environ, **(env or {})}, timeout=1200).returncode
+    return run
+
+
+def _upgrade_with(tmp_path: Path, soak_step):
+    from speclock.spec.stack import load_stack
+    from speclock.upgrade.candidate import write_candidate
+    from speclock.upgrade.steps import Step, UpgradeResult
+
+    cand = write_candidate(load_stack("cpu-vllm"), {"engine": "0.31.0"}, root=tmp_path / "cand")
+    steps = [Step(n, "pass", "ok", data={"results": []} if n == "patches" else {})
+             for n in ("lock", "patches", "build", "doctor", "smoke", "gate")]
+    return UpgradeResult(cand, tmp_path / "baseline.json", steps + [soak_step])
+
+
+def test_upgrade_soak_s_0_skips_the_soak_and_says_so(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from speclock.upgrade.outputs import junit_xml, summary_markdown
+    from speclock.upgrade.soak import run_soak_step
+    from speclock.upgrade.steps import Step
+
+    step = Step("soak")
+    run_soak_step(step, _host_runner(), tmp_path / "soak", soak_s=0, max_drift=0.05)
+    assert step.status == "skipped" and not (tmp_path / "soak").exists()
+    res = _upgrade_with(tmp_path, step)
+    assert res.ok and res.to_json()["soak"] == {"status": "skipped", "detail": "not asked for (--soak-s 0)",
+                                                 "soak_s": 0, "max_drift": 0.05}
+    assert "Not run: not asked for (--soak-s 0) (`--soak-s 0`)." in summary_markdown(res)
+    case = next(c for c in ET.fromstring(junit_xml(res)).iter("testcase") if c.get("name") == "soak")
+    assert case.find("skipped").get("message") == "not asked for (--soak-s 0)"
+
+
+def test_upgrade_soak_s_is_checked_when_parsed(capsys):
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(SystemExit) as stop:
+            main(["upgrade", "--soak-s", bad])
+        assert stop.value.code == 2 and "--soak-s" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["upgrade", "--soak-max-drift", "1"])
+    assert stop.value.code == 2 and "--soak-max-drift" in capsys.readouterr().err
+
+
+def test_a_soak_that_gives_no_verdict_fails_the_step(tmp_path):
+    """The soak in the image stopped before its verdict (here: refused its arguments, exit 2): no soak.json, a failed step."""
+    from speclock.upgrade.soak import run_soak_step
+    from speclock.upgrade.steps import Step
+
+    (tmp_path / "soak").mkdir()
+    (tmp_path / "soak" / "soak.json").write_text('{"schema": "speclock.soak/v1", "verdict": "pass"}')  # an earlier run's
+    step = Step("soak")
+    run_soak_step(step, _host_runner("--max-windows", "0"), tmp_path / "soak", soak_s=15, max_drift=0.05)
+    assert step.status == "fail" and step.data["exit_code"] == 2
+    assert step.detail.startswith("the soak in the image gave no verdict (exit 2)"), step.detail
+
+
+@pytest.mark.slow
+def test_a_real_short_soak_passes_the_upgrade_and_shows_in_its_outputs(tmp_path):
+    from speclock.upgrade.outputs import summary_markdown
+    from speclock.upgrade.soak import run_soak_step
+    from speclock.upgrade.steps import Step
+
+    step = Step("soak")
+    run_soak_step(step, _host_runner(), tmp_path / "soak", soak_s=15, max_drift=0.05)
+    assert step.status == "pass", step.detail
+    res = _upgrade_with(tmp_path, step)
+    soak = res.to_json()["soak"]
+    assert res.ok and soak["verdict"] == "pass" and soak["soak_s"] == 15 and len(soak["windows"]) >= 2
+    assert all(w["mean_acceptance_length"] > 1.0 for w in soak["windows"])
+    md = summary_markdown(res)
+    assert "### Soak (one engine in the candidate image)" in md and "`--soak-s 15`, drift limit 5%: **pass**" in md
+    assert f"| {len(soak['windows'])} | " in md  # one row per window
+
+
+@pytest.mark.slow
+def test_a_drifting_engine_fails_the_upgrade_with_the_soaks_reason(tmp_path):
+    """The fault: vLLM's drafter decays after the first window's requests (tests/soak_decay), on one engine."""
+    from speclock.upgrade.outputs import summary_markdown
+    from speclock.upgrade.soak import run_soak_step
+    from speclock.upgrade.steps import Step
+
+    import os
+
+    fault = Path(__file__).resolve().parent / "soak_decay"
+    env = {"PYTHONPATH": f"{fault}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "SPECLOCK_FAULT_DECAY_AFTER_REQUESTS": "9"}  # the warm-up request and the first window's 8
+    step = Step("soak")
+    run_soak_step(step, _host_runner("--max-windows", "3", env=env), tmp_path / "soak", soak_s=15, max_drift=0.05)
+    assert step.status == "fail" and step.data["exit_code"] == 1
+    assert "acceptance drifted: window 2" in step.detail, step.detail
+    windows = step.data["windows"]
+    assert windows[0]["mean_acceptance_length"] > 1.3 and windows[1]["mean_acceptance_length"] < 1.05
+    assert all(w["mismatches"] == 0 for w in windows)  # the target still decides: lossless, only slower
+    res = _upgrade_with(tmp_path, step)
+    assert not res.ok and any(f.startswith("soak: acceptance drifted: window 2") for f in res.failures())
+    md = summary_markdown(res)
+    assert md.startswith("## speclock upgrade: FAIL") and "- soak: acceptance drifted: window 2" in md
+    assert "drift limit 5%: **FAIL**" in md

@@ -7,6 +7,7 @@ Flow, nothing of the current stack touched until the end:
       -> candidate image (its tag is the hash of its inputs: an existing one is reused)
       -> self-check in the image (doctor, smoke)
       -> gate: the candidate's report against the stored baseline of the CURRENT lock
+      -> soak in the image: one engine for --soak-s seconds (default 60; 0 skips), gated on acceptance drift
       -> summary.md, junit.xml, upgrade.json; with --promote and a pass: the candidate's stack,
          lock and report become stacks/<S>.toml, locks/<S>.lock and baselines/<S>/<pkg>-<new>.json.
 
@@ -21,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from speclock.core.args import non_negative_float
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import os_error
 from speclock.spec.stack import DEFAULT_STACK, load_stack
@@ -28,7 +30,9 @@ from speclock.upgrade.candidate import (candidate_from_git, clean_leftovers, eng
                                         version_pin, write_candidate)
 from speclock.upgrade.outputs import write_outputs
 from speclock.upgrade.promote import promote
+from speclock.upgrade.soak import DEFAULT_MAX_DRIFT, DEFAULT_SOAK_S
 from speclock.upgrade.steps import require_baseline, run_upgrade
+from speclock.verify.soak import drift_limit
 
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
@@ -63,7 +67,8 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     clean_leftovers(cand.folder, out)
     log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; baseline {baseline}")
     res = run_upgrade(cand, baseline, builder_name=args.builder, relock=args.relock, rebuild=args.rebuild,
-                      rerun_selfcheck=args.rerun_selfcheck, lock_doc=lock_doc, progress=log)
+                      rerun_selfcheck=args.rerun_selfcheck, lock_doc=lock_doc, soak_s=args.soak_s,
+                      soak_max_drift=args.soak_max_drift, progress=log)
     if res.ok and args.promote:
         for p in promote(res):
             log(f"promoted: wrote {p}")
@@ -95,6 +100,12 @@ def add_commands(sub) -> None:
     p.add_argument("--relock", action="store_true", help="resolve the candidate lock again even if one is in sync")
     p.add_argument("--rebuild", action="store_true", help="build even if an image with the same inputs exists")
     p.add_argument("--rerun-selfcheck", action="store_true", help="run doctor and smoke again even if this exact image has results")
+    p.add_argument("--soak-s", metavar="SECONDS", type=non_negative_float, default=DEFAULT_SOAK_S,
+                   help=f"soak the candidate image this long on one engine and fail on acceptance drift "
+                        f"(default {DEFAULT_SOAK_S:g}; 0 skips the soak)")
+    p.add_argument("--soak-max-drift", metavar="DROP", type=drift_limit, default=DEFAULT_MAX_DRIFT,
+                   help=f"largest allowed relative drop of mean acceptance length from the soak's first window "
+                        f"(default {DEFAULT_MAX_DRIFT:g})")
     p.add_argument("--promote", action="store_true", help="on a pass, write the candidate's stack, lock and report "
                                                           "to stacks/, locks/ and baselines/")
     p.add_argument("--out", help="where summary.md, junit.xml and upgrade.json go (default: the candidate folder's out/)")

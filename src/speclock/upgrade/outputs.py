@@ -84,8 +84,34 @@ def summary_markdown(res: UpgradeResult) -> str:
                   "|---|---|---|---|"]
         for ch in res.gate_checks:
             lines.append(f"| {ch['name']} | {'pass' if ch['ok'] else '**FAIL**'} | {_cell(ch['value'])} | {ch['limit']} |")
+    lines += _soak_lines(res.soak())
     lines += ["", f"Verdict: **{verdict}**", ""]
     return "\n".join(lines)
+
+
+def _soak_lines(soak: dict[str, Any] | None) -> list[str]:
+    """The soak section: asked duration and limit, then each window's acceptance (or why there was no soak)."""
+    if soak is None:
+        return []
+    asked = soak.get("soak_s") or 0
+    lines = ["", "### Soak (one engine in the candidate image)", ""]
+    if soak["status"] == "skipped":
+        return lines + [f"Not run: {soak['detail']} (`--soak-s {asked:g}`)."]
+    drift = soak.get("drift") or {}
+    lines.append(f"`--soak-s {asked:g}`, drift limit {soak.get('max_drift', 0):.0%}: "
+                 f"**{'pass' if soak['status'] == 'pass' else 'FAIL'}**"
+                 + (f"; worst drop of mean acceptance length {drift['worst_drop']:.1%}, last {drift['last_drop']:.1%}"
+                    if "worst_drop" in drift else "") + f". Outputs: `{soak.get('outputs', '-')}`")
+    if soak.get("windows"):
+        lines += ["", "| window | start s | mean acc. length | acceptance rate | tok/s | outputs same | ties / mismatches |",
+                  "|---|---|---|---|---|---|---|"]
+        for i, w in enumerate(soak["windows"]):
+            lines.append(f"| {i + 1} | {_cell(w.get('t_start_s'))} | {_cell(w.get('mean_acceptance_length'))} "
+                         f"| {_cell(w.get('acceptance_rate'))} | {_cell(w.get('tok_s'))} "
+                         f"| {'yes' if w.get('outputs_same') else 'no'} | {w.get('numeric_ties')} / {w.get('mismatches')} |")
+    if soak["status"] == "fail":
+        lines += ["", f"Why: {soak['detail']}"]
+    return lines
 
 
 def _display_path(path: Path) -> str:
@@ -105,7 +131,7 @@ def _current_lock_sha(stack: Stack) -> str:
 def junit_xml(res: UpgradeResult) -> str:
     """One test case per step and per gate check, so CI shows which part of the upgrade failed."""
     cases = [Case(f"speclock.upgrade.{s.name}", s.name, seconds=s.seconds, failure=s.detail if s.status == "fail" else None,
-                  failure_type="upgrade", skipped="an earlier step failed" if s.status == "skipped" else None)
+                  failure_type="upgrade", skipped=(s.detail or "an earlier step failed") if s.status == "skipped" else None)
              for s in res.steps]
     for ch in res.gate_checks:
         value = f"{_cell(ch['value'])} (limit {ch['limit']})"

@@ -1,4 +1,4 @@
-"""The upgrade's steps (lock, patches, build, doctor and smoke in the image, gate) and their result."""
+"""The upgrade's steps (lock, patches, build, doctor and smoke in the image, gate, soak in the image) and their result."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from speclock.spec.lock import check_lock, read_lock, write_lock
 from speclock.spec.resolve import resolve_lock
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import Candidate
+from speclock.upgrade.soak import DEFAULT_MAX_DRIFT, DEFAULT_SOAK_S, image_runner, run_soak_step, Runner
 from speclock.verify.gate import baseline_path, run_gate
 from speclock.verify.report import load_report
 
@@ -165,7 +166,12 @@ class UpgradeResult:
                 "baseline": str(self.baseline), "image": self.image,
                 "steps": [dataclasses.asdict(s) for s in self.steps],
                 "before": metrics_of(self.before), "after": metrics_of(self.after),
-                "gate_checks": self.gate_checks, "failures": self.failures(), "promoted": self.promoted}
+                "gate_checks": self.gate_checks, "soak": self.soak(), "failures": self.failures(), "promoted": self.promoted}
+
+    def soak(self) -> dict[str, Any] | None:
+        """The soak step's result (asked seconds, drift limit, windows, drift, verdict), or None without the step."""
+        step = next((s for s in self.steps if s.name == "soak"), None)
+        return None if step is None else {"status": step.status, "detail": step.detail, **step.data}
 
 
 def metrics_of(report: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -195,21 +201,23 @@ def _timed(step: Step, fn: Callable[[], Any]) -> Any:
 
 def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah", relock: bool = False,
                 rebuild: bool = False, rerun_selfcheck: bool = False, lock_doc: dict[str, Any] | None = None,
-                progress=print) -> UpgradeResult:
+                soak_s: float = DEFAULT_SOAK_S, soak_max_drift: float = DEFAULT_MAX_DRIFT,
+                soak_runner: Runner | None = None, progress=print) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
-    except bad input and environment problems found before anything was built."""
-    steps = {n: Step(n) for n in ("lock", "patches", "build", "doctor", "smoke", "gate")}
+    except bad input and environment problems found before anything was built. The soak runs in the
+    candidate image (`soak_runner` runs its command elsewhere) only after everything else passed."""
+    steps = {n: Step(n) for n in ("lock", "patches", "build", "doctor", "smoke", "gate", "soak")}
     result = UpgradeResult(cand, baseline, list(steps.values()), before=load_report(baseline))
     cand.out.mkdir(parents=True, exist_ok=True)
 
-    progress(f"[1/5] lock: {', '.join(f'{k} {b} -> {a}' for k, (b, a) in cand.changes.items()) or 'no pin changed'}")
+    progress(f"[1/6] lock: {', '.join(f'{k} {b} -> {a}' for k, (b, a) in cand.changes.items()) or 'no pin changed'}")
     if lock_doc is None:
         lock_doc = _timed(steps["lock"], lambda: lock_candidate(cand, relock=relock, progress=progress))
     steps["lock"].status, steps["lock"].detail = "pass", f"{cand.lock_file} (lock {lock_doc['lock_sha256'][:12]})"
     steps["lock"].data = {"lock_sha256": lock_doc["lock_sha256"], "packages": len(lock_doc["packages"])}
     _timed(steps["lock"], lambda: fetch_wheels(lock_doc, progress=progress))
 
-    progress("[2/5] patch lifecycle against the candidate engine wheel")
+    progress("[2/6] patch lifecycle against the candidate engine wheel")
     patches = _timed(steps["patches"], lambda: check_patches(cand.stack, lock_doc))
     steps["patches"].data = {"results": patches}
     conflicts = [p for p in patches if p["state"] == "conflict"]
@@ -220,7 +228,7 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     steps["patches"].status = "pass"
     steps["patches"].detail = ", ".join(f"{p['patch']}: {p['state']}" for p in patches) or "the stack has no patches"
 
-    progress(f"[3/5] candidate image ({builder_name})")
+    progress(f"[3/6] candidate image ({builder_name})")
     t0 = time.monotonic()
     record = None if rebuild else find_built(cand.stack, cand.lock_file, builder_name, progress=progress)
     if record:
@@ -236,7 +244,7 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     steps["build"].status, steps["build"].seconds = "pass", round(time.monotonic() - t0, 1)
     result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
 
-    progress("[4/5] doctor and smoke test in the candidate image (read-only, no network, non-root)")
+    progress("[4/6] doctor and smoke test in the candidate image (read-only, no network, non-root)")
     outputs = None if rerun_selfcheck else selfcheck_outputs(record)
     if outputs:
         progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
@@ -274,10 +282,19 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         steps["smoke"].detail = str(smoke.get("error") or smoke.get("note") or f"no report.json in {outputs}")
         return result
 
-    progress(f"[5/5] gate: candidate report against the current baseline {baseline}")
+    progress(f"[5/6] gate: candidate report against the current baseline {baseline}")
     gate = _timed(steps["gate"], lambda: run_gate(report_path, baseline=str(baseline), stack=str(cand.stack.path),
                                                   junit=cand.out / "gate-junit.xml", md=cand.out / "gate.md"))
     result.gate_checks = gate.to_json()["checks"]
     steps["gate"].status = "pass" if gate.ok else "fail"
     steps["gate"].detail = "every check passed" if gate.ok else "; ".join(gate.to_json()["failures"])
+
+    if soak_s > 0 and any(steps[n].status == "fail" for n in ("doctor", "smoke", "gate")):
+        steps["soak"].detail = "an earlier step failed"
+        steps["soak"].data = {"soak_s": soak_s, "max_drift": soak_max_drift}
+        return result
+    progress(f"[6/6] soak: acceptance over {soak_s:g} s on one engine in the candidate image" if soak_s > 0
+             else "[6/6] soak: skipped (--soak-s 0)")
+    run_soak_step(steps["soak"], soak_runner or image_runner(record), cand.out / "soak", soak_s=soak_s,
+                  max_drift=soak_max_drift, progress=progress)
     return result

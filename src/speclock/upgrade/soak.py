@@ -1,0 +1,117 @@
+"""The upgrade's soak step: the candidate image's own `speclock soak` for a short window, gated on its drift.
+
+A smoke run measures one pass on a fresh engine. The soak (speclock.verify.soak) keeps ONE engine up and
+measures acceptance window by window; its verdict fails when the worst window's mean acceptance length is
+more than the drift limit below the first window's (or greedy outputs change beyond numeric ties, or the
+engine fails). The upgrade runs it in the candidate image, hardened like doctor and smoke, for `--soak-s`
+seconds (default 60; 0 skips it), on SOAK_PROMPTS prompts per window so a short soak still has several
+windows on a CPU. The soak's verdict is the step's: a drifted soak fails the upgrade, with the soak's reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from speclock.build.builders import ensure_in_docker
+from speclock.build.run import run_image
+from speclock.core.errors import BadInput
+from speclock.core.files import read_json
+from speclock.verify.soak import SOAK_SCHEMA
+
+DEFAULT_SOAK_S = 60.0
+DEFAULT_MAX_DRIFT = 0.05  # speclock soak's own default
+SOAK_PROMPTS = 8
+
+# (speclock arguments, host folder the command sees as /out) -> exit code
+Runner = Callable[[list[str], Path], int]
+
+
+def soak_command(soak_s: float, max_drift: float) -> list[str]:
+    """`speclock soak` arguments for the image (its stack, models and prompts are the image's own)."""
+    return ["soak", "--minutes", f"{soak_s / 60:.6g}", "--max-drift", f"{max_drift:g}",
+            "--num-prompts", str(SOAK_PROMPTS), "--out", "/out"]
+
+
+def image_runner(record: dict[str, Any]) -> Runner:
+    """Runs the command in the built image, hardened (speclock run-image's settings); the image's log goes to stderr."""
+    def run(args: list[str], out: Path) -> int:
+        return run_image(ensure_in_docker(record), args, out_dir=out, stdout=2).returncode
+    return run
+
+
+def _number(doc: dict[str, Any], key: str, path: Path) -> float:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInput(f"{path}: key '{key}' is {value!r}, not a number")
+    return float(value)
+
+
+def read_soak(path: Path) -> dict[str, Any]:
+    """The soak's result as the image wrote it (speclock.soak/v1), checked for what the step reads."""
+    doc = read_json(path, what="soak result")
+    if not isinstance(doc, dict) or doc.get("schema") != SOAK_SCHEMA:
+        raise BadInput(f"{path}: not a {SOAK_SCHEMA} document")
+    if doc.get("verdict") not in ("pass", "fail"):
+        raise BadInput(f"{path}: key 'verdict' is {doc.get('verdict')!r}, not 'pass' or 'fail'")
+    failures, windows, drift = doc.get("failures"), doc.get("windows"), doc.get("drift")
+    if not isinstance(failures, list) or not all(isinstance(f, str) for f in failures):
+        raise BadInput(f"{path}: key 'failures' is not a list of reasons")
+    if not isinstance(windows, list) or not all(isinstance(w, dict) for w in windows):
+        raise BadInput(f"{path}: key 'windows' is not a list of windows")
+    if not isinstance(drift, dict):
+        raise BadInput(f"{path}: key 'drift' is not an object")
+    for w in windows:
+        for key in ("t_start_s", "mean_acceptance_length", "acceptance_rate", "tok_s"):
+            _number(w, key, path)
+    for key in ("worst_drop", "last_drop"):
+        _number(drift, key, path)
+    _number(doc, "seconds", path)
+    return doc
+
+
+def soak_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """What upgrade.json and summary.md show of a soak: per window and the drift."""
+    return {"verdict": doc["verdict"], "seconds": doc["seconds"], "max_drift": doc.get("max_drift"),
+            "prompts": doc.get("prompts"), "max_tokens": doc.get("max_tokens"), "drift": doc["drift"],
+            "windows": [{k: w.get(k) for k in ("t_start_s", "mean_acceptance_length", "acceptance_rate", "tok_s",
+                                                "outputs_same", "numeric_ties", "mismatches")} for w in doc["windows"]],
+            "failures": doc["failures"]}
+
+
+def run_soak_step(step, runner: Runner, out: Path, *, soak_s: float, max_drift: float, progress=print) -> None:
+    """Fill `step` (speclock.upgrade.steps.Step) from a soak of `soak_s` seconds run by `runner` into `out`."""
+    step.data = {"soak_s": soak_s, "max_drift": max_drift}
+    if soak_s <= 0:
+        step.status, step.detail = "skipped", "not asked for (--soak-s 0)"
+        return
+    if out.exists():  # a soak.json of an earlier run must never stand in for this one
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    progress(f"  soak: one engine for {soak_s:g} s, {SOAK_PROMPTS} prompts per window, drift limit {max_drift:.0%}")
+    t0 = time.monotonic()
+    try:
+        code = runner(soak_command(soak_s, max_drift), out)
+    finally:
+        step.seconds = round(time.monotonic() - t0, 1)
+    step.data.update(exit_code=code, outputs=str(out))
+    try:
+        doc = read_soak(out / "soak.json")
+    except BadInput as err:  # no result, or a damaged one: the soak did not run to its verdict
+        step.status = "fail"
+        step.detail = f"the soak in the image gave no verdict (exit {code}): {err.message}"
+        return
+    step.data.update(soak_summary(doc))
+    windows, drift = doc["windows"], doc["drift"]
+    if doc["verdict"] == "pass" and code == 0:
+        first = windows[0]["mean_acceptance_length"] if windows else 0.0
+        worst = windows[int(drift.get("worst_window") or 0)]["mean_acceptance_length"] if windows else 0.0
+        step.status = "pass"
+        step.detail = (f"{len(windows)} windows in {doc['seconds']:.0f} s on one engine: mean acceptance length "
+                       f"{first:.3f} in the first, {worst:.3f} at worst ({drift['worst_drop']:.1%} lower, "
+                       f"limit {max_drift:.0%})")
+    else:
+        step.status = "fail"
+        step.detail = "; ".join(doc["failures"]) or f"the soak exited {code} with verdict {doc['verdict']}"
