@@ -69,7 +69,10 @@ def test_https_download_from_the_index(tmp_path):
     assert outcome == "downloaded" and file_sha256(path) == pkg["sha256"]
 
 
-def test_local_mirror_entries_also_name_their_pypi_url():
+def test_local_mirror_entries_also_name_their_index_url():
+    """A wheel taken from a local mirror keeps the URL of the index the stack names for it: PyPI's, or
+    torch's own index for torch+cpu (docs/lock.md); never a file:// URL."""
     mirrored = [p for p in LOCK["packages"] if "mirror_url" in p]
-    assert mirrored, "the lock should map local-mirror wheels to PyPI"
-    assert all(p["url"].startswith("https://files.pythonhosted.org/") for p in mirrored)
+    assert mirrored, "the lock should map local-mirror wheels to their index"
+    assert all(p["url"].startswith(("https://files.pythonhosted.org/", "https://download.pytorch.org/whl/"))
+               for p in mirrored), [p["url"] for p in mirrored]

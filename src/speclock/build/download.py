@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from speclock.core.errors import EnvironmentProblem
 from speclock.core.files import os_error
@@ -48,7 +48,7 @@ def _write(out: BinaryIO, block: bytes, dest: Path) -> None:
         raise os_error(err, dest, "write the download to") from None
 
 
-def _copy_local(src: Path, out: BinaryIO, dest: Path, stop: threading.Event) -> None:
+def _copy_local(src: Path, out: BinaryIO, dest: Path, stop: threading.Event, on_bytes: Callable[[int], None]) -> None:
     try:
         fh = open(src, "rb")
     except OSError as err:
@@ -64,10 +64,13 @@ def _copy_local(src: Path, out: BinaryIO, dest: Path, stop: threading.Event) -> 
             if not block:
                 return
             _write(out, block, dest)
+            on_bytes(len(block))
 
 
-def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER) -> None:
-    """Copy the bytes at `url` into `out` (the open .part file `dest`).
+def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER,
+             on_bytes: Callable[[int], None] = lambda n: None, on_size: Callable[[int], None] = lambda n: None) -> None:
+    """Copy the bytes at `url` into `out` (the open .part file `dest`). For progress: `on_size(n)` with the
+    size once known (Content-Length, or the local file's), `on_bytes(n)` after each block.
 
     Network failures and server errors (5xx, 408, 429) are retried; a 4xx is final ("not found at URL"
     for 404/410); a failure of the local disk is reported as such and not retried."""
@@ -78,7 +81,8 @@ def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER)
             raise EnvironmentProblem(f"the lock names a local file that is not on this machine: {src}",
                                      hint="re-lock on this machine (`speclock lock --stack NAME`), "
                                           "or put that wheel where the lock says")
-        _copy_local(src, out, dest, stop)
+        on_size(src.stat().st_size)
+        _copy_local(src, out, dest, stop, on_bytes)
         return
     last: BaseException | None = None
     for attempt in range(RETRIES):
@@ -112,6 +116,8 @@ def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER)
             last = err  # DNS, refused connection, timeout, reset: the network
             continue
         with resp:
+            if resp.length:
+                on_size(resp.length)
             try:
                 while True:
                     if stop.is_set():
@@ -120,6 +126,7 @@ def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER)
                     if not block:
                         break
                     _write(out, block, dest)
+                    on_bytes(len(block))
             except (OSError, http.client.HTTPException) as err:
                 last = err
                 continue

@@ -56,7 +56,7 @@ def fetch(lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4,
             except queue.Empty:
                 return
             try:
-                results.put((pkg, ensure_entry(pkg, store, stop=stop), None))
+                results.put((pkg, ensure_entry(pkg, store, stop=stop, progress=progress), None))
             except BaseException as err:  # handed to the main thread, which decides
                 results.put((pkg, None, err))
 

@@ -17,11 +17,12 @@ import tempfile
 import threading
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from speclock.build.download import NEVER, Stopped, download, local_path
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, file_sha256, os_error, plain_name
+from speclock.core.heartbeat import ByteHeartbeat
 from speclock.core.layout import cache_dir
 
 PART_PREFIX = ".part-"
@@ -78,8 +79,9 @@ def _still_verified(path: Path, sha: str) -> bool:
 
 
 def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
-                 stop: threading.Event | None = None) -> tuple[Path, str]:
-    """Make sure the verified file for `pkg` is in the store. Returns (path, what happened).
+                 stop: threading.Event | None = None, progress: Callable[[str], None] | None = None) -> tuple[Path, str]:
+    """Make sure the verified file for `pkg` is in the store. Returns (path, what happened). With `progress`,
+    a download reports its bytes, total and rate every 10 s (a 600 MB wheel takes minutes on a slow link).
 
     A cached file is hashed on every call; a corrupt or truncated one is quarantined and fetched again."""
     stop = stop or NEVER
@@ -116,7 +118,11 @@ def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
         _parts.add(tmp)
     try:
         with os.fdopen(fd, "wb") as out:
-            download(url, out, tmp, stop)
+            if progress:
+                beat = ByteHeartbeat(pkg["filename"], progress=progress)
+                download(url, out, tmp, stop, on_bytes=beat.add, on_size=beat.set_total)
+            else:
+                download(url, out, tmp, stop)
             try:
                 out.flush()
                 os.fsync(out.fileno())

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import subprocess
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
+from speclock.core.heartbeat import SilenceHeartbeat
 
 
 def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str = "  | ",
-           quiet: bool = False) -> tuple[int, str]:
-    """Run `cmd`, echoing each output line (progress on long steps); return (rc, last lines)."""
+           quiet: bool = False, watch: Path | None = None) -> tuple[int, str]:
+    """Run `cmd`, echoing each output line (progress on long steps); return (rc, last lines).
+
+    While it prints nothing (a layer commit writes gigabytes silently), a heartbeat line every 15 s says
+    for how long, and how fast the disk holding `watch` (the builder's storage) fills."""
     tail: collections.deque[str] = collections.deque(maxlen=40)
     try:
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -20,12 +26,18 @@ def stream(cmd: Sequence[str], *, env: dict[str, str] | None = None, prefix: str
     except FileNotFoundError:
         raise EnvironmentProblem(f"{cmd[0]} is not installed", hint=f"install {cmd[0]} or choose another --builder") from None
     assert proc.stdout is not None
+    def say(text: str) -> None:
+        sys.stderr.write(prefix + text + "\n")
+        sys.stderr.flush()
+
     try:
-        for line in proc.stdout:
-            tail.append(line.rstrip())
-            if not quiet:
-                sys.stderr.write(prefix + line)  # progress for people; stdout stays for results (--json)
-                sys.stderr.flush()
+        with SilenceHeartbeat(None if quiet else watch, progress=say) if not quiet else contextlib.nullcontext() as beat:
+            for line in proc.stdout:
+                tail.append(line.rstrip())
+                if not quiet:
+                    beat.seen()
+                    sys.stderr.write(prefix + line)  # progress for people; stdout stays for results (--json)
+                    sys.stderr.flush()
         return proc.wait(), "\n".join(tail)
     except BaseException:
         # Ctrl-C (or any failure here): stop the builder too, never leave it running behind us

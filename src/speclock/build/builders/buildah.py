@@ -16,6 +16,8 @@ from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 # vfs and overlay give different digests for the same content: pin one.
 STORAGE = ["--storage-driver", os.environ.get("SPECLOCK_BUILDAH_STORAGE_DRIVER", "overlay")]
+# Where buildah writes layers (root's default store; rootless: under HOME): the heartbeat of silent steps watches it.
+STORAGE_DIR = Path("/var/lib/containers/storage") if os.geteuid() == 0 else Path.home() / ".local/share/containers/storage"
 
 
 def labelled_containerfile(text: str, labels: dict[str, str]) -> str:
@@ -66,7 +68,7 @@ class Buildah:
                 cmd += ["--build-arg", f"{key}={value}"]
             iid = Path(tmp) / "iid"
             cmd += ["--iidfile", str(iid), str(context)]
-            rc, tail = stream(cmd)
+            rc, tail = stream(cmd, watch=STORAGE_DIR)
             if rc != 0:
                 raise build_failure("buildah", rc, tail)
             return iid.read_text().strip()

@@ -13,6 +13,9 @@ from speclock.build.builders._proc import build_failure, capture, stream
 from speclock.build.registry import registry_digest
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
+# dockerd's default data root (layers land here): the heartbeat of silent build steps watches its disk.
+DOCKER_DATA_DIR = Path("/var/lib/docker")
+
 
 def docker_cli() -> str:
     """The CLI that can drive BuildKit here: Debian's docker.io client before a newer one without buildx."""
@@ -56,7 +59,7 @@ class Docker:
         with tempfile.TemporaryDirectory(prefix="speclock-iid-") as tmp:
             iid = Path(tmp) / "iid"
             cmd += ["--iidfile", str(iid), str(context)]
-            rc, tail = stream(cmd, env=self._env())
+            rc, tail = stream(cmd, env=self._env(), watch=DOCKER_DATA_DIR)
             if rc != 0:
                 raise build_failure("docker", rc, tail)
             return iid.read_text().strip()
