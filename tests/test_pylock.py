@@ -127,6 +127,12 @@ def test_two_targets_of_one_environment_with_other_versions_are_refused(tmp_path
     with pytest.raises(BadInput) as err:
         pl.pylock_doc(_two_target_lock(tmp_path, host="3.11-x86_64"))
     assert "targets image and 3.11-x86_64" in str(err.value) and "tinydep 1.2 and 1.3" in str(err.value)
+    # a package only one of them locks: the same
+    doc = _two_target_lock(tmp_path / "c", host="3.11-x86_64", host_dep="1.2")
+    doc["targets"]["3.11-x86_64"]["packages"].pop(2)  # torch
+    with pytest.raises(BadInput) as err:
+        pl.pylock_doc(finish_lock(doc))
+    assert "lock torch 9.9.9 and (none)" in str(err.value)
     # the same versions in both: nothing to tell apart, one environment
     assert pl.pylock_doc(_two_target_lock(tmp_path / "b", host="3.11-x86_64", host_dep="1.2"))["environments"] == [
         pl.environment_marker("3.11", "x86_64")]

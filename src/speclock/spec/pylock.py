@@ -91,7 +91,7 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
                 raise BadInput(f"the lock of stack {doc['stack']} names {entry['filename']} twice with another url or "
                                f"sha256 (targets {', '.join(group['targets'])})",
                                hint=f"re-create it with `speclock lock --stack {doc['stack']}`")
-    _refuse_ambiguous(doc, groups, markers)
+    _refuse_ambiguous(doc, targets, markers)
     all_keys = set(targets)
     packages = []
     for (name, version), group in sorted(groups.items(), key=lambda kv: (kv[0][0], min(list(targets).index(k) for k in kv[1]["targets"]))):
@@ -120,23 +120,25 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
     return {**out, "created-by": CREATED_BY, "packages": packages, "tool": {"speclock": tool}}
 
 
-def _refuse_ambiguous(doc: dict[str, Any], groups: dict[tuple[str, str], dict[str, Any]], markers: dict[str, str]) -> None:
-    """BadInput when two targets with one marker lock different versions of a package (no installer could choose)."""
-    by_name: dict[str, list[tuple[str, list[str]]]] = {}
-    for (name, version), group in groups.items():
-        by_name.setdefault(name, []).append((version, group["targets"]))
-    for name, versions in by_name.items():
-        seen: dict[str, tuple[str, str]] = {}
-        for version, keys in versions:
-            for key in keys:
-                other = seen.get(markers[key])
-                if other and other[0] != version:
-                    raise BadInput(
-                        f"the lock of stack {doc['stack']}: targets {other[1]} and {key} have the same Python and machine "
-                        f"({markers[key]}) but lock {name} {other[0]} and {version}; pylock.toml cannot tell them apart",
-                        hint="give the host target another Python or machine than the image's, or drop it from "
-                             "python.host_targets (the image's target already covers that environment)")
-                seen.setdefault(markers[key], (version, key))
+def _refuse_ambiguous(doc: dict[str, Any], targets: dict[str, dict[str, Any]], markers: dict[str, str]) -> None:
+    """BadInput when two targets with one marker lock different package sets (no installer could tell which is meant)."""
+    first: dict[str, str] = {}
+    for key, target in targets.items():
+        marker = markers[key]
+        if marker not in first:
+            first[marker] = key
+            continue
+        other = first[marker]
+        mine = {normalize(p["name"]): p["version"] for p in target["packages"]}
+        theirs = {normalize(p["name"]): p["version"] for p in targets[other]["packages"]}
+        for name in sorted(mine.keys() | theirs.keys()):
+            if mine.get(name) != theirs.get(name):
+                raise BadInput(
+                    f"the lock of stack {doc['stack']}: targets {other} and {key} have the same Python and machine "
+                    f"({marker}) but lock {name} {theirs.get(name, '(none)')} and {mine.get(name, '(none)')}; "
+                    "pylock.toml cannot tell them apart",
+                    hint="give the host target another Python or machine than the image's, or drop it from "
+                         "python.host_targets (the image's target already covers that environment)")
 
 
 def render(doc: dict[str, Any]) -> str:
