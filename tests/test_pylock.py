@@ -312,6 +312,37 @@ def test_urls_alone_need_the_network_and_a_changed_wheel_is_refused(offline, tmp
     assert "tinydep" not in _installed(python)
 
 
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_the_committed_form_installs_from_its_urls_on_a_local_index(offline, tmp_path, installer):
+    """The pylock as `lock` writes it (URLs, no paths), its URLs served by a local index (no other network)."""
+    from fetch_server import WheelServer
+    server = WheelServer()
+    try:
+        data = tomllib.loads(offline["pylock"].read_text())
+        for package in data["packages"]:
+            for wheel in package["wheels"]:
+                local = offline["paths"].get(wheel["hashes"]["sha256"])
+                path = f"/packages/00/{wheel['name'].replace('+', '%2B')}"
+                if local:
+                    server.serve(path, Path(local).read_bytes())
+                wheel["url"] = server.base + path
+        served = tmp_path / "pylock.served.toml"
+        served.write_text(tomli_w.dumps(data))
+        python = _venv(tmp_path / "venv")
+        cmd = ([sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--no-deps", "-r", served]
+               if installer == "pip" else [UV, "pip", "install", "--no-index", "--python", python, "-r", served])
+        # no network but the local index: the proxies lead nowhere, and only 127.0.0.1 bypasses them
+        env = {**os.environ, **OFFLINE_ENV, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1",
+               "UV_CACHE_DIR": str(tmp_path / "uvc"), "PIP_CACHE_DIR": str(tmp_path / "pipc")}
+        env.pop("UV_OFFLINE")
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert _installed(python) == _image_packages(offline["doc"])
+        assert sum(server.hits.values()) == len(_image_packages(offline["doc"]))  # each of this target's wheels, once
+    finally:
+        server.close()
+
+
 def test_a_pylock_written_by_lock_matches_its_lock_through_the_cli(tmp_path):
     """`lock --no-resolve` on a tiny stack's lock (targets and all) writes a pylock that `lock --check` accepts."""
     stack = load_stack(write_stack(tmp_path, host_targets=("3.12-x86_64",)))

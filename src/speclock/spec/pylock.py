@@ -11,8 +11,8 @@ What it holds, and why so:
   no marker; one locked by only some targets (networkx 3.6.1 for 3.11, 3.7 for 3.12) is one [[packages]] entry per
   version whose `marker` names its targets. An entry lists the wheels its targets locked (cp311 and cp312 builds of
   one version); an installer takes the one whose tags fit its machine, as PEP 751 says. Two targets with the same
-  Python and machine have the same marker: if they lock different versions of a package the file could not tell
-  them apart, and `pylock_doc` refuses (exit 2) rather than write an ambiguous lock.
+  Python and machine have the same marker: if they lock different package sets the file could not tell them
+  apart, and `pylock_doc` refuses (exit 2) rather than write an ambiguous lock.
 - Wheels: `name` (the file name), `url` and `hashes.sha256` exactly as in the lock. No `size` (the lock has none).
   A lock's mirror_url (a file of one machine) is not written: the pylock is for any machine.
 - Only what is installed is a package: a target's `excluded` (resolved, never installed) and `assets` (data wheels
