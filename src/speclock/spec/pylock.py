@@ -144,7 +144,7 @@ def _refuse_ambiguous(doc: dict[str, Any], targets: dict[str, dict[str, Any]], m
 def render(doc: dict[str, Any]) -> str:
     """The TOML text of a pylock document (tomli_w; EnvironmentProblem when it is not installed)."""
     try:
-        import tomli_w
+        import tomli_w  # optional: only `lock` writes TOML; speclock itself needs the standard library only
     except ImportError:
         raise EnvironmentProblem("writing pylock.toml needs the tomli_w package, which this Python lacks",
                                  hint="pip install -r scripts/requirements-host.txt (it pins tomli-w)") from None
