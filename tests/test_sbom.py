@@ -18,6 +18,7 @@ import pytest
 
 from fuzz_support import run_cli
 from helpers import LocalRegistry
+from speclock.build.registry import RegistryClient
 from speclock.build import context, inputs, sbom
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec.lock import read_lock
@@ -189,7 +190,7 @@ def _push_image(reg: LocalRegistry, repo: str, files: dict[str, bytes]) -> str:
     layer = gzip.compress(raw.getvalue(), mtime=0)
     config = json.dumps({"architecture": "amd64", "os": "linux",
                          "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]}}).encode()
-    client = sbom._Registry(reg.address, repo, insecure=True)
+    client = RegistryClient(reg.address, repo, insecure=True)
     manifest = json.dumps({"schemaVersion": 2, "mediaType": sbom.OCI_MANIFEST,
                            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                                       "digest": client.put_blob(config), "size": len(config)},

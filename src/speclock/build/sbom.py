@@ -15,13 +15,11 @@ inputs give the same bytes (and the image keeps its reproducible digest).
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime as dt
 import gzip
 import hashlib
 import io
 import json
-import os
 import sys
 import tarfile
 import time
@@ -36,6 +34,7 @@ from typing import Any
 from speclock import __version__
 from speclock.build import wheelhouse
 from speclock.build.context import patch_files, sync_text, tree_files
+from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, read_json
 from speclock.core.layout import REPO_ROOT, cache_dir
@@ -50,12 +49,8 @@ SBOM_LABEL = ("io.speclock.sbom", SBOM_IN_IMAGE)
 SBOM_MEDIA_TYPE = "application/vnd.cyclonedx+json"
 SCHEMA_VERSION = "1.7"  # the newest the pinned cyclonedx-python-lib writes and validates
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"
 EMPTY_JSON = b"{}"
-MANIFEST_TYPES = (OCI_MANIFEST, "application/vnd.docker.distribution.manifest.v2+json", OCI_INDEX,
-                  "application/vnd.docker.distribution.manifest.list.v2+json")
 INSTALL = "pip install -r scripts/requirements-host.txt (cyclonedx-python-lib[json-validation]), or run scripts/bootstrap.sh"
 
 
@@ -373,126 +368,11 @@ def summary(text: str) -> dict[str, Any]:
 
 # ---- the OCI referrer -----------------------------------------------------------------------------------
 
-def _split_registry(registry: str, repository: str) -> tuple[str, str]:
-    """("host[:port]", "namespace/repository") from push-image's --registry HOST[:PORT][/NAMESPACE] and repository."""
-    if not registry or registry.startswith(("http://", "https://", "docker://")) or " " in registry:
-        raise BadInput(f"bad registry {registry!r}", hint="give HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000 or ghcr.io/org")
-    host, _, namespace = registry.rstrip("/").partition("/")
-    return host, f"{namespace}/{repository}" if namespace else repository
-
-
-def _auth_for(host: str) -> str | None:
-    """'user:password' for `host` from the auth files buildah/podman and docker write (REGISTRY_AUTH_FILE first)."""
-    candidates = [os.environ.get("REGISTRY_AUTH_FILE"),
-                  os.path.join(os.environ.get("XDG_RUNTIME_DIR", ""), "containers", "auth.json") if os.environ.get("XDG_RUNTIME_DIR") else None,
-                  os.path.expanduser("~/.config/containers/auth.json"), os.path.expanduser("~/.docker/config.json")]
-    for name in filter(None, candidates):
-        try:
-            auths = json.loads(Path(name).read_text()).get("auths", {})
-        except (OSError, ValueError, AttributeError):
-            continue
-        entry = auths.get(host) or auths.get(f"https://{host}") or {}
-        if isinstance(entry, dict) and entry.get("auth"):
-            try:
-                return base64.b64decode(entry["auth"]).decode()
-            except ValueError:
-                continue
-    return None
-
-
-class _Registry:
-    """The few calls of the OCI distribution API a referrer push needs, with Basic/Bearer auth on a 401."""
-
-    def __init__(self, registry: str, repository: str, *, insecure: bool):
-        self.host, self.name = _split_registry(registry, repository)
-        self.base = f"{'http' if insecure else 'https'}://{self.host}"
-        self.token: str | None = None
-
-    def call(self, method: str, path: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,
-             ok=(200,), absent_ok: bool = False) -> tuple[int, Any, bytes]:
-        url = path if path.startswith("http") else self.base + path
-        for attempt in range(2):
-            req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
-            if self.token:
-                req.add_header("Authorization", self.token)
-            try:
-                with urllib.request.urlopen(req, timeout=120) as resp:
-                    return resp.status, resp.headers, resp.read()
-            except urllib.error.HTTPError as err:
-                body = err.read()
-                if err.code == 401 and attempt == 0 and self._login(err.headers.get("WWW-Authenticate", "")):
-                    continue
-                if err.code == 404 and absent_ok:
-                    return 404, err.headers, body
-                if err.code in ok:
-                    return err.code, err.headers, body
-                raise CheckFailed(f"registry {self.host}: {method} {urllib.parse.urlsplit(url).path} answered "
-                                  f"{err.code}: {body[:300].decode('utf-8', 'replace')}",
-                                  hint="check the repository name and that your credentials (buildah/docker login) may push there") from None
-            except (urllib.error.URLError, OSError) as err:
-                raise EnvironmentProblem(f"registry {self.host} is not reachable: {err}",
-                                         hint="start it or check --registry (HOST[:PORT]); loopback registries use plain HTTP") from None
-        raise CheckFailed(f"registry {self.host}: {method} {path} needs credentials that were refused",
-                          hint=f"log in with `buildah login {self.host}` (or docker login)")
-
-    def _login(self, challenge: str) -> bool:
-        creds = _auth_for(self.host)
-        scheme, _, rest = challenge.partition(" ")
-        if scheme.lower() == "basic" and creds:
-            self.token = "Basic " + base64.b64encode(creds.encode()).decode()
-            return True
-        if scheme.lower() != "bearer":
-            return False
-        params = dict(p.split("=", 1) for p in rest.replace('"', "").split(",") if "=" in p)
-        query = {k: params[k] for k in ("service", "scope") if k in params}
-        query.setdefault("scope", f"repository:{self.name}:pull,push")
-        req = urllib.request.Request(params.get("realm", "") + "?" + urllib.parse.urlencode(query))
-        if creds:
-            req.add_header("Authorization", "Basic " + base64.b64encode(creds.encode()).decode())
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                doc = json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-        token = doc.get("token") or doc.get("access_token")
-        self.token = f"Bearer {token}" if token else None
-        return bool(token)
-
-    def manifest(self, reference: str) -> tuple[str, bytes] | None:
-        status, headers, body = self.call("GET", f"/v2/{self.name}/manifests/{reference}",
-                                          headers={"Accept": ", ".join(MANIFEST_TYPES)}, absent_ok=True)
-        if status == 404:
-            return None
-        return (headers.get("Content-Type") or "").split(";")[0].strip(), body
-
-    def blob(self, digest: str) -> bytes:
-        body = self.call("GET", f"/v2/{self.name}/blobs/{digest}")[2]
-        if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-            raise CheckFailed(f"registry {self.host}: blob {digest} of {self.name} does not match its digest",
-                              hint="the registry's storage is damaged; push the image again")
-        return body
-
-    def put_blob(self, data: bytes) -> str:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if self.call("HEAD", f"/v2/{self.name}/blobs/{digest}", absent_ok=True)[0] == 200:
-            return digest
-        _, headers, _ = self.call("POST", f"/v2/{self.name}/blobs/uploads/", data=b"", ok=(202,))
-        location = urllib.parse.urljoin(self.base + "/", headers.get("Location", ""))
-        sep = "&" if "?" in location else "?"
-        self.call("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", data=data, ok=(201,),
-                  headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
-        return digest
-
-    def put_manifest(self, reference: str, media_type: str, body: bytes):
-        return self.call("PUT", f"/v2/{self.name}/manifests/{reference}", data=body, ok=(201,),
-                         headers={"Content-Type": media_type})[1]
-
-
 def _canonical(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def sbom_from_image(reg: _Registry, digest: str) -> bytes:
+def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
     """The SBOM file as the pushed image holds it: read from its layers, topmost first (a few small layers)."""
     got = reg.manifest(digest)
     if got is None:
@@ -530,7 +410,7 @@ def push_sbom_referrer(registry: str, repository: str, digest: str, *, insecure:
     `sbom`: the document; default the image's own /opt/speclock/sbom.cdx.json, read from the pushed layers.
     A registry without the referrers API (no OCI-Subject answer) gets the tag-schema fallback: the index
     tagged sha256-<hex> lists the referrer. Returns {"digest", "sbom_digest", "size", "subject", "referrers"}."""
-    reg = _Registry(registry, repository, insecure=insecure)
+    reg = RegistryClient(registry, repository, insecure=insecure)
     got = reg.manifest(digest)
     if got is None:
         raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}",
@@ -575,7 +455,7 @@ def _fallback_tag(digest: str) -> str:
     return f"{algo}-{hexpart}"
 
 
-def _add_to_fallback_index(reg: _Registry, subject: str, descriptor: dict[str, Any]) -> None:
+def _add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[str, Any]) -> None:
     """The referrers tag schema (OCI distribution spec 1.1): the index tagged <alg>-<hex> lists the subject's referrers."""
     tag = _fallback_tag(subject)
     got = reg.manifest(tag)
@@ -586,7 +466,7 @@ def _add_to_fallback_index(reg: _Registry, subject: str, descriptor: dict[str, A
 
 def sbom_referrers(registry: str, repository: str, digest: str, *, insecure: bool) -> list[dict[str, Any]]:
     """The CycloneDX referrers of an image manifest: the referrers API, or the tag-schema index where it is missing."""
-    reg = _Registry(registry, repository, insecure=insecure)
+    reg = RegistryClient(registry, repository, insecure=insecure)
     status, headers, body = reg.call("GET", f"/v2/{reg.name}/referrers/{digest}?artifactType="
                                      + urllib.parse.quote(SBOM_MEDIA_TYPE, safe=""), absent_ok=True)
     if status == 200 and (headers.get("Content-Type") or "").startswith(OCI_INDEX):
@@ -603,7 +483,7 @@ def pull_sbom_referrer(registry: str, repository: str, digest: str, *, insecure:
     if not found:
         raise CheckFailed(f"{registry}/{repository}@{digest} has no CycloneDX referrer",
                           hint="push it with push_sbom_referrer (push-image does after the image)")
-    reg = _Registry(registry, repository, insecure=insecure)
+    reg = RegistryClient(registry, repository, insecure=insecure)
     got = reg.manifest(found[-1]["digest"])
     if got is None or "sha256:" + hashlib.sha256(got[1]).hexdigest() != found[-1]["digest"]:
         raise CheckFailed(f"the referrer {found[-1]['digest']} of {registry}/{repository} is missing or damaged",
