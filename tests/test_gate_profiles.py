@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 def stack_with(tmp: Path, smoke_lines: str = "", tail: str = "", name: str = "cpu-vllm") -> Path:
     """A copy of the repo's cpu-vllm stack with extra [smoke] keys and extra tables at the end."""
     text = (REPO / "stacks" / "cpu-vllm.toml").read_text()
+    if "[smoke.profiles]" in tail:  # the repo's own table is the last one in the file: replace it
+        text = text.split("\n[smoke.profiles]")[0] + "\n"
     text = text.replace("num_speculative_tokens = 3\n", f"num_speculative_tokens = 3\n{smoke_lines}\n", 1)
     text = re.sub(r'^name = ".*"$', f'name = "{name}"', text, count=1, flags=re.M) + "\n" + tail + "\n"
     path = tmp / f"{name}.toml"
