@@ -80,8 +80,9 @@ let
       name = pname;
       version = str "version";
       inherit filename url sha256;
-      # file:// URLs are the CI machine's local PyPI mirror (same bytes as PyPI): fetchable only
-      # where that mirror exists, or from the Nix store when the wheel was added there first.
+      # Every committed lock names an index's URL (PyPI, or download.pytorch.org for torch+cpu);
+      # `speclock lock --check` refuses file:// URLs, so `local` only marks older or hand-made locks,
+      # fetchable where that folder exists or from the Nix store (`nix store add-file`).
       fromPyPI = hasPrefix "https://files.pythonhosted.org/" url;
       local = hasPrefix "file://" url;
     };
