@@ -38,11 +38,13 @@ LEGACY_PROFILE = "quick"  # what a report without a `profile` key was (64 tokens
 # the mean's drop limit is smoke.thresholds.max_relative_drop (one-sided), as before profiles existed.
 BUILTIN: dict[str, dict[str, Any]] = {
     "quick": {"num_prompts": None, "max_tokens": None, "temperature": 0.0, "seeds": [0],
-              "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True},
+              "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True, "per_request_seed": True},
     "full": {"num_prompts": None, "max_tokens": 256, "temperature": 0.0, "seeds": [0],
-             "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True},
+             "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True,
+             "per_request_seed": True},
     "sampled": {"num_prompts": None, "max_tokens": None, "temperature": 1.0, "seeds": [0, 1, 2],
-                "max_mean_drift": 0.05, "max_position_drift": 0.10, "two_sided": True, "position_drift": True},
+                "max_mean_drift": 0.05, "max_position_drift": 0.10, "two_sided": True, "position_drift": True,
+                "per_request_seed": True},
 }
 _KEY_HELP = {
     "num_prompts": "a positive integer (default: smoke.num_prompts)",
@@ -53,6 +55,8 @@ _KEY_HELP = {
     "max_position_drift": "a relative tolerance from 0 to 1, or one per draft position",
     "two_sided": "true or false: a rise beyond the tolerance fails too",
     "position_drift": "true or false: check each draft position against the baseline",
+    "per_request_seed": "true or false: pass each seed to the engine per request (false: the passes are independent "
+                        "draws from the engine's own seeded generator, for engines that crash on seeded requests)",
 }
 
 
@@ -67,6 +71,7 @@ class Profile:
     max_position_drift: tuple[float, ...] | float
     two_sided: bool
     position_drift: bool
+    per_request_seed: bool = True
 
     @property
     def sampled(self) -> bool:
@@ -114,7 +119,7 @@ def _check_value(key: str, value: Any, where: str, hint: str) -> Any:
         if not items or not all(not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1 for v in items):
             raise bad()
         value = tuple(float(v) for v in value) if isinstance(value, list) else float(value)
-    elif key in ("two_sided", "position_drift"):
+    elif key in ("two_sided", "position_drift", "per_request_seed"):
         if not isinstance(value, bool):
             raise bad()
     return value

@@ -89,7 +89,7 @@ def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tok
             outputs = session.generate(prompt_ids, max_tokens, sampling) if sampling else session.generate(prompt_ids, max_tokens)
             seconds = time.perf_counter() - t1
             results.append((outputs, seconds, session.counters() - before))
-            which = f" (seed {sampling['seed']})" if sampling else ""
+            which = f" (pass {len(results) + 1} of {len(passes)}, {sampling})" if sampling else ""
             log(f"{label}{which}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
         captured = session.captured_layers()
     return results, captured
@@ -99,6 +99,8 @@ def sampling_passes(profile) -> list[dict[str, Any] | None]:
     """One greedy pass, or one {temperature, seed} pass per seed of a sampled profile."""
     if profile is None or not profile.sampled:
         return [None]
+    if not profile.per_request_seed:  # seeds name the passes; the engine's own generator draws (see profiles.py)
+        return [{"temperature": profile.temperature} for _ in profile.seeds]
     return [{"temperature": profile.temperature, "seed": seed} for seed in profile.seeds]
 
 
@@ -181,9 +183,11 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
         "throughput": {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
                        "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}}
     if passes[0] is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
-        per_seed = [dict(seed=p["seed"], **delta.metrics()) for p, (_, _, delta) in zip(passes, results)]
-        out["sampled"] = {"temperature": passes[0]["temperature"], "seeds": [p["seed"] for p in passes],
-                          "per_seed": per_seed, "spread": per_seed_summary(per_seed)}
+        seeds = list(inp.profile.seeds) if inp.profile else list(range(len(passes)))
+        per_seed = [dict(seed=seed, **delta.metrics()) for seed, (_, _, delta) in zip(seeds, results)]
+        out["sampled"] = {"temperature": passes[0]["temperature"], "seeds": seeds,
+                          "per_request_seed": "seed" in passes[0], "per_seed": per_seed,
+                          "spread": per_seed_summary(per_seed)}
         out["lossless"] = {"checked": 0, "mismatches": 0, "mode": "sampled",
                            "note": "temperature > 0: two correct samplers draw different tokens, so outputs are not "
                                    "compared token for token; the greedy profiles prove the verification path lossless, "
