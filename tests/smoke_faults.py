@@ -180,3 +180,60 @@ def crashing_drafter(target: Path, out: Path) -> Path:
     cfg["draft_vocab_size"] = small
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
+
+
+# ---------------------------------------------------------------- faults inside the engine
+
+_FAULT_PLUGIN = '''"""speclock test fault, loaded by vLLM's general-plugin hook in every engine process (SPECLOCK_FAULT):
+pos3:N   - the draft token at position 3 is replaced by another token where its id is a multiple of N (about
+           1 in N drafts: a drafter worse only at position 3; the target still verifies, so output stays lossless);
+reject:N - at temperature > 0, the same at every position (a rejection sampler that rejects more often)."""
+import os
+
+
+def register():
+    kind, _, every = os.environ.get("SPECLOCK_FAULT", "").partition(":")
+    if not kind:
+        return
+    every = int(every or 3)
+    import torch
+    import vllm.v1.sample.rejection_sampler as rs
+
+    if getattr(rs.rejection_sample, "_speclock_fault", None):
+        return
+    orig = rs.rejection_sample
+
+    def faulty(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+               bonus_token_ids, sampling_metadata, *args, **kwargs):
+        ids = draft_token_ids.clone()
+        start = 0
+        for n in num_draft_tokens:
+            positions = [2] if kind == "pos3" else (range(n) if not sampling_metadata.all_greedy else [])
+            for pos in positions:
+                if pos < n and int(ids[start + pos]) % every == 0:
+                    ids[start + pos] = (int(ids[start + pos]) + 1) % target_logits.shape[-1]
+            start += n
+        return orig(ids.contiguous(), num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                    bonus_token_ids, sampling_metadata, *args, **kwargs)
+
+    faulty._speclock_fault = f"{kind}:{every}"
+    rs.rejection_sample = faulty
+'''
+
+
+def engine_fault(root: Path, kind: str) -> dict[str, str]:
+    """Environment that makes vLLM load a fault into its rejection step (in every engine process, via the
+    `vllm.general_plugins` entry point of a distribution written under `root`): kind 'pos3:N' or 'reject:N'.
+    Returns the variables to set (PYTHONPATH extended, SPECLOCK_FAULT). A process that is already running
+    must also put `root` on its sys.path: vLLM spawns its engine processes with the parent's sys.path."""
+    import os
+
+    pkg = root / "speclock_fault_plugin"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(_FAULT_PLUGIN)
+    dist = root / "speclock_fault_plugin-0.0.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: speclock-fault-plugin\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nspeclock_fault = speclock_fault_plugin:register\n")
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "SPECLOCK_FAULT": kind}
