@@ -462,12 +462,16 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("gate", help="pass/fail a smoke report against the stack's thresholds and a baseline",
                        description="Check a smoke report (speclock.smoke/v1) against the thresholds of its stack "
-                                   "([smoke.thresholds]) and, when one is given or stored, a baseline report. "
-                                   "No baseline is a WARN (the regression check is skipped). "
+                                   "([smoke.thresholds]) and, when one is given or stored, a baseline report of the same "
+                                   "smoke profile (quick, full or sampled; a report without one is quick): mean acceptance "
+                                   "length and each draft position's rate may not drift beyond the profile's tolerance "
+                                   "([smoke.profiles]; both ways in the sampled profile). A baseline of another profile is "
+                                   "exit 2. No baseline is a WARN (the regression check is skipped). "
                                    "Exit 0 pass, 1 fail, 2 bad report/stack/baseline.")
     p.add_argument("report", help="report.json written by `speclock smoke`")
     p.add_argument("--baseline", default="auto",
-                   help="baseline report; 'auto' (default) = baselines/<stack>/<engine package>-<version>.json if stored "
+                   help="baseline report; 'auto' (default) = baselines/<stack>/<engine package>-<version>[.<profile>].json "
+                        "(no suffix for quick) if stored "
                         "(else WARN); 'none' = skip (WARN); a path that does not exist is an error")
     p.add_argument("--baselines-dir", help="where 'auto' looks (default: the repo's baselines/, or the image's); must exist")
     p.add_argument("--stack", help="stack name (stacks/<name>.toml) or path to a .toml file for the thresholds "
