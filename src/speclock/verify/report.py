@@ -349,6 +349,19 @@ def fmt_number(v: Any, digits: int = 3, missing: str = "-") -> str:
     return str(v)
 
 
+def _profile_line(report: dict[str, Any]) -> str:
+    prof = report["profile"]
+    line = f"{prof.get('name')} ({report.get('max_tokens', '?')} tokens"
+    sampled = report.get("sampled")
+    if not isinstance(sampled, dict):
+        return line + ", greedy)"
+    mal = (sampled.get("spread") or {}).get("mean_acceptance_length") or {}
+    ci = mal.get("ci95")
+    per_seed = ", ".join(fmt_number(s.get("mean_acceptance_length")) for s in sampled.get("per_seed") or [])
+    return (line + f", temperature {sampled.get('temperature')}): mean acceptance length per seed {per_seed}"
+            + (f"; 95% CI {fmt_number(ci[0])}-{fmt_number(ci[1])}" if ci else ""))
+
+
 def human_table(report: dict[str, Any]) -> str:
     """A short table for people: what ran, what it measured, the verdict."""
     m, t, ll = report["metrics"], report["throughput"], report["lossless"]
@@ -365,6 +378,7 @@ def human_table(report: dict[str, Any]) -> str:
         ("mean acceptance length", fmt_number(m["mean_acceptance_length"])),
         ("acceptance rate", fmt_number(m["acceptance_rate"])),
         ("acceptance per position", per_pos),
+        *([("profile", _profile_line(report))] if report.get("profile") else []),
         ("reference acceptance length", fmt_number((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else "")),
         ("reference gap", fmt_number(ref.get("gap"))),
         ("tok/s plain -> spec", f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  (speedup {fmt_number(t['speedup'], 2)})"),
