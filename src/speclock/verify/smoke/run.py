@@ -89,7 +89,7 @@ def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tok
             outputs = session.generate(prompt_ids, max_tokens, sampling) if sampling else session.generate(prompt_ids, max_tokens)
             seconds = time.perf_counter() - t1
             results.append((outputs, seconds, session.counters() - before))
-            which = f" (pass {len(results) + 1} of {len(passes)}, {sampling})" if sampling else ""
+            which = f" (pass {len(results)} of {len(passes)}, {sampling})" if sampling else ""
             log(f"{label}{which}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
         captured = session.captured_layers()
     return results, captured
