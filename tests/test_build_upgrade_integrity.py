@@ -430,6 +430,7 @@ def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeyp
     monkeypatch.setattr(build, "check_lock", lambda stack, doc: [])
     monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
     monkeypatch.setattr(build, "stage_context", lambda stack, doc, ctx, lock_file=None: ctx.mkdir(parents=True, exist_ok=True))
+    monkeypatch.setattr(build, "stage_sbom", lambda *a, **k: None)  # staging is faked: no lock to describe
     monkeypatch.setattr(build, "inputs_hash", lambda ctx, doc: "f" * 64)
     monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
     monkeypatch.setattr(build, "build_args_for", lambda *a, **k: {})
