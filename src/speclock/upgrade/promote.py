@@ -8,7 +8,8 @@ from pathlib import Path
 from speclock.core.errors import CheckFailed
 from speclock.core.files import atomic_write_text, read_text
 from speclock.core.layout import REPO_ROOT
-from speclock.spec.lock import lock_path, read_lock, write_lock
+from speclock.spec.lock import lock_path, read_lock
+from speclock.spec.pylock import pylock_path, write_lock_files
 from speclock.upgrade.steps import default_baseline, UpgradeResult
 
 
@@ -22,7 +23,7 @@ def promote(res: UpgradeResult, *, root: Path | None = None) -> list[Path]:
     stack_dest = root / "stacks" / f"{cand.stack.name}.toml"
     base_dest = default_baseline(cand.stack, root)
     atomic_write_text(base_dest, json.dumps(res.after, indent=2) + "\n")
-    write_lock(lock_path(cand.stack, root), doc)
+    write_lock_files(lock_path(cand.stack, root), doc)  # the lock and its pylock, both or neither
     atomic_write_text(stack_dest, read_text(cand.stack.path, what="candidate stack"))  # last: the stack and its lock agree from here on
     res.promoted = True
-    return [stack_dest, lock_path(cand.stack, root), base_dest]
+    return [stack_dest, lock_path(cand.stack, root), pylock_path(lock_path(cand.stack, root)), base_dest]
