@@ -14,6 +14,7 @@ from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
+from speclock.verify.profiles import PROFILES
 
 SCHEMA_ID = "speclock.smoke/v1"
 
@@ -191,8 +192,6 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
 
     A greedy report may not call its lossless section 'sampled' (that would skip the token-for-token check),
     and a sampled report's per-seed counters must add up to its pooled metrics."""
-    from speclock.verify.profiles import PROFILES  # profiles imports nothing from here; keep report light
-
     prof = data.get("profile")
     name, temp = "quick", 0.0
     if prof is not None:
