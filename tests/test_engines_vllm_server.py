@@ -172,3 +172,19 @@ def test_a_server_without_the_drafter_as_server_is_refused(servers, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 3 and report["run"]["completed"] is False
     assert "has no vllm:spec_decode_num_drafts counter: it serves without a drafter" in report["run"]["error"]
+
+
+def test_training_regeneration_takes_the_engines_token_ids(servers, prompt_ids):
+    """`speclock train --generator openai` keeps the ids the engine generated (return_token_ids), not a
+    re-tokenization of its text: they equal the token-in/token-out completions of the same prompts."""
+    from transformers import AutoTokenizer
+
+    from speclock.train.data import OpenAIGenerator
+
+    tok = AutoTokenizer.from_pretrained(str(servers["target"]))
+    texts = load_prompts(packaged_file(load_stack("cpu-vllm").smoke["prompts_file"]))[:NUM_PROMPTS]
+    model = json.loads(urllib.request.urlopen(f"{servers['plain']}/v1/models", timeout=30).read())["data"][0]["id"]
+    got = OpenAIGenerator(servers["plain"], model, tok, MAX_TOKENS, concurrency=1).generate_texts(texts)
+    want = session(servers, "plain", 1).generate(prompt_ids, MAX_TOKENS)
+    assert got == [list(w) for w in want]
+    assert all(len(g) == MAX_TOKENS or g[-1] == tok.eos_token_id for g in got)

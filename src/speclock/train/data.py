@@ -121,8 +121,10 @@ class OpenAIGenerator:
         self.stop = sorted(_stop_ids(None, tokenizer))
 
     def _one(self, text: str) -> list[int]:
+        # return_token_ids: the engine's own generated ids (vLLM: choices[].token_ids; SGLang:
+        # choices[].response_token_ids). Re-tokenizing the text would not give back the same ids in general.
         body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": text}],
-                           "max_tokens": self.max_new, "temperature": 0.0}).encode()
+                           "max_tokens": self.max_new, "temperature": 0.0, "return_token_ids": True}).encode()
         last = None
         for attempt in range(self.retries + 1):
             try:
@@ -130,10 +132,7 @@ class OpenAIGenerator:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     data = json.loads(resp.read())
                 choice = data["choices"][0]
-                ids = self.tok.encode(choice["message"]["content"] or "", add_special_tokens=False)
-                if choice.get("finish_reason") == "stop" and self.stop:
-                    ids.append(self.stop[0])
-                return ids[: self.max_new]
+                return self._ids(choice)
             except urllib.error.HTTPError as err:
                 last = err
                 if err.code < 500 and err.code != 429:
@@ -143,6 +142,19 @@ class OpenAIGenerator:
             time.sleep(min(30.0, 0.5 * 2 ** attempt))
         raise EnvironmentProblem(f"{self.url}: no answer after {self.retries + 1} tries ({last})",
                                  hint="check the server; rerun: finished prompts are kept")
+
+    def _ids(self, choice: dict) -> list[int]:
+        """The generated token ids as the engine sampled them, ending in a stop id when it stopped."""
+        ids = choice.get("token_ids", choice.get("response_token_ids"))
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise EnvironmentProblem(f"{self.url}: the answer has no generated token ids (token_ids / response_token_ids)",
+                                     hint="use an engine whose OpenAI server honours return_token_ids (read in the "
+                                          "source of vLLM 0.17.1, 0.32.0, 0.33.0 and SGLang 0.5.23), or "
+                                          "--generator static / transformers")
+        ids = list(ids)
+        if choice.get("finish_reason") == "stop" and self.stop and (not ids or ids[-1] not in self.stop):
+            ids.append(self.stop[0])  # stopped by a stop id the server left out of the ids
+        return ids[: self.max_new]
 
     def generate_texts(self, texts: list[str]) -> list[list[int]]:
         with ThreadPoolExecutor(self.concurrency) as pool:
