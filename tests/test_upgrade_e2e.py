@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp_path):
     before = tree_hash("stacks", "locks", "baselines")
     proc = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm",
-                           "--candidate-stack", "docs/upgrade-example-fail/cpu-vllm.toml", "--out", str(tmp_path), "--json"],
+                           "--candidate-stack", "docs/upgrade-example-fail/cpu-vllm.toml", "--out", str(tmp_path), "--json",
+                           "--profile", "quick"],  # the quick profile reuses build-image's own self-check run
                           capture_output=True, text=True, cwd=ROOT, timeout=3000)
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)

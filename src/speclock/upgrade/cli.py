@@ -31,7 +31,7 @@ from speclock.upgrade.candidate import (candidate_from_git, clean_leftovers, eng
 from speclock.upgrade.outputs import write_outputs
 from speclock.upgrade.promote import promote
 from speclock.upgrade.soak import DEFAULT_MAX_DRIFT, DEFAULT_SOAK_S
-from speclock.upgrade.steps import require_baseline, run_upgrade
+from speclock.upgrade.steps import choose_profile, require_baseline, run_upgrade
 from speclock.verify.soak import drift_limit
 
 
@@ -56,7 +56,9 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         if args.candidate_stack and pins:
             raise BadInput("give either --candidate-stack or pins (--engine/--torch/--cuda), not both")
         cand = write_candidate(current, pins, stack_file=Path(args.candidate_stack) if args.candidate_stack else None)
-    baseline = require_baseline(cand.current, Path(args.baseline) if args.baseline else None)
+    given = Path(args.baseline) if args.baseline else None
+    profile = choose_profile(cand.current, args.profile, given)
+    baseline = require_baseline(cand.current, given, profile)
     out = Path(args.out) if args.out else cand.out
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file, where a folder belongs", hint="give a folder for summary.md, junit.xml, upgrade.json")
@@ -65,10 +67,10 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     except OSError as err:
         raise os_error(err, out, "create the --out folder") from None
     clean_leftovers(cand.folder, out)
-    log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; baseline {baseline}")
+    log(f"upgrade candidate for stack {cand.stack.name} in {cand.folder}; smoke profile {profile}; baseline {baseline}")
     res = run_upgrade(cand, baseline, builder_name=args.builder, relock=args.relock, rebuild=args.rebuild,
                       rerun_selfcheck=args.rerun_selfcheck, lock_doc=lock_doc, soak_s=args.soak_s,
-                      soak_max_drift=args.soak_max_drift, progress=log)
+                      soak_max_drift=args.soak_max_drift, profile=profile, progress=log)
     if res.ok and args.promote:
         for p in promote(res):
             log(f"promoted: wrote {p}")
@@ -96,6 +98,10 @@ def add_commands(sub) -> None:
                                                      "checkout's stack and lock (the lock must be in sync)")
     p.add_argument("--baseline", metavar="REPORT", help="baseline report of the current lock (default "
                                                         "baselines/<S>/<engine package>-<current version>.json)")
+    p.add_argument("--profile", default="auto", choices=["auto", "quick", "full", "sampled"],
+                   help="smoke profile of the candidate's run and of the baseline it is gated against (default auto: "
+                        "full, 256 tokens with per-position drift, where baselines/<S>/<pkg>-<version>.full.json exists, "
+                        "else quick; an explicit --baseline brings its own profile)")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
     p.add_argument("--relock", action="store_true", help="resolve the candidate lock again even if one is in sync")
     p.add_argument("--rebuild", action="store_true", help="build even if an image with the same inputs exists")

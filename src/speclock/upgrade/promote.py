@@ -11,6 +11,7 @@ from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock import lock_path, read_lock
 from speclock.spec.pylock import pylock_path, write_lock_files
 from speclock.upgrade.steps import default_baseline, UpgradeResult
+from speclock.verify.profiles import report_profile
 
 
 def promote(res: UpgradeResult, *, root: Path | None = None) -> list[Path]:
@@ -21,7 +22,7 @@ def promote(res: UpgradeResult, *, root: Path | None = None) -> list[Path]:
     cand = res.candidate
     doc = read_lock(cand.lock_file)
     stack_dest = root / "stacks" / f"{cand.stack.name}.toml"
-    base_dest = default_baseline(cand.stack, root)
+    base_dest = default_baseline(cand.stack, root, report_profile(res.after))  # the new baseline of the profile it ran
     atomic_write_text(base_dest, json.dumps(res.after, indent=2) + "\n")
     write_lock_files(lock_path(cand.stack, root), doc)  # the lock and its pylock, both or neither
     atomic_write_text(stack_dest, read_text(cand.stack.path, what="candidate stack"))  # last: the stack and its lock agree from here on

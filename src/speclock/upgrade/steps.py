@@ -25,6 +25,7 @@ from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import Candidate
 from speclock.upgrade.soak import DEFAULT_MAX_DRIFT, DEFAULT_SOAK_S, image_runner, run_soak_step, Runner
 from speclock.verify.gate import baseline_path, run_gate
+from speclock.verify.profiles import report_profile
 from speclock.verify.report import load_report
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
@@ -39,18 +40,34 @@ class Step:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def default_baseline(stack: Stack, root: Path | None = None) -> Path:
-    return baseline_path((root or REPO_ROOT) / "baselines", stack.name, stack.engine["package"], stack.engine["version"])
+def default_baseline(stack: Stack, root: Path | None = None, profile: str = "quick") -> Path:
+    return baseline_path((root or REPO_ROOT) / "baselines", stack.name, stack.engine["package"], stack.engine["version"],
+                         profile)
 
 
-def require_baseline(stack: Stack, baseline: Path | None) -> Path:
-    path = baseline or default_baseline(stack)
+def choose_profile(stack: Stack, requested: str, baseline: Path | None) -> str:
+    """The smoke profile the upgrade runs: an explicit --baseline's own; `auto` = full (256 tokens, per-position
+    drift: the engines' own CI standard) where the current version has a full baseline, else quick."""
+    if baseline is not None:
+        got = report_profile(load_report(baseline))
+        if requested not in ("auto", got):
+            raise BadInput(f"--profile {requested}, but the --baseline {baseline} was measured with profile {got}",
+                           hint=f"pass --profile {got}, or a baseline of profile {requested}")
+        return got
+    if requested != "auto":
+        return requested
+    return "full" if default_baseline(stack, profile="full").is_file() else "quick"
+
+
+def require_baseline(stack: Stack, baseline: Path | None, profile: str = "quick") -> Path:
+    path = baseline or default_baseline(stack, profile=profile)
     if not path.is_file():
         raise BadInput(f"no baseline report for the current lock of stack {stack.name} "
                        f"({stack.engine['package']} {stack.engine['version']}): {path} does not exist",
                        hint=f"an upgrade is judged against the current image's measured acceptance: run "
-                            f"`speclock build-image --stack {stack.name}` (its self-check writes report.json) and commit "
-                            f"that report as {path}, or pass --baseline REPORT")
+                            f"`speclock smoke --stack {stack.name} --profile {profile}` in the current image (build-image's "
+                            f"self-check writes a quick report.json) and commit that report as {path}, or pass "
+                            f"--baseline REPORT")
 
     load_report(path)  # a broken baseline is bad input too, before any build starts
     return path
@@ -120,18 +137,23 @@ def read_image_result(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_in_image(stack: Stack, record: dict[str, Any], *, progress) -> Path:
-    """The image's own self-check (build-image's: doctor, smoke, gate; hardened), recorded with the build;
-    returns the folder with its doctor.json, report.json and selfcheck.json."""
-    return Path(selfcheck_image(stack, record, progress=lambda m: progress(f"  {m}"))["outputs"])
+def check_in_image(stack: Stack, record: dict[str, Any], profile: str, *, progress) -> Path:
+    """The image's own self-check (build-image's: doctor, smoke, gate; hardened) with the smoke `profile`, recorded
+    with the build; returns the folder with its doctor.json, report.json and selfcheck.json."""
+    return Path(selfcheck_image(stack, record, args=["--profile", profile], progress=lambda m: progress(f"  {m}"))["outputs"])
 
 
-def selfcheck_outputs(record: dict[str, Any]) -> Path | None:
-    """The outputs of a self-check already recorded with this image, when they hold doctor and smoke results."""
+def selfcheck_outputs(record: dict[str, Any], profile: str) -> Path | None:
+    """The outputs of a self-check already recorded with this image, when they hold doctor and smoke results
+    of the smoke `profile` (build-image's own self-check runs the stack's default, quick)."""
     done = record.get("selfcheck")
     outputs = Path(done["outputs"]) if isinstance(done, dict) and isinstance(done.get("outputs"), str) else None
     if outputs and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
-        return outputs
+        try:
+            if report_profile(load_report(outputs / "report.json")) == profile:
+                return outputs
+        except BadInput:
+            return None  # a damaged report: run the self-check again
     return None
 
 
@@ -202,7 +224,7 @@ def _timed(step: Step, fn: Callable[[], Any]) -> Any:
 def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah", relock: bool = False,
                 rebuild: bool = False, rerun_selfcheck: bool = False, lock_doc: dict[str, Any] | None = None,
                 soak_s: float = DEFAULT_SOAK_S, soak_max_drift: float = DEFAULT_MAX_DRIFT,
-                soak_runner: Runner | None = None, progress=print) -> UpgradeResult:
+                soak_runner: Runner | None = None, profile: str = "quick", progress=print) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
     except bad input and environment problems found before anything was built. The soak runs in the
     candidate image (`soak_runner` runs its command elsewhere) only after everything else passed."""
@@ -245,11 +267,11 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
     result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
 
     progress("[4/6] doctor and smoke test in the candidate image (read-only, no network, non-root)")
-    outputs = None if rerun_selfcheck else selfcheck_outputs(record)
+    outputs = None if rerun_selfcheck else selfcheck_outputs(record, profile)
     if outputs:
         progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
     else:
-        outputs = _timed(steps["smoke"], lambda: check_in_image(cand.stack, record, progress=progress))
+        outputs = _timed(steps["smoke"], lambda: check_in_image(cand.stack, record, profile, progress=progress))
     doctor = read_image_result(outputs / "doctor.json") or {}
     checks = doctor.get("checks") if isinstance(doctor.get("checks"), list) else []
     checks = [c for c in checks if isinstance(c, dict)]  # the image's output: a damaged entry is no check
