@@ -162,6 +162,7 @@ def test_server_mode_smoke_with_concurrency_passes(servers, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 0, (report["failures"], report["run"])
     assert report["engine"]["mode"] == "server" and report["lossless"]["mismatches"] == 0
+    assert report["engine"]["concurrency"] == 8  # speedups are comparable only at the same concurrency
     assert report["metrics"]["num_drafts"] > 0 and report["metrics"]["mean_acceptance_length"] > 1.0
 
 

@@ -143,7 +143,9 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "image": image_identity(),
         "engine": {"name": engine["name"], "package": engine["package"], "version": package_version(engine["package"]),
-                   "pinned_version": engine["version"], "mode": "server" if inp.server_url else "offline"},
+                   "pinned_version": engine["version"], "mode": "server" if inp.server_url else "offline",
+                   # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
+                   **({"concurrency": inp.concurrency} if inp.server_url else {})},
         "target": {"path": str(inp.target), "arch": config_architecture(tcfg) or "?", "num_layers": n_layers},
         "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
         "num_speculative_tokens": inp.k,
