@@ -171,7 +171,7 @@ def test_ctrl_c_stops_the_builder_subprocess_within_two_seconds(tmp_path):
 
 
 def test_ctrl_c_in_run_image_removes_the_named_container(monkeypatch):
-    from speclock.build import run as runner
+    from speclock.build import run as runner, runtimes
 
     calls = []
     def fake_run(cmd, **kw):
@@ -179,7 +179,7 @@ def test_ctrl_c_in_run_image_removes_the_named_container(monkeypatch):
         if cmd[1] == "run":
             raise KeyboardInterrupt
         return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(runner, "docker_cli", lambda: "docker")
+    monkeypatch.setattr(runtimes, "docker_cli", lambda: "docker")  # run-image takes its command from build.runtimes
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     with pytest.raises(KeyboardInterrupt):
         runner.run_image("localhost/speclock-cpu-vllm:abc", ["doctor"])

@@ -21,6 +21,7 @@ from helpers import LocalRegistry
 from speclock.build.registry import RegistryClient
 from speclock.build import context, inputs, sbom
 from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
 
@@ -59,13 +60,13 @@ def test_every_venv_package_has_its_purl_version_and_wheel_sha256(cpu_sbom):
     text, lock = cpu_sbom
     by_ref = {c["bom-ref"]: c for c in components(text)}
     for pkg in lock["packages"]:
-        c = by_ref[f"pypi:{sbom._norm(pkg['name'])}"]
+        c = by_ref[f"pypi:{normalize(pkg['name'])}"]
         assert (c["name"], c["version"]) == (pkg["name"], pkg["version"])
-        assert c["purl"].startswith(f"pkg:pypi/{sbom._norm(pkg['name'])}@")
+        assert c["purl"].startswith(f"pkg:pypi/{normalize(pkg['name'])}@")
         assert c["hashes"] == [{"alg": "SHA-256", "content": pkg["sha256"]}]
         assert "scope" not in c  # in the image
     for pkg in lock["assets"]:  # build-time wheels: listed, marked as not in the image
-        assert by_ref[f"build-asset:{sbom._norm(pkg['name'])}"]["scope"] == "excluded"
+        assert by_ref[f"build-asset:{normalize(pkg['name'])}"]["scope"] == "excluded"
 
 
 def test_every_installed_debian_package_of_the_locked_base_is_listed(cpu_sbom):
@@ -109,7 +110,7 @@ def test_patches_are_hashed_and_recorded_as_the_engines_pedigree(tmp_path):
     assert len(patches) == len(stack.patch_series) == 3
     for rel, path in patches.items():
         assert by_ref[f"patch:{rel}"]["hashes"][0]["content"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    engine = by_ref[f"pypi:{sbom._norm(stack.engine['package'])}"]
+    engine = by_ref[f"pypi:{normalize(stack.engine['package'])}"]
     assert [p["diff"]["url"] for p in engine["pedigree"]["patches"]] == [
         f"file:///opt/speclock/patches/{rel}" for rel in patches]
     assert "hashes" not in by_ref["model:target"]  # target.path: mounted at run time, not in the image

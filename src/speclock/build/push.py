@@ -11,10 +11,10 @@ import sys
 from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import read_record
-from speclock.build.registry import registry_digest
+from speclock.build.registry import registry_digest, split_registry
 from speclock.build.sbom import push_sbom_referrer
 from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, parse_gpus
-from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.errors import CheckFailed
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
@@ -29,9 +29,8 @@ def is_loopback(registry: str) -> bool:
 
 
 def destination(registry: str, stack_name: str, tag: str, repository: str | None = None) -> str:
-    if not registry or registry.startswith(("http://", "https://", "docker://")) or " " in registry:
-        raise BadInput(f"bad registry {registry!r}", hint="give HOST[:PORT], e.g. 127.0.0.1:5000 or ghcr.io/org")
-    return f"{registry.rstrip('/')}/{repository or 'speclock-' + stack_name}:{tag}"
+    host, name = split_registry(registry, repository or f"speclock-{stack_name}")  # the SBOM push reads it the same way
+    return f"{host}/{name}:{tag}"
 
 
 def built_dirty(record: dict) -> bool:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from speclock.build.builders import ensure_in_docker
-from speclock.build.builders.docker import docker_cli
 from speclock.build.records import read_record
 from speclock.build.runtimes import (GPUS_HELP, HARDENED, RUNTIMES, Gpus, check_gpus, default_gpus, ensure_in_podman,
                                      extra_run_args, gpu_failure, parse_gpus, pick_runtime, podman_limit_args,
@@ -35,7 +34,7 @@ def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture
         mounts[str(out_dir.resolve())] = "/out"
     # SPECLOCK_RUN_ARGS: extra `run` options, e.g. on a CI runner (ci/speclock-upgrade.yml).
     cmd = run_argv(runtime, ref, args, gpus=gpus, name=name, env=env, mounts=mounts, extra=extra_run_args(),
-                   cli=_cli(runtime), limits=podman_limit_args() if runtime == "podman" else None)
+                   cli=runtime_cli(runtime), limits=podman_limit_args() if runtime == "podman" else None)
     try:
         if capture_output:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -45,14 +44,10 @@ def run_image(ref: str, args: list[str], *, out_dir: Path | None = None, capture
         raise
 
 
-def _cli(runtime: str) -> list[str]:
-    return [docker_cli()] if runtime == "docker" else runtime_cli(runtime)
-
-
 def _remove_container(runtime: str, name: str) -> None:
     """Stop and remove a container we started (after Ctrl-C or a timeout); quietly, within seconds."""
     try:
-        subprocess.run([*_cli(runtime), "rm", "-f", name], capture_output=True, timeout=10)
+        subprocess.run([*runtime_cli(runtime), "rm", "-f", name], capture_output=True, timeout=10)
     except (Exception, KeyboardInterrupt):  # cleanup only: never hide the interrupt or failure that led here
         pass
 

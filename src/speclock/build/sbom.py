@@ -38,6 +38,7 @@ from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, read_json
 from speclock.core.layout import REPO_ROOT, cache_dir
+from speclock.core.names import normalize
 from speclock.spec import baseimage
 from speclock.spec.lock import lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
@@ -172,9 +173,9 @@ def wheel_member_sha256(pkg: dict[str, Any], member: str) -> str:
 
 
 def _asset(lock: dict[str, Any], requirement: str, where: str) -> dict[str, Any]:
-    name = requirement.split("==")[0].strip().lower().replace("_", "-")
+    name = normalize(requirement.split("==")[0].strip())
     for pkg in lock["assets"]:
-        if pkg["name"].lower().replace("_", "-") == name:
+        if normalize(pkg["name"]) == name:
             return pkg
     raise BadInput(f"the lock of stack {lock['stack']} has no asset {name} ({where})",
                    hint=f"run `speclock lock --stack {lock['stack']}`")
@@ -192,10 +193,6 @@ def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
 
 # ---- the document -----------------------------------------------------------------------------------
 
-def _norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
 def _pypi_purl(cdx, pkg: dict[str, Any]):
     """pkg:pypi/<name>@<version>?file_name=<wheel>, plus repository_url for a wheel from another index than PyPI.
 
@@ -205,7 +202,7 @@ def _pypi_purl(cdx, pkg: dict[str, Any]):
     url = urllib.parse.urlsplit(pkg["url"])
     if url.scheme == "https" and url.hostname not in ("files.pythonhosted.org", "pypi.org"):
         qualifiers["repository_url"] = f"{url.scheme}://{url.netloc}{url.path.rsplit('/', 1)[0]}"
-    return cdx.PackageURL(type="pypi", name=_norm(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
+    return cdx.PackageURL(type="pypi", name=normalize(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
 
 
 def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], draft: dict[str, Path],
@@ -253,7 +250,7 @@ def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], d
     top.append(base_c)
 
     # The engine's patches (files) and the Python packages of the venv (the engine carries the patches as pedigree).
-    engine_pkg = _norm(stack.engine["package"])
+    engine_pkg = normalize(stack.engine["package"])
     patch_cs, pedigree = [], []
     for rel, path in patches.items():
         patch_cs.append(cdx.Component(type=cdx.ComponentType.FILE, name=f"patches/{rel}", bom_ref=f"patch:{rel}",
@@ -265,9 +262,9 @@ def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], d
     for pkg in lock["packages"]:
         venv.append(cdx.Component(
             type=cdx.ComponentType.LIBRARY, name=pkg["name"], version=pkg["version"], purl=_pypi_purl(cdx, pkg),
-            bom_ref=f"pypi:{_norm(pkg['name'])}", hashes=sha(pkg["sha256"]),
-            pedigree=cdx.Pedigree(patches=pedigree) if pedigree and _norm(pkg["name"]) == engine_pkg else None))
-    if pedigree and not any(_norm(p["name"]) == engine_pkg for p in lock["packages"]):
+            bom_ref=f"pypi:{normalize(pkg['name'])}", hashes=sha(pkg["sha256"]),
+            pedigree=cdx.Pedigree(patches=pedigree) if pedigree and normalize(pkg["name"]) == engine_pkg else None))
+    if pedigree and not any(normalize(p["name"]) == engine_pkg for p in lock["packages"]):
         raise BadInput(f"the lock of stack {stack.name} has no package {stack.engine['package']} (engine.package)",
                        hint=f"run `speclock lock --stack {stack.name}`")
     components += venv + patch_cs
@@ -276,7 +273,7 @@ def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], d
     # Build-time wheels: read at build time (the target's GGUF, the prompts, the converters), not in the image.
     for pkg in lock["assets"]:
         components.append(cdx.Component(type=cdx.ComponentType.LIBRARY, name=pkg["name"], version=pkg["version"],
-                                        purl=_pypi_purl(cdx, pkg), bom_ref=f"build-asset:{_norm(pkg['name'])}", hashes=sha(pkg["sha256"]),
+                                        purl=_pypi_purl(cdx, pkg), bom_ref=f"build-asset:{normalize(pkg['name'])}", hashes=sha(pkg["sha256"]),
                                         scope=cdx.ComponentScope.EXCLUDED, properties=[prop("role", "build-asset")]))
 
     # The models and the data.

@@ -30,9 +30,9 @@ from speclock.upgrade.candidate import (candidate_from_git, clean_leftovers, eng
                                         version_pin, write_candidate)
 from speclock.upgrade.outputs import write_outputs
 from speclock.upgrade.promote import promote
-from speclock.upgrade.soak import DEFAULT_MAX_DRIFT, DEFAULT_SOAK_S
+from speclock.upgrade.soak import DEFAULT_SOAK_S
 from speclock.upgrade.steps import choose_profile, require_baseline, run_upgrade
-from speclock.verify.soak import drift_limit
+from speclock.verify.soak import DEFAULT_MAX_DRIFT, drift_limit
 
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:

@@ -22,7 +22,6 @@ from speclock.core.files import read_json
 from speclock.verify.soak import SOAK_SCHEMA
 
 DEFAULT_SOAK_S = 60.0
-DEFAULT_MAX_DRIFT = 0.05  # speclock soak's own default
 SOAK_PROMPTS = 8
 
 # (speclock arguments, host folder the command sees as /out) -> exit code

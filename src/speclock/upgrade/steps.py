@@ -23,7 +23,8 @@ from speclock.spec.lock import check_lock, read_lock, write_lock
 from speclock.spec.resolve import resolve_lock
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import Candidate
-from speclock.upgrade.soak import DEFAULT_MAX_DRIFT, DEFAULT_SOAK_S, image_runner, run_soak_step, Runner
+from speclock.upgrade.soak import DEFAULT_SOAK_S, image_runner, run_soak_step, Runner
+from speclock.verify.soak import DEFAULT_MAX_DRIFT
 from speclock.verify.gate import baseline_path, run_gate
 from speclock.verify.profiles import report_profile
 from speclock.verify.report import load_report

@@ -36,6 +36,9 @@ from speclock.verify.smoke.run import visible_arch
 SOAK_SCHEMA = "speclock.soak/v1"
 
 
+DEFAULT_MAX_DRIFT = 0.05  # relative drop of mean acceptance length from the first window
+
+
 def drift_limit(text: str) -> float:
     """--max-drift: a relative drop in [0, 1) (argparse type: a bad one is exit 2 at parse time)."""
     try:
@@ -202,7 +205,7 @@ def add_commands(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_smoke_arguments(p)
     p.add_argument("--minutes", type=positive_float, default=10.0, help="how long to keep generating (default 10)")
-    p.add_argument("--max-drift", type=drift_limit, default=0.05,
-                   help="largest allowed relative drop of mean acceptance length from the first window (default 0.05)")
+    p.add_argument("--max-drift", type=drift_limit, default=DEFAULT_MAX_DRIFT,
+                   help=f"largest allowed relative drop of mean acceptance length from the first window (default {DEFAULT_MAX_DRIFT:g})")
     p.add_argument("--max-windows", type=positive_int, help="stop after this many windows even if time is left")
     p.set_defaults(func=_cmd_soak)
