@@ -19,9 +19,9 @@ import os
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from speclock.engines.http import map_bounded
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonl import read_jsonl
 from speclock.spec.prompts import chat_prompt_ids, require_chat_template
@@ -157,8 +157,7 @@ class OpenAIGenerator:
         return ids[: self.max_new]
 
     def generate_texts(self, texts: list[str]) -> list[list[int]]:
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(self._one, texts))
+        return map_bounded(self._one, texts, self.concurrency)  # smoke's server mode uses the same bounded map
 
 
 def _stop_ids(model, tokenizer) -> set[int]:
