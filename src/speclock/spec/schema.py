@@ -84,6 +84,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "attention_backends": ("list[str]", False, [], "attention backends the engine has for this stack's arch; with more than one, smoke runs the drafter once per backend and the gate checks each against the baseline (empty = the engine's default only)", None),
         "attention_backend_setting": ("str", False, "attention_backend", "the engine setting that selects the attention backend (merged into engine.settings per backend)", None),
     },
+    "serve": {
+        "num_speculative_tokens": ("int", False, 0, "k the engine serves with (`speclock serve`), set from measured tokens/s (docs/gpu-runs/); 0 = smoke.num_speculative_tokens. The acceptance gate keeps smoke's k (the engines' own CI standard)", None),
+    },
     "smoke.profiles": {
         "quick": ("table", False, {}, "overrides of the quick profile (greedy, smoke.max_tokens): num_prompts, max_tokens, max_mean_drift, max_position_drift, two_sided, position_drift", None),
         "full": ("table", False, {}, "overrides of the full profile (greedy, 256 tokens, per-position drift): the same keys", None),
