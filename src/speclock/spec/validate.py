@@ -199,6 +199,9 @@ def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
     for key in ("num_prompts", "max_tokens", "num_speculative_tokens"):
         if s["smoke"][key] < 1:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is below 1", "a positive integer")
+    if s["serve"]["num_speculative_tokens"] < 0:
+        raise bad("serve.num_speculative_tokens", f"{s['serve']['num_speculative_tokens']} is below 0",
+                  "a positive k, or 0 for smoke.num_speculative_tokens")
 
 
 def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
