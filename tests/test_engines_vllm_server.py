@@ -25,6 +25,7 @@ from smoke_faults import converted_target, healthy_drafter
 from speclock.cli import main
 from speclock.engines import EngineConfig
 from speclock.engines.prometheus import counter_samples
+from speclock.engines.serve import server_command
 from speclock.engines.vllm import ServerSession
 from speclock.spec.prompts import chat_prompt_ids, load_prompts, packaged_file
 from speclock.spec.stack import load_stack
@@ -44,15 +45,11 @@ def _free_port() -> int:
 
 
 def _serve(target: Path, draft: Path | None, log: Path) -> tuple[subprocess.Popen, str]:
-    """`vllm serve` (its OpenAI server module) with the stack's engine settings as flags, in its own process group."""
+    """The stack's server as `speclock serve` starts it (engines.serve.server_command: the stack's engine settings
+    as flags, the drafter at k=K), in its own process group."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--seed", "0",
-           "--host", "127.0.0.1", "--port", str(port)]
-    for key, value in load_stack("cpu-vllm").engine["settings"].items():
-        flag = "--" + key.replace("_", "-")
-        cmd += [flag] if value is True else [flag, str(value)]
-    if draft is not None:
-        cmd += ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": K})]
+    cmd = server_command(load_stack("cpu-vllm"), target=target, draft=draft, k=K, host="127.0.0.1", port=port)
+    cmd += ["--seed", "0"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"

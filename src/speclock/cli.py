@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "speclock.build.run",
     "speclock.build.nixcheck",
     "speclock.verify.smoke.cli",
+    "speclock.engines.serve",
     "speclock.verify.gate",
     "speclock.verify.selfcheck",
     "speclock.patches.cli",
