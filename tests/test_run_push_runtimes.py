@@ -23,7 +23,8 @@ from fuzz_support import run_cli
 from helpers import DOCKER, LocalRegistry, copy_repo, speclock
 from speclock.build import runtimes
 from speclock.build.records import write_record
-from speclock.build.runtimes import HARDENED, PODMAN_AS_DOCKER, RUN_USER, Gpus, gpu_host_commands, parse_gpus, run_argv
+from speclock.build.runtimes import (HARDENED, PODMAN_AS_DOCKER, RUN_USER, Gpus, gpu_host_commands,
+                                     gpu_host_serve_commands, parse_gpus, run_argv)
 from speclock.core.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +105,17 @@ def test_the_printed_gpu_host_commands_are_run_images_own_commands():
         assert argv[-1] == by_digest and " ".join(HARDENED) in lines[runtime]
     assert "--gpus all" in lines["docker"] and "--device nvidia.com/gpu=all" in lines["podman"]
 
+
+
+def test_the_printed_serve_commands_publish_the_port_and_keep_the_rest_of_the_hardening():
+    by_digest = "registry.example/speclock-vllm-cu130@sha256:" + "b" * 64
+    lines = gpu_host_serve_commands(by_digest, 8000, parse_gpus("all"))
+    for runtime in ("docker", "podman"):
+        argv = shlex.split(lines[runtime])
+        assert argv[-6:] == [by_digest, "serve", "--host", "0.0.0.0", "--port", "8000"]
+        assert "--network" not in argv and argv[argv.index("-p") + 1] == "8000:8000"
+        hardened_but_network = [a for a in HARDENED if a not in ("--network", "none")]
+        assert all(a in argv for a in hardened_but_network) and "--read-only" in argv
 
 # --- push-image refuses a dirty build (no registry is contacted) -----------------------------------
 

@@ -13,8 +13,9 @@ from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import read_record
 from speclock.build.registry import registry_digest, split_registry
 from speclock.build.sbom import push_sbom_referrer
-from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, parse_gpus
+from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, gpu_host_serve_commands, parse_gpus
 from speclock.core.errors import CheckFailed
+from speclock.engines.serve import DEFAULT_PORT
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
@@ -80,7 +81,9 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
                                "this prints")
     by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
     result = {"ref": record["ref"], "pushed": dest, "digest": digest, "by_digest": by_digest, "builder": builder_name,
-              "run": gpu_host_commands(by_digest, gpu_selection)}
+              "run": gpu_host_commands(by_digest, gpu_selection),
+              "serve": gpu_host_serve_commands(by_digest, DEFAULT_PORT[load_stack(stack_name).engine["name"]],
+                                               gpu_selection)}
     # The SBOM the image holds, beside it as an OCI referrer (images built before SBOMs have none to push).
     if f"{LABEL_PREFIX}.sbom" in (record.get("labels") or {}):
         result["sbom"] = push_sbom_referrer(registry, repository or f"speclock-{stack_name}", digest, insecure=insecure)
@@ -102,7 +105,9 @@ def _cmd_push(args: argparse.Namespace) -> int:
     else:
         print(f"pushed {result['pushed']}\n  digest {result['digest']}\n"
               f"run it on a GPU host (the hardening of `speclock run-image`, by digest):\n"
-              f"  {result['run']['docker']}\n  {result['run']['podman']}")
+              f"  {result['run']['docker']}\n  {result['run']['podman']}\n"
+              f"serve it there (`speclock serve`: the engine's OpenAI API with the drafter, at the stack's serving k):\n"
+              f"  {result['serve']['docker']}\n  {result['serve']['podman']}")
         sbom = result["sbom"]
         print(f"  sbom {sbom['digest']} (referrer of {result['digest']})" if sbom else
               "  sbom: none (the image was built before speclock put SBOMs into images; rebuild to get one)")

@@ -164,6 +164,17 @@ def gpu_host_commands(digest_ref: str, gpus: Gpus = Gpus(all=True)) -> dict[str,
     return {rt: shlex.join(run_argv(rt, digest_ref, [], gpus=gpus, cli=[rt])) for rt in RUNTIMES}
 
 
+def gpu_host_serve_commands(digest_ref: str, port: int, gpus: Gpus = Gpus(all=True)) -> dict[str, str]:
+    """What to type on a GPU host to serve a pushed image (`speclock serve` in it): run-image's hardening, except
+    that the engine's port is published instead of `--network none`."""
+    def argv(rt: str) -> list[str]:
+        cmd = run_argv(rt, digest_ref, ["serve", "--host", "0.0.0.0", "--port", str(port)], gpus=gpus, cli=[rt])
+        at = cmd.index("--network")
+        return cmd[:at] + ["-p", f"{port}:{port}"] + cmd[at + 2:]
+
+    return {rt: shlex.join(argv(rt)) for rt in RUNTIMES}
+
+
 def check_runtime(runtime: str) -> None:
     """The runtime is installed and answers; EnvironmentProblem (exit 3) saying how to get it otherwise."""
     if runtime == "docker":
