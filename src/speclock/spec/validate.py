@@ -9,11 +9,13 @@ import datetime
 import json
 import math
 import re
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
+from speclock.core.names import normalize
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
@@ -23,6 +25,8 @@ _DIGEST_REF = re.compile(r"^[a-z0-9.\-:/_]+@sha256:[0-9a-f]{64}$")
 STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+# A [prune].paths glob: relative, only these characters (it is quoted into a sh script), '*' and '?' as wildcards.
+_PRUNE_GLOB = re.compile(r"^[A-Za-z0-9._+*?-]+(/[A-Za-z0-9._+*?-]+)*$")
 # Threshold ranges: rates and relative drops/gaps are fractions; floors are non-negative.
 _THRESHOLD_RANGE = {
     "min_mean_acceptance_length": (0.0, None), "min_acceptance_per_position": (0.0, 1.0), "min_speedup": (0.0, None),
@@ -142,6 +146,7 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     _check_base_and_pins(s, bad)
     _check_target_and_smoke(s, bad)
     _check_gpu_and_kernels(s, bad)
+    _check_prune(s, path, bad)
     n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
     if n > s["smoke"]["num_speculative_tokens"]:
         raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
@@ -246,3 +251,48 @@ def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
     if kernels["builder_packages"] and base["kind"] != "debian-rootfs":
         raise bad("kernels.builder_packages", "only for base.kind = 'debian-rootfs' (an image base must carry its own compiler)",
                   "remove kernels.builder_packages")
+
+
+def _check_prune(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+    """[prune]: plain distribution names that are neither the engine nor torch, and globs that stay inside
+    site-packages, name something literal, and cannot take a whole engine/torch tree or a package's metadata."""
+    engine = s["engine"]
+    protected = {normalize(engine["package"]): "the engine", normalize(engine["name"]): "the engine", "torch": "torch"}
+    seen: set[str] = set()
+    seen_paths: set[str] = set()
+    for name in s["prune"]["packages"]:
+        if not _PACKAGE.match(name):
+            raise bad("prune.packages", f"{files.short_repr(name)} is not a distribution name", "e.g. 'triton'")
+        key = normalize(name)
+        if key in protected:
+            raise bad("prune.packages", f"{name!r} is {protected[key]}: an image without it serves nothing",
+                      "packages the engine's metadata requires but this stack never runs (e.g. 'triton' on a CPU stack)")
+        if key in seen:
+            raise bad("prune.packages", f"{name!r} is listed twice", "each distribution once")
+        if key in {normalize(n) for n in s["python"]["exclude"]}:
+            raise bad("prune.packages", f"{name!r} is already in python.exclude (never installed)",
+                      "list it in one of the two: python.exclude (wrong build) or prune.packages (unused)")
+        seen.add(key)
+    for glob in s["prune"]["paths"]:
+        shown = files.short_repr(glob)
+        if glob.startswith("/"):
+            raise bad("prune.paths", f"{shown} is absolute", "a glob relative to site-packages, e.g. '*/tests'")
+        parts = glob.split("/")
+        if any(p in (".", "..") for p in parts):
+            raise bad("prune.paths", f"{shown} has a '.' or '..' part", "a glob inside site-packages, e.g. '*/tests'")
+        if not _PRUNE_GLOB.match(glob):
+            raise bad("prune.paths", f"{shown} is not a plain glob",
+                      "letters, digits, '.', '_', '+', '-', '/' and the wildcards '*' and '?' (no spaces, quotes, brackets)")
+        if glob in seen_paths:
+            raise bad("prune.paths", f"{shown} is listed twice", "each glob once")
+        seen_paths.add(glob)
+        if all(set(p) & set("*?") for p in parts):
+            raise bad("prune.paths", f"{shown} names nothing literal (it could match anything)",
+                      "at least one folder or file name without wildcards, e.g. '*/tests'")
+        # '*' spans '/' (find -path): try the glob on what it must never reach.
+        if "dist-info" in glob or any(fnmatchcase(c, glob) for c in ("p-1.dist-info", "p-1.dist-info/RECORD")):
+            raise bad("prune.paths", f"{shown} would remove installed packages' metadata (*.dist-info)",
+                      "globs of files or folders inside packages")
+        for name in sorted({engine["name"], "torch"}):
+            if any(fnmatchcase(c, glob) for c in (name, f"{name}/__init__.py")):
+                raise bad("prune.paths", f"{shown} removes {name} itself", f"paths deeper inside {name}/, or none")
