@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from smoke_faults import converted_target, healthy_drafter
+import speclock as speclock_pkg
 from speclock.cli import main
 from speclock.engines import EngineConfig
 from speclock.engines.prometheus import counter_samples
-from speclock.engines.serve import server_command
 from speclock.engines.vllm import ServerSession
 from speclock.spec.prompts import chat_prompt_ids, load_prompts, packaged_file
 from speclock.spec.stack import load_stack
@@ -45,13 +45,15 @@ def _free_port() -> int:
 
 
 def _serve(target: Path, draft: Path | None, log: Path) -> tuple[subprocess.Popen, str]:
-    """The stack's server as `speclock serve` starts it (engines.serve.server_command: the stack's engine settings
-    as flags, the drafter at k=K), in its own process group."""
+    """The stack's server started by `speclock serve` itself (it execs the engine's server with the stack's settings
+    as flags and the drafter at k=K; engines.serve.server_command), in its own process group."""
     port = _free_port()
-    cmd = server_command(load_stack("cpu-vllm"), target=target, draft=draft, k=K, host="127.0.0.1", port=port)
-    cmd += ["--seed", "0"]
+    cmd = [sys.executable, "-m", "speclock", "serve", "--stack", "cpu-vllm", "--target", str(target),
+           "--host", "127.0.0.1", "--port", str(port), "-k", str(K)]
+    cmd += ["--draft", str(draft)] if draft is not None else ["--no-draft"]
+    env = dict(os.environ, PYTHONPATH=str(Path(speclock_pkg.__file__).resolve().parents[1]))
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
 
