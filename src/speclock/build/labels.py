@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -65,6 +66,16 @@ def patches_label(stack: Stack, patches_root: Path | None = None) -> tuple[str, 
     return series_label(load_series(stack, patches_root))
 
 
+def prune_label(lock: dict[str, Any]) -> str:
+    """io.speclock.prune: what the image leaves out, as the lock records it ([prune], docs/prune.md): compact JSON
+    {"packages": [...], "paths": [...]}, or "none" for a stack without [prune]."""
+    record = lock.get("prune")
+    if not isinstance(record, dict) or not any(record.get(k) for k in ("packages", "paths")):
+        return "none"
+    return json.dumps({"packages": list(record.get("packages") or []), "paths": list(record.get("paths") or [])},
+                      separators=(",", ":"))
+
+
 def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revision: str, *,
                patches_root: Path | None = None, sbom: str | None = None) -> dict[str, str]:
     """Every label of the stack's image; values are fixed by the inputs (no wall clock), so buildah
@@ -99,5 +110,6 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
         f"{LABEL_PREFIX}.archs": ",".join(stack.gpu["archs"]) or "none",
         patches_key: patches_value,
         f"{LABEL_PREFIX}.base": lock["base"].get("sha256") or lock["base"].get("ref", ""),
+        f"{LABEL_PREFIX}.prune": prune_label(lock),
         **({f"{LABEL_PREFIX}.sbom": sbom} if sbom else {}),
     }

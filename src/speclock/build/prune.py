@@ -2,15 +2,62 @@
 
 Interface (used by the build context stager): prune_script(stack, lock) -> the text of a POSIX sh script,
 staged as wheels/prune.sh and run in the venv stage's install step as `sh /wheels/prune.sh /opt/venv`, so
-the pruned files never reach a layer. This first version prunes nothing."""
+the pruned files never reach a layer.
+
+[prune].packages need nothing here: the lock leaves them out of the install set (spec.resolve), so they are
+never downloaded nor installed. The script removes [prune].paths, globs under the venv's site-packages, as the
+LOCK records them (what is locked is what is built; `lock --check` ties the record to the stack). Globs were
+validated when the stack was read (spec.validate: relative, plain characters, something literal), so each is
+safe inside single quotes. The script's text depends only on the lock's record and the Python version: the
+same inputs give the same script, and removing the same files gives the same layer.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from speclock.spec.lock import prune_record
 from speclock.spec.stack import Stack
 
 
+def locked_prune(stack: Stack, lock: dict[str, Any]) -> dict[str, list[str]]:
+    """The prune declaration the build follows: the lock's record (a stack without [prune] has none: nothing)."""
+    record = lock.get("prune")
+    if isinstance(record, dict):
+        return {"packages": list(record.get("packages") or []), "paths": list(record.get("paths") or [])}
+    return {"packages": [], "paths": []}
+
+
 def prune_script(stack: Stack, lock: dict[str, Any]) -> str:
-    """A sh script that removes the stack's declared [prune] paths from the venv given as $1."""
-    return "#!/bin/sh\n# speclock prune: nothing declared\nset -eu\n"
+    """A sh script that removes the stack's declared [prune] paths from the venv given as $1, and prints what it
+    removed (paths per glob, MB in all) for the build log."""
+    record = locked_prune(stack, lock)
+    site = f"lib/python{stack.python['version']}/site-packages"
+    lines = ["#!/bin/sh",
+             f"# speclock prune for stack {stack.name}: [prune] as locked (docs/prune.md)",
+             f"# packages left out of the install set: {', '.join(record['packages']) or 'none'}",
+             "set -eu"]
+    if not record["paths"]:
+        lines.append("echo 'speclock prune: no paths declared'")
+        return "\n".join(lines) + "\n"
+    for glob in record["paths"]:
+        if "'" in glob:  # validated stacks never get here; a hand-made lock must not break the quoting
+            raise ValueError(f"[prune].paths {glob!r} holds a quote")
+    lines += [
+        f'sp="$1/{site}"',
+        '[ -d "$sp" ] || { echo "speclock prune: no site-packages at $sp" >&2; exit 1; }',
+        'before=$(du -sk "$sp" | cut -f1)',
+        "total=0",
+        "prune_glob() {",
+        "    # '*' spans folders in -path; -prune: a removed folder is not searched",
+        '    n=$(find "$sp" -mindepth 1 -path "$sp/$1" -prune -print | wc -l)',
+        '    find "$sp" -mindepth 1 -path "$sp/$1" -prune -exec rm -rf {} +',
+        '    total=$((total + n))',
+        '    echo "speclock prune: $1: $n removed"',
+        "}",
+    ]
+    lines += [f"prune_glob '{glob}'" for glob in record["paths"]]
+    lines += ['after=$(du -sk "$sp" | cut -f1)',
+              'echo "speclock prune: $total paths removed, $(( (before - after) / 1024 )) MB'
+              ' (site-packages $((before / 1024)) MB -> $((after / 1024)) MB)"']
+    return "\n".join(lines) + "\n"
