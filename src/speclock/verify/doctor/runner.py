@@ -21,6 +21,7 @@ from speclock.verify.doctor.flashinfer_kernels import FlashInferKernels
 from speclock.verify.doctor.import_traps import ImportTraps
 from speclock.verify.doctor.kernels import Kernels
 from speclock.verify.doctor.patches import Patches
+from speclock.verify.doctor.pruned import Pruned
 from speclock.verify.doctor.torch_archs import TorchArchs
 from speclock.verify.doctor.triton_build import TritonBuild
 from speclock.verify.doctor.versions import LockVersions
@@ -38,6 +39,9 @@ engine.env setting), and drift from the lock.
 Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
   lock-versions   every locked package has the locked version in the engine's Python
   engine-import   the engine imports
+  pruned          what [prune].packages leaves out is absent, and the engine's serving path (LLM entry,
+                  OpenAI server, engine core, EAGLE-3 proposer) imports without it; a pruned package it
+                  needs fails naming the stack key
   import-traps    no known import trap of the engine springs on the GPU path (a table: engine,
                   versions, missing package, the engine.env setting that avoids it)
   patches         the stack's patch series is applied and every probe passes
@@ -54,7 +58,8 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
                   default) has FlashInfer's precompiled kernels (flashinfer-cubin / -jit-cache)
                   at flashinfer-python's version
   triton-build    Triton really builds and loads a C extension through its own build path
-                  (C compiler, Python.h), with an empty cache; GPU stacks only
+                  (C compiler, Python.h), with an empty cache; GPU stacks only (skipped where
+                  [prune].packages removes triton)
   cuda-driver     CUDA runtime vs driver and the visible GPU's compute capability (cuda-python)
   kernels         speclock's own CUDA kernel library (kernels.build) holds a cubin for exactly each
                   stack GPU arch and no PTX (cuobjdump), and is the one its kernels.json describes
@@ -63,7 +68,7 @@ All engine questions go to the engine's Python in one subprocess (`speclock.engi
 Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine missing.
 """
 # The order of the report.
-DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (LockVersions(), EngineImport(), ImportTraps(), Patches(), Eagle3Target(),
+DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (LockVersions(), EngineImport(), Pruned(), ImportTraps(), Patches(), Eagle3Target(),
                                           AuxLayers(), GpuArchs(), TorchArchs(), FlashInferKernels(), TritonBuild(),
                                           CudaDriver(), Kernels())
 CHECKS = tuple(c.name for c in DOCTOR_CHECKS)

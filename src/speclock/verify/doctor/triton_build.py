@@ -5,6 +5,7 @@ cannot run a single Triton kernel (measured with triton 3.6.0: "Failed to find C
 
 from __future__ import annotations
 
+from speclock.core.names import normalize
 from speclock.verify.doctor.context import Check, Context
 
 
@@ -23,7 +24,13 @@ def fix_hint(ctx: Context, needed: list[str]) -> str:
             "on Debian); use a base image that has them, or set CC to a compiler it has")
 
 
+def triton_pruned(ctx: Context) -> bool:
+    return "triton" in {normalize(n) for n in ctx.stack.prune["packages"]}
+
+
 def check_triton_build(ctx: Context) -> Check:
+    if triton_pruned(ctx):  # nothing to build; the pruned check proves the serving path imports without it
+        return Check("triton-build", "skip", "triton pruned by [prune].packages: no Triton launcher to build")
     if not ctx.stack.is_gpu:
         return Check("triton-build", "skip", "CPU stack: the engine's CPU path runs no Triton kernels")
     a = ctx.engine_answers.get("triton_build")
@@ -52,7 +59,7 @@ class TritonBuild:
     needs_engine = True
 
     def questions(self, ctx: Context) -> dict[str, list]:
-        return {"triton_build": ["triton_build", []]} if ctx.stack.is_gpu else {}
+        return {"triton_build": ["triton_build", []]} if ctx.stack.is_gpu and not triton_pruned(ctx) else {}
 
     def run(self, ctx: Context) -> Check:
         return check_triton_build(ctx)

@@ -1,0 +1,85 @@
+"""Doctor's pruned check: what the stack's [prune].packages leaves out of the image is really absent, and the
+engine's serving path imports without it (the LLM entry, the OpenAI server, the engine core and the EAGLE-3
+proposer, imported in the engine's Python in the same subprocess as every other question). A pruned package that
+the serving path needs fails here, naming the stack key, before smoke spends minutes finding it (docs/prune.md).
+The import only proves what is imported at start; the image's smoke run proves the rest."""
+
+from __future__ import annotations
+
+import re
+
+from speclock.core.layout import in_image
+from speclock.core.names import normalize
+from speclock.verify.doctor.context import Check, Context
+
+NAME = "pruned"
+KEY = "[prune].packages"
+# The modules a serving engine imports at start, per engine family: the in-process entry, the server, the engine
+# core and the drafter's proposer. Only asked where the stack prunes packages.
+SERVING_MODULES = {
+    "vllm": ("vllm", "vllm.entrypoints.llm", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
+             "vllm.v1.spec_decode.eagle"),
+    "sglang": ("sglang", "sglang.srt.entrypoints.engine", "sglang.srt.speculative.eagle_worker"),
+}
+# Distributions whose import name is not their own name (the rest: the name with '-' as '_').
+IMPORT_NAMES = {"opencv-python-headless": ("cv2",), "opencv-python": ("cv2",), "pyyaml": ("yaml",),
+                "pillow": ("PIL",), "scikit-learn": ("sklearn",), "pyzmq": ("zmq",)}
+_MISSING = re.compile(r"No module named '([^'.]+)")
+
+
+def import_names(dist: str) -> tuple[str, ...]:
+    key = normalize(dist)
+    return IMPORT_NAMES.get(key, (key.replace("-", "_"),))
+
+
+def _question(module: str) -> str:
+    return f"pruned_import:{module}"
+
+
+def check_pruned(ctx: Context) -> Check:
+    pruned = sorted(normalize(n) for n in ctx.stack.prune["packages"])
+    if not pruned:
+        return Check(NAME, "skip", f"nothing pruned: {KEY} is empty")
+    where = f"{KEY} of stacks/{ctx.stack.name}.toml"
+    dists = ctx.engine_answers.get("dists")
+    if not dists or not dists["ok"]:
+        return Check(NAME, "fail", f"could not list the engine Python's packages: {(dists or {}).get('error', ctx.python_note)}")
+    installed = sorted(set(pruned) & {normalize(k) for k in dists["result"]})
+    modules = SERVING_MODULES.get(ctx.stack.engine["name"], (ctx.stack.engine["name"],))
+    broken = []
+    for module in modules:
+        a = ctx.engine_answers.get(_question(module))
+        if not a or not a["ok"]:
+            broken.append((module, (a or {}).get("error", "not asked")))
+    details = {"pruned": pruned, "installed": installed, "modules": list(modules),
+               "broken": [{"module": m, "error": e} for m, e in broken]}
+    if broken:
+        module, error = broken[0]
+        missing = _MISSING.search(error or "")
+        blamed = [p for p in pruned if missing and missing[1] in import_names(p)]
+        if blamed:
+            return Check(NAME, "fail", f"{where} removes {blamed[0]}, which the engine's serving path needs: importing "
+                                       f"{module} fails ({error}); take {blamed[0]} out of {KEY} and relock", details)
+        return Check(NAME, "fail", f"the engine's serving path does not import with {', '.join(pruned)} pruned by "
+                                   f"{where}: {module}: {error}", details)
+    if installed:
+        # An image built from the lock never has them; a host's own engine Python may (it was not built from the lock).
+        status = "fail" if in_image() else "warn"
+        return Check(NAME, status, f"{', '.join(installed)} pruned by {where}, but installed in the engine's Python "
+                                   "(not built from this lock?); serving modules import", details)
+    return Check(NAME, "pass", f"{', '.join(pruned)} absent ({KEY}); {len(modules)} serving modules of "
+                               f"{ctx.stack.engine['name']} import without them", details)
+
+
+class Pruned:
+    name = NAME
+    needs_engine = True
+
+    def questions(self, ctx: Context) -> dict[str, list]:
+        if not ctx.stack.prune["packages"]:
+            return {}
+        modules = SERVING_MODULES.get(ctx.stack.engine["name"], (ctx.stack.engine["name"],))
+        return {"dists": ["dists", []], **{_question(m): ["import", [m]] for m in modules}}
+
+    def run(self, ctx: Context) -> Check:
+        return check_pruned(ctx)
