@@ -172,7 +172,7 @@ def test_the_script_fails_without_a_site_packages(tmp_path, cpu):
 
 
 def test_a_stack_without_prune_gets_a_script_that_removes_nothing(tmp_path):
-    stack = load_stack("vllm-cu130")
+    stack = load_stack("vllm-kimi-0.17.1")
     script = prune_script(stack, read_lock(lock_path(stack), stack=stack))
     (tmp_path / "prune.sh").write_text(script)
     sp = site_tree(tmp_path)
@@ -211,7 +211,8 @@ def test_pruned_check_fails_naming_the_key_when_a_pruned_package_is_needed(tmp_p
 
 def test_triton_build_skips_a_stack_that_prunes_triton(tmp_path):
     gpu = load_stack("vllm-cu130")
-    text = (ROOT / "stacks" / "vllm-cu130.toml").read_text() + '\n[prune]\npackages = ["triton"]\n'
+    text = (ROOT / "stacks" / "vllm-cu130.toml").read_text()
+    text = text.replace('[prune]\npackages = [\n', '[prune]\npackages = [\n    "triton",\n', 1)
     (tmp_path / "vllm-cu130.toml").write_text(text)
     pruning = load_stack(tmp_path / "vllm-cu130.toml")
     r = check_triton_build(fake_ctx(pruning, {}))  # no engine answer needed: nothing to build
