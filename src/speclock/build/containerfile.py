@@ -19,7 +19,9 @@ KERNELS_CONTAINERFILE = REPO_ROOT / "containers" / "kernels.Containerfile"
 KERNELS_STAGE_MARK = "# @kernels-stage"
 KERNELS_COPY_MARK = "# @kernels-copy"
 ENGINE_ENV_MARK = "# @engine-env"
-KERNELS_IN_IMAGE = "/opt/speclock/kernels"  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
+KERNELS_IN_IMAGE = "/opt/speclock/kernels"
+# What the venv step reads from wheels/ besides the wheels the lists pin (each wheel is covered by its hash).
+VENV_STEP_FILES = ("requirements.txt", "uv.txt", "uv_unpack.py", "prune.sh")  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
 
 
 def engine_env_line(env: dict[str, str]) -> str:
@@ -70,10 +72,12 @@ def build_args_for(stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str,
         "TARGET_GGUF": target["gguf"],
         "TARGET_DTYPE": target["dtype"],
         "PROMPTS_FILE": stack.smoke["prompts_file"],
-        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer.
-        "WHEELS_SHA256": tree_sha256(ctx, ["wheels/requirements.txt"]),
-        "PATCHES_SHA256": tree_sha256(ctx, ["tools", "patches"]),
-        "ASSETS_SHA256": tree_sha256(ctx, ["wheels/requirements.txt", "wheels/assets.txt", "tools"]),
+        # Content of the bind-mounted folders, so a changed lock or patch never reuses a stale layer. Each
+        # step is keyed by what it reads: speclock's code only through its own tools folder (the import
+        # closure of the step's entry, build.closure), so editing other modules leaves these layers alone.
+        "WHEELS_SHA256": tree_sha256(ctx, [f"wheels/{name}" for name in VENV_STEP_FILES]),
+        "PATCHES_SHA256": tree_sha256(ctx, ["patch-tools", "patches"]),
+        "ASSETS_SHA256": tree_sha256(ctx, ["wheels/assets.txt", "asset-tools"]),
     }
     if kernel_base_ref:
         build_args["KERNEL_BASE_IMAGE"] = kernel_base_ref

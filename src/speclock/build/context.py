@@ -12,7 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from speclock.build import wheelhouse
+from speclock.build import uvwheel, wheelhouse
+from speclock.build.closure import INIT_STUB_REL, import_closure, init_stub
+from speclock.build.prune import prune_script
+from speclock.build.uvwheel import uv_package
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_output, atomic_write_text, confined, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
@@ -20,17 +23,20 @@ from speclock.spec.lock import lock_path
 from speclock.spec.resolve import check_kernel_toolchain, kernel_toolchain
 from speclock.spec.stack import Stack
 
-# What the early image stages run, as whole packages of src/speclock (plus the files at its top that
-# they need): a new import inside one of these packages can never break a build. Only these reach
-# the early stages, so editing any other package rebuilds the final layers alone.
-#   tools/ (patch stage: `python -m speclock.patches`; assets stage: `python -m speclock.drafter.models`;
-#   engines/ holds the probe that `patches apply` runs in the engine's Python)
-TOOL_PACKAGES = ("core", "spec", "patches", "engines", "drafter")
-TOOL_TOP_FILES = ("__init__.py", "cli.py")
+# What the early image stages run: each gets the import closure of its entry modules (build.closure), in a
+# folder of its own, so its layer is keyed by those files alone and editing any other module of speclock
+# rebuilds the final layer only.
+#   patch-tools/ (patch stage, only for stacks with a patch series: `python -m speclock.patches patches apply`;
+#   the applier runs speclock.engines.probe in the engine's Python)
+PATCH_ENTRIES = ("speclock.patches.__main__", "speclock.patches.cli", "speclock.engines.probe")
+#   asset-tools/ (assets stage, only for stacks whose target is a GGUF: `python -m speclock.drafter.models convert`)
+ASSET_ENTRIES = ("speclock.drafter.models",)
 #   kernel-tools/ (kernel stage: `python -m speclock.kernels.build`, with the CUDA sources in kernels/csrc)
-KERNEL_TOOL_PACKAGES = ("core", "spec", "kernels")
-KERNEL_TOOL_TOP_FILES = ("__init__.py",)
+KERNEL_ENTRIES = ("speclock.kernels.build",)
+KERNEL_DATA = ("kernels/csrc",)
 SRC_ROOT = REPO_ROOT / "src" / "speclock"
+# What wheels/ holds besides the locked files: the pinned lists, the installer and the prune hook.
+WHEELS_FILES = ("requirements.txt", "assets.txt", "uv.txt", "uv_unpack.py", "prune.sh")
 
 
 def sync_file(src: Path, dest: Path) -> None:
@@ -49,14 +55,14 @@ def sync_text(dest: Path, text: str) -> None:
         atomic_write_text(dest, text)
 
 
-def sync_tree(files: dict[str, Path], dest: Path) -> None:
-    """Make `dest` hold exactly `files` (relative path -> source), removing anything stale."""
+def sync_tree(files: dict[str, Path], dest: Path, keep: tuple[str, ...] = ()) -> None:
+    """Make `dest` hold exactly `files` (relative path -> source), removing anything stale (but `keep`)."""
     dest.mkdir(parents=True, exist_ok=True)
     for rel, src in files.items():
         sync_file(src, dest / rel)
     for path in sorted(dest.rglob("*"), reverse=True):
         rel = path.relative_to(dest).as_posix()
-        if path.is_file() and rel not in files:
+        if path.is_file() and rel not in files and rel not in keep:
             path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()
@@ -79,29 +85,43 @@ def tree_sha256(ctx: Path, rels: list[str]) -> str:
     return h.hexdigest()
 
 
-def stage_tool_files(src_root: Path, packages: tuple[str, ...], top_files: tuple[str, ...]) -> dict[str, Path]:
-    """{"speclock/<rel>": source} for whole packages of src/speclock and the named files at its top."""
-    files = {f"speclock/{name}": src_root / name for name in top_files}
-    for pkg in packages:
-        files.update({f"speclock/{pkg}/{rel}": path for rel, path in tree_files(src_root / pkg).items()})
+def stage_tool_files(src_root: Path, entries: tuple[str, ...], data: tuple[str, ...] = ()) -> dict[str, Path]:
+    """{"speclock/<rel>": source}: the import closure of `entries` and the named data folders of src/speclock
+    (the stub speclock/__init__.py is written by the stager: `closure.init_stub`)."""
+    files = import_closure(src_root, entries)
+    for folder in data:
+        files.update({f"speclock/{folder}/{rel}": path for rel, path in tree_files(src_root / folder).items()})
     return files
+
+
+def _stage_tools(dest: Path, files: dict[str, Path] | None) -> None:
+    """A build step's tools folder: `files` and the version-only speclock/__init__.py; empty for None (the step
+    has nothing to run: its bind mount still needs a folder, and an empty one never changes its cache key)."""
+    sync_tree(files or {}, dest, keep=(INIT_STUB_REL,) if files is not None else ())
+    if files is not None:
+        sync_text(dest / INIT_STUB_REL, init_stub(SRC_ROOT))
 
 
 def _stage_wheels(stack: Stack, lock: dict[str, Any], wheels: Path) -> None:
     """wheels/: the locked files (linked from the verified wheelhouse) and the hash-pinned lists pip installs."""
     wheelhouse.link_into(lock, wheels)
-    keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | {"requirements.txt", "assets.txt"}
+    keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | set(WHEELS_FILES)
     if stack.kernels:
         keep.add("kernels.txt")
     for stale in wheels.iterdir():
         if stale.name not in keep:
             stale.unlink()
-    lists = [("requirements.txt", lock["packages"]), ("assets.txt", lock["assets"])]
+    uv = uv_package(lock)
+    lists = [("requirements.txt", lock["packages"]), ("assets.txt", [p for p in lock["assets"] if p is not uv]),
+             ("uv.txt", [uv] if uv else [])]
     if stack.kernels:
         check_kernel_toolchain(stack, lock["packages"] + lock["assets"])
         lists.append(("kernels.txt", kernel_toolchain(lock["packages"] + lock["assets"])))
     for name, pkgs in lists:
         sync_text(wheels / name, wheelhouse.requirements_text(pkgs))
+    # The venv step's installer and its prune hook travel with the wheels (both are in WHEELS_SHA256).
+    sync_file(Path(uvwheel.__file__), wheels / "uv_unpack.py")
+    sync_text(wheels / "prune.sh", prune_script(stack, lock))
 
 
 def patch_files(stack: Stack) -> dict[str, Path]:
@@ -120,23 +140,22 @@ def patch_files(stack: Stack) -> dict[str, Path]:
 
 
 def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
-    """Lay out the build context: wheels, tools, patches, drafter, config, source.
+    """Lay out the build context: wheels, the build steps' tools, patches, drafter, config with the source.
 
     The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the
     lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's). Image builds then add
     config/sbom.cdx.json (`build.sbom.stage_sbom`: it reads the base rootfs and two asset wheels)."""
     _stage_wheels(stack, lock, ctx / "wheels")
 
-    tools = stage_tool_files(SRC_ROOT, TOOL_PACKAGES, TOOL_TOP_FILES)
-    tools[f"stacks/{stack.path.name}"] = stack.path  # the patch step reads the series from the stack
-    sync_tree(tools, ctx / "tools")
-    # Kernel build inputs in a folder of their own, so editing them never rebuilds the patch or asset layers.
+    stack_file = {f"stacks/{stack.path.name}": stack.path}  # the patch and kernel steps read the stack
+    _stage_tools(ctx / "patch-tools",
+                 {**stage_tool_files(SRC_ROOT, PATCH_ENTRIES), **stack_file} if stack.patch_series else None)
+    _stage_tools(ctx / "asset-tools", stage_tool_files(SRC_ROOT, ASSET_ENTRIES) if stack.target.get("gguf") else None)
     if stack.kernels:
-        kernel_tools = stage_tool_files(SRC_ROOT, KERNEL_TOOL_PACKAGES, KERNEL_TOOL_TOP_FILES)
-        kernel_tools[f"stacks/{stack.path.name}"] = stack.path
-        sync_tree(kernel_tools, ctx / "kernel-tools")
-    elif (ctx / "kernel-tools").exists():
-        shutil.rmtree(ctx / "kernel-tools")
+        _stage_tools(ctx / "kernel-tools", {**stage_tool_files(SRC_ROOT, KERNEL_ENTRIES, KERNEL_DATA), **stack_file})
+    for stale in ("kernel-tools", "tools"):  # tools/: the layout before closures
+        if (ctx / stale).exists() and not (stale == "kernel-tools" and stack.kernels):
+            shutil.rmtree(ctx / stale)
 
     sync_tree(patch_files(stack), ctx / "patches")
 
@@ -150,9 +169,12 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     baselines = REPO_ROOT / "baselines" / stack.name
     if baselines.is_dir():
         config.update({f"baselines/{stack.name}/{k}": v for k, v in tree_files(baselines).items()})
-    sync_tree(config, ctx / "config")
+    # speclock's source rides in config/ (one COPY, the image's last layer with image.json: both change together).
+    config.update({f"src/speclock/{k}": v for k, v in tree_files(SRC_ROOT).items()})
+    sync_tree(config, ctx / "config", keep=("lock.json", "image.json", "sbom.cdx.json"))  # written after this
     sync_file(lock_file or lock_path(stack), ctx / "config" / "lock.json")
-    sync_tree(tree_files(SRC_ROOT), ctx / "src" / "speclock")
+    if (ctx / "src").exists():  # the layout before: src/ beside config/
+        shutil.rmtree(ctx / "src")
 
 
 def context_name(stack: Stack, lock_file: Path | None = None) -> str:

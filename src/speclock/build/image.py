@@ -22,7 +22,9 @@ from speclock.build.fetch import fetch
 from speclock.build.builders import Builder, ensure_in_docker, get_builder
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
 from speclock.build.context import context_dir, context_lock, context_name, stage_context
-from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
+from speclock.build.sbom import SBOM_IN_IMAGE
+from speclock.build.sbom_cache import stage_sbom  # build.sbom's, reused while its inputs are unchanged
+from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
 from speclock.build.records import records_dir, write_record
@@ -85,6 +87,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
                           hint=f"run `invoke lock --stack {stack.name}` first")
     progress(f"[1/4] verifying the wheelhouse for {stack.name}")
     fetch(lock, progress=progress)
+    save_stamps(store_dir())  # the next build hashes only what changed since (build.wheelhouse)
     progress("[2/4] base image")
     base_ref = ensure_base_image(stack, lock, builder, progress=progress)
     progress(f"  base: {base_ref}")

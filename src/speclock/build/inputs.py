@@ -13,11 +13,13 @@ from speclock.core.files import file_sha256
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.stack import Stack
 
-# Files of the staged context derived from the inputs (not inputs themselves), and the wheel lists
-# that stand for the wheels (each wheel is covered by the lock's hash). The SBOM is made from the lock,
-# the staged files and the locked base (build.sbom): a candidate staged without it gets the same tag.
-DERIVED = ("config/image.json", "config/sbom.cdx.json", "Containerfile")
-WHEEL_LISTS = ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt")
+# Files of the staged context derived from the inputs (not inputs themselves), and the files of wheels/
+# that are hashed: the lists that stand for the wheels (each wheel is covered by the lock's hash), the
+# uv unpacker and the prune hook (what the image leaves out is part of what it is). The SBOM is made from
+# the lock, the staged files and the locked base (build.sbom): a candidate staged without it gets the same tag.
+DERIVED = ("config/image.json", "config/sbom.cdx.json", "Containerfile", ".sbom-key")
+WHEEL_LISTS = ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt", "wheels/uv.txt",
+               "wheels/uv_unpack.py", "wheels/prune.sh")
 
 
 def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:

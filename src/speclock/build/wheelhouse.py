@@ -2,7 +2,8 @@
 
 Layout: `<cache>/wheelhouse/<sha256>/<filename>`. An entry exists only once its bytes hash to
 its name (downloaded to a `.part-*` temp file, verified, then renamed), so a crash never leaves a
-half-written entry. Every use re-verifies; a corrupted, truncated or tampered file is moved aside
+half-written entry. Every use re-verifies (hashing again unless the file is provably untouched since
+it was last hashed: same inode, size, mtime and ctime); a corrupted, truncated or tampered file is moved aside
 and fetched again, and a download that does not match the lock is refused, naming where the bytes
 came from. Temp files a killed run left are removed by the next run (clean_leftovers).
 """
@@ -10,6 +11,7 @@ came from. Temp files a killed run left are removed by the next run (clean_lefto
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -34,9 +36,14 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 _parts: set[Path] = set()  # .part files being written now, removed by fetch after an interrupt
 _parts_lock = threading.Lock()
-# Files this process verified: path -> (inode, size, mtime_ns, ctime_ns, sha256). link_into reuses a
-# verification only while the file is provably untouched since (ctime changes on any write or utime).
+# Verified files: path -> (inode, size, mtime_ns, ctime_ns, sha256). A verification is reused only while the
+# file is provably untouched since (ctime changes on any write, utime, rename or new link, and cannot be set
+# back). Kept across runs in the store's STAMPS file, so an unchanged wheelhouse is not hashed again on every
+# build (3.4 GB, seconds); the install step's --require-hashes still checks every byte it installs.
 _verified: dict[Path, tuple[int, int, int, int, str]] = {}
+_stamps_loaded: set[Path] = set()
+_stamps_lock = threading.Lock()
+STAMPS = ".verified.json"
 
 
 def store_dir() -> Path:
@@ -78,6 +85,36 @@ def _still_verified(path: Path, sha: str) -> bool:
     return _verified.get(path) == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha)
 
 
+def _load_stamps(store: Path) -> None:
+    """Merge the store's recorded verifications into _verified, once per store and process (a damaged
+    record is ignored: everything is hashed again)."""
+    with _stamps_lock:
+        if store in _stamps_loaded:
+            return
+        _stamps_loaded.add(store)
+        try:
+            data = json.loads((store / STAMPS).read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(data, dict):
+            return
+        for rel, stamp in data.items():
+            if (isinstance(rel, str) and isinstance(stamp, list) and len(stamp) == 5
+                    and all(isinstance(x, int) for x in stamp[:4]) and isinstance(stamp[4], str)):
+                _verified.setdefault(store / rel, tuple(stamp))  # type: ignore[arg-type]
+
+
+def save_stamps(store: Path) -> None:
+    """Record this process's verifications of files in `store` (atomic; best effort: a read-only store
+    only means hashing again next time)."""
+    with _stamps_lock:
+        entries = {p.relative_to(store).as_posix(): list(v) for p, v in _verified.items() if p.parent.parent == store}
+    try:
+        atomic_write_text(store / STAMPS, json.dumps(entries, sort_keys=True) + "\n")
+    except (OSError, BadInput):
+        pass
+
+
 def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
                  stop: threading.Event | None = None, progress: Callable[[str], None] | None = None) -> tuple[Path, str]:
     """Make sure the verified file for `pkg` is in the store. Returns (path, what happened). With `progress`,
@@ -86,7 +123,10 @@ def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
     A cached file is hashed on every call; a corrupt or truncated one is quarantined and fetched again."""
     stop = stop or NEVER
     path = entry_path(pkg, store)
+    _load_stamps(path.parent.parent)
     if path.is_file():
+        if _still_verified(path, pkg["sha256"]):
+            return path, "cached"
         if file_sha256(path) == pkg["sha256"]:
             _remember(path, pkg["sha256"])
             return path, "cached"
@@ -188,6 +228,8 @@ def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) ->
             src, _ = ensure_entry(pkg, store)
         target = confined(dest, plain_name(pkg["filename"], what="filename"), what="wheel")
         try:
+            if target.is_file() and not target.is_symlink() and os.path.samestat(target.stat(), src.stat()):
+                continue  # linked already: relinking would change the entry's ctime (and void its stamp)
             if target.exists() or target.is_symlink():
                 target.unlink()
             try:
