@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -84,8 +85,23 @@ def load1() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def timed(label: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+MIN_FREE_GB = 8.0  # set by --min-free-gb: a cold build needs ~2x its image while it commits
+
+
+def wait_for_disk(label: str, wait_s: float = 300.0) -> None:
+    """The disk is shared: wait (up to `wait_s`) for MIN_FREE_GB before a build, rather than fill it for everyone."""
+    deadline = time.monotonic() + wait_s
+    while disk_free_gb() < MIN_FREE_GB:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {disk_free_gb()} GB free on /var/lib (need {MIN_FREE_GB}) before {label}")
+        say(f"[{label}] waiting: {disk_free_gb()} GB free, {MIN_FREE_GB} GB wanted")
+        time.sleep(15)
+
+
+def timed(label: str, fn: Callable[[], dict[str, Any]], *, cold: bool = False) -> dict[str, Any]:
     """Run one build, with the load average before and after it; print a progress line."""
+    if cold:
+        wait_for_disk(label)
     before = load1()
     result = fn()
     result.update(load_before=before, load_after=load1())
@@ -291,29 +307,35 @@ def naive_build(ctx: Path, tag: str, *, no_cache: bool, logs: Path, janitor: Bui
     return {"seconds": round(seconds, 2), "image_id": docker_image(tag)["Id"]}
 
 
+def naive_cleanup(tags: list[str], janitor: BuildCacheJanitor) -> int:
+    for tag in tags:
+        run([DOCKER, "rmi", tag], check=False)
+    return janitor.prune()
+
+
 def naive_round(ctx: Path, n: int, runs: int, logs: Path, janitor: BuildCacheJanitor) -> dict[str, Any]:
     app = ctx / "app" / "main.py"
     original = app.read_text()
     tags = [f"{NAIVE_TAG}:r{n}-{k}" for k in ("cold", "warm", "cold2")]
     out: dict[str, Any] = {}
     try:
-        out["cold"] = timed(f"naive cold {n}/{runs}", lambda: naive_build(ctx, tags[0], no_cache=True, logs=logs, janitor=janitor))
+        out["cold"] = timed(f"naive cold {n}/{runs}", lambda: naive_build(ctx, tags[0], no_cache=True, logs=logs, janitor=janitor),
+                            cold=True)
+        out["size_bytes"] = docker_image(tags[0])["Size"]
+        out["venv_bytes"] = du_in_image(tags[0], ["/opt/venv"]).get("/opt/venv")
+        say(f"[naive size {n}/{runs}] {out['size_bytes'] / 1e9:.2f} GB, /opt/venv {(out['venv_bytes'] or 0) / 1e9:.2f} GB")
         app.write_text(original + f"# one-line edit {n} {time.time()}\n")
         out["warm_edit"] = timed(f"naive warm after an app edit {n}/{runs}",
                                  lambda: naive_build(ctx, tags[1], no_cache=False, logs=logs, janitor=janitor))
         app.write_text(original)  # the same inputs as the first cold build
+        naive_cleanup(tags[:2], janitor)  # the disk is shared: one naive image at a time
         out["cold2"] = timed(f"naive cold again, same inputs {n}/{runs}",
-                             lambda: naive_build(ctx, tags[2], no_cache=True, logs=logs, janitor=janitor))
+                             lambda: naive_build(ctx, tags[2], no_cache=True, logs=logs, janitor=janitor), cold=True)
         out["cold_same_id"] = out["cold"]["image_id"] == out["cold2"]["image_id"]
-        out["size_bytes"] = docker_image(tags[0])["Size"]
-        out["venv_bytes"] = du_in_image(tags[0], ["/opt/venv"]).get("/opt/venv")
-        say(f"[naive size {n}/{runs}] {out['size_bytes'] / 1e9:.2f} GB, /opt/venv "
-            f"{(out['venv_bytes'] or 0) / 1e9:.2f} GB, same id for two cold builds: {out['cold_same_id']}")
+        say(f"[naive digests {n}/{runs}] same id for two cold builds: {out['cold_same_id']}")
     finally:
         app.write_text(original)
-        for tag in tags:
-            run([DOCKER, "rmi", tag], check=False)
-        freed = janitor.prune()
+        freed = naive_cleanup(tags, janitor)
         say(f"[naive cleanup {n}/{runs}] removed its tags, pruned {freed / 1e9:.2f} GB of its build cache")
     return out
 
@@ -470,7 +492,7 @@ def speclock_round(sp: Speclock, n: int, runs: int, edit_module: str) -> dict[st
 
     def build(name: str, text: str, no_cache: bool):
         before = sp.docker_refs()
-        out[name] = timed(f"{label} {text} {n}/{runs}", lambda: sp.build(no_cache=no_cache))
+        out[name] = timed(f"{label} {text} {n}/{runs}", lambda: sp.build(no_cache=no_cache), cold=no_cache)
         if sp.builder == "docker" and out[name]["ref"] not in before:
             sp.made_refs.add(out[name]["ref"])  # a ref someone else had before is left in place
 
@@ -487,8 +509,7 @@ def speclock_round(sp: Speclock, n: int, runs: int, edit_module: str) -> dict[st
         module.write_text(originals[module])
         build("revert", "rebuild with the edits reverted", False)
         out["revert_same_id"] = out["revert"]["image_id"] == out["cold"]["image_id"]
-        if sp.store:
-            sp.store.purge()  # cold2 needs no cache; keep the disk peak at one image
+        sp.cleanup_round()  # cold2 needs no cache; the disk is shared: keep its peak at one image
         build("cold2", "cold again, same inputs", True)
         out["cold_same_id"] = out["cold2"]["image_id"] == out["cold"]["image_id"]
         say(f"[{label} digests {n}/{runs}] same id after revert: {out['revert_same_id']}, "
@@ -505,6 +526,7 @@ def speclock_round(sp: Speclock, n: int, runs: int, edit_module: str) -> dict[st
 # ---------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
+    global MIN_FREE_GB
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="rounds; medians are taken over them (default 3)")
     parser.add_argument("--builder", choices=["buildah", "docker", "both"], default="buildah",
@@ -513,10 +535,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edit-module", default="core/files.py",
                         help="the second file under src/speclock/ given a one-line edit (default core/files.py)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here (atomically)")
+    parser.add_argument("--min-free-gb", type=float, default=MIN_FREE_GB,
+                        help=f"wait for this much free disk before each build (default {MIN_FREE_GB:g})")
     parser.add_argument("--logs", type=Path, help="folder for the builds' logs (default a new /tmp/speclock-bench-logs-*)")
     args = parser.parse_args(argv)
+    # a plain `kill` cleans up too (a background job started by a shell ignores SIGINT)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM; cleaning up"))
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    MIN_FREE_GB = args.min_free_gb
     builders = ["buildah", "docker"] if args.builder == "both" else [args.builder]
     logs = args.logs or Path(tempfile.mkdtemp(prefix="speclock-bench-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -540,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     janitor = BuildCacheJanitor()
     scratch = Path(tempfile.mkdtemp(prefix="speclock-bench-", dir="/var/tmp"))
     store = None
+    rc = 0
     try:
         if not args.skip_naive:
             result["naive_base"] = ensure_naive_base()
@@ -564,6 +592,10 @@ def main(argv: list[str] | None = None) -> int:
             result["summary"] = summarize(result["rounds"], builders)
             if args.out:  # a partial result survives a later failure
                 write_json(args.out, result)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        result["error"] = str(err)[-3000:]
+        say(f"benchmark stopped: {err}")
+        rc = 1
     finally:
         if store:
             store.remove_all()
@@ -577,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     say(table(result))
     if args.out:
         say(f"wrote {args.out}")
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
