@@ -166,6 +166,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     sync_tree(tree_files(draft), ctx / "draft")
 
     config: dict[str, Path] = {f"stacks/{stack.path.name}": stack.path}
+    config.update({f"patches/{k}": v for k, v in patch_files(stack).items()})  # /opt/speclock/patches
     baselines = REPO_ROOT / "baselines" / stack.name
     if baselines.is_dir():
         config.update({f"baselines/{stack.name}/{k}": v for k, v in tree_files(baselines).items()})
