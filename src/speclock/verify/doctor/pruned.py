@@ -2,11 +2,16 @@
 engine's serving path imports without it (the LLM entry, the OpenAI server, the engine core and the EAGLE-3
 proposer, imported in the engine's Python in the same subprocess as every other question). A pruned package that
 the serving path needs fails here, naming the stack key, before smoke spends minutes finding it (docs/prune.md).
-The import only proves what is imported at start; the image's smoke run proves the rest."""
+The import only proves what is imported at start; the image's smoke run proves the rest. [prune].paths: nothing
+under the engine's site-packages matches them any more (the venv step's prune hook ran).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+from fnmatch import fnmatchcase
+from pathlib import Path
 
 from speclock.core.layout import in_image
 from speclock.core.names import normalize
@@ -32,14 +37,42 @@ def import_names(dist: str) -> tuple[str, ...]:
     return IMPORT_NAMES.get(key, (key.replace("-", "_"),))
 
 
+def leftover_paths(site: Path | None, globs: list[str]) -> dict[str, int]:
+    """{glob: how many paths under `site` it still matches}, matched as the prune hook's `find -path` does ('*'
+    spans '/'); a matched folder is not searched further. Empty when nothing is left (or there is no site)."""
+    if not globs or not site or not Path(site).is_dir():
+        return {}
+    left: dict[str, int] = {}
+    for top, dirs, names in os.walk(site):
+        rel_top = os.path.relpath(top, site)
+        for name in list(dirs) + names:
+            rel = name if rel_top == "." else f"{rel_top}/{name}"
+            for glob in globs:
+                if fnmatchcase(rel, glob):
+                    left[glob] = left.get(glob, 0) + 1
+                    if name in dirs:
+                        dirs.remove(name)
+                    break
+    return left
+
+
 def _question(module: str) -> str:
     return f"pruned_import:{module}"
 
 
 def check_pruned(ctx: Context) -> Check:
     pruned = sorted(normalize(n) for n in ctx.stack.prune["packages"])
+    globs = ctx.stack.prune["paths"]
+    if not pruned and not globs:
+        return Check(NAME, "skip", "nothing pruned: the stack has no [prune]")
+    left = leftover_paths(ctx.site_packages, globs)
+    left_note = ", ".join(f"{n} match '{g}'" for g, n in left.items())
     if not pruned:
-        return Check(NAME, "skip", f"nothing pruned: {KEY} is empty")
+        if left:
+            return Check(NAME, "fail" if in_image() else "warn",
+                         f"[prune].paths of stacks/{ctx.stack.name}.toml still match in {ctx.site_packages}: {left_note} "
+                         "(not built from this lock?)", {"left": left})
+        return Check(NAME, "pass", f"nothing under {ctx.site_packages} matches [prune].paths ({', '.join(globs)})")
     where = f"{KEY} of stacks/{ctx.stack.name}.toml"
     dists = ctx.engine_answers.get("dists")
     if not dists or not dists["ok"]:
@@ -51,7 +84,7 @@ def check_pruned(ctx: Context) -> Check:
         a = ctx.engine_answers.get(_question(module))
         if not a or not a["ok"]:
             broken.append((module, (a or {}).get("error", "not asked")))
-    details = {"pruned": pruned, "installed": installed, "modules": list(modules),
+    details = {"pruned": pruned, "installed": installed, "modules": list(modules), "left": left,
                "broken": [{"module": m, "error": e} for m, e in broken]}
     if broken:
         module, error = broken[0]
@@ -62,12 +95,14 @@ def check_pruned(ctx: Context) -> Check:
                                        f"{module} fails ({error}); take {blamed[0]} out of {KEY} and relock", details)
         return Check(NAME, "fail", f"the engine's serving path does not import with {', '.join(pruned)} pruned by "
                                    f"{where}: {module}: {error}", details)
-    if installed:
+    if installed or left:
         # An image built from the lock never has them; a host's own engine Python may (it was not built from the lock).
         status = "fail" if in_image() else "warn"
-        return Check(NAME, status, f"{', '.join(installed)} pruned by {where}, but installed in the engine's Python "
-                                   "(not built from this lock?); serving modules import", details)
-    return Check(NAME, "pass", f"{', '.join(pruned)} absent ({KEY}); {len(modules)} serving modules of "
+        found = ([f"{', '.join(installed)} pruned by {where}, but installed in the engine's Python"] if installed else []) \
+            + ([f"[prune].paths still match: {left_note}"] if left else [])
+        return Check(NAME, status, "; ".join(found) + " (not built from this lock?); serving modules import", details)
+    paths = f"; nothing matches [prune].paths ({', '.join(globs)})" if globs else ""
+    return Check(NAME, "pass", f"{', '.join(pruned)} absent ({KEY}){paths}; {len(modules)} serving modules of "
                                f"{ctx.stack.engine['name']} import without them", details)
 
 
