@@ -1,6 +1,6 @@
 """`speclock doctor`: static self-checks of an engine environment, no GPU needed (see runner.DESCRIPTION).
 
-One module per check family (versions, engine_import, import_traps, patches, eagle3, aux_layers, archs,
+One module per check family (versions, engine_import, pruned, import_traps, patches, eagle3, aux_layers, archs,
 torch_archs, flashinfer_kernels, triton_build, kernels),
 each a DoctorCheck (context.py); runner.py orders them, asks the engine once and reports.
 """
@@ -15,12 +15,13 @@ from speclock.verify.doctor.flashinfer_kernels import check_flashinfer_kernels
 from speclock.verify.doctor.import_traps import check_import_traps
 from speclock.verify.doctor.kernels import check_kernels, kernels_dir
 from speclock.verify.doctor.patches import check_patches
+from speclock.verify.doctor.pruned import check_pruned
 from speclock.verify.doctor.runner import add_commands, CHECKS, DOCTOR_CHECKS, DOCTOR_SCHEMA, doctor_main, ENGINE_CHECKS, run_doctor
 from speclock.verify.doctor.torch_archs import check_torch_archs
 from speclock.verify.doctor.triton_build import check_triton_build
 from speclock.verify.doctor.versions import check_lock
 
 __all__ = ["add_commands", "build_context", "Check", "check_aux_layers", "check_cuda", "check_eagle3", "check_gpu_archs",
-           "check_flashinfer_kernels", "check_import", "check_import_traps", "check_torch_archs", "check_triton_build", "check_kernels", "check_lock", "check_patches", "CHECKS", "Context", "DOCTOR_CHECKS",
+           "check_flashinfer_kernels", "check_import", "check_import_traps", "check_pruned", "check_torch_archs", "check_triton_build", "check_kernels", "check_lock", "check_patches", "CHECKS", "Context", "DOCTOR_CHECKS",
            "DOCTOR_SCHEMA", "doctor_main", "DoctorCheck", "DoctorOptions", "ENGINE_CHECKS", "kernels_dir", "load_manifest",
            "resolve_python", "run_doctor", "target_facts"]

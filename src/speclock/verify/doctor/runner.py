@@ -41,7 +41,7 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
   engine-import   the engine imports
   pruned          what [prune].packages leaves out is absent, and the engine's serving path (LLM entry,
                   OpenAI server, engine core, EAGLE-3 proposer) imports without it; a pruned package it
-                  needs fails naming the stack key
+                  needs fails naming the stack key; nothing in site-packages matches [prune].paths
   import-traps    no known import trap of the engine springs on the GPU path (a table: engine,
                   versions, missing package, the engine.env setting that avoids it)
   patches         the stack's patch series is applied and every probe passes
