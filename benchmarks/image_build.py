@@ -197,17 +197,21 @@ class BuildCacheJanitor:
     def window(self, start: float, end: float) -> None:
         self.windows.append((start - 1.0, end + 1.0))
 
-    def prune(self) -> int:
+    def prune(self, settle_s: float = 30.0) -> int:
+        """Prune this run's records; a build just stopped keeps some in use for a moment, so wait for them."""
         freed = 0
-        for _ in range(4):  # a parent is free only once its children are gone
-            mine = [r for r in build_cache_records() if r["ID"] not in self.known and not r.get("InUse")
+        deadline = time.monotonic() + settle_s
+        while True:
+            mine = [r for r in build_cache_records() if r["ID"] not in self.known
                     and any(a <= _parse_time(r["CreatedAt"]) <= b for a, b in self.windows)]
-            if not mine:
-                break
-            for rec in mine:
+            free = [r for r in mine if not r.get("InUse")]
+            for rec in free:  # a parent is free only once its children are gone: loop again
                 filters = urllib.parse.quote(json.dumps({"id": [rec["ID"]]}))
                 freed += _api("POST", f"/build/prune?filters={filters}").get("SpaceReclaimed") or 0
-        return freed
+            if not mine or (not free and time.monotonic() > deadline):
+                return freed
+            if not free:
+                time.sleep(2)
 
 
 def docker_image(ref: str) -> dict | None:
@@ -298,10 +302,13 @@ def naive_build(ctx: Path, tag: str, *, no_cache: bool, logs: Path, janitor: Bui
     log = logs / f"{tag.replace(':', '_').replace('/', '_')}.log"
     start = time.time()
     t0 = time.monotonic()
-    with open(log, "w") as out:
-        rc = subprocess.run(cmd, cwd=ctx, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, DOCKER_BUILDKIT="1")).returncode
+    try:
+        with open(log, "w") as out:
+            rc = subprocess.run(cmd, cwd=ctx, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, DOCKER_BUILDKIT="1")).returncode
+    finally:  # a build stopped half-way left cache records too
+        janitor.window(start, time.time())
     seconds = time.monotonic() - t0
-    janitor.window(start, time.time())
     if rc != 0:
         raise RuntimeError(f"naive build {tag} failed (exit {rc}); see {log}:\n{log.read_text()[-2000:]}")
     return {"seconds": round(seconds, 2), "image_id": docker_image(tag)["Id"]}
@@ -427,11 +434,13 @@ class Speclock:
         log = self.logs / f"speclock-{self.builder}-{self.count:02d}.log"
         start = time.time()
         t0 = time.monotonic()
-        with open(log, "w") as err:
-            proc = subprocess.run(cmd, cwd=self.repo, env=self.env, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            with open(log, "w") as err:
+                proc = subprocess.run(cmd, cwd=self.repo, env=self.env, stdout=subprocess.PIPE, stderr=err, text=True)
+        finally:
+            if self.builder == "docker":
+                self.janitor.window(start, time.time())
         wall = time.monotonic() - t0
-        if self.builder == "docker":
-            self.janitor.window(start, time.time())
         if proc.returncode != 0:
             raise RuntimeError(f"speclock build failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-2500:]}")
         record = json.loads(proc.stdout)
