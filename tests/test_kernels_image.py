@@ -97,8 +97,8 @@ def test_gpu_stack_stages_a_kernel_build_for_exactly_its_archs(staged, name):
 @pytest.mark.parametrize("name", GPU_STACKS)
 def test_runtime_gets_only_the_library_and_no_cxx_compiler(staged, name):
     ctx, args, st = staged(name)
-    # runtime grows from patched <- venv <- base; the kernel stage reaches it by one COPY of the library folder.
-    assert chain(st, "runtime") == ["runtime", "patched", "venv", "base"]
+    # runtime grows from patched <- assets <- venv <- base; the kernel stage reaches it by one COPY of the library folder.
+    assert chain(st, "runtime") == ["runtime", "patched", "assets", "venv", "base"]
     from_kernels = [l for s in chain(st, "runtime") for l in st[s]["body"] if "--from=kernels" in l]
     assert from_kernels == [f"COPY --from=kernels {containerfile.KERNELS_IN_IMAGE} {containerfile.KERNELS_IN_IMAGE}"]
     assert containerfile.KERNELS_IN_IMAGE == str(Path("/opt/speclock") / "kernels")  # where fp8_cuda looks in an image
