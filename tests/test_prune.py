@@ -277,3 +277,43 @@ def test_doctor_on_a_real_engine_with_cpu_vllm_pruned_passes(tmp_path):
     r = {c.name: c for c in run_doctor(ctx, ["pruned", "triton-build"])}
     assert r["pruned"].status == "pass", r["pruned"].reason
     assert r["triton-build"].status == "skip" and "pruned" in r["triton-build"].reason
+
+
+# ---------------------------------------------------------------- real pip resolution over tiny wheels
+
+def test_pip_resolution_leaves_a_pruned_dependency_out_of_every_target(tmp_path, monkeypatch):
+    from tinywheels import tiny_wheels, write_stack
+    tiny_wheels(tmp_path / "wheels")
+    path = write_stack(tmp_path, host_targets=("3.12-x86_64",))
+    path.write_text(path.read_text() + '\n[prune]\npackages = ["TinyDep"]\npaths = ["*/tests"]\n')
+    stack = load_stack(path)
+    for k, v in {"PIP_CONFIG_FILE": "/dev/null", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(resolve, "_pypi_url", lambda entry: None)
+    quiet = lambda *a: None  # noqa: E731
+    installed, _, _, pruned = resolve._pruned_set(stack, python="3.11", platforms=resolve.platform_tags(stack),
+                                                  index=None, progress=quiet)
+    assert {p["name"] for p in installed} == {"tinyengine", "torch"}
+    assert [(p["name"], p["version"]) for p in pruned] == [("tinydep", "1.2")]
+    host = resolve.resolve_target(stack, "3.12-x86_64", progress=quiet)
+    assert [p["name"] for p in host["pruned"]] == ["tinydep"] and "tinydep" not in {p["name"] for p in host["packages"]}
+
+
+def test_no_resolve_resolves_only_the_data_wheels_when_build_only_changes(tmp_path, cpu, monkeypatch):
+    _, lock = cpu
+    monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: False)
+    asked = []
+
+    def fake_report(requirements, stack, *, no_deps, extra_index, python=None, platforms=None):
+        asked.append((list(requirements), no_deps))
+        return [{"metadata": {"name": r.split("==")[0], "version": r.split("==")[1]},
+                 "download_info": {"url": f"https://files.pythonhosted.org/packages/x/{r.split('==')[0]}-{r.split('==')[1]}"
+                                          "-py3-none-any.whl", "archive_info": {"hashes": {"sha256": "a" * 64}}}}
+                for r in requirements]
+
+    monkeypatch.setattr(resolve, "_pip_report", fake_report)
+    more = stack_with(tmp_path, ('build_only = [', 'build_only = ["tqdm==4.67.1", '))
+    out = resolve.portable_lock(more, lock, progress=lambda m: None)
+    assert asked == [(more.assets(), True)]  # the data wheels alone, without dependencies
+    assert "tqdm" in {a["name"] for a in out["assets"]} and out["packages"] == lock["packages"]
+    assert check_lock(more, out) == []
