@@ -303,7 +303,7 @@ def test_a_stale_lock_names_the_key(scratch):
 
 def test_a_new_containerfile_copy_fails_the_check(scratch):
     path = scratch / "containers" / "Containerfile"
-    path.write_text(path.read_text().replace("COPY src /opt/speclock/src", "COPY src /opt/speclock/src\nCOPY extra /opt/extra"))
+    path.write_text(path.read_text().replace("COPY config /opt/speclock\n", "COPY config /opt/speclock\nCOPY extra /opt/extra\n"))
     nixcheck.git_add(scratch)
     proc = nix(scratch, "build", "--offline", "--no-link", f".#checks.{SYS}.containerfile", check=False)
     assert proc.returncode != 0 and "copies to /opt/extra in the runtime stage" in proc.stderr
