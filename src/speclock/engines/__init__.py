@@ -73,6 +73,23 @@ class EngineModule(Protocol):
     def version(self, package: str) -> str: ...
 
 
+def visible_arch(stack) -> str | None:
+    """The stack arch name of the visible GPU (sm_100 -> sm_100a when the stack targets that), or None."""
+    if not stack.is_gpu:
+        return None
+    try:
+        # heavy, optional (torch): imported only where it is used
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception:
+        return None
+    plain = f"sm_{major}{minor}"
+    return plain + "a" if plain + "a" in stack.gpu["archs"] else plain
+
+
 def get_engine(name: str) -> ModuleType:
     """The engine module for `name` (imported lazily, so missing engines cost nothing)."""
     if name not in ENGINES:

@@ -20,6 +20,10 @@ from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
+from speclock.core.args import positive_int
+from speclock.drafter.models import read_model_config, stack_model_path
+from speclock.engines import EngineConfig, visible_arch
+from speclock.engines.sglang import launch_command
 from speclock.spec.stack import Stack, load_stack
 
 DEFAULT_STACK = "cpu-vllm"
@@ -64,9 +68,6 @@ def server_command(stack: Stack, *, target: Path, draft: Path | None, k: int, ho
                 {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}, sort_keys=True)]
         return cmd
     if engine == "sglang":
-        from speclock.engines import EngineConfig
-        from speclock.engines.sglang import launch_command
-
         cmd = launch_command(EngineConfig(target, draft, k, settings), port=port, python=python)
         return cmd + ["--host", host, "--served-model-name", stack.target["name"]]
     raise BadInput(f"stack {stack.name}: engine {engine!r} has no server command here", hint="use vllm or sglang")
@@ -74,8 +75,6 @@ def server_command(stack: Stack, *, target: Path, draft: Path | None, k: int, ho
 
 def _resolve(args: argparse.Namespace) -> tuple[Stack, Path, Path | None]:
     """Stack, target and drafter: from the flags, else the image's layout, else the repository's stack."""
-    from speclock.drafter.models import read_model_config, stack_model_path
-
     inside = in_image()
     stack = load_stack(args.stack or (IMAGE.stack_file if inside else DEFAULT_STACK))
     if args.target:
@@ -102,8 +101,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     engine = stack.engine["name"]
     k = args.num_speculative_tokens or serving_k(stack)
     port = args.port or DEFAULT_PORT[engine]
-    from speclock.verify.smoke.run import visible_arch
-
     arch = visible_arch(stack)
     cmd = server_command(stack, target=target, draft=draft, k=k, host=args.host, port=port, arch=arch)
     env = {**os.environ, **stack.engine_env}
@@ -133,8 +130,6 @@ def add_commands(sub) -> None:
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
     p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
     p.add_argument("--no-draft", action="store_true", help="serve the target alone (for a throughput comparison)")
-    from speclock.core.args import positive_int
-
     p.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=0,
                    help="override the stack's serving k")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")

@@ -16,7 +16,7 @@ from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.drafter.models import config_architecture, read_model_config, target_sha256 as weights_sha256
-from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running, visible_arch
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.gate import evaluate, failures_of
@@ -39,23 +39,6 @@ def image_identity() -> dict[str, str]:
     digest = os.environ.get("SPECLOCK_IMAGE_DIGEST") or info.get("digest") or ""
     return {"ref": str(ref), "digest": str(digest)}
 
-
-
-def visible_arch(stack) -> str | None:
-    """The stack arch name of the visible GPU (sm_100 -> sm_100a when the stack targets that), or None."""
-    if not stack.is_gpu:
-        return None
-    try:
-        # heavy, optional (torch): imported only where it is used
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        major, minor = torch.cuda.get_device_capability(0)
-    except Exception:
-        return None
-    plain = f"sm_{major}{minor}"
-    return plain + "a" if plain + "a" in stack.gpu["archs"] else plain
 
 
 def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
