@@ -110,6 +110,8 @@ let
         # The Nix image's base is nixpkgs, not the locked Debian rootfs: say so instead of
         # claiming the Debian digest.
         "${labelPrefix}.base" = "nixpkgs";
+        # The Nix venv installs the lock's packages (no pruned one) but runs no path prune: it claims the packages only.
+        "${labelPrefix}.prune" = if s.prune.packages == [ ] then "none" else builtins.toJSON { packages = s.prune.packages; paths = [ ]; };
       };
       config = {
         Env = map (k: "${k}=${cf.env.${k}}") (builtins.attrNames cf.env);

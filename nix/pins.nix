@@ -144,6 +144,8 @@ let
       wheelsByName = u.listToAttrsBy "name" pkgs;
       assets = assets;
       excluded = map (p: p.name) (doc.excluded or [ ]);
+      # [prune] as the lock records it (docs/prune.md); pruned packages are not in `packages`.
+      prune = doc.prune or { packages = [ ]; paths = [ ]; };
       counts = {
         wheels = builtins.length pkgs;
         fromPyPI = builtins.length (builtins.filter (w: w.fromPyPI) pkgs);
