@@ -64,7 +64,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
             raise CheckFailed(f"{path} is out of date with {stack.path}, or not portable, or its pylock differs:\n  "
                               + "\n  ".join(diffs),
                               hint=f"run `invoke lock --stack {stack.name}` (or `speclock lock --stack {stack.name} "
-                                   "--no-resolve` where only URLs or the pylock differ) and commit both files")
+                                   "--no-resolve` where only URLs, the pylock, [prune] or python.build_only differ) and commit both files")
         if not args.json:
             print(f"{path} and {pylock_path(path).name} are in sync with {stack.path}")
         return 0
@@ -96,8 +96,9 @@ def _add_lock_command(sub) -> None:
                    help="exit 1 if the stack and its lock disagree, the lock has a file:// URL, or its pylock differs; "
                         "write nothing")
     mode.add_argument("--no-resolve", action="store_true",
-                   help="keep the existing lock's versions and sha256: only replace file:// URLs with their index URLs "
-                        "(the local copy kept as mirror_url) and write the pylock")
+                   help="keep the existing lock's versions and sha256: replace file:// URLs with their index URLs "
+                        "(the local copy kept as mirror_url), carry a [prune] or python.build_only change (only the data "
+                        "wheels are resolved again) and write the pylock")
     p.add_argument("--lock", metavar="PATH", help="the lock file to check or write (default locks/<stack>.lock)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_lock)
