@@ -107,3 +107,22 @@ def test_the_default_stack_locks_uv_for_the_venv_step():
     lock = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())
     pkg = uvwheel.uv_package(lock)
     assert pkg and pkg["filename"].startswith(f"uv-{pkg['version']}-")
+
+
+def test_buildah_builds_offline_and_removes_the_containers_of_a_failed_build(tmp_path, monkeypatch):
+    """A failed step's working container holds the step's whole output (2+ GB for the venv): --force-rm."""
+    from speclock.build.builders import buildah
+
+    seen = []
+
+    def fake_stream(cmd, **kwargs):
+        seen.append(cmd)
+        Path(cmd[cmd.index("--iidfile") + 1]).write_text("sha256:" + "0" * 64)
+        return 0, ""
+
+    monkeypatch.setattr(buildah, "stream", fake_stream)
+    (tmp_path / "Containerfile").write_text("FROM scratch\n")
+    buildah.BUILDER.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag="t", build_args={}, labels={},
+                          target=None, no_cache=False, timestamp=0)
+    cmd = seen[0]
+    assert "--force-rm" in cmd and "--layers" in cmd and cmd[cmd.index("--network") + 1] == "none"

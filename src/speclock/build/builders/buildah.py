@@ -55,7 +55,9 @@ class Buildah:
                 labelled = Path(tmp) / "Containerfile"
                 labelled.write_text(labelled_containerfile(Path(containerfile).read_text(), labels))
                 containerfile = labelled
-            cmd = self._cmd("build", "--format", "oci", "--layers", "--network", "none",
+            # --force-rm: a failed step's working container (a venv step's holds 2+ GB) is removed too; without
+            # it every failed build (a full disk, most often) left one behind and made the next failure likelier.
+            cmd = self._cmd("build", "--format", "oci", "--layers", "--force-rm", "--network", "none",
                             "--identity-label=false", "--timestamp", str(timestamp), "-f", str(containerfile), "-t", tag)
             if no_cache:
                 cmd.append("--no-cache")
