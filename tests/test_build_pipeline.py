@@ -53,7 +53,8 @@ def test_each_step_that_reads_a_bind_mount_is_keyed_by_its_hash():
     """buildah keys a RUN by its text and build args, never by bind-mounted files: each such step declares
     the hash of what it reads (build_args_for computes them)."""
     text = containerfile_text(True)
-    keys = {"venv": "WHEELS_SHA256", "patched": "PATCHES_SHA256", "assets": "ASSETS_SHA256", "kernels": "KERNELS_SHA256"}
+    keys = {"venv": "WHEELS_SHA256", "patched": "PATCHES_SHA256", "assets": "ASSETS_SHA256", "kernels": "KERNELS_SHA256",
+            "runtime": "DRAFT_SHA256"}
     for name, key in keys.items():
         steps = stage(text, name)
         assert any("--mount=type=bind" in s for s in steps if s.startswith("RUN")), name

@@ -78,6 +78,7 @@ def build_args_for(stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str,
         "WHEELS_SHA256": tree_sha256(ctx, [f"wheels/{name}" for name in VENV_STEP_FILES]),
         "PATCHES_SHA256": tree_sha256(ctx, ["patch-tools", "patches"]),
         "ASSETS_SHA256": tree_sha256(ctx, ["wheels/assets.txt", "asset-tools"]),
+        "DRAFT_SHA256": tree_sha256(ctx, ["draft"]),
     }
     if kernel_base_ref:
         build_args["KERNEL_BASE_IMAGE"] = kernel_base_ref
