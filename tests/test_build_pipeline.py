@@ -45,6 +45,9 @@ def test_the_source_is_the_last_layer_and_nothing_compiles_it(with_kernels):
     layers = [s for s in runtime if s.startswith(("RUN", "COPY"))]
     assert layers[-1] == "COPY config /opt/speclock"
     assert not any("compileall" in s for s in runtime)
+    # the drafter and the (possibly empty) patch folder come in by the user step, as COPY made them before
+    user_step = next(s for s in runtime if s.startswith("RUN") and "/etc/passwd" in s)
+    assert "cp -R /draft /opt/speclock/draft" in user_step and "mkdir -p /opt/speclock/patches" in user_step
     # the instructions that only set metadata come before it: an edit re-runs none of them
     assert all(not s.startswith(("ENV", "USER", "WORKDIR", "ENTRYPOINT", "CMD")) for s in runtime[runtime.index(layers[-1]):])
 
