@@ -94,7 +94,7 @@ let
         --disable-pip-version-check --progress-bar off --target $TMPDIR/assets --find-links ${wheelhouse} -r ${wheelhouse}/assets.txt
       mkdir -p $out/prompts
       cp "$TMPDIR/assets/${s.smoke.prompts_file or ""}" $out/prompts/prompts.jsonl
-      PYTHONPATH=${src}:$TMPDIR/assets ${venv}/bin/python -m speclock.drafter.models convert \
+      PYTHONPATH=${src}:$TMPDIR/assets ${venv}/bin/python -m speclock.drafter.gguf_convert \
         --gguf "$TMPDIR/assets/${s.target.gguf or ""}" --out $out/target --dtype "${s.target.dtype or "bfloat16"}"
       runHook postBuild
     '';

@@ -25,8 +25,8 @@ STAGES = {
                     ["speclock.cli", "speclock.patches.cli", "speclock.patches.series", "speclock.engines.probe"],
                     [["-m", "speclock.patches", "patches", "apply", "--help"]]),
     "asset-tools": (context.ASSET_ENTRIES, (),
-                    ["speclock.drafter.models"],
-                    [["-m", "speclock.drafter.models", "convert", "--help"]]),
+                    ["speclock.drafter.gguf_convert"],
+                    [["-m", "speclock.drafter.gguf_convert", "--help"]]),
     "kernel-tools": (context.KERNEL_ENTRIES, context.KERNEL_DATA,
                      ["speclock.kernels.build"],
                      [["-m", "speclock.kernels.build", "--help"]]),
@@ -79,10 +79,10 @@ def test_stage_commands_start_from_the_staged_closure_alone(tmp_path, stage):
 
 
 def test_the_closures_are_small():
-    """Each step carries what it runs, not whole packages: the converter needs five modules."""
+    """Each step carries what it runs, not whole packages: the converter is self-contained (its package's
+    __init__.py and itself), so no edit of core/ or of the drafter's other modules converts the target again."""
     assert sorted(context.stage_tool_files(SRC, context.ASSET_ENTRIES)) == [
-        "speclock/core/__init__.py", "speclock/core/errors.py", "speclock/core/files.py",
-        "speclock/drafter/__init__.py", "speclock/drafter/models.py"]
+        "speclock/drafter/__init__.py", "speclock/drafter/gguf_convert.py"]
     patch = context.stage_tool_files(SRC, context.PATCH_ENTRIES)
     assert not [rel for rel in patch if rel.startswith(("speclock/build/", "speclock/verify/", "speclock/train/"))]
 
@@ -117,7 +117,8 @@ def test_lazy_and_relative_imports_are_followed(tmp_path):
     assert closure.init_stub(src).endswith('__version__ = "9.9"\n')
 
 
-@pytest.mark.parametrize("edited", ["__init__.py", "cli.py", "build/push.py", "verify/gate.py", "patches/series.py"])
+@pytest.mark.parametrize("edited", ["__init__.py", "cli.py", "build/push.py", "verify/gate.py", "patches/series.py",
+                                    "core/files.py", "core/errors.py", "drafter/models.py"])
 def test_an_edit_outside_a_closure_leaves_its_folder_unchanged(tmp_path, edited):
     """The asset step (the target conversion) is keyed by its folder: edits elsewhere, including the package's
     __init__.py (its docstring; the stub keeps the version only), never rebuild it."""
@@ -133,7 +134,7 @@ def test_an_edit_inside_a_closure_changes_its_folder(tmp_path):
     copy = tmp_path / "src" / "speclock"
     shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
     before = folder_hash(stage_folder(tmp_path / "a", context.ASSET_ENTRIES, src=copy))
-    path = copy / "drafter" / "models.py"
+    path = copy / "drafter" / "gguf_convert.py"
     path.write_text(path.read_text() + "\n# a one-line edit\n")
     assert folder_hash(stage_folder(tmp_path / "b", context.ASSET_ENTRIES, src=copy)) != before
 

@@ -29,8 +29,8 @@ from speclock.spec.stack import Stack
 #   patch-tools/ (patch stage, only for stacks with a patch series: `python -m speclock.patches patches apply`;
 #   the applier runs speclock.engines.probe in the engine's Python)
 PATCH_ENTRIES = ("speclock.patches.__main__", "speclock.patches.cli", "speclock.engines.probe")
-#   asset-tools/ (assets stage, only for stacks whose target is a GGUF: `python -m speclock.drafter.models convert`)
-ASSET_ENTRIES = ("speclock.drafter.models",)
+#   asset-tools/ (assets stage, only for stacks whose target is a GGUF: `python -m speclock.drafter.gguf_convert`)
+ASSET_ENTRIES = ("speclock.drafter.gguf_convert",)
 #   kernel-tools/ (kernel stage: `python -m speclock.kernels.build`, with the CUDA sources in kernels/csrc)
 KERNEL_ENTRIES = ("speclock.kernels.build",)
 KERNEL_DATA = ("kernels/csrc",)

@@ -19,16 +19,15 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import struct
 import sys
-import tempfile
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.core.files import atomic_write_json, confined, expect, file_sha256, json_type, os_error, read_json
+from speclock.core.files import atomic_write_json, confined, expect, json_type, os_error, read_json
+from speclock.drafter import gguf_convert
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = gguf_convert.DTYPES
 DRAFT_MANIFEST = "speclock-manifest.json"
 MANIFEST_SCHEMA = "speclock.drafter/v1"
 
@@ -37,84 +36,22 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     """Dequantize a GGUF model into a plain Hugging Face folder at `out_dir`, written atomically.
 
     The folder holds config.json (no quantization_config), generation_config.json, the weights
-    as safetensors in `dtype`, and the tokenizer with its chat template. Returns `out_dir`.
+    as safetensors in `dtype`, the tokenizer with its chat template and speclock-source.json (the
+    GGUF's name and sha256, the dtype and, added here, the weights' target_sha256). The conversion
+    itself is `speclock.drafter.gguf_convert`, the self-contained module the image build runs. Returns `out_dir`.
     """
-    gguf_path = Path(gguf_path)
-    out_dir = Path(out_dir)
-    if dtype not in DTYPES:
-        raise BadInput(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if not gguf_path.is_file():
-        raise BadInput(f"GGUF file not found: {gguf_path}", hint="pass the path of a .gguf file")
     try:
-        with open(gguf_path, "rb") as f:
-            magic = f.read(4)
+        out = gguf_convert.convert(gguf_path, out_dir, dtype)
+    except gguf_convert.ConvertError as err:
+        cls = EnvironmentProblem if err.exit_code == 3 else BadInput
+        raise cls(str(err), hint=err.hint or None) from None
     except OSError as err:
-        raise os_error(err, gguf_path, "read the GGUF file") from None
-    if magic != b"GGUF":
-        raise BadInput(f"{gguf_path} is not a GGUF file (its first bytes are not 'GGUF')")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise BadInput(f"output folder {out_dir} exists and is not empty", hint="remove it or choose another --out")
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-        import gguf  # noqa: F401  (transformers needs it to read GGUF; fail here with a clear message)
-    except ImportError as err:
-        raise EnvironmentProblem(f"converting a GGUF needs torch, transformers and gguf: {err}",
-                                 hint="run inside the engine venv, or pip install transformers gguf torch safetensors") from err
-
-    src_dir, name = str(gguf_path.parent), gguf_path.name
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-        if not getattr(tokenizer, "chat_template", None):
-            print(f"warning: {gguf_path} carries no chat template; the converted target cannot be used for chat prompts",
-                  file=sys.stderr)
-        quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
-        state = quantized.state_dict()
-        config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
-        # A plain folder must not claim to be GGUF-quantized: engines would try to load it as such.
-        for attr in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-            if hasattr(config, attr):
-                try:
-                    delattr(config, attr)
-                except AttributeError:
-                    pass
-        config.dtype = dtype
-        target_dtype = getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_config(config, dtype=target_dtype)
-        missing, unexpected = model.load_state_dict({k: v.to(target_dtype) for k, v in state.items()}, strict=False)
-        missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-        if missing or unexpected:
-            raise BadInput(f"{gguf_path}: weights do not match the architecture (missing {missing[:5]}, unexpected {unexpected[:5]})")
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        _drop_quantization_keys(tmp / "config.json")
-        atomic_write_json(tmp / "speclock-source.json", {
-            "converted_from": gguf_path.name,
-            "gguf_sha256": file_sha256(gguf_path),
-            "dtype": dtype,
-            "weights_sha256": target_sha256(tmp),
-        })
-        # mkdtemp makes 0700: images run as an unprivileged user, who must read the target.
-        os.chmod(tmp, 0o755)
-        for child in tmp.iterdir():
-            os.chmod(child, 0o644)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
-
-
-def _drop_quantization_keys(config_json: Path) -> None:
-    data = read_json(config_json, what="converted config")
-    data.pop("quantization_config", None)
-    data.pop("_name_or_path", None)
-    data.pop("_model_name_or_path", None)  # the GGUF's internal name, not a path
-    atomic_write_json(config_json, data, sort_keys=True)
+        raise os_error(err, Path(out_dir), "write the converted target") from None
+    record = out / gguf_convert.SOURCE_RECORD
+    atomic_write_json(record, {**read_json(record, what="conversion record"), "weights_sha256": target_sha256(out)},
+                      sort_keys=True)
+    os.chmod(record, 0o644)
+    return out
 
 
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
