@@ -228,6 +228,10 @@ def test_link_into_reverifies_an_entry_changed_after_fetch(tmp_path, server, mon
     store = tmp_path / "store"
     fetch.fetch(lock, store=store, progress=lambda m: None)
     cached = wheelhouse.entry_path(entry, store)
+    # fetch records its verification (a build then trusts it while the file's stat is unchanged) ...
+    stamps = json.loads((store / wheelhouse.STAMPS).read_text())
+    assert stamps[cached.relative_to(store).as_posix()][4] == entry["sha256"]
+    # ... and a changed file is hashed again, not trusted by its stamp.
     cached.write_bytes(cached.read_bytes()[:10])
     wheelhouse.link_into(lock, tmp_path / "ctx", store=store)
     assert file_sha256(tmp_path / "ctx" / entry["filename"]) == entry["sha256"]

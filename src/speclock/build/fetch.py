@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from speclock.build.hostenv import select_host_packages
-from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, store_dir
+from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, save_stamps, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
 from speclock.spec.lock import IMAGE_TARGET, lock_path, lock_targets, read_lock, target_lock
@@ -86,6 +86,7 @@ def fetch(lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4,
     except BaseException:
         _stop_workers(stop, tasks, threads)
         raise
+    save_stamps(store)  # the next fetch or build trusts these verifications until a file's stat changes
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     progress(f"wheelhouse ready: {len(wanted)} files verified ({summary}) in {time.monotonic() - started:.1f} s")
     return done
