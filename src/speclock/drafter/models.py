@@ -25,6 +25,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, confined, expect, json_type, os_error, read_json
+from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.drafter import gguf_convert
 
 DTYPES = gguf_convert.DTYPES
@@ -195,6 +196,26 @@ def stack_model_path(root: str | os.PathLike, rel: str, what: str, source) -> Pa
     if what == "target.path" and isinstance(rel, str) and Path(rel).is_absolute():
         return Path(rel)
     return confined(root, rel, what=what, source=source)
+
+
+def target_folder(stack, given: str | os.PathLike | None) -> Path:
+    """The target a command serves or checks: --target, else the image's, else the stack's target.path. A stack that
+    ships its target in a package (converted at build) has no folder outside an image: BadInput saying how to make one."""
+    if given:
+        return Path(given)
+    if in_image():
+        return IMAGE.target_dir
+    if stack.target["path"]:
+        return stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
+    raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; outside an image give the "
+                   "converted folder", hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)")
+
+
+def draft_folder(stack, given: str | os.PathLike | None) -> Path:
+    """The drafter: --draft, else the image's, else the stack's draft.path."""
+    if given:
+        return Path(given)
+    return IMAGE.draft_dir if in_image() else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path", stack.path)
 
 
 def read_model_config(folder: str | os.PathLike, *, what: str = "model", option: str | None = None) -> dict:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.layout import IMAGE, REPO_ROOT, in_image
+from speclock.core.layout import IMAGE, in_image
 from speclock.core.args import positive_int
-from speclock.drafter.models import read_model_config, stack_model_path
+from speclock.drafter.models import draft_folder, read_model_config, target_folder
 from speclock.engines import EngineConfig, visible_arch
 from speclock.engines.sglang import launch_command
 from speclock.spec.stack import Stack, load_stack
@@ -77,19 +77,8 @@ def _resolve(args: argparse.Namespace) -> tuple[Stack, Path, Path | None]:
     """Stack, target and drafter: from the flags, else the image's layout, else the repository's stack."""
     inside = in_image()
     stack = load_stack(args.stack or (IMAGE.stack_file if inside else DEFAULT_STACK))
-    if args.target:
-        target = Path(args.target)
-    elif inside:
-        target = IMAGE.target_dir
-    elif stack.target["path"]:
-        target = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
-    else:
-        raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; outside an image give the "
-                       "converted folder", hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)")
-    draft = None
-    if not args.no_draft:
-        draft = Path(args.draft) if args.draft else (
-            IMAGE.draft_dir if inside else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path", stack.path))
+    target = target_folder(stack, args.target)
+    draft = None if args.no_draft else draft_folder(stack, args.draft)
     read_model_config(target, what="target", option="--target")
     if draft is not None:
         read_model_config(draft, what="draft", option="--draft")

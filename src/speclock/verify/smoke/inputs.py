@@ -15,7 +15,7 @@ from speclock.core.args import non_negative_float, positive_int
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
-from speclock.drafter.models import read_drafter_manifest, read_model_config, stack_model_path
+from speclock.drafter.models import draft_folder, read_drafter_manifest, read_model_config, target_folder
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.spec.prompts import packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
@@ -90,19 +90,8 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     smoke = stack.smoke
     profile = resolve_profile(stack, opts.profile or smoke["profile"],
                               source="--profile" if opts.profile else f"{stack.path}: key 'smoke.profile'")
-    if opts.target:
-        target = Path(opts.target)
-    elif inside:
-        target = IMAGE.target_dir
-    elif stack.target["path"]:
-        target = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
-    else:
-        raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; on the host give the converted folder",
-                       hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)")
-    if opts.draft:
-        draft = Path(opts.draft)
-    else:
-        draft = IMAGE.draft_dir if inside else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path", stack.path)
+    target = target_folder(stack, opts.target)
+    draft = draft_folder(stack, opts.draft)
     if opts.prompts:
         prompts = Path(opts.prompts)
     elif inside:
