@@ -22,8 +22,7 @@ from speclock.build.fetch import fetch
 from speclock.build.builders import Builder, ensure_in_docker, get_builder
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
 from speclock.build.context import context_dir, context_lock, context_name, stage_context
-from speclock.build.sbom import SBOM_IN_IMAGE
-from speclock.build.sbom_cache import stage_sbom  # build.sbom's, reused while its inputs are unchanged
+from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
 from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for

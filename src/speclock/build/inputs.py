@@ -17,7 +17,8 @@ from speclock.spec.stack import Stack
 # that are hashed: the lists that stand for the wheels (each wheel is covered by the lock's hash), the
 # uv unpacker and the prune hook (what the image leaves out is part of what it is). The SBOM is made from
 # the lock, the staged files and the locked base (build.sbom): a candidate staged without it gets the same tag.
-DERIVED = ("config/image.json", "config/sbom.cdx.json", "Containerfile", ".sbom-key")
+DERIVED = ("config/image.json", "config/sbom.cdx.json", "Containerfile",
+           ".sbom-key")  # .sbom-key: left in contexts staged while an SBOM cache existed
 WHEEL_LISTS = ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt", "wheels/uv.txt",
                "wheels/uv_unpack.py", "wheels/prune.sh")
 
