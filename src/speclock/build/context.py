@@ -153,9 +153,12 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     _stage_tools(ctx / "asset-tools", stage_tool_files(SRC_ROOT, ASSET_ENTRIES) if stack.target.get("gguf") else None)
     if stack.kernels:
         _stage_tools(ctx / "kernel-tools", {**stage_tool_files(SRC_ROOT, KERNEL_ENTRIES, KERNEL_DATA), **stack_file})
-    for stale in ("kernel-tools", "tools"):  # tools/: the layout before closures
-        if (ctx / stale).exists() and not (stale == "kernel-tools" and stack.kernels):
-            shutil.rmtree(ctx / stale)
+    # Left by an earlier staging: kernel-tools/ of a stack that no longer builds kernels, tools/ of the layout
+    # before closures.
+    stale = ["tools"] + ([] if stack.kernels else ["kernel-tools"])
+    for name in stale:
+        if (ctx / name).exists():
+            shutil.rmtree(ctx / name)
 
     sync_tree(patch_files(stack), ctx / "patches")
 
