@@ -142,3 +142,11 @@ def test_engine_kwargs_carry_the_stack_settings_and_the_drafter():
     assert kw["speculative_config"] == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
     assert kw["dtype"] == "bfloat16" and kw["disable_log_stats"] is False
     assert "speculative_config" not in engine_kwargs(EngineConfig(Path("/t")))
+
+
+def test_settings_speculative_config_reaches_the_drafted_engine_only():
+    # the GPU fault drill forces the drafter eager this way; the stack's drafter and k always win
+    settings = {"speculative_config": {"enforce_eager": True, "model": "/elsewhere"}}
+    kw = engine_kwargs(EngineConfig(Path("/t"), Path("/d"), 2, settings))
+    assert kw["speculative_config"] == {"enforce_eager": True, "method": "eagle3", "model": "/d", "num_speculative_tokens": 2}
+    assert "speculative_config" not in engine_kwargs(EngineConfig(Path("/t"), None, 2, settings))

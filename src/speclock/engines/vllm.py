@@ -30,8 +30,12 @@ def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM`: the stack's settings plus the drafter."""
     kwargs: dict[str, Any] = {"model": str(config.target), "disable_log_stats": False, "seed": 0}
     kwargs.update(config.settings)
+    # settings.speculative_config: extra drafter options (e.g. enforce_eager, the GPU fault drill), for the
+    # drafted engine only; method, model and k always come from the stack's drafter
+    extra = kwargs.pop("speculative_config", None) or {}
     if config.draft is not None:
         kwargs["speculative_config"] = {
+            **extra,
             "method": "eagle3",
             "model": str(config.draft),
             "num_speculative_tokens": config.num_speculative_tokens,

@@ -1,0 +1,273 @@
+"""The GPU run in one command, run on the lent GPU machine once per device call:
+
+    python3 benchmarks/gpu/run.py [--budget-s 540] [--only PHASE,...] [--retry PHASE,...]
+
+Every call does what is due next and stops before its budget is spent (a call may run at most 600 s):
+  1. stage the wheelhouse parts the call carries (.carry/part-NNN.tar, benchmarks/gpu/parts.json: sha256
+     checked, pieces joined, each file's sha256 checked against its wheelhouse name) in /tmp/speclock-gpu;
+  2. then, in order, each phase not yet done: `machine` (what the host is), per stack of the manifest
+     `<engine>-env` (speclock host-env, offline, hash-checked, the host's CUDA stack version-checked, the
+     kernel library built from the lock's nvcc wheels), `<engine>-selfcheck` (doctor, smoke, gate under the
+     image's limits: benchmarks/h200/hostenv.sh), for vLLM `vllm-fault-eager` (the drafter forced to eager
+     mode: the gate must FAIL on speed), then `bench-<engine>-<i>-<config>` (tokens/s at batch 1 and 80 per
+     draft length, each configuration in a process of its own, plain first and last).
+A phase whose files must come from parts not yet staged waits for them.
+
+Where it resumes: the results of each call land in $OUT/<run>/ (<run> = <date>-<gpu>, e.g.
+2026-12-06-h100), which the caller copies into docs/gpu-runs/<run>/ (benchmarks/gpu/collect.py: whole
+files or nothing). A phase is done when its result is there (it travels back with the working tree) or
+was finished by an earlier call on this same machine (/tmp/speclock-gpu/done/). A machine taken back
+mid-call returns nothing, so nothing half-written reaches the repository; staged parts and built
+environments go with the machine, and the next call starts staging again. A failed phase is recorded
+(exit code and log) and counts as done: `--retry PHASE` runs it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "benchmarks/gpu/parts.json"
+HOSTENV_SH = REPO / "benchmarks/h200/hostenv.sh"
+HOST_PACKAGES = (REPO / "benchmarks/h200/host-packages.txt").read_text().strip()
+STATE = Path("/tmp/speclock-gpu")
+WH, PIECES, DONE = STATE / "wh", STATE / "pieces", STATE / "done"
+BENCH_CONFIGS = ["plain", "1", "2", "3", "4", "5", "plain"]
+# Seconds a phase may need at most (engine starts of 35-120 s included); a phase starts only when the
+# call has that much left, so a call never runs into the device's 600 s limit and loses its results.
+ESTIMATE = {"machine": 20, "env": 240, "selfcheck": 520, "fault": 330, "bench": 150}
+
+
+def log(msg: str) -> None:
+    print(f"[gpu-run {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- staging
+def stage(manifest: dict) -> set[str]:
+    """Unpack the carried parts; returns the names of every part staged on this machine so far."""
+    by_name = {p["name"]: p for p in manifest["parts"]}
+    staged_file = STATE / "staged.json"
+    staged = set(json.loads(staged_file.read_text())) if staged_file.is_file() else set()
+    for part in sorted((REPO / ".carry").glob("part-*.tar")):
+        row = by_name.get(part.name)
+        if row is None or part.name in staged:
+            continue
+        if sha256(part) != row["sha256"]:
+            log(f"{part.name}: sha256 differs from the manifest; not staged (make the parts again)")
+            continue
+        with tarfile.open(part) as tar:
+            for member in tar.getmembers():
+                dest = (PIECES if ".piece-" in member.name else WH) / member.name
+                if not dest.resolve().is_relative_to(STATE.resolve()) or not member.isfile():
+                    raise SystemExit(f"{part.name}: unexpected member {member.name}")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, open(dest.with_name(dest.name + ".tmp"), "wb") as out:
+                    shutil.copyfileobj(src, out)
+                os.replace(dest.with_name(dest.name + ".tmp"), dest)
+        staged.add(part.name)
+        log(f"staged {part.name} ({row['bytes'] / 1e6:.1f} MB)")
+    join_pieces()
+    staged_file.write_text(json.dumps(sorted(staged)))
+    return staged
+
+
+def join_pieces() -> None:
+    for first in PIECES.rglob("*.piece-000-of-*"):
+        stem, count = first.name.split(".piece-000-of-")
+        parts = [first.with_name(f"{stem}.piece-{i:03d}-of-{count}") for i in range(int(count))]
+        if not all(p.is_file() for p in parts):
+            continue
+        rel = first.relative_to(PIECES).parent / stem
+        dest = WH / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".tmp")
+        with tmp.open("wb") as out:
+            for p in parts:
+                out.write(p.read_bytes())
+        if sha256(tmp) != rel.parts[0]:
+            tmp.unlink()
+            raise SystemExit(f"{rel}: the joined pieces do not match the file's sha256")
+        os.replace(tmp, dest)
+        for p in parts:
+            p.unlink()
+        log(f"joined {stem} from {count} pieces")
+
+
+# ---------------------------------------------------------------- phases
+class Run:
+    def __init__(self, args: argparse.Namespace, manifest: dict, staged: set[str]):
+        self.args, self.manifest, self.staged = args, manifest, staged
+        self.deadline = time.monotonic() + args.budget_s
+        self.gpu = gpu_short_name()
+        self.run_id = os.environ.get("RUN_ID") or f"{time.strftime('%Y-%m-%d', time.gmtime())}-{self.gpu}"
+        self.repo_dir = REPO / "docs/gpu-runs" / self.run_id  # earlier calls' results, collected
+        self.out = Path(os.environ.get("OUT", "/tmp/speclock-gpu/out")) / self.run_id
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def done(self, phase: str) -> bool:
+        if phase in self.args.retry:
+            return (DONE / phase).is_file() and (DONE / phase).stat().st_mtime > START_WALL
+        return (self.repo_dir / "phases" / f"{phase}.json").is_file() or (DONE / phase).is_file()
+
+    def finish(self, phase: str, code: int, seconds: float, **extra) -> None:
+        row = {"phase": phase, "exit": code, "seconds": round(seconds, 1), "gpu": self.gpu, **extra}
+        (self.out / "phases").mkdir(exist_ok=True)
+        (self.out / "phases" / f"{phase}.json").write_text(json.dumps(row, indent=1) + "\n")
+        DONE.mkdir(parents=True, exist_ok=True)
+        (DONE / phase).write_text(json.dumps(row))
+        log(f"{phase}: exit {code} in {seconds:.0f} s")
+
+    def sh(self, phase: str, script: str, estimate: int, **extra) -> int | None:
+        """Run `script` under bash for `phase`, its output in <out>/<phase>.log; None when the call has too
+        little time left for it (the next call runs it)."""
+        if self.left() < estimate:
+            log(f"{phase}: needs up to {estimate} s, {self.left():.0f} s left in this call: next call")
+            return None
+        log(f"{phase}: starting ({self.left():.0f} s left)")
+        t0 = time.monotonic()
+        timeout = int(self.left() - 15)
+        env = {**os.environ, "REPO": str(REPO), "R": str(self.out), "HOST_PACKAGES": HOST_PACKAGES,
+               "PYTHONUNBUFFERED": "1"}
+        with (self.out / f"{phase}.log").open("w") as logf:
+            try:
+                code = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], cwd=REPO, env=env, stdout=logf,
+                                      stderr=subprocess.STDOUT, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                code = 124
+        tail = (self.out / f"{phase}.log").read_text(errors="replace").splitlines()[-25:]
+        print("\n".join(f"    {line}" for line in tail), flush=True)
+        self.finish(phase, code, time.monotonic() - t0, **extra)
+        return code
+
+
+def gpu_short_name() -> str:
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "nogpu"
+    for short in ("H100", "H200", "B200", "B300", "GB200", "A100", "L40S"):
+        if short in name:
+            return short.lower()
+    return name.split()[-1].lower()
+
+
+def engine_of(stack: str) -> str:
+    return stack.split("-")[0]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget-s", type=int, default=540, help="stop starting phases after this many seconds")
+    p.add_argument("--only", default="", help="comma list of phase prefixes to run (default: all that are due)")
+    p.add_argument("--retry", default="", help="comma list of phases to run again although done")
+    p.add_argument("--bench-configs", default=",".join(BENCH_CONFIGS))
+    args = p.parse_args()
+    args.retry = {x for x in args.retry.split(",") if x}
+    only = [x for x in args.only.split(",") if x]
+    manifest = json.loads(MANIFEST.read_text())
+    staged = stage(manifest)
+    run = Run(args, manifest, staged)
+    names = [row["name"] for row in manifest["parts"]]
+    log(f"run {run.run_id}: {len(staged)} of {len(names)} parts staged; {run.left():.0f} s in this call")
+    wanted = (lambda ph: any(ph.startswith(o) for o in only)) if only else (lambda ph: True)
+
+    def due(phase: str) -> bool:
+        return wanted(phase) and not run.done(phase)
+
+    if due("machine"):
+        run.sh("machine", "{ python3 -V; which python3 gcc g++ nvcc || true; nvidia-smi; nproc; free -g; df -h /tmp;"
+                          " python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__,"
+                          " torch.cuda.get_device_name(0))'; } > $R/machine.txt 2>&1; cat $R/machine.txt", ESTIMATE["machine"])
+    for stack in manifest["stacks"]:
+        eng = engine_of(stack)
+        env_dir = STATE / f"env-{eng}"
+        ready = all(n in staged for n in names[:manifest["ready_after"][stack]])
+        phases = [f"{eng}-selfcheck"] + (["vllm-fault-eager"] if eng == "vllm" else []) + \
+                 [f"bench-{eng}-{i}-{c}" for i, c in enumerate(args.bench_configs.split(","))]
+        todo = [ph for ph in phases if due(ph)]
+        if not todo:
+            continue
+        if not ready:
+            missing = [n for n in names[:manifest["ready_after"][stack]] if n not in staged]
+            log(f"{stack}: waits for {len(missing)} parts ({missing[0]} .. {missing[-1]})")
+            break
+        if not (env_dir / "bin/speclock").exists():
+            code = run.sh(f"{eng}-env",
+                          f". {HOSTENV_SH}; PYTHONPATH={REPO}/src python3 -m speclock host-env --stack {stack} "
+                          f"--dest {env_dir} --target 3.12-x86_64 --wheelhouse {WH} --use-host-packages \"$HOST_PACKAGES\" "
+                          f"--json > $R/{eng}-host-env.json", ESTIMATE["env"])
+            if code is None:
+                break
+            if code != 0:
+                log(f"{stack}: host-env failed; its later phases are skipped in this call")
+                continue
+        if not run.done(f"{eng}-env") and (env_dir / "bin/speclock").exists():
+            (DONE / f"{eng}-env").touch()
+        sc = f"{eng}-selfcheck"
+        if sc in todo:
+            baseline = "auto" if (REPO / "baselines" / stack).is_dir() else "none"
+            if run.sh(sc, f". {HOSTENV_SH}; {env_dir}/bin/speclock selfcheck --out $R/{eng}/selfcheck --baseline {baseline}",
+                      ESTIMATE["selfcheck"], stack=stack) is None:
+                break
+        if "vllm-fault-eager" in todo:
+            # The drafted engine with its drafter in eager mode (no CUDA graphs): slower than plain at batch 1.
+            # The verdict must be FAIL naming the speed threshold.
+            script = (f". {HOSTENV_SH}; S={env_dir}/speclock/stacks/{stack}.toml; mkdir -p /tmp/speclock-gpu/fault; "
+                      f"F=/tmp/speclock-gpu/fault/{stack}.toml; "
+                      "python3 - \"$S\" \"$F\" <<'PY'\n"
+                      "import re, sys\n"
+                      "s = open(sys.argv[1]).read()\n"
+                      "s, n = re.subn(r'^settings = \\{ ', 'settings = { speculative_config = { enforce_eager = true }, ', s, count=1, flags=re.M)\n"
+                      "assert n == 1, 'no [engine] settings line'\n"
+                      "open(sys.argv[2], 'w').write(s)\n"
+                      "PY\n"
+                      f"{env_dir}/bin/speclock smoke --stack $F --out $R/vllm/fault-eager; echo smoke exit $?; "
+                      f"{env_dir}/bin/speclock gate $R/vllm/fault-eager/report.json --stack $F --baseline none "
+                      "--markdown $R/vllm/fault-eager/gate.md; echo gate exit $?")
+            if run.sh("vllm-fault-eager", script, ESTIMATE["fault"], stack=stack,
+                      expect="gate exit 1 (speed below smoke.thresholds.min_speedup)") is None:
+                break
+        stopped = False
+        for ph in [x for x in todo if x.startswith("bench-")]:
+            config = ph.rsplit("-", 1)[1]
+            script = (f". {HOSTENV_SH}; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py "
+                      f"--stack {env_dir}/speclock/stacks/{stack}.toml --target {env_dir}/speclock/target "
+                      f"--draft {env_dir}/speclock/draft --prompts {env_dir}/speclock/prompts/prompts.jsonl "
+                      f"--configs {config} --out $R/bench/{ph}.jsonl")
+            (run.out / "bench").mkdir(exist_ok=True)
+            if run.sh(ph, script, ESTIMATE["bench"], stack=stack) is None:
+                stopped = True
+                break
+        if stopped:
+            break
+    pending = [n for n in names if n not in staged]
+    log(f"end of call: {len(staged)}/{len(names)} parts staged" + (f", next part {pending[0]}" if pending else "")
+        + f"; results in {run.out}")
+    return 0
+
+
+START_WALL = time.time()
+
+if __name__ == "__main__":
+    sys.exit(main())
