@@ -10,14 +10,31 @@ that accepted n drafts), so a session sums them into exact per-run counters. A s
 `/server_info` `internal_states[i].avg_spec_accept_length` is an average since server start
 (flushed every decode-log interval), so it only yields a per-run figure as a delta weighted by
 verify counts: `server_info_delta`.
+
+Run-time JIT (read in sglang 0.5.15): on CUDA, SGLang compiles some kernels at their first call through
+tvm_ffi (sglang/jit_kernel/utils.py:load_jit -> tvm_ffi.cpp.load_inline): the fused RoPE
+(jit_kernel/rope.py, called by srt/layers/rotary_embedding/base.py:RotaryEmbedding.forward_cuda), SiluAndMul
+(jit_kernel/activation.py), decode positions (jit_kernel/clamp_position.py) and the KV-cache store
+(jit_kernel/kvcache.py, with a fallback). tvm_ffi runs $CUDA_HOME/bin/nvcc (CUDA_HOME or CUDA_PATH, else
+nvcc on PATH) and links with $CXX (default c++) against $CUDA_HOME/lib64/libcudart.so. The lock's CUDA wheels
+(nvidia/cu13: nvcc, nvvm, crt, runtime, cccl) hold all of it except that path: `jit_env` gives SGLang a
+CUDA_HOME made of links to them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import EnvironmentProblem
+from speclock.core.layout import cache_dir
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
 from speclock.engines.http import http, map_bounded
@@ -28,6 +45,61 @@ NAME = "sglang"
 
 def version(package: str = "sglang") -> str:
     return package_version(package)
+
+
+def wheel_cuda_root(search: list[Path]) -> Path | None:
+    """The CUDA tree that PyPI's CUDA 12/13 wheels install (<site>/nvidia/cu13, nvcc in bin/), or None."""
+    for root in search:
+        for cand in sorted(Path(root).glob("nvidia/cu1[0-9]"), reverse=True):
+            if (cand / "bin" / "nvcc").is_file():
+                return cand
+    return None
+
+
+def _cudart(lib: Path) -> Path | None:
+    found = sorted(lib.glob("libcudart.so.[0-9]*"))
+    return found[0] if found else None
+
+
+def cuda_home_shim(cuda_root: Path, into: Path) -> Path:
+    """A CUDA_HOME folder made of links into the wheels' tree, plus the one path tvm_ffi links against that the
+    wheels lack: lib64/libcudart.so (they ship lib/libcudart.so.13 only). Made once (renamed into place)."""
+    key = hashlib.sha256(str(cuda_root.resolve()).encode()).hexdigest()[:16]
+    home = into / f"cuda-home-{key}"
+    if (home / "lib64" / "libcudart.so").exists() and (home / "bin" / "nvcc").exists():
+        return home
+    into.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=into, prefix=".tmp-cuda-home."))
+    try:
+        for entry in sorted(cuda_root.iterdir()):
+            (tmp / entry.name).symlink_to(entry.resolve())
+        cudart = _cudart(cuda_root / "lib")
+        if cudart is not None:
+            (tmp / "lib64").mkdir()
+            (tmp / "lib64" / "libcudart.so").symlink_to(cudart.resolve())
+        try:
+            os.replace(tmp, home)
+        except OSError:  # made meanwhile by another process
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return home
+
+
+def _default_search() -> list[Path]:
+    return [Path(p) for p in sys.path if p and Path(p).is_dir()]
+
+
+def jit_env(env: Mapping[str, str], search: list[Path] | None = None, into: Path | None = None) -> dict[str, str]:
+    """Variables SGLang's run-time JIT needs on top of `env`: CUDA_HOME at the lock's CUDA wheels, unless env's
+    CUDA_HOME / CUDA_PATH already is a toolkit (bin/nvcc and lib64/libcudart.so). {} when no wheel has nvcc."""
+    given = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if given and (Path(given) / "bin" / "nvcc").is_file() and (Path(given) / "lib64" / "libcudart.so").exists():
+        return {}
+    root = wheel_cuda_root(search if search is not None else _default_search())
+    if root is None:
+        return {}
+    return {"CUDA_HOME": str(cuda_home_shim(root, into or cache_dir() / "cuda-home"))}
 
 
 def spec_args(config: EngineConfig) -> dict[str, Any]:
@@ -136,6 +208,8 @@ class OfflineSession(_MetaSession):
             import sglang
         except ImportError as err:
             raise EnvironmentProblem(f"SGLang is not importable here: {err}", hint="run inside an SGLang image on a GPU host") from None
+        self._saved_env = {k: os.environ.get(k) for k in ("CUDA_HOME",)}
+        os.environ.update(jit_env(os.environ))  # SGLang's JIT kernels compile at the first forward
         self.engine = sglang.Engine(**spec_args(config))
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -146,6 +220,11 @@ class OfflineSession(_MetaSession):
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             engine.shutdown()
+        for k, v in getattr(self, "_saved_env", {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:

@@ -1,7 +1,7 @@
 """`speclock doctor`: static self-checks of an engine environment, no GPU needed (see runner.DESCRIPTION).
 
 One module per check family (versions, engine_import, pruned, import_traps, patches, eagle3, aux_layers, archs,
-torch_archs, flashinfer_kernels, triton_build, kernels),
+torch_archs, flashinfer_kernels, triton_build, jit_needs, kernels),
 each a DoctorCheck (context.py); runner.py orders them, asks the engine once and reports.
 """
 

@@ -19,6 +19,7 @@ from speclock.verify.doctor.eagle3 import Eagle3Target
 from speclock.verify.doctor.engine_import import EngineImport
 from speclock.verify.doctor.flashinfer_kernels import FlashInferKernels
 from speclock.verify.doctor.import_traps import ImportTraps
+from speclock.verify.doctor.jit_needs import SglangJit
 from speclock.verify.doctor.kernels import Kernels
 from speclock.verify.doctor.patches import Patches
 from speclock.verify.doctor.pruned import Pruned
@@ -60,6 +61,9 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
   triton-build    Triton really builds and loads a C extension through its own build path
                   (C compiler, Python.h), with an empty cache; GPU stacks only (skipped where
                   [prune].packages removes triton)
+  sglang-jit      SGLang's run-time JIT kernels (fused RoPE etc., nvcc through tvm_ffi) really build, for the
+                  stack's first GPU arch, in the engine's run environment (engine.env + the CUDA_HOME speclock's
+                  adapter makes from the lock's CUDA wheels), and the base has g++; SGLang GPU stacks only
   cuda-driver     CUDA runtime vs driver and the visible GPU's compute capability (cuda-python)
   kernels         speclock's own CUDA kernel library (kernels.build) holds a cubin for exactly each
                   stack GPU arch and no PTX (cuobjdump), and is the one its kernels.json describes
@@ -70,7 +74,7 @@ Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine mis
 # The order of the report.
 DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (LockVersions(), EngineImport(), Pruned(), ImportTraps(), Patches(), Eagle3Target(),
                                           AuxLayers(), GpuArchs(), TorchArchs(), FlashInferKernels(), TritonBuild(),
-                                          CudaDriver(), Kernels())
+                                          SglangJit(), CudaDriver(), Kernels())
 CHECKS = tuple(c.name for c in DOCTOR_CHECKS)
 ENGINE_CHECKS = tuple(c.name for c in DOCTOR_CHECKS if c.needs_engine)
 
