@@ -317,8 +317,10 @@ def parse_known_gaps(entries: list[str]) -> dict[tuple[str, str], str]:
 
 
 def coverage_table(libs: list[Path], root: Path, targets: list[str], engine: str = "", known_gaps: dict | None = None,
-                   tool: Path | None = None, log=None) -> list[dict]:
-    """One row per library with device code: per target arch, how it is served; accepted gaps marked."""
+                   tool: Path | None = None, log=None, off_path=None) -> list[dict]:
+    """One row per library with device code: per target arch, how it is served; accepted gaps marked.
+    `off_path(library, arch)` gives the reason the serving path never loads that library's code on that arch
+    (the stack's settings pick another kernel there), or None; such a cell is n/a with the reason."""
     rows = []
     known_gaps = known_gaps or {}
     for lib in libs:
@@ -334,6 +336,10 @@ def coverage_table(libs: list[Path], root: Path, targets: list[str], engine: str
                 cells[t] = {"kind": "n/a", "via": None}
                 continue
             cell = coverage(inv, t)
+            why_off = off_path(rel, t) if off_path and cell["kind"] == "missing" else None
+            if why_off:
+                cells[t] = {"kind": "n/a", "via": None, "reason": why_off}
+                continue
             gap = known_gaps.get((rel, t)) or known_gaps.get((Path(rel).name, t))
             if cell["kind"] == "missing" and gap:
                 cell = {"kind": "accepted-gap", "via": None, "reason": gap}

@@ -3,8 +3,47 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from speclock.verify import cuda_arch
 from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.flashinfer_kernels import flashinfer_needs
+
+# Targets whose attention is MLA (SGLang's FlashMLA serves only MLA attention backends).
+MLA_ARCH_PREFIXES = ("DeepseekV2", "DeepseekV3", "DeepseekV32", "KimiK2", "KimiK25")
+
+
+def sglang_attention_backends(ctx: Context, arch: str) -> set[str]:
+    """The attention backends SGLang runs on `arch` with the stack's settings: every *attention_backend setting
+    (engine.settings + gpu.arch_settings), else SGLang's default for MHA with EAGLE topk 1 (0.5.15:
+    srt/server_args.py ServerArgs._get_default_attn_backend; 0.5.23: get_default_attn_backend): fa3 on Hopper,
+    trtllm_mha on sm_100/sm_103, flashinfer elsewhere."""
+    named = {str(v).lower() for k, v in ctx.stack.engine_settings_for(arch).items() if k.endswith("attention_backend") and v}
+    if named:
+        return named
+    major, _ = cuda_arch.device_cc(arch)
+    return {"fa3"} if major == 9 else {"trtllm_mha"} if major == 10 else {"flashinfer"}
+
+
+def sglang_off_path(ctx: Context):
+    """off_path rule for cuda_arch.coverage_table: libraries SGLang loads only for some attention backends."""
+    flashinfer_archs = flashinfer_needs(ctx, True)
+    target = (ctx.facts or {}).get("arch") or ""
+
+    def rule(library: str, arch: str) -> str | None:
+        backends = sglang_attention_backends(ctx, arch)
+        if library.startswith("sgl_kernel/flash_ops") and "fa3" not in backends:
+            # srt/layers/attention/flashattention_backend.py (fa3) -> jit_kernel/flash_attention_v3.py -> sgl_kernel.flash_attn
+            return f"FA3 (flash_ops) serves only the fa3 attention backend; on {arch} this stack runs {', '.join(sorted(backends))}"
+        if library.startswith("sgl_kernel/flashmla_ops") and target and not target.startswith(MLA_ARCH_PREFIXES) \
+                and not any("mla" in b for b in backends):
+            return f"FlashMLA serves only MLA attention; the target {target} is not MLA"
+        if Path(library).name == "flashinfer_cubin" and arch not in flashinfer_archs:
+            return (f"FlashInfer's cubins serve its TRT-LLM-gen kernels, which this stack does not run on {arch} "
+                    f"(attention {', '.join(sorted(backends))}; sampling_backend {ctx.stack.engine_settings_for(arch).get('sampling_backend', 'default')})")
+        return None
+
+    return rule
 
 
 def check_gpu_archs(ctx: Context) -> Check:
@@ -18,7 +57,9 @@ def check_gpu_archs(ctx: Context) -> Check:
         return Check("gpu-archs", "fail", f"no compiled extensions of {ctx.stack.engine['name']} under {ctx.site_packages}")
     tool = cuda_arch.find_cuobjdump(extra_roots=[ctx.site_packages])
     gaps = cuda_arch.parse_known_gaps(ctx.stack.gpu["known_gaps"])
-    rows = cuda_arch.coverage_table(libs, ctx.site_packages, targets, engine=ctx.stack.engine["name"], known_gaps=gaps, tool=tool)
+    off = sglang_off_path(ctx) if ctx.stack.engine["name"] == "sglang" else None
+    rows = cuda_arch.coverage_table(libs, ctx.site_packages, targets, engine=ctx.stack.engine["name"], known_gaps=gaps, tool=tool,
+                                    off_path=off)
     missing = [f"{r['library']}:{t}" for r in rows for t, c in r["targets"].items() if c["kind"] == "missing"]
     table = cuda_arch.format_table(rows, targets)
     detail = {"targets": targets, "rows": rows, "table": table, "cuobjdump": str(tool)}
