@@ -345,7 +345,7 @@ def test_an_out_folder_under_a_file_or_that_is_a_file_is_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize("err_no,code_wanted,words", [(errno.ENOSPC, 3, "disk full"), (errno.EACCES, 3, "permission denied"),
-                                                      (errno.EROFS, 3, "permission denied")])
+                                                      (errno.EROFS, 3, "read-only filesystem")])
 def test_disk_full_or_permission_denied_on_the_out_folder(tmp_path, monkeypatch, err_no, code_wanted, words):
     target, draft = models_in(tmp_path)
     out = tmp_path / "out"

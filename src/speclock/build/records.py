@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput
-from speclock.core.files import atomic_write_text, clean_stale_temps, expect, os_error, read_json
+from speclock.core.files import atomic_write_text, clean_stale_temps, expect, file_where_folder_belongs, os_error, read_json
 from speclock.core.layout import cache_dir
 
 # A content tag: the first 16 hex digits of the inputs hash (a docker tag's grammar allows more; a
@@ -42,7 +42,7 @@ def records_dir(stack_name: str) -> Path:
     except OSError as err:
         where = path or os.environ.get("SPECLOCK_CACHE") or "the speclock cache"
         if err.errno in (errno.EEXIST, errno.ENOTDIR):
-            raise BadInput(f"the build records folder {where}: a part of this path is a file, where a folder belongs",
+            raise BadInput(f"the build records folder {file_where_folder_belongs(where)}",
                            hint="remove or rename that file, or point SPECLOCK_CACHE at a folder") from None
         raise os_error(err, where, "create the build records folder") from None
     clean_stale_temps(path, older_than_s=STALE_TEMP_S)

@@ -48,3 +48,17 @@ def int_range(low: int, high: int):
     """An integer in [low, high] (for example k, the number of speculative tokens)."""
     return _bounded(int, lambda v: low <= v <= high, f"an integer from {low} to {high}", f"int_{low}_{high}",
                     f"An integer from {low} to {high}.")
+
+
+# The longest EAGLE-3 draft chain any command accepts (stack keys too): per-position acceptance falls
+# geometrically, so drafts past 16 are never accepted and only cost time.
+MAX_K = 16
+draft_length = int_range(1, MAX_K)
+tcp_port = int_range(1, 65535)
+
+
+def host_address(text: str) -> str:
+    """A listen address: non-empty, no whitespace (a server command built from '' or 'a b' cannot start)."""
+    if not text or any(c.isspace() for c in text) or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an address: give a host name or IP, e.g. 127.0.0.1 or 0.0.0.0")
+    return text

@@ -41,6 +41,15 @@ def note_input(path: str | os.PathLike) -> None:
 
 # --- OS errors -------------------------------------------------------------------------------
 
+def file_where_folder_belongs(where: str | os.PathLike) -> str:
+    """The one message for a path that must be (or lead through) a folder but meets a file."""
+    path = Path(where)
+    for part in [path, *path.parents]:
+        if part.exists() and not part.is_dir():
+            return f"{where}: {part} is a file, where a folder belongs"
+    return f"{where}: a part of this path is a file, where a folder belongs"
+
+
 def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = "access") -> SpeclockError:
     """Turn an OSError into the error a user can act on: bad input or an environment problem."""
     where = str(path or err.filename or "?")
@@ -48,14 +57,18 @@ def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = 
     if code == errno.ENOSPC or code == errno.EDQUOT:
         return EnvironmentProblem(f"disk full: could not {action} {where}",
                                   hint=f"free space on the disk that holds {where} (df -h), then run the command again")
-    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if code == errno.EROFS:
+        return EnvironmentProblem(f"read-only filesystem: could not {action} {where}",
+                                  hint="the disk that holds it is mounted read-only: point the command at a writable folder "
+                                       "(in an image, /tmp)")
+    if code in (errno.EACCES, errno.EPERM):
         return EnvironmentProblem(f"permission denied: could not {action} {where}",
                                   hint="run as a user that may write there, or point the command at another folder")
     if code == errno.EISDIR:
         return BadInput(f"{where} is a directory, where a file belongs", hint="give the path of the file itself")
-    if code == errno.ENOTDIR:
-        return BadInput(f"{where}: a part of this path is a file, where a directory belongs",
-                        hint="remove or rename that file, or choose another path")
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        # mkdir of an existing file says EEXIST, a path through one says ENOTDIR: the same mistake, one message
+        return BadInput(file_where_folder_belongs(where), hint="remove or rename that file, or choose another path")
     if code == errno.ENOENT:
         return BadInput(f"{where} does not exist", hint="check the path")
     if code == errno.ELOOP:
@@ -66,7 +79,13 @@ def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = 
 
 # --- reading ---------------------------------------------------------------------------------
 
-def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> bytes:
+# No JSON or text that speclock writes comes near this (a full smoke report is ~1 MB, a lock ~0.5 MB): a bigger
+# file is not one of ours, and reading it whole would cost several times its size in memory.
+MAX_READ_BYTES = 64 << 20
+
+
+def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None,
+               max_bytes: int | None = None) -> bytes:
     path = Path(path)
     note_input(path)
     if path.is_dir():
@@ -76,14 +95,19 @@ def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None 
     if not path.is_file():  # a FIFO or a device would be read forever
         raise BadInput(f"{path}: the {what} is not a regular file", hint=hint or "give a regular file")
     try:
+        size = path.stat().st_size
+        if max_bytes is not None and size > max_bytes:
+            raise BadInput(f"{path}: the {what} is {size / 2**20:.1f} MiB, more than the {max_bytes / 2**20:.0f} MiB "
+                           f"such a file can be", hint=hint or f"give the {what} that speclock wrote")
         return path.read_bytes()
     except OSError as err:
         raise os_error(err, path, f"read the {what}") from None
 
 
-def read_text(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> str:
+def read_text(path: str | os.PathLike, *, what: str = "file", hint: str | None = None,
+              max_bytes: int | None = MAX_READ_BYTES) -> str:
     """A UTF-8 text file; a binary or non-UTF-8 file is BadInput naming the line of the first bad byte."""
-    data = read_bytes(path, what=what, hint=hint)
+    data = read_bytes(path, what=what, hint=hint, max_bytes=max_bytes)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -20,7 +20,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, in_image
-from speclock.core.args import positive_int
+from speclock.core.args import draft_length, host_address, tcp_port
 from speclock.drafter.models import draft_folder, read_model_config, target_folder
 from speclock.engines import EngineConfig, visible_arch
 from speclock.engines.sglang import launch_command
@@ -119,10 +119,10 @@ def add_commands(sub) -> None:
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
     p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
     p.add_argument("--no-draft", action="store_true", help="serve the target alone (for a throughput comparison)")
-    p.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=0,
+    p.add_argument("--num-speculative-tokens", "-k", type=draft_length, default=0,
                    help="override the stack's serving k")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")
-    p.add_argument("--port", type=positive_int, default=0, help="port (default: 8000 for vLLM, 30000 for SGLang)")
+    p.add_argument("--host", type=host_address, default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")
+    p.add_argument("--port", type=tcp_port, default=0, help="port (default: 8000 for vLLM, 30000 for SGLang)")
     p.add_argument("--print-command", action="store_true", help="print the server command and exit")
     p.add_argument("--json", action="store_true", help="with --print-command: argv, env, k and arch as JSON")
     p.set_defaults(func=_cmd_serve)

