@@ -87,6 +87,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "profile": ("str", False, "quick", "the smoke profile a run uses when none is asked for (the image's self-check): quick, full or sampled (docs/smoke.md)", ["quick", "full", "sampled"]),
         "attention_backends": ("list[str]", False, [], "attention backends the engine has for this stack's arch; with more than one, smoke runs the drafter once per backend and the gate checks each against the baseline (empty = the engine's default only)", None),
         "attention_backend_setting": ("str", False, "attention_backend", "the engine setting that selects the attention backend (merged into engine.settings per backend)", None),
+        "speed_prompts": ("int", False, 16, "batch-1 speed: the first N smoke prompts, one request at a time (1 to 1000; docs/smoke.md, Speed)", None),
+        "speed_max_tokens": ("int", False, 128, "batch-1 speed: new tokens per request (1 to 4096)", None),
+        "speed_repeats": ("int", False, 3, "batch-1 speed: runs per engine (plain, drafted, plain again), the median kept (0 to 20; 0 = not measured, which fails a min_speedup)", None),
     },
     "serve": {
         "num_speculative_tokens": ("int", False, 0, "k the engine serves with (`speclock serve`), set from measured tokens/s (docs/gpu-runs/); 0 = smoke.num_speculative_tokens. The acceptance gate keeps smoke's k (the engines' own CI standard)", None),
@@ -99,7 +102,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "smoke.thresholds": {
         "min_mean_acceptance_length": ("float", False, 1.0, "floor on 1 + accepted/drafts", None),
         "min_acceptance_per_position": ("list[float]", False, [], "floor on the acceptance rate at each draft position", None),
-        "min_speedup": ("float", False, 0.0, "floor on spec/baseline tokens per second; 0 = not checked", None),
+        "min_speedup": ("float", False, 0.0, "floor on the batch-1 speedup (spec / plain tokens per second, smoke.speed_*); 0 = not checked; an interval across it is a WARN", None),
+        "max_speedup_drop": ("float", False, 0.10, "largest relative drop of the batch-1 speedup against the baseline's (0 to 1; 0 = not checked)", None),
         "max_relative_drop": ("float", False, 0.05, "largest relative drop against the baseline report", None),
         "max_reference_gap": ("float", False, 0.15, "largest relative gap between engine and reference acceptance", None),
     },

@@ -180,7 +180,8 @@ def _load(path: Path) -> Stack:
 # folder is copied): editing them needs no re-lock.
 UNPINNED = ("description", "draft", "smoke.thresholds", "smoke.num_prompts", "smoke.max_tokens",
             "smoke.num_speculative_tokens", "smoke.profile", "smoke.profiles", "smoke.attention_backends",
-            "smoke.attention_backend_setting", "serve.num_speculative_tokens")
+            "smoke.attention_backend_setting", "smoke.speed_prompts", "smoke.speed_max_tokens", "smoke.speed_repeats",
+            "serve.num_speculative_tokens")
 
 
 def pinned_view(data: Any) -> Any:

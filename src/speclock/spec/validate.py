@@ -30,8 +30,10 @@ _PRUNE_GLOB = re.compile(r"^[A-Za-z0-9._+*?-]+(/[A-Za-z0-9._+*?-]+)*$")
 # Threshold ranges: rates and relative drops/gaps are fractions; floors are non-negative.
 _THRESHOLD_RANGE = {
     "min_mean_acceptance_length": (0.0, None), "min_acceptance_per_position": (0.0, 1.0), "min_speedup": (0.0, None),
-    "max_relative_drop": (0.0, None), "max_reference_gap": (0.0, None),
+    "max_relative_drop": (0.0, None), "max_reference_gap": (0.0, None), "max_speedup_drop": (0.0, 1.0),
 }
+# Batch-1 speed settings: (lowest, highest); beyond them a smoke run is either no measurement or hours long.
+_SPEED_RANGE = {"speed_prompts": (1, 1000), "speed_max_tokens": (1, 4096), "speed_repeats": (0, 20)}
 
 
 
@@ -204,6 +206,9 @@ def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
     for key in ("num_prompts", "max_tokens", "num_speculative_tokens"):
         if s["smoke"][key] < 1:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is below 1", "a positive integer")
+    for key, (lo, hi) in _SPEED_RANGE.items():
+        if not lo <= s["smoke"][key] <= hi:
+            raise bad(f"smoke.{key}", f"{s['smoke'][key]} is out of range", f"an integer from {lo} to {hi}")
     if s["serve"]["num_speculative_tokens"] < 0:
         raise bad("serve.num_speculative_tokens", f"{s['serve']['num_speculative_tokens']} is below 0",
                   "a positive k, or 0 for smoke.num_speculative_tokens")

@@ -26,43 +26,20 @@ from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.junit import Case, junit_xml as write_junit
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
+from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning  # noqa: F401 - the gate's outputs, re-exported
 from speclock.verify.profiles import BUILTIN, Profile, report_profile, resolve_profile
-from speclock.verify.report import dotted_get, fmt_number, load_report
+from speclock.verify.report import dotted_get, load_report
+from speclock.verify.speed import speed_checks
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
 IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")
 _BASELINE_HINT = ("compare against a baseline of the same stack, engine, k, prompts, max_tokens and drafter "
                   "(baselines/<stack>/<engine package>-<version>.json); record a new one by checking a passing "
                   "report by hand and copying it there")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    value: Any
-    limit: str
-    kind: str  # engine | lossless | drafter | integration | speed | regression
-    detail: str = ""
-    warn: bool = False  # passed, but something was not checked (no baseline): shown as WARN everywhere
-
-    @property
-    def status(self) -> str:
-        return "WARN" if self.warn else ("PASS" if self.ok else "FAIL")
-
-    def reason(self) -> str:
-        return f"{self.name}: {self.detail or f'{_fmt(self.value)} (limit {self.limit})'}"
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    return fmt_number(v)
 
 
 def _rel_drop(base: float, cur: float) -> float:
@@ -186,11 +163,11 @@ def _builtin_profile(report: dict[str, Any]) -> Profile:
 
 
 def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None = None,
-             profile: Profile | None = None) -> list[Check]:
+             profile: Profile | None = None, baseline_source: str = "the baseline") -> list[Check]:
     """Every check the report must pass; a failed check's `kind` says where the fault most likely is.
 
     `profile` gives the drift tolerances against the baseline (default: the built-in values of the report's profile)."""
-    m, ll, tp = report["metrics"], report["lossless"], report["throughput"]
+    m, ll = report["metrics"], report["lossless"]
     run = report.get("run") or {"completed": True, "error": None}
     checks = [Check("engine run completed", bool(run.get("completed")), run.get("completed"), "true", "engine",
                     "" if run.get("completed") else f"the engine failed: {run.get('error')}")]
@@ -207,10 +184,6 @@ def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[
     for i, pos_floor in enumerate(thresholds.get("min_acceptance_per_position") or []):
         rate = rates[i] if i < len(rates) else 0.0
         checks.append(Check(f"acceptance at position {i + 1} of {k}", rate >= pos_floor, rate, f">= {pos_floor}", "drafter"))
-    min_speedup = thresholds.get("min_speedup", 0.0)
-    if min_speedup:
-        sp = tp.get("speedup")
-        checks.append(Check("speedup (spec / plain tok/s)", sp is not None and sp >= min_speedup, sp, f">= {min_speedup}", "speed"))
     ref = report.get("reference") or {}
     if ref.get("gap") is not None:
         limit = thresholds.get("max_reference_gap", 0.15)
@@ -234,54 +207,7 @@ def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[
         for b in (report.get("attention_backends") or [])[1:]:  # the first backend is the top-level metrics
             checks += drift_checks(b["metrics"], base_backends[b["backend"]]["metrics"], profile, thresholds,
                                    f", attention backend {b['backend']}")
-        if min_speedup and baseline["throughput"].get("speedup") and tp.get("speedup") is not None:
-            sdrop = _rel_drop(baseline["throughput"]["speedup"], tp["speedup"])
-            checks.append(Check("speedup vs baseline", sdrop <= limit, sdrop, f"<= {limit} relative drop", "regression"))
-    return checks
-
-
-def failures_of(checks: list[Check]) -> list[str]:
-    return [c.reason() for c in checks if not c.ok]
-
-
-def table(checks: list[Check]) -> str:
-    w = max(len(c.name) for c in checks)
-    lines = [f"{'check':<{w}}  {'result':<6}  {'value':<14}  limit"]
-    for c in checks:
-        lines.append(f"{c.name:<{w}}  {c.status:<6}  {_fmt(c.value):<14}  {c.limit}")
-    return "\n".join(lines)
-
-
-def junit_xml(checks: list[Check], suite: str = "speclock.gate") -> str:
-    cases = []
-    for c in checks:
-        out = f"value {_fmt(c.value)}, limit {c.limit}" + (f"; WARN: {c.detail}" if c.warn else "")
-        cases.append(Case(f"{suite}.{c.kind}", c.name, failure=None if c.ok else c.reason(), failure_type=c.kind,
-                          # CI shows a skipped case: the regression check did not run
-                          skipped="WARN: " + c.detail if c.warn else None, system_out=out))
-    return write_junit(suite, cases)
-
-
-def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str | None,
-             warnings: list[str] | None = None) -> str:
-    ok = all(c.ok for c in checks)
-    warnings = warnings if warnings is not None else [c.detail for c in checks if c.warn]
-    m = report["metrics"]
-    lines = [f"### speclock gate: {'PASS' if ok else 'FAIL'}{' with WARN' if warnings else ''}: {report['stack']} on "
-             f"{report['engine']['name']} {report['engine']['version']}",
-             ""]
-    lines += [f"> **WARN**: {w}" for w in warnings] + ([""] if warnings else [])
-    lines += [f"mean acceptance length **{m['mean_acceptance_length']:.3f}**, acceptance rate {m['acceptance_rate']:.3f}, "
-              f"speedup {_fmt(report['throughput'].get('speedup'))}, lossless {report['lossless']['checked'] - report['lossless']['mismatches']}"
-              f"/{report['lossless']['checked']}; baseline: {baseline_source or 'none'}",
-              "", "| check | result | value | limit |", "|---|---|---|---|"]
-    for c in checks:
-        result = {"PASS": "pass", "FAIL": "**FAIL**", "WARN": "**WARN**"}[c.status]
-        lines.append(f"| {c.name} | {result} | {_fmt(c.value)} | {c.limit} |")
-    fails = [c for c in checks if not c.ok]
-    if fails:
-        lines += ["", "Failures:"] + [f"- ({c.kind}) {c.reason()}" for c in fails]
-    return "\n".join(lines) + "\n"
+    return checks + speed_checks(report, thresholds, baseline, baseline_source)
 
 
 def baseline_path(baselines_dir: Path, stack: str, engine_package: str, engine_version: str, profile: str = "quick") -> Path:
@@ -428,10 +354,10 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
     if base_src is not None:
         base_doc = load_report(base_src, what="baseline report")
         check_baseline_matches(report, base_doc, base_src, report_src)
-    checks = evaluate(report, thresholds, base_doc, profile)
+    checks = evaluate(report, thresholds, base_doc, profile, base_src or "the baseline")
     if base_doc is None:
-        checks.append(Check("acceptance length vs baseline", True, None, "a baseline report", "regression",
-                            warnings[0], warn=True))
+        checks.append(warning("acceptance length vs baseline", None, "a baseline report", "regression", warnings[0]))
+    warnings += [c.detail for c in checks if c.warn and c.detail not in warnings]  # speed: no speed baseline, wide spread
     result = GateResult(all(c.ok for c in checks), checks, base_src, warnings)
     if junit:
         files.atomic_write_text(junit, junit_xml(checks))

@@ -14,7 +14,9 @@ from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
+from speclock.verify.checks import fmt_number  # noqa: F401 - also read from here (upgrade/outputs.py)
 from speclock.verify.profiles import PROFILES
+from speclock.verify.speed import summarize_batch1
 
 SCHEMA_ID = "speclock.smoke/v1"
 
@@ -93,6 +95,26 @@ OPTIONAL: dict[str, tuple] = {
     "sampled.temperature": _NUM,
     "sampled.per_seed": (list,),
     "attention_backends": (list,),
+    # speed (speclock.verify.speed): `speedup` is the batch-1 one when measured_at is "batch 1"
+    "throughput.measured_at": (str, _NONE),
+    "throughput.note": (str,),
+    "throughput.batch1": (dict, _NONE),
+    "throughput.batch1.prompts": (int,),
+    "throughput.batch1.max_tokens": (int,),
+    "throughput.batch1.repeats": (int,),
+    "throughput.batch1.plain_before_tok_s": (list,),
+    "throughput.batch1.spec_tok_s": (list,),
+    "throughput.batch1.plain_after_tok_s": (list,),
+    "throughput.batch1.speedup": _NUM,
+    "throughput.batch1.speedup_low": _NUM,
+    "throughput.batch1.speedup_high": _NUM,
+    "throughput.batch1.spread": _NUM + (_NONE,),
+    "throughput.concurrent": (dict,),
+    "gpu": (dict,),
+    "gpu.name": (str,),
+    "gpu.driver": (str,),
+    "gpu.cuda": (str,),
+    "warnings": (list,),
 }
 _INT_LIMIT = 2 ** 63  # counters are 64-bit in every engine; a larger integer is no measurement
 # Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
@@ -181,6 +203,7 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
         value = data["throughput"][key]
         if value is not None and value < 0:
             raise bad(f"throughput.{key}", f"negative ({value})")
+    _check_batch1(data, bad)
     if isinstance(data.get("reference"), dict):
         _check_reference(data, bad)
     _check_profile(data, k, bad)
@@ -232,6 +255,33 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
             raise bad("attention_backends", f"a backend is listed twice: {names}")
         if backends and backends[0]["metrics"] != data["metrics"]:
             raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
+
+
+def _check_batch1(data: dict[str, Any], bad) -> None:
+    """The batch-1 speed figures are the ones its own runs give (speclock.verify.speed.summarize_batch1), and the
+    top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS."""
+    tp = data["throughput"]
+    b1 = tp.get("batch1")
+    if not isinstance(b1, dict):
+        if tp.get("measured_at") == "batch 1":
+            raise bad("throughput.batch1", "missing, but throughput.measured_at says 'batch 1'")
+        return
+    runs = {}
+    for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
+        values = b1[key]
+        if not values or len(values) != b1["repeats"] or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
+            raise bad(f"throughput.batch1.{key}", f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, "
+                                                  f"got {files.short_repr(values)}")
+        runs[key] = [(v, 1.0) for v in values]
+    want = summarize_batch1(runs["plain_before_tok_s"], runs["spec_tok_s"], runs["plain_after_tok_s"],
+                            prompts=b1["prompts"], max_tokens=b1["max_tokens"])
+    for key in ("speedup", "speedup_low", "speedup_high", "spread"):
+        if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=_TOLERANCE)):
+            raise bad(f"throughput.batch1.{key}", f"{files.short_repr(b1[key])} is not what the runs give ({want[key]}; "
+                                                  "speclock.verify.speed)")
+    if tp.get("measured_at") == "batch 1" and (tp["speedup"] is None or not _close(tp["speedup"], b1["speedup"])):
+        raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
 
 
 _COUNTER_TYPES = {"num_drafts": (int,), "num_draft_tokens": (int,), "num_accepted_tokens": (int,),
@@ -339,15 +389,6 @@ def write_report(path: str | Path, report: dict[str, Any]) -> Path:
     return files.atomic_write_json(path, report, indent=2)
 
 
-def fmt_number(v: Any, digits: int = 3, missing: str = "-") -> str:
-    """A number for a table (floats to `digits` places); `missing` for None."""
-    if v is None:
-        return missing
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
 def _profile_line(report: dict[str, Any]) -> str:
     prof = report["profile"]
     line = f"{prof.get('name')} ({report.get('max_tokens', '?')} tokens"
@@ -359,6 +400,33 @@ def _profile_line(report: dict[str, Any]) -> str:
     per_seed = ", ".join(fmt_number(s.get("mean_acceptance_length")) for s in sampled.get("per_seed") or [])
     return (line + f", temperature {sampled.get('temperature')}): mean acceptance length per seed {per_seed}"
             + (f"; 95% CI {fmt_number(ci[0])}-{fmt_number(ci[1])}" if ci else ""))
+
+
+def _speed_rows(report: dict[str, Any], t: dict[str, Any]) -> list[tuple[str, str]]:
+    """Batch 1 (the judged speedup: median, interval, spread) and all prompts at once; an older report's one figure."""
+    b1, conc = t.get("batch1"), t.get("concurrent")
+    if not isinstance(b1, dict) and not isinstance(conc, dict):
+        return [("tok/s plain -> spec", f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  "
+                                        f"(speedup {fmt_number(t['speedup'], 2)})")]
+    rows = []
+    if isinstance(b1, dict):
+        rows.append(("tok/s at batch 1", f"plain {fmt_number(b1['plain_tok_s_median'], 1)} -> spec "
+                                         f"{fmt_number(b1['spec_tok_s_median'], 1)}  (speedup {fmt_number(b1['speedup'], 2)}, "
+                                         f"interval {fmt_number(b1['speedup_low'], 2)}-{fmt_number(b1['speedup_high'], 2)}, "
+                                         f"{b1['prompts']} prompts x {b1['max_tokens']} tokens, median of {b1['repeats']}; "
+                                         f"plain before {b1['plain_before_tok_s']}, after {b1['plain_after_tok_s']})"))
+    else:
+        rows.append(("tok/s at batch 1", "not measured (smoke.speed_repeats = 0)"))
+    if isinstance(conc, dict):
+        rows.append((f"tok/s, {conc.get('requests', '?')} at once", f"plain {fmt_number(conc.get('baseline_tok_s'), 1)} -> spec "
+                                                                    f"{fmt_number(conc.get('spec_tok_s'), 1)}  "
+                                                                    f"(speedup {fmt_number(conc.get('speedup'), 2)})"))
+    gpu = report.get("gpu") or {}
+    if gpu.get("name"):
+        rows.append(("gpu", f"{gpu['name']}, driver {gpu.get('driver') or '?'}, CUDA {gpu.get('cuda') or '?'}"))
+    if t.get("note"):
+        rows.append(("speed note", t["note"]))
+    return rows
 
 
 def human_table(report: dict[str, Any]) -> str:
@@ -380,10 +448,11 @@ def human_table(report: dict[str, Any]) -> str:
         *([("profile", _profile_line(report))] if report.get("profile") else []),
         ("reference acceptance length", fmt_number((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else "")),
         ("reference gap", fmt_number(ref.get("gap"))),
-        ("tok/s plain -> spec", f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  (speedup {fmt_number(t['speedup'], 2)})"),
-        ("verdict", report["verdict"].upper()),
+        *_speed_rows(report, t),
+        ("verdict", report["verdict"].upper() + (" with WARN" if report.get("warnings") else "")),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     lines += [f"  - {f}" for f in report["failures"]]
+    lines += [f"  WARN: {w}" for w in report.get("warnings") or []]
     return "\n".join(lines)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from speclock.core.args import non_negative_float, positive_int
+from speclock.core.args import int_range, non_negative_float, positive_int
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
@@ -44,6 +44,9 @@ class SmokeOptions:
     max_reference_gap: float | None = None  # no flag yet: idem
     plain_cache: str | None = None
     concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once (smoke --concurrency)
+    speed_prompts: int | None = None  # batch-1 speed overrides of smoke.speed_* (--speed-prompts ...)
+    speed_max_tokens: int | None = None
+    speed_repeats: int | None = None
     out: str | None = None
 
     @classmethod
@@ -69,6 +72,9 @@ class SmokeInputs:
     plain_cache: Path | None = None  # reuse no-drafter outputs across runs (fault sweeps, tests)
     concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once
     profile: Profile | None = None  # quick | full | sampled (speclock.verify.profiles)
+    speed_prompts: int = 16  # batch 1: the first N prompts, one request at a time (speclock.verify.speed)
+    speed_max_tokens: int = 128
+    speed_repeats: int = 3  # runs per engine (plain, drafted, plain again); 0 = speed not measured
 
 
 
@@ -114,12 +120,14 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
         raise BadInput("--num-prompts and --max-tokens must be at least 1")
     out_dir = prepare_out_dir(Path(opts.out) if opts.out else default_out_dir(stack.name), "--out")
     plain_cache = prepare_out_dir(Path(opts.plain_cache), "--plain-cache") if opts.plain_cache else None
+    speed = {key: getattr(opts, key) if getattr(opts, key) is not None else smoke[key]
+             for key in ("speed_prompts", "speed_max_tokens", "speed_repeats")}
     return SmokeInputs(
         stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
         max_tokens=opts.max_tokens or profile.max_tokens, k=smoke["num_speculative_tokens"],
         out_dir=out_dir, reference=opts.reference,
         server_url=opts.server or "", plain_server_url=opts.plain_server or "", thresholds=thresholds,
-        plain_cache=plain_cache, concurrency=opts.concurrency, profile=profile)
+        plain_cache=plain_cache, concurrency=opts.concurrency, profile=profile, **speed)
 
 
 def prepare_out_dir(path: Path, option: str) -> Path:
@@ -170,4 +178,10 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
                    help="override the stack's floor (e.g. to show that a too-high floor fails)")
     p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
                                           "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)")
+    p.add_argument("--speed-prompts", type=int_range(1, 1000), help="batch-1 speed: prompts, one request at a time (default: the "
+                                                                "stack's smoke.speed_prompts)")
+    p.add_argument("--speed-max-tokens", type=int_range(1, 4096), help="batch-1 speed: new tokens per request (default: smoke.speed_max_tokens)")
+    p.add_argument("--speed-repeats", type=int_range(0, 20), help="batch-1 speed: runs per engine, median kept (default: "
+                                                                  "smoke.speed_repeats; 0 = not measured, which fails a "
+                                                                  "stack's min_speedup)")
     p.add_argument("--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)")

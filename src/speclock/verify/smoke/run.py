@@ -16,14 +16,17 @@ from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.drafter.models import config_architecture, read_model_config, target_sha256 as weights_sha256
-from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running, visible_arch
+from speclock.engines import aux_layer_ids, EngineConfig, get_engine, package_version, running, SpecCounters, visible_arch
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
-from speclock.verify.gate import evaluate, failures_of
+from speclock.verify.checks import failures_of, warnings_of
+from speclock.verify.gate import evaluate
 from speclock.verify.profiles import per_seed_summary
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
 from speclock.verify.smoke.inputs import log, SmokeInputs
 from speclock.verify.smoke.reference import reference_key, reference_section
+from speclock.verify.smoke.worker import worker_session, WorkerSession
+from speclock.verify.speed import CPU_NOTE, summarize_batch1
 
 
 def image_identity() -> dict[str, str]:
@@ -49,33 +52,61 @@ def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list
     return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def _generate(engine, config: EngineConfig, prompt_ids: list[list[int]], max_tokens: int, label: str,
-              passes: list[dict[str, Any] | None] | None = None):
-    """Start, warm up, generate once per pass (None = greedy, else {temperature, seed}) with counters as deltas
-    around each pass, stop. Returns ([(outputs, seconds, counters) per pass], captured)."""
-    passes = passes or [None]
+def _engine(engine_name: str, config: EngineConfig, label: str):
+    """One engine in its own worker process (smoke/worker.py: a crash fails fast, Ctrl-C stops it); attached to a
+    running server (nothing is started) the session lives in this process."""
+    return running(get_engine(engine_name), config) if config.server_url else worker_session(engine_name, config, label)
+
+
+def _timed(session, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None,
+           one_at_a_time: bool = False) -> tuple[list[list[int]], float]:
+    """Outputs and seconds: all prompts at once, or one request at a time (batch 1). A worker times itself."""
+    if isinstance(session, WorkerSession):
+        return session.generate(prompts, max_tokens, sampling, one_at_a_time=one_at_a_time), session.last_seconds
+
+    def gen(batch: list[list[int]]) -> list[list[int]]:
+        return session.generate(batch, max_tokens, sampling) if sampling else session.generate(batch, max_tokens)
+
     t0 = time.perf_counter()
-    log(f"starting {engine.NAME} {label}")
-    # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
-    with running(engine, config) as session:
-        if any(passes) and "sampling" not in inspect.signature(session.generate).parameters:
-            raise BadInput(f"the {engine.NAME} adapter {type(session).__name__} generates greedily only",
+    outputs = [gen([p])[0] for p in prompts] if one_at_a_time else gen(prompts)
+    return outputs, time.perf_counter() - t0
+
+
+def _generate(inp: SmokeInputs, config: EngineConfig, prompt_ids: list[list[int]], label: str,
+              passes: list[dict[str, Any] | None], speed: bool, report: dict[str, Any]):
+    """Start one engine, warm up, generate once per pass (None = greedy, else {temperature, seed}) with counters as
+    deltas around each pass, then (speed) the batch-1 runs; stop. Returns ([(outputs, seconds, counters) per pass],
+    captured layers, [(tokens, seconds) per batch-1 run])."""
+    name = inp.stack.engine["name"]
+    t0 = time.perf_counter()
+    log(f"starting {name} {label}")
+    with _engine(name, config, label) as session:
+        can_sample = session.sampling if isinstance(session, WorkerSession) else \
+            "sampling" in inspect.signature(session.generate).parameters
+        if any(passes) and not can_sample:
+            raise BadInput(f"the {name} adapter generates greedily only",
                            hint="run the quick or full profile here; the sampled profile needs an adapter that takes "
                                 "sampling parameters (the offline vLLM engine)")
-        log(f"{engine.NAME} {label} ready in {time.perf_counter() - t0:.1f} s; generating {len(prompt_ids)} prompts x "
-            f"{max_tokens} tokens{f' x {len(passes)} seeds' if len(passes) > 1 else ''}")
-        session.generate(prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
+        if getattr(session, "gpu", None):
+            report.setdefault("gpu", {}).update(session.gpu)
+        log(f"{name} {label} ready in {time.perf_counter() - t0:.1f} s")
+        _timed(session, prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
         results = []
         for sampling in passes:
             before = session.counters()
-            t1 = time.perf_counter()
-            outputs = session.generate(prompt_ids, max_tokens, sampling) if sampling else session.generate(prompt_ids, max_tokens)
-            seconds = time.perf_counter() - t1
+            outputs, seconds = _timed(session, prompt_ids, inp.max_tokens, sampling)
             results.append((outputs, seconds, session.counters() - before))
             which = f" (pass {len(results)} of {len(passes)}, {sampling})" if sampling else ""
-            log(f"{label}{which}: {sum(map(len, outputs))} tokens in {seconds:.1f} s")
-        captured = session.captured_layers()
-    return results, captured
+            log(f"{label}{which}: {len(prompt_ids)} prompts, {sum(map(len, outputs))} tokens in {seconds:.1f} s")
+        runs = []
+        for _ in range(inp.speed_repeats if speed else 0):
+            outputs, seconds = _timed(session, prompt_ids[:inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
+            runs.append((sum(map(len, outputs)), seconds))
+        if runs:
+            log(f"{label} at batch 1: {', '.join(f'{t / s:.1f}' for t, s in runs)} tok/s "
+                f"({min(inp.speed_prompts, len(prompt_ids))} prompts x {inp.speed_max_tokens} tokens)")
+        captured = session.captured_layers() if passes else None
+    return results, captured, runs
 
 
 def sampling_passes(profile) -> list[dict[str, Any] | None]:
@@ -163,9 +194,11 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
     spec_tokens = sum(sum(map(len, outputs)) for outputs, _, _ in results)
     spec_s = sum(seconds for _, seconds, _ in results)
     base_tps, spec_tps = sum(map(len, plain)) / plain_s, spec_tokens / spec_s
+    # all prompts at once (offline: one batch; a server: --concurrency in flight); the judged speedup is batch 1's
+    requests = inp.concurrency if inp.server_url else len(prompt_ids)
     out: dict[str, Any] = {
         "backend": backend, "captured_layers": captured, "metrics": pooled.metrics(),
-        "throughput": {"baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
+        "concurrent": {"requests": requests, "baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
                        "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}}
     if passes[0] is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
         seeds = list(inp.profile.seeds) if inp.profile else list(range(len(passes)))
@@ -189,6 +222,15 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
         log(f"lossless: {out['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
             f"(float32 margin <= tie limit), {out['lossless']['mismatches']} real mismatch(es)")
     return out
+
+
+def _throughput(batch1: dict[str, Any] | None, concurrent: dict[str, Any]) -> dict[str, Any]:
+    """The report's throughput: the contract's keys hold the batch-1 figures (None when not measured)."""
+    if batch1 is None:
+        return {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None, "measured_at": None, "batch1": None,
+                "concurrent": concurrent}
+    return {"baseline_tok_s": batch1["plain_tok_s_median"], "spec_tok_s": batch1["spec_tok_s_median"],
+            "speedup": batch1["speedup"], "measured_at": "batch 1", "batch1": batch1, "concurrent": concurrent}
 
 
 def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
@@ -221,29 +263,48 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url, env, concurrency=inp.concurrency)
         cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
         cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
+        speed = inp.speed_repeats > 0
+        before: list[tuple[int, float]] = []
+        first_spec_runs: list[tuple[int, float]] = []
         if cached is not None:
             plain, plain_s = cached
             log(f"plain outputs reused from {cache_file}")
             report["lossless"]["plain_from"] = str(cache_file)
-        else:
+        if cached is None or speed:
             # the no-drafter pass is greedy in every profile: the lossless judge and the throughput baseline
-            [(plain, plain_s, _)], _ = _generate(engine, plain_cfg, prompt_ids, inp.max_tokens, "without drafter")
-            if cache_file:
-                try:
-                    atomic_write_text(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
-                except OSError as err:
-                    raise os_error(err, cache_file, "write the plain-output cache") from None
+            results, _, before = _generate(inp, plain_cfg, prompt_ids, "without drafter", [] if cached else [None], speed, report)
+            if cached is None:
+                [(plain, plain_s, _)] = results
+                if cache_file:
+                    try:
+                        atomic_write_text(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
+                    except OSError as err:
+                        raise os_error(err, cache_file, "write the plain-output cache") from None
         backends = []
         for backend, backend_settings in backend_variants(inp.stack, settings):
             run["stage"] = "speculative (with drafter)" + (f", attention backend {backend}" if backend else "")
             spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, backend_settings, inp.server_url, env, concurrency=inp.concurrency)
             passes = sampling_passes(inp.profile)
-            results, captured = _generate(engine, spec_cfg, prompt_ids, inp.max_tokens,
-                                          "with drafter" + (f" ({backend})" if backend else ""), passes)
+            # batch-1 speed with the first backend only (one more pass per backend would not change the verdict)
+            results, captured, spec_runs = _generate(inp, spec_cfg, prompt_ids, "with drafter" + (f" ({backend})" if backend else ""),
+                                                     passes, speed and not backends, report)
             run["stage"] = "compare"
             backends.append(_measure(inp, backend, passes, results, captured, plain, plain_s, prompt_ids, run))
+            if spec_runs:
+                first_spec_runs = spec_runs
+        if speed:
+            # plain again: the machine's drift while the drafted engine ran brackets the speedup (speclock.verify.speed)
+            run["stage"] = "plain again (no drafter, batch-1 speed)"
+            _, _, after = _generate(inp, plain_cfg, prompt_ids, "without drafter, again", [], True, report)
+            report["throughput"] = _throughput(summarize_batch1(before, first_spec_runs, after,
+                                                                prompts=min(inp.speed_prompts, len(prompt_ids)),
+                                                                max_tokens=inp.speed_max_tokens), backends[0]["concurrent"])
+        else:
+            report["throughput"] = _throughput(None, backends[0]["concurrent"])
+        if not inp.stack.is_gpu:
+            report["throughput"]["note"] = CPU_NOTE
         first = backends[0]
-        for key in ("metrics", "throughput", "lossless"):
+        for key in ("metrics", "lossless"):
             report[key] = first[key]
         report["draft"]["captured_layers"] = first["captured_layers"]
         if first.get("sampled"):
@@ -279,7 +340,9 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
             reference_error = err
     if report["reference"].get("note"):
         log(f"reference: {report['reference']['note']}")
-    failures = failures_of(evaluate(report, inp.thresholds))
+    checks = evaluate(report, inp.thresholds)
+    failures = failures_of(checks)
+    report["warnings"] = warnings_of(checks)  # e.g. a batch-1 speedup whose interval straddles min_speedup
     if not run["completed"]:
         # Counters of a run that did not finish say nothing about the drafter: report the crash alone.
         failures = [f"engine failed during {run['stage']}: {run['error']}"]

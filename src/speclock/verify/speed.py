@@ -1,0 +1,124 @@
+"""Speed in the verdict: the batch-1 speedup smoke measures and how the gate judges it.
+
+How smoke measures (the method of benchmarks/h200/spec_throughput.py): the first smoke.speed_prompts prompts,
+one request at a time, smoke.speed_max_tokens new tokens each, smoke.speed_repeats times per engine, in three
+engine runs: plain, drafted, plain again (on a GPU one engine fits at a time; the second plain run shows how
+far the machine drifted while the drafted one ran). Each engine's figure is the median of its repeats.
+
+    speedup      = drafted median / median of every plain run (before and after)
+    interval     = [drafted / plain-before, drafted / plain-after], widened to hold the speedup
+    spread       = (high - low) / speedup
+
+The report's `throughput.speedup` is this batch-1 speedup (`throughput.measured_at = "batch 1"`); the pass over
+all prompts at the engine's own concurrency is kept as `throughput.concurrent`. Batch 1 is where speculative
+decoding pays (measured on an H100, vLLM 0.26.0: 1.18-1.28x at batch 1, 0.98x at 80 requests at once).
+
+The gate: the interval against smoke.thresholds.min_speedup (all of it above: PASS; all below: FAIL; across:
+WARN, with the spread: the run cannot tell), and the speedup's relative drop from the baseline's against
+smoke.thresholds.max_speedup_drop (judged the same way over the interval).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from speclock.verify.checks import Check, warning
+
+CPU_NOTE = ("measured on a CPU: verifying k + 1 tokens per step costs a CPU nearly k + 1 decode steps, so a speedup "
+            "below 1 is expected there, most of all with many requests at once; the stack's min_speedup comes from "
+            "measured CPU runs (docs/smoke.md), a GPU stack's from GPU runs")
+
+
+def tok_s(runs: list[tuple[int, float]]) -> list[float]:
+    return [round(tokens / seconds, 2) if seconds > 0 else 0.0 for tokens, seconds in runs]
+
+
+def summarize_batch1(before: list[tuple[int, float]], spec: list[tuple[int, float]], after: list[tuple[int, float]],
+                     *, prompts: int, max_tokens: int) -> dict[str, Any]:
+    """The report's `throughput.batch1` from (tokens, seconds) per repeat of each engine run."""
+    b, s, a = tok_s(before), tok_s(spec), tok_s(after)
+    plain = statistics.median(b + a)
+    spec_med = statistics.median(s)
+    speedup = spec_med / plain if plain else 0.0
+    bounds = [spec_med / x if x else 0.0 for x in (statistics.median(b), statistics.median(a))] + [speedup]
+    low, high = min(bounds), max(bounds)
+    return {"prompts": prompts, "max_tokens": max_tokens, "repeats": len(s),
+            "plain_before_tok_s": b, "spec_tok_s": s, "plain_after_tok_s": a,
+            "plain_tok_s_median": round(plain, 2), "spec_tok_s_median": round(spec_med, 2),
+            "speedup": round(speedup, 4), "speedup_low": round(low, 4), "speedup_high": round(high, 4),
+            "spread": round((high - low) / speedup, 4) if speedup else None}
+
+
+def batch1_of(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's batch-1 measurement, or None (not measured: speed_repeats 0, or a report from before)."""
+    b1 = (report.get("throughput") or {}).get("batch1")
+    return b1 if isinstance(b1, dict) and b1.get("speedup") is not None else None
+
+
+def _interval(b1: dict[str, Any]) -> str:
+    return (f"{b1['speedup']:.3f} (interval {b1['speedup_low']:.3f}-{b1['speedup_high']:.3f}, spread "
+            f"{b1['spread']:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
+            f"{b1['prompts']} prompts x {b1['max_tokens']} tokens x {b1['repeats']} repeats)")
+
+
+def speed_checks(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None,
+                 baseline_source: str = "the baseline") -> list[Check]:
+    """The batch-1 speedup against smoke.thresholds.min_speedup, and against the baseline's (max_speedup_drop)."""
+    checks: list[Check] = []
+    b1 = batch1_of(report)
+    floor = thresholds.get("min_speedup", 0.0)
+    name = "speedup at batch 1 (spec / plain tok/s)"
+    if floor:
+        limit = f">= {floor} (smoke.thresholds.min_speedup)"
+        if b1 is None:
+            checks.append(Check(name, False, None, limit, "speed",
+                                "not measured (the report has no throughput.batch1: smoke ran with smoke.speed_repeats = 0 "
+                                "or --speed-repeats 0, or before speclock measured speed); smoke.thresholds.min_speedup "
+                                f"asks for >= {floor}: run `speclock smoke` with speed_repeats >= 1"))
+        elif b1["speedup_low"] >= floor:
+            checks.append(Check(name, True, b1["speedup"], limit, "speed"))
+        elif b1["speedup_high"] < floor:
+            checks.append(Check(name, False, b1["speedup"], limit, "speed",
+                                f"{_interval(b1)} is below smoke.thresholds.min_speedup {floor}: the drafter does not pay "
+                                "for itself at batch 1"))
+        else:
+            checks.append(warning(name, b1["speedup"], limit, "speed",
+                                  f"{_interval(b1)} straddles smoke.thresholds.min_speedup {floor}: the spread is too wide "
+                                  "to judge (a busy machine?); run smoke again on a quiet one, or with more "
+                                  "smoke.speed_repeats / speed_prompts"))
+    limit_drop = thresholds.get("max_speedup_drop", 0.0)
+    if baseline is None or not limit_drop or b1 is None:
+        return checks
+    name = "speedup at batch 1 vs baseline"
+    limit = f"<= {limit_drop} relative drop (smoke.thresholds.max_speedup_drop)"
+    base = batch1_of(baseline)
+    if base is None:
+        checks.append(warning(name, None, limit, "regression",
+                              f"no speed baseline: {baseline_source} has no throughput.batch1 (recorded before smoke "
+                              "measured speed at batch 1); record a new baseline to compare speed"))
+        return checks
+    unlike = [f"{key} {base[key]} vs {b1[key]}" for key in ("prompts", "max_tokens") if base.get(key) != b1.get(key)]
+    gpu_now, gpu_then = (report.get("gpu") or {}).get("name"), (baseline.get("gpu") or {}).get("name")
+    if gpu_now != gpu_then:
+        unlike.append(f"GPU {gpu_then or 'none'} vs {gpu_now or 'none'}")
+    if unlike:
+        checks.append(warning(name, None, limit, "regression",
+                              f"no comparable speed baseline: {baseline_source} measured speed otherwise "
+                              f"({'; '.join(unlike)}); record a baseline with this run's settings"))
+        return checks
+    ref = base["speedup"]
+    drop = (ref - b1["speedup"]) / ref if ref else 0.0
+    drop_low = (ref - b1["speedup_high"]) / ref if ref else 0.0
+    drop_high = (ref - b1["speedup_low"]) / ref if ref else 0.0
+    what = f"{_interval(b1)} vs baseline {ref:.3f}: dropped {drop:.1%}"
+    if drop_high <= limit_drop:
+        checks.append(Check(name, True, round(drop, 4), limit, "regression"))
+    elif drop_low > limit_drop:
+        checks.append(Check(name, False, round(drop, 4), limit, "regression",
+                            f"{what}, beyond smoke.thresholds.max_speedup_drop {limit_drop:.0%}"))
+    else:
+        checks.append(warning(name, round(drop, 4), limit, "regression",
+                              f"{what}; over the interval the drop is {drop_low:.1%}-{drop_high:.1%}, across "
+                              f"smoke.thresholds.max_speedup_drop {limit_drop:.0%}: the spread is too wide to judge"))
+    return checks
