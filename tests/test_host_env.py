@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tinywheels import ROOT, base_of_committed_lock, entry, make_wheel, tiny_whe
 
 from speclock.build.hostenv import glibc_needed, version_matches
 from speclock.spec.lock import MACHINE_PLATFORMS, finish_lock, read_lock, write_lock
-from speclock.spec.resolve import platform_tags
+from speclock.spec.resolve import KERNEL_TOOLCHAIN, platform_tags
 from speclock.spec.stack import load_stack
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -30,12 +31,22 @@ def _pip_version() -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_packages=(), engine_env=None):
+# A GPU stack that builds speclock's kernels: the lock then needs the nvcc toolchain wheels (tiny ones here).
+KERNELS_STACK = '[gpu]\ncuda = "13.0"\narchs = ["sm_90a"]\n[kernels]\nbuild = ["fp8-hidden-pack"]\nbuilder_packages = ["g++"]\n'
+
+
+def toolchain_wheels(folder: Path) -> list[dict]:
+    return [entry(make_wheel(folder, name, "13.0.0")) for name in KERNEL_TOOLCHAIN]
+
+
+def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_packages=(), engine_env=None, stack_extra=""):
     """A stack and its lock over tiny wheels, in a fetch-layout wheelhouse (<sha256>/<file>). Host targets get the
     image's entries (the tiny wheels are pure enough to stand in for any Python)."""
     wheels = tiny_wheels(root / "built")
     engine = make_wheel(root / "built", "tinyengine", "1.0", tag=f"{CP}-{CP}-manylinux_2_17_x86_64", requires=("tinydep>=1",))
-    stack = load_stack(write_stack(root, host_targets=host_targets, python=image_python, engine_env=engine_env))
+    stack_file = write_stack(root, host_targets=host_targets, python=image_python, engine_env=engine_env)
+    stack_file.write_text(stack_file.read_text() + stack_extra)
+    stack = load_stack(stack_file)
     packages = sorted([entry(engine), entry(wheels["tinydep"]), entry(wheels["torch"]), *extra_packages], key=lambda e: e["name"])
     assets = [entry(wheels["tinyprompts"])]
     targets = {k: {"python": k.split("-")[0], "machine": k.split("-")[1], "platforms": list(MACHINE_PLATFORMS[k.split("-")[1]]),
@@ -253,7 +264,7 @@ def test_doctor_accepts_the_hosts_cuda_build_only_for_packages_host_env_took_fro
 
 def test_kernels_folder_is_copied_in_and_a_folder_without_a_library_is_refused(tmp_path):
     """--kernels takes the image's built kernel library; a folder that is not one is bad input before anything is made."""
-    make_repo(tmp_path)
+    make_repo(tmp_path, stack_extra=KERNELS_STACK, extra_packages=toolchain_wheels(tmp_path / "built"))
     empty = tmp_path / "not-kernels"
     empty.mkdir()
     bad = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--kernels", str(empty))
@@ -267,6 +278,121 @@ def test_kernels_folder_is_copied_in_and_a_folder_without_a_library_is_refused(t
     assert ok.returncode == 0, ok.stderr
     home = tmp_path / "env" / "speclock"
     assert (home / "kernels" / "libspeclock_fp8.so").read_bytes() == b"\x7fELF not really"
+    assert json.loads((home / "host-env.json").read_text())["kernels"]["source"] == "copied"
+
+
+def test_kernels_for_a_stack_that_builds_none_is_bad_input(tmp_path):
+    make_repo(tmp_path)
+    lib = tmp_path / "kernels"
+    lib.mkdir()
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--kernels", str(lib))
+    assert proc.returncode == 2 and "kernels.build is empty" in proc.stderr, proc.stderr
+    assert leftovers(tmp_path) == []
+
+
+def test_a_stack_with_kernels_and_no_cpp_compiler_exits_3_naming_what_to_install(tmp_path):
+    """host-env builds the kernel library as the image's kernels stage does; nvcc needs the host's gcc/g++."""
+    make_repo(tmp_path, stack_extra=KERNELS_STACK, extra_packages=toolchain_wheels(tmp_path / "built"))
+    nocc = tmp_path / "bin"  # a PATH with sh and coreutils but no compiler
+    nocc.mkdir()
+    for tool in ("sh", "ln", "cat"):
+        (nocc / tool).symlink_to(shutil.which(tool))
+    cmd = [sys.executable, "-m", "speclock", "host-env", "--stack", str(tmp_path / "stacks" / "tiny.toml"), "--lock",
+           str(tmp_path / "locks" / "tiny.lock"), "--wheelhouse", str(tmp_path / "wheelhouse"), "--dest", str(tmp_path / "new" / "env")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PATH=str(nocc), PYTHONPATH=str(ROOT / "src")))
+    assert proc.returncode == 3, proc.stderr
+    assert "no gcc" in proc.stderr and "install g++" in proc.stderr and "--kernels DIR" in proc.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_dest_that_is_a_file_is_bad_input_and_nothing_is_made(tmp_path):
+    make_repo(tmp_path)
+    (tmp_path / "env").write_text("a file")
+    for extra in ((), ("--force",)):
+        proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), *extra)
+        assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr, proc.stderr
+        assert (tmp_path / "env").read_text() == "a file" and leftovers(tmp_path) == ["env"]
+    # under a file: a part of the path is a file (exit 2, naming it)
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "env" / "sub" / "dest"))
+    assert proc.returncode == 2 and f"{tmp_path / 'env'} is a file" in proc.stderr, proc.stderr
+    assert leftovers(tmp_path) == ["env"]
+
+
+def test_a_failed_build_removes_the_parent_folders_it_made(tmp_path):
+    stack, store = make_repo(tmp_path)
+    shutil.rmtree(next(store.glob("*/torch-*.whl")).parent)
+    (tmp_path / "have").mkdir()
+    proc = host_env(tmp_path, "--dest", str(tmp_path / "have" / "a" / "b" / "env"))
+    assert proc.returncode == 3 and "not in the wheelhouse" in proc.stderr, proc.stderr
+    assert list((tmp_path / "have").iterdir()) == []  # a/ and a/b/ were made by host-env: gone; have/ was there: kept
+
+
+def _read_only_mount(folder: Path) -> bool:
+    folder.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True).returncode == 0
+
+
+def test_dest_on_a_read_only_file_system_exits_3_naming_it_and_leaves_nothing(tmp_path):
+    make_repo(tmp_path)
+    ro = tmp_path / "ro"
+    if not _read_only_mount(ro):
+        pytest.skip("cannot mount a read-only tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        for dest in (ro / "env", ro / "new" / "env"):
+            proc = host_env(tmp_path, "--dest", str(dest))
+            assert proc.returncode == 3, proc.stderr
+            assert "read-only" in proc.stderr and str(ro) in proc.stderr and "--dest" in proc.stderr
+            assert list(ro.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_dest_under_a_folder_no_one_may_write_exits_3_and_leaves_nothing(tmp_path):
+    """A read-only folder (mode 555) as a user who is not root (root may write anywhere)."""
+    top = Path(tempfile.mkdtemp(prefix="speclock-ro-"))  # readable by that user, unlike pytest's tmp_path
+    try:
+        top.chmod(0o755)
+        make_repo(top)
+        (top / "cache").mkdir(mode=0o777)
+        (top / "cache").chmod(0o777)
+        ro = top / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        cmd = [sys.executable, "-m", "speclock", "host-env", "--stack", str(top / "stacks" / "tiny.toml"), "--lock",
+               str(top / "locks" / "tiny.lock"), "--wheelhouse", str(top / "wheelhouse"), "--dest", str(ro / "new" / "env")]
+        if os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                pytest.skip("root, and no setpriv to run as another user")
+            cmd = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(top / "cache"), HOME=str(top)))
+        assert proc.returncode == 3, proc.stderr
+        assert "permission denied" in proc.stderr and str(ro / "new") in proc.stderr and "--dest" in proc.stderr
+        assert list(ro.iterdir()) == []
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_doctor_names_kernels_build_and_the_option_when_a_host_env_has_no_kernel_library(tmp_path, monkeypatch):
+    """A host environment of a stack with kernels.build and no kernels/ folder: doctor's kernels check fails naming
+    the stack key and how host-env provides the library (build it, or --kernels)."""
+    from types import SimpleNamespace
+
+    from speclock.core.layout import ImageLayout
+    from speclock.verify.doctor import kernels
+
+    stack_file = tmp_path / "repo" / "stacks" / "tiny.toml"
+    make_repo(tmp_path / "repo", stack_extra=KERNELS_STACK, extra_packages=toolchain_wheels(tmp_path / "repo" / "built"))
+    home = tmp_path / "env" / "speclock"
+    home.mkdir(parents=True)
+    (home / "host-env.json").write_text(json.dumps({"schema": "speclock.host-env/v1"}))
+    monkeypatch.delenv("SPECLOCK_KERNELS_DIR", raising=False)
+    monkeypatch.setattr(kernels, "IMAGE", ImageLayout(home))
+    monkeypatch.setattr(kernels, "in_image", lambda: True)
+    check = kernels.check_kernels(SimpleNamespace(stack=load_stack(stack_file), site_packages=None))
+    assert check.status == "fail", check
+    assert "kernels.build of stacks/tiny.toml" in check.reason and "--kernels DIR" in check.reason
+    assert str(home / "kernels") in check.reason
 
 
 def test_host_packages_of_the_running_venv_are_seen(tmp_path):

@@ -1,4 +1,5 @@
-"""The staged build context: one folder per stack holding exactly what the Containerfile reads.
+"""The staged build context: one folder per stack holding exactly what the Containerfile reads: the environment's
+plan (build.envplan, which `speclock host-env` carries out too) as files.
 
 Files are copied only when their content differs, so unchanged files keep their metadata and the
 builders' layer caches hit; anything no longer wanted is removed."""
@@ -14,13 +15,10 @@ from typing import Any
 
 from speclock.build import uvwheel, wheelhouse
 from speclock.build.closure import INIT_STUB_REL, import_closure, init_stub
-from speclock.build.prune import prune_script
-from speclock.build.uvwheel import uv_package
-from speclock.core.errors import BadInput
-from speclock.core.files import atomic_output, atomic_write_text, confined, file_sha256
+from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, patch_files, plan_environment
+from speclock.core.files import atomic_output, atomic_write_text, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.spec.lock import lock_path
-from speclock.spec.resolve import check_kernel_toolchain, kernel_toolchain
 from speclock.spec.stack import Stack
 
 # What the early image stages run: each gets the import closure of its entry modules (build.closure), in a
@@ -102,41 +100,19 @@ def _stage_tools(dest: Path, files: dict[str, Path] | None) -> None:
         sync_text(dest / INIT_STUB_REL, init_stub(SRC_ROOT))
 
 
-def _stage_wheels(stack: Stack, lock: dict[str, Any], wheels: Path) -> None:
-    """wheels/: the locked files (linked from the verified wheelhouse) and the hash-pinned lists pip installs."""
-    wheelhouse.link_into(lock, wheels)
-    keep = {p["filename"] for p in lock["packages"] + lock["assets"]} | set(WHEELS_FILES)
-    if stack.kernels:
-        keep.add("kernels.txt")
+def _stage_wheels(plan: EnvPlan, wheels: Path) -> None:
+    """wheels/: the locked files (linked from the verified wheelhouse), the plan's hash-pinned lists and its prune hook."""
+    wheelhouse.link_into(plan.lock, wheels)
+    lists = plan.lists()
+    keep = {p["filename"] for p in plan.lock["packages"] + plan.lock["assets"]} | set(WHEELS_FILES) | set(lists)
     for stale in wheels.iterdir():
         if stale.name not in keep:
             stale.unlink()
-    uv = uv_package(lock)
-    lists = [("requirements.txt", lock["packages"]), ("assets.txt", [p for p in lock["assets"] if p is not uv]),
-             ("uv.txt", [uv] if uv else [])]
-    if stack.kernels:
-        check_kernel_toolchain(stack, lock["packages"] + lock["assets"])
-        lists.append(("kernels.txt", kernel_toolchain(lock["packages"] + lock["assets"])))
-    for name, pkgs in lists:
+    for name, pkgs in lists.items():
         sync_text(wheels / name, wheelhouse.requirements_text(pkgs))
     # The venv step's installer and its prune hook travel with the wheels (both are in WHEELS_SHA256).
     sync_file(Path(uvwheel.__file__), wheels / "uv_unpack.py")
-    sync_text(wheels / "prune.sh", prune_script(stack, lock))
-
-
-def patch_files(stack: Stack) -> dict[str, Path]:
-    """patches/<engine>/<entry> for each entry of the stack's series, confined to patches/<engine>/."""
-    engine = stack.engine["name"]
-    series_dir = REPO_ROOT / "patches" / engine
-    files = {}
-    for name in stack.patch_series:
-        # a series entry is data: it must name a file inside patches/<engine>/ (no '..', no absolute path)
-        path = confined(series_dir, name, what="patch", source=f"{stack.path}: patches.series")
-        if not path.is_file():
-            raise BadInput(f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
-                           hint="add the patch file or remove it from patches.series")
-        files[f"{engine}/{name}"] = path
-    return files
+    sync_text(wheels / "prune.sh", plan.prune_script)
 
 
 def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
@@ -145,7 +121,8 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the
     lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's). Image builds then add
     config/sbom.cdx.json (`build.sbom.stage_sbom`: it reads the base rootfs and two asset wheels)."""
-    _stage_wheels(stack, lock, ctx / "wheels")
+    plan = plan_environment(stack, lock)
+    _stage_wheels(plan, ctx / "wheels")
 
     stack_file = {f"stacks/{stack.path.name}": stack.path}  # the patch and kernel steps read the stack
     _stage_tools(ctx / "patch-tools",
@@ -162,16 +139,12 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
 
     sync_tree(patch_files(stack), ctx / "patches")
 
-    draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
-    if not (draft / "config.json").is_file():
-        raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} has no config.json",
-                       hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
-    sync_tree(tree_files(draft), ctx / "draft")
+    sync_tree(tree_files(draft_dir(stack)), ctx / "draft")
 
     config: dict[str, Path] = {f"stacks/{stack.path.name}": stack.path}
     config.update({f"patches/{k}": v for k, v in patch_files(stack).items()})  # /opt/speclock/patches
-    baselines = REPO_ROOT / "baselines" / stack.name
-    if baselines.is_dir():
+    baselines = baselines_dir(stack)
+    if baselines:
         config.update({f"baselines/{stack.name}/{k}": v for k, v in tree_files(baselines).items()})
     # speclock's source rides in config/ (one COPY, the image's last layer with image.json: both change together).
     config.update({f"src/speclock/{k}": v for k, v in tree_files(SRC_ROOT).items()})

@@ -2,6 +2,9 @@
 
     python -m speclock.kernels.build --archs sm_90a,sm_100a,sm_103a,sm_120a --out DIR
     python -m speclock.kernels.build --stack cuda-vllm --out DIR      # archs and CUDA from the stack
+    python -m speclock.kernels.build --stack S --toolchain DIR --out OUT --check
+                                   # nvcc and cuobjdump from the lock's toolchain wheels installed in DIR
+                                   # (pip --target): what the image's kernels stage and `speclock host-env` run
 
 Why a plain library and not a torch CUDAExtension: the image's builder stage (and CI) may hold
 a CPU torch, which cannot build CUDA extensions; nvcc alone can, with no GPU. The library has a
@@ -48,6 +51,31 @@ def find_nvcc(explicit: str | None = None) -> str:
         "nvcc not found (looked at --nvcc, $NVCC, PATH, /usr/local/cuda/bin)",
         hint="install the CUDA compiler of the stack's gpu.cuda release in the builder stage, or pass --nvcc PATH",
     )
+
+
+def toolchain_tools(root: Path) -> tuple[str, str]:
+    """(nvcc, cuobjdump) of the lock's nvcc toolchain wheels (spec.resolve.KERNEL_TOOLCHAIN) installed in `root` with
+    `pip install --target`; EnvironmentProblem naming the wheel when one is not there."""
+    found = {}
+    for tool, wheel in (("nvcc", "nvidia-cuda-nvcc"), ("cuobjdump", "nvidia-cuda-cuobjdump")):
+        path = next((p for p in sorted(Path(root).glob(f"**/bin/{tool}")) if p.is_file() and os.access(p, os.X_OK)), None)
+        if path is None:
+            raise EnvironmentProblem(f"--toolchain {root}: no bin/{tool} (from the {wheel} wheel)",
+                                     hint="install the lock's kernel toolchain wheels there (kernels.txt: "
+                                          "pip install --no-deps --require-hashes --target DIR)")
+        found[tool] = str(path)
+    return found["nvcc"], found["cuobjdump"]
+
+
+def check_host_compiler() -> str:
+    """nvcc compiles host code with the gcc on PATH (as C++: g++'s cc1plus); EnvironmentProblem naming what to install."""
+    gcc, gxx = shutil.which("gcc"), shutil.which("g++")
+    if not gcc or not gxx:
+        raise EnvironmentProblem(
+            f"nvcc needs a C++ host compiler and this PATH has no {'gcc' if not gcc else 'g++'}",
+            hint="install g++ (Debian/Ubuntu: apt-get install g++; RHEL/Rocky: dnf install gcc-c++) and put it on PATH, "
+                 "or, for `speclock host-env`, pass --kernels DIR with the library built into the stack's image")
+    return gcc
 
 
 def nvcc_release(nvcc: str) -> tuple[int, int]:
@@ -116,6 +144,7 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
     release, and both it and nvcc must be new enough for every arch.
     """
     nvcc = find_nvcc(nvcc)
+    check_host_compiler()
     have = nvcc_release(nvcc)
     if cuda is not None:
         want = _parse_release(cuda, cuda_key)
@@ -210,6 +239,11 @@ def _run(args: argparse.Namespace) -> int:
         if not args.archs:
             raise BadInput("no architectures: give --archs sm_90a,... or --stack NAME")
         archs, cuda = [a.strip() for a in args.archs.split(",") if a.strip()], args.cuda
+    if args.toolchain:
+        if args.nvcc:
+            raise BadInput("give --toolchain or --nvcc, not both", hint="--toolchain DIR takes nvcc and cuobjdump from DIR")
+        args.nvcc, cuobjdump = toolchain_tools(Path(args.toolchain))
+        os.environ["CUOBJDUMP"] = cuobjdump  # find_cuobjdump reads it: the --check uses the toolchain's own
     quiet = args.json
     manifest = build_fp8_library(archs, Path(args.out), nvcc=args.nvcc, cuda=cuda,
                                  progress=(lambda m: print(m, file=sys.stderr)) if quiet else print)
@@ -229,6 +263,8 @@ def _parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--cuda", help="CUDA release the archs are checked against (default: nvcc's own)")
     parser.add_argument("--out", required=True, help="folder for libspeclock_fp8.so and kernels.json")
     parser.add_argument("--nvcc", help="nvcc to use (default: $NVCC, then PATH)")
+    parser.add_argument("--toolchain", metavar="DIR", help="take nvcc and cuobjdump from the lock's toolchain wheels "
+                        "installed in DIR (pip install --target DIR -r kernels.txt)")
     parser.add_argument("--check", action="store_true", help="verify the cubins with cuobjdump after building")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.set_defaults(func=_run)

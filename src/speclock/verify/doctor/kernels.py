@@ -30,8 +30,15 @@ def check_kernels(ctx: Context) -> Check:
     targets = list(ctx.stack.gpu["archs"])
     lib, man_path = folder / kbuild.FP8_LIBRARY, folder / kbuild.MANIFEST
     if not lib.is_file() or not man_path.is_file():
+        if (IMAGE.root / "host-env.json").is_file():  # a host environment (speclock host-env) in the image's layout
+            return Check("kernels", "fail", f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}, and kernels.build "
+                                            f"of stacks/{ctx.stack.name}.toml asks for it: re-create the environment with "
+                                            "`speclock host-env --force` (it builds the library with the lock's nvcc and the "
+                                            "host's g++), or with --kernels DIR (the library copied out of the stack's image)",
+                         {"dir": str(folder)})
         return Check("kernels", "fail", f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}: the image was built "
-                                        "without its kernels stage; rebuild it with `speclock build-image`", {"dir": str(folder)})
+                                        "without its kernels stage (kernels.build); rebuild it with `speclock build-image`",
+                     {"dir": str(folder)})
     hint = "rebuild the kernel library with `speclock kernels-build` (or the image with `speclock build-image`)"
     man = read_json(man_path, what="kernel library manifest", hint=hint)
     for key, types in (("abi", (int, str)), ("library_sha256", str), ("nvcc", str)):

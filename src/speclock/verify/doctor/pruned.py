@@ -13,7 +13,8 @@ import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from speclock.core.layout import in_image
+from speclock.core.files import read_json
+from speclock.core.layout import IMAGE, in_image
 from speclock.core.names import normalize
 from speclock.verify.doctor.context import Check, Context
 
@@ -56,6 +57,17 @@ def leftover_paths(site: Path | None, globs: list[str]) -> dict[str, int]:
     return left
 
 
+def from_the_host() -> dict[str, str]:
+    """{pruned package: where} that a host environment sees in the host's site-packages (`speclock host-env
+    --use-host-packages` shares them; its record lists them as pruned_from_host): not the environment's own. Empty in
+    an image. (The record's name, host-env.json, is build.hostenv's RECORD; doctor reads the file, not that module.)"""
+    path = IMAGE.root / "host-env.json"
+    if not in_image() or not path.is_file():
+        return {}
+    rows = read_json(path, what="host environment record", expect=dict).get("pruned_from_host") or []
+    return {normalize(r["name"]): r.get("location", "?") for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)}
+
+
 def _question(module: str) -> str:
     return f"pruned_import:{module}"
 
@@ -95,12 +107,19 @@ def check_pruned(ctx: Context) -> Check:
                                        f"{module} fails ({error}); take {blamed[0]} out of {KEY} and relock", details)
         return Check(NAME, "fail", f"the engine's serving path does not import with {', '.join(pruned)} pruned by "
                                    f"{where}: {module}: {error}", details)
-    if installed or left:
+    host = {n: w for n, w in from_the_host().items() if n in installed}
+    own = [n for n in installed if n not in host]
+    if own or left:
         # An image built from the lock never has them; a host's own engine Python may (it was not built from the lock).
         status = "fail" if in_image() else "warn"
-        found = ([f"{', '.join(installed)} pruned by {where}, but installed in the engine's Python"] if installed else []) \
+        found = ([f"{', '.join(own)} pruned by {where}, but installed in the engine's Python"] if own else []) \
             + ([f"[prune].paths still match: {left_note}"] if left else [])
         return Check(NAME, status, "; ".join(found) + " (not built from this lock?); serving modules import", details)
+    if host:
+        # The host environment's own site-packages has none; the host's shared one does, and host-env cannot remove it.
+        return Check(NAME, "warn", f"{', '.join(host)} pruned by {where}: not in this environment, but visible from the "
+                                   f"host's site-packages ({'; '.join(sorted(set(host.values())))}), which "
+                                   "--use-host-packages shares; serving modules import", details | {"from_host": host})
     paths = f"; nothing matches [prune].paths ({', '.join(globs)})" if globs else ""
     return Check(NAME, "pass", f"{', '.join(pruned)} absent ({KEY}){paths}; {len(modules)} serving modules of "
                                f"{ctx.stack.engine['name']} import without them", details)
