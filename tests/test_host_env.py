@@ -459,3 +459,23 @@ def test_doctor_reports_the_version_python_imports_when_the_host_has_an_older_co
     imported = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('shadowed'))"],
                               capture_output=True, text=True, env=env).stdout.strip()
     assert imported == "2.0"  # the same copy importlib.metadata.version() (and import) would use
+
+
+def test_the_image_and_host_env_run_the_same_kernel_build_and_prune_hook():
+    """One plan (build.envplan): the kernels stage's command is kernel_build_args with the image's paths, and the prune
+    hook host-env runs is the script the build context stages as wheels/prune.sh."""
+    import re as _re
+
+    from speclock.build.containerfile import KERNELS_CONTAINERFILE
+    from speclock.build.envplan import kernel_build_args, plan_environment
+    from speclock.build.prune import prune_script
+
+    stage = " ".join(KERNELS_CONTAINERFILE.read_text().replace("\\\n", " ").split())
+    args = kernel_build_args('"/ktools/stacks/$STACK_NAME.toml"', "/tmp/cuda", "/opt/speclock/kernels")
+    assert "python3 " + " ".join(args) + " " in stage
+    assert _re.search(r"pip install [^&]*--target /tmp/cuda [^&]*-r /wheels/kernels\.txt", stage)
+    stack = load_stack("vllm-0.26.0-torch2.11-cu130")
+    lock = read_lock(ROOT / "locks" / f"{stack.name}.lock", stack=stack)
+    plan = plan_environment(stack, lock)
+    assert plan.prune_script == prune_script(stack, lock) and "prune_glob '*/tests'" in plan.prune_script
+    assert [p["name"] for p in plan.lists()["kernels.txt"]] == list(KERNEL_TOOLCHAIN)

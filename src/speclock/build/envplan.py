@@ -62,7 +62,7 @@ def plan_environment(stack: Stack, lock: dict[str, Any]) -> EnvPlan:
 
 def kernel_build_args(stack_file: str, toolchain: str, out: str) -> list[str]:
     """`python -m speclock.kernels.build` arguments: the stack's gpu.archs with the toolchain's nvcc, cubins checked
-    (containers/kernels.Containerfile runs the same; tests/test_host_env_plan.py holds them equal)."""
+    (containers/kernels.Containerfile runs the same; tests/test_host_env.py holds them equal)."""
     return ["-m", KERNEL_BUILD_MODULE, "--stack", stack_file, "--toolchain", toolchain, "--out", out, "--check"]
 
 
