@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core import files
+from speclock.core.args import MAX_K
 from speclock.core.errors import BadInput
 from speclock.core.names import normalize
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
@@ -32,6 +33,9 @@ _THRESHOLD_RANGE = {
     "min_mean_acceptance_length": (0.0, None), "min_acceptance_per_position": (0.0, 1.0), "min_speedup": (0.0, None),
     "max_relative_drop": (0.0, None), "max_reference_gap": (0.0, None), "max_speedup_drop": (0.0, 1.0),
 }
+# Counts: beyond these a smoke run is hours long or no engine accepts it (EAGLE-3 chains of more than 16 drafts
+# accept next to nothing: the per-position rate falls geometrically).
+_COUNT_RANGE = {"num_prompts": (1, 100_000), "max_tokens": (1, 32_768), "num_speculative_tokens": (1, MAX_K)}
 # Batch-1 speed settings: (lowest, highest); beyond them a smoke run is either no measurement or hours long.
 _SPEED_RANGE = {"speed_prompts": (1, 1000), "speed_max_tokens": (1, 4096), "speed_repeats": (0, 20)}
 
@@ -203,15 +207,21 @@ def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
         raise bad("target.gguf", "missing: the file inside target.package to convert", "a .gguf file name")
     if s["smoke"]["prompts_package"] and not s["smoke"]["prompts_file"]:
         raise bad("smoke.prompts_file", "missing: the JSONL inside smoke.prompts_package", "a path inside the wheel")
-    for key in ("num_prompts", "max_tokens", "num_speculative_tokens"):
-        if s["smoke"][key] < 1:
-            raise bad(f"smoke.{key}", f"{s['smoke'][key]} is below 1", "a positive integer")
+    for key, (lo, hi) in _COUNT_RANGE.items():
+        if not lo <= s["smoke"][key] <= hi:
+            raise bad(f"smoke.{key}", f"{s['smoke'][key]} is out of range", f"an integer from {lo} to {hi}")
+    for key in ("target.path", "draft.path"):
+        sec, name = key.split(".")
+        value = s[sec][name]
+        if value and (Path(value).is_absolute() or ".." in Path(value).parts or "\\" in value or "\x00" in value):
+            raise bad(key, f"{value!r} leaves the repository (absolute, or through '..')",
+                      "a folder inside the repository, e.g. 'models/<name>'")
     for key, (lo, hi) in _SPEED_RANGE.items():
         if not lo <= s["smoke"][key] <= hi:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is out of range", f"an integer from {lo} to {hi}")
-    if s["serve"]["num_speculative_tokens"] < 0:
-        raise bad("serve.num_speculative_tokens", f"{s['serve']['num_speculative_tokens']} is below 0",
-                  "a positive k, or 0 for smoke.num_speculative_tokens")
+    if not 0 <= s["serve"]["num_speculative_tokens"] <= MAX_K:
+        raise bad("serve.num_speculative_tokens", f"{s['serve']['num_speculative_tokens']} is out of range",
+                  f"a k from 1 to {MAX_K}, or 0 for smoke.num_speculative_tokens")
 
 
 def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
