@@ -88,13 +88,27 @@ def sample_report(**over) -> dict:
         "thresholds": {}, "run": {"completed": True, "stage": "done", "error": None, "seconds": 60.0},
         "verdict": "pass", "failures": [],
     }
-    report = copy.deepcopy(report)
+    report = with_speed(copy.deepcopy(report), [100.0] * 3, [150.0] * 3, [100.0] * 3)  # batch 1, as smoke writes it
     for dotted, value in over.items():
         node = report
         parts = dotted.split("__")
         for p in parts[:-1]:
             node = node[p]
         node[parts[-1]] = value
+    return report
+
+
+def with_speed(report: dict, before: list[float], spec: list[float], after: list[float], **gpu) -> dict:
+    """The report with a batch-1 speed section computed from tok/s per run, as smoke writes it (speclock.verify.speed)."""
+    from speclock.verify.speed import summarize_batch1
+
+    b1 = summarize_batch1([(t, 1.0) for t in before], [(t, 1.0) for t in spec], [(t, 1.0) for t in after],
+                          prompts=4, max_tokens=64)
+    report["throughput"] = {"baseline_tok_s": b1["plain_tok_s_median"], "spec_tok_s": b1["spec_tok_s_median"],
+                            "speedup": b1["speedup"], "measured_at": "batch 1", "batch1": b1,
+                            "concurrent": {"requests": 80, "baseline_tok_s": 100.0, "spec_tok_s": 60.0, "speedup": 0.6}}
+    if gpu:
+        report["gpu"] = dict(report.get("gpu") or {}, **gpu)
     return report
 
 

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from smoke_faults import sample_report, write_stack
+from smoke_faults import sample_report, with_speed, write_stack
 from speclock.cli import main
 from speclock.core.errors import BadInput
 from speclock.verify.gate import check_baseline_matches, evaluate, find_baseline, run_gate
@@ -37,7 +37,7 @@ def test_per_position_floor_is_checked_per_position():
 
 
 def test_speedup_is_checked_only_when_the_stack_asks():
-    slow = sample_report(throughput__speedup=0.5)
+    slow = with_speed(sample_report(), [100.0] * 3, [50.0] * 3, [100.0] * 3)  # 0.5 at batch 1
     assert not failed(evaluate(slow, FLOORS))
     (f,) = failed(evaluate(slow, dict(FLOORS, min_speedup=1.1)))
     assert f.kind == "speed"

@@ -66,9 +66,12 @@ def smoke_inputs(tmp_path, monkeypatch):
     def run(engine):
         monkeypatch.setattr(smoke_run, "get_engine", lambda name: engine)
         monkeypatch.setattr(engines, "get_engine", lambda name: engine)
+        # the double lives in this process: run it here, not in an engine worker process (smoke/worker.py)
+        monkeypatch.setattr(smoke_run, "_engine", lambda name, config, label: engines.running(engine, config))
         out = tmp_path / "out"
         code, _out, err = run_cli("smoke", "--target", target, "--draft", draft, "--prompts", prompts,
-                                  "--out", out, "--reference", "off", "--max-tokens", "3")
+                                  "--out", out, "--reference", "off", "--max-tokens", "3",
+                                  "--speed-repeats", "0")  # a double's timings are no speed
         return code, err, out / "report.json"
     return run
 

@@ -103,7 +103,8 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         _log("smoke")
         report, smoke_code = run_smoke(inp)
         print(human_table(report))
-        summary["stages"]["smoke"] = {"exit_code": smoke_code, "verdict": report["verdict"], "failures": report["failures"]}
+        summary["stages"]["smoke"] = {"exit_code": smoke_code, "verdict": report["verdict"], "failures": report["failures"],
+                                      "warnings": report.get("warnings") or []}  # e.g. a batch-1 speedup too spread to judge
     except SpeclockError as err:
         smoke_code = err.exit_code
         summary["stages"]["smoke"] = {"exit_code": smoke_code, "error": str(err)}
@@ -129,7 +130,9 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     summary["verdict"] = "pass" if final == 0 else "fail"
     summary["exit_code"] = final
     atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
-    print(f"selfcheck: {summary['verdict'].upper()} (doctor {codes[0]}, smoke {smoke_code}"
+    warned = bool((summary["stages"].get("gate") or {}).get("warnings") or (summary["stages"].get("smoke") or {}).get("warnings"))
+    summary["warnings"] = warned
+    print(f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke {smoke_code}"
           f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}")
     return final
 

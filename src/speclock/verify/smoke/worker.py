@@ -231,13 +231,14 @@ class WorkerSession:
         return self.request({"op": "captured_layers"})["layers"]
 
     def stop(self, *, interrupted: bool = False) -> None:
+        clean = False
         if self.proc.poll() is None and not interrupted:
             try:
-                self.request({"op": "stop"})
+                clean = bool(self.request({"op": "stop"}).get("stopped"))
                 self.proc.wait(timeout=STOP_WAIT_S)
             except (WorkerDied, subprocess.TimeoutExpired, OSError, ValueError):
-                pass
-        if self.proc.poll() is None or interrupted:
+                clean = False
+        if not clean:  # killed, dead or stuck: whatever is left of its group (engine processes) goes too
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)  # the worker and the engine processes it started
             except (ProcessLookupError, PermissionError):

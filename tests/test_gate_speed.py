@@ -1,0 +1,113 @@
+"""Speed in the verdict (issue #25): the batch-1 speedup against min_speedup and against the baseline's, with a
+WARN where its interval straddles the limit; reports whose speed figures disagree with their own runs are refused."""
+
+import json
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from smoke_faults import sample_report, with_speed, write_stack
+from speclock.core.errors import BadInput
+from speclock.spec.stack import load_stack
+from speclock.verify.gate import evaluate, run_gate
+from speclock.verify.report import human_table, validate_report
+
+FLOORS = {"min_mean_acceptance_length": 2.0, "min_speedup": 1.1, "max_speedup_drop": 0.10}
+
+
+def speed(report):
+    return [c for c in evaluate(report, FLOORS) if c.kind == "speed"]
+
+
+def test_a_batch1_speedup_clearly_above_min_speedup_passes():
+    (c,) = speed(with_speed(sample_report(), [500, 510, 505], [620, 615, 625], [495, 500, 505]))
+    assert c.status == "PASS" and c.value == pytest.approx(620 / 502.5, abs=1e-3)
+
+
+def test_a_batch1_speedup_below_min_speedup_fails_naming_the_key():
+    # the README's CPU run: 0.66x, which smoke used to call PASS
+    (c,) = speed(with_speed(sample_report(), [30, 31, 30], [20, 20.5, 19.8], [30, 29, 31]))
+    assert c.status == "FAIL" and "smoke.thresholds.min_speedup" in c.reason() and "0.66" in c.reason()
+
+
+def test_a_spread_across_min_speedup_warns_never_passes_or_fails():
+    # plain drifted from 500 to 570 tok/s while the drafted engine ran: 1.21 against before, 1.06 against after
+    (c,) = speed(with_speed(sample_report(), [500, 500, 500], [605, 605, 605], [570, 570, 570]))
+    assert c.status == "WARN" and c.ok
+    assert "straddles smoke.thresholds.min_speedup" in c.detail and "spread" in c.detail
+
+
+def test_speed_not_measured_fails_where_the_stack_asks_for_it():
+    unmeasured = sample_report(throughput={"baseline_tok_s": None, "spec_tok_s": None, "speedup": None})
+    (c,) = speed(unmeasured)  # no throughput.batch1: smoke ran with speed_repeats = 0, or before this
+    assert c.status == "FAIL" and "not measured" in c.detail and "throughput.batch1" in c.detail
+    assert not [c for c in evaluate(unmeasured, {}) if c.kind == "speed"], "min_speedup 0: not checked"
+
+
+def test_a_speedup_drop_against_the_baseline_fails_naming_max_speedup_drop():
+    base = with_speed(sample_report(), [500, 500, 500], [650, 650, 650], [500, 500, 500])  # 1.30
+    now = with_speed(sample_report(), [500, 500, 500], [575, 575, 575], [500, 500, 500])   # 1.15: -11.5%
+    (c,) = [c for c in evaluate(now, FLOORS, base) if c.name.startswith("speedup at batch 1 vs baseline")]
+    assert c.status == "FAIL" and "smoke.thresholds.max_speedup_drop" in c.reason()
+    same = with_speed(sample_report(), [500, 500, 500], [640, 640, 640], [500, 500, 500])
+    (c,) = [c for c in evaluate(same, FLOORS, base) if c.name.startswith("speedup at batch 1 vs baseline")]
+    assert c.status == "PASS"
+
+
+def test_a_baseline_without_speed_is_no_speed_baseline_not_a_crash():
+    now = with_speed(sample_report(), [500, 500, 500], [640, 640, 640], [500, 500, 500])
+    old = sample_report(throughput={"baseline_tok_s": 100.0, "spec_tok_s": 60.0, "speedup": 0.6})  # before batch 1
+    (c,) = [c for c in evaluate(now, FLOORS, old, baseline_source="b.json") if "vs baseline" in c.name
+            and c.kind == "regression" and "speedup" in c.name]
+    assert c.status == "WARN" and c.detail.startswith("no speed baseline: b.json")
+
+
+def test_a_speed_baseline_from_another_gpu_is_not_compared():
+    base = with_speed(sample_report(), [500] * 3, [650] * 3, [500] * 3, name="NVIDIA H200")
+    now = with_speed(sample_report(), [500] * 3, [500] * 3, [500] * 3, name="NVIDIA H100 80GB HBM3")
+    (c,) = [c for c in evaluate(now, FLOORS, base) if c.name.startswith("speedup at batch 1 vs baseline")]
+    assert c.status == "WARN" and "GPU NVIDIA H200 vs NVIDIA H100" in c.detail
+
+
+def test_warnings_show_in_the_verdict_junit_markdown_and_table(tmp_path):
+    report = with_speed(sample_report(), [500, 500, 500], [605, 605, 605], [570, 570, 570])
+    rp = tmp_path / "report.json"
+    rp.write_text(json.dumps(report))
+    stack = write_stack(tmp_path, min_mean_acceptance_length=2.0, min_speedup=1.1)
+    result = run_gate(rp, baseline="none", stack=str(stack), junit=tmp_path / "j.xml", md=tmp_path / "s.md")
+    assert result.ok and any("straddles" in w for w in result.warnings)
+    assert result.to_json()["verdict"] == "pass" and any("straddles" in w for w in result.to_json()["warnings"])
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    assert int(suite.get("failures")) == 0 and int(suite.get("skipped")) == 2  # no baseline + the speed WARN
+    md = (tmp_path / "s.md").read_text()
+    assert "PASS with WARN" in md and "| speedup at batch 1 (spec / plain tok/s) | **WARN** |" in md
+    text = human_table(dict(report, warnings=["speedup at batch 1: straddles"]))
+    assert "tok/s at batch 1" in text and "interval 1.06-1.21" in text and "WARN: speedup at batch 1" in text
+
+
+def test_an_edited_speed_interval_is_refused():
+    report = with_speed(sample_report(), [500, 500, 500], [605, 605, 605], [570, 570, 570])
+    validate_report(report)
+    report["throughput"]["batch1"]["speedup_low"] = 1.15  # would turn the WARN into a PASS
+    with pytest.raises(BadInput, match="throughput.batch1.speedup_low"):
+        validate_report(report)
+    report = with_speed(sample_report(), [500] * 3, [605] * 3, [570] * 3)
+    report["throughput"]["speedup"] = 1.5
+    with pytest.raises(BadInput, match="throughput.speedup"):
+        validate_report(report)
+
+
+@pytest.mark.parametrize("key,value", [("speed_repeats", 21), ("speed_prompts", 0), ("speed_max_tokens", 5000)])
+def test_speed_settings_out_of_bounds_are_refused_naming_the_key(tmp_path, key, value):
+    stack = write_stack(tmp_path)
+    text = re.sub(rf"^{key} = .*$", "", stack.read_text(), flags=re.M)  # the stack may set it already
+    stack.write_text(text.replace("[smoke]\n", f"[smoke]\n{key} = {value}\n", 1))
+    with pytest.raises(BadInput, match=f"smoke.{key}"):
+        load_stack(str(stack))
+
+
+def test_gpu_stacks_ask_for_a_batch1_speedup():
+    for name in ("vllm-0.26.0-torch2.11-cu130", "vllm-cu130", "sglang-0.5.15-torch2.11-cu130", "sglang-cu130"):
+        assert load_stack(name).thresholds["min_speedup"] == 1.1, name
+    assert 0 < load_stack("cpu-vllm").thresholds["min_speedup"] < 1.1
