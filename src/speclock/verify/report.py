@@ -16,7 +16,7 @@ from speclock.core import files
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number  # noqa: F401 - also read from here (upgrade/outputs.py)
 from speclock.verify.profiles import PROFILES
-from speclock.verify.speed import summarize_batch1
+from speclock.verify.speed import check_batch1
 
 SCHEMA_ID = "speclock.smoke/v1"
 
@@ -203,7 +203,7 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
         value = data["throughput"][key]
         if value is not None and value < 0:
             raise bad(f"throughput.{key}", f"negative ({value})")
-    _check_batch1(data, bad)
+    check_batch1(data, bad)  # speclock.verify.speed: the batch-1 figures are what their own runs give
     if isinstance(data.get("reference"), dict):
         _check_reference(data, bad)
     _check_profile(data, k, bad)
@@ -255,33 +255,6 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
             raise bad("attention_backends", f"a backend is listed twice: {names}")
         if backends and backends[0]["metrics"] != data["metrics"]:
             raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
-
-
-def _check_batch1(data: dict[str, Any], bad) -> None:
-    """The batch-1 speed figures are the ones its own runs give (speclock.verify.speed.summarize_batch1), and the
-    top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS."""
-    tp = data["throughput"]
-    b1 = tp.get("batch1")
-    if not isinstance(b1, dict):
-        if tp.get("measured_at") == "batch 1":
-            raise bad("throughput.batch1", "missing, but throughput.measured_at says 'batch 1'")
-        return
-    runs = {}
-    for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
-        values = b1[key]
-        if not values or len(values) != b1["repeats"] or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
-            raise bad(f"throughput.batch1.{key}", f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, "
-                                                  f"got {files.short_repr(values)}")
-        runs[key] = [(v, 1.0) for v in values]
-    want = summarize_batch1(runs["plain_before_tok_s"], runs["spec_tok_s"], runs["plain_after_tok_s"],
-                            prompts=b1["prompts"], max_tokens=b1["max_tokens"])
-    for key in ("speedup", "speedup_low", "speedup_high", "spread"):
-        if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=_TOLERANCE)):
-            raise bad(f"throughput.batch1.{key}", f"{files.short_repr(b1[key])} is not what the runs give ({want[key]}; "
-                                                  "speclock.verify.speed)")
-    if tp.get("measured_at") == "batch 1" and (tp["speedup"] is None or not _close(tp["speedup"], b1["speedup"])):
-        raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
 
 
 _COUNTER_TYPES = {"num_drafts": (int,), "num_draft_tokens": (int,), "num_accepted_tokens": (int,),

@@ -20,6 +20,7 @@ smoke.thresholds.max_speedup_drop (judged the same way over the interval).
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -49,6 +50,33 @@ def summarize_batch1(before: list[tuple[int, float]], spec: list[tuple[int, floa
             "plain_tok_s_median": round(plain, 2), "spec_tok_s_median": round(spec_med, 2),
             "speedup": round(speedup, 4), "speedup_low": round(low, 4), "speedup_high": round(high, 4),
             "spread": round((high - low) / speedup, 4) if speedup else None}
+
+
+def check_batch1(data: dict[str, Any], bad) -> None:
+    """The batch-1 speed figures are the ones its own runs give (speclock.verify.speed.summarize_batch1), and the
+    top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS."""
+    tp = data["throughput"]
+    b1 = tp.get("batch1")
+    if not isinstance(b1, dict):
+        if tp.get("measured_at") == "batch 1":
+            raise bad("throughput.batch1", "missing, but throughput.measured_at says 'batch 1'")
+        return
+    runs = {}
+    for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
+        values = b1[key]
+        if not values or len(values) != b1["repeats"] or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
+            raise bad(f"throughput.batch1.{key}", f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, "
+                                                  f"got {repr(values)[:80]}")
+        runs[key] = [(v, 1.0) for v in values]
+    want = summarize_batch1(runs["plain_before_tok_s"], runs["spec_tok_s"], runs["plain_after_tok_s"],
+                            prompts=b1["prompts"], max_tokens=b1["max_tokens"])
+    for key in ("speedup", "speedup_low", "speedup_high", "spread"):
+        if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=5e-4)):
+            raise bad(f"throughput.batch1.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; "
+                                                  "speclock.verify.speed)")
+    if tp.get("measured_at") == "batch 1" and (tp["speedup"] is None or not math.isclose(tp["speedup"], b1["speedup"], rel_tol=1e-9, abs_tol=5e-4)):
+        raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
 
 
 def batch1_of(report: dict[str, Any]) -> dict[str, Any] | None:
