@@ -79,14 +79,33 @@ def test_no_nvcc_is_exit_1_from_doctor(sites, image_env, capsys):
 @pytest.mark.skipif(shutil.which("g++", path="/usr/bin:/bin") is None, reason="no g++ on this machine")
 def test_lock_wheels_build_sglang_rope_and_base_without_gxx_fails(sites, image_env, tmp_path):
     res = check_sglang_jit(ctx_of(sites["wheels"]))
-    # Built for real with the wheels through the adapter's CUDA_HOME; the committed base lacks g++ -> named
+    # Built for real with the wheels through the adapter's CUDA_HOME; the committed base has g++ -> pass
     assert res.details["built"] is True and res.details["source"].endswith("rope.cuh"), res.details
     assert res.details["adapter_env"]["CUDA_HOME"] == res.details["cuda_home"]
-    assert res.status == "fail" and '"g++" to base.packages' in res.reason
-    text = Path(load_stack(STACK).path).read_text().replace('"libpython3.11-dev"]', '"libpython3.11-dev", "g++"]', 1)
+    assert res.status == "pass", res.reason
+    text = Path(load_stack(STACK).path).read_text().replace('"gcc", "g++", ', '"gcc", ', 1)
+    assert '"g++"' not in text.split("[python]")[0]
     (tmp_path / f"{STACK}.toml").write_text(text)
     res = check_sglang_jit(ctx_of(sites["wheels"], load_stack(tmp_path / f"{STACK}.toml")))
+    assert res.status == "fail" and '"g++" to base.packages' in res.reason, res.reason
+
+
+@pytest.mark.skipif(shutil.which("g++", path="/usr/bin:/bin") is None, reason="no g++ on this machine")
+def test_cuda_wheels_split_between_the_env_and_the_host_still_build(tmp_path_factory, image_env, monkeypatch):
+    # A host environment (host-env --use-host-packages) imports nvidia-cuda-runtime (cuda_runtime.h) from the host's
+    # site-packages and nvcc from its own: the adapter's CUDA_HOME must hold both. With one tree the build failed
+    # ("cuda_runtime.h: No such file or directory"; rehearsed on the CPU with the sglang-0.5.15 host env).
+    tmp = tmp_path_factory.mktemp("split")
+    env_site = _site(tmp, "env", [w for w in CUDA_WHEELS if w[0] != "nvidia-cuda-runtime"])
+    host_site = _site(tmp, "host", [w for w in CUDA_WHEELS if w[0] == "nvidia-cuda-runtime"])
+    assert not (env_site / "nvidia/cu13/include/cuda_runtime.h").exists()
+    monkeypatch.setenv("PYTHONPATH", str(host_site))
+    res = check_sglang_jit(ctx_of(env_site))
     assert res.status == "pass", res.reason
+    home = Path(res.details["cuda_home"])
+    assert (home / "include/cuda_runtime.h").resolve().is_relative_to(host_site.resolve())
+    assert (home / "bin/nvcc").resolve().is_relative_to(env_site.resolve())
+    assert (home / "lib64/libcudart.so").resolve().is_relative_to(host_site.resolve())
 
 
 def test_missing_cccl_headers_name_the_build_only_move(sites, image_env, tmp_path):

@@ -47,35 +47,54 @@ def version(package: str = "sglang") -> str:
     return package_version(package)
 
 
-def wheel_cuda_root(search: list[Path]) -> Path | None:
-    """The CUDA tree that PyPI's CUDA 12/13 wheels install (<site>/nvidia/cu13, nvcc in bin/), or None."""
-    for root in search:
-        for cand in sorted(Path(root).glob("nvidia/cu1[0-9]"), reverse=True):
-            if (cand / "bin" / "nvcc").is_file():
-                return cand
+def wheel_cuda_roots(search: list[Path]) -> list[Path]:
+    """The CUDA trees PyPI's CUDA 12/13 wheels install (<site>/nvidia/cu13), in search order, of the release whose
+    first tree has nvcc in bin/; [] when none has. Wheels of one release may sit in several site-packages: a host
+    environment takes nvidia-cuda-runtime (cuda_runtime.h) from the host's and nvcc from its own (measured on the
+    host-env of sglang-0.5.15-torch2.11-cu130: "cuda_runtime.h: No such file or directory" with one tree)."""
+    trees = [cand for root in search for cand in sorted(Path(root).glob("nvidia/cu1[0-9]"), reverse=True) if cand.is_dir()]
+    with_nvcc = [t for t in trees if (t / "bin" / "nvcc").is_file()]
+    if not with_nvcc:
+        return []
+    release = with_nvcc[0].name
+    return [t for t in trees if t.name == release]
+
+
+def _cudart(roots: list[Path]) -> Path | None:
+    for root in roots:
+        found = sorted((root / "lib").glob("libcudart.so.[0-9]*"))
+        if found:
+            return found[0]
     return None
 
 
-def _cudart(lib: Path) -> Path | None:
-    found = sorted(lib.glob("libcudart.so.[0-9]*"))
-    return found[0] if found else None
+def _link_tree(src: Path, dest: Path) -> None:
+    """Folders made, files linked; a file already there (from an earlier tree) wins."""
+    dest.mkdir(exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        target = dest / entry.name
+        if entry.is_dir():
+            _link_tree(entry, target)
+        elif not (target.exists() or target.is_symlink()):
+            target.symlink_to(entry.resolve())
 
 
-def cuda_home_shim(cuda_root: Path, into: Path) -> Path:
-    """A CUDA_HOME folder made of links into the wheels' tree, plus the one path tvm_ffi links against that the
-    wheels lack: lib64/libcudart.so (they ship lib/libcudart.so.13 only). Made once (renamed into place)."""
-    key = hashlib.sha256(str(cuda_root.resolve()).encode()).hexdigest()[:16]
+def cuda_home_shim(cuda_roots: list[Path], into: Path) -> Path:
+    """A CUDA_HOME folder: the wheels' trees merged by links (the first tree's file wins), plus the one path tvm_ffi
+    links against that the wheels lack: lib64/libcudart.so (they ship lib/libcudart.so.13 only). Made once (renamed
+    into place), keyed by the trees it merges."""
+    key = hashlib.sha256("\n".join(str(r.resolve()) for r in cuda_roots).encode()).hexdigest()[:16]
     home = into / f"cuda-home-{key}"
     if (home / "lib64" / "libcudart.so").exists() and (home / "bin" / "nvcc").exists():
         return home
     into.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=into, prefix=".tmp-cuda-home."))
     try:
-        for entry in sorted(cuda_root.iterdir()):
-            (tmp / entry.name).symlink_to(entry.resolve())
-        cudart = _cudart(cuda_root / "lib")
+        for root in cuda_roots:
+            _link_tree(root, tmp)
+        cudart = _cudart(cuda_roots)
         if cudart is not None:
-            (tmp / "lib64").mkdir()
+            (tmp / "lib64").mkdir(exist_ok=True)
             (tmp / "lib64" / "libcudart.so").symlink_to(cudart.resolve())
         try:
             os.replace(tmp, home)
@@ -96,10 +115,10 @@ def jit_env(env: Mapping[str, str], search: list[Path] | None = None, into: Path
     given = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if given and (Path(given) / "bin" / "nvcc").is_file() and (Path(given) / "lib64" / "libcudart.so").exists():
         return {}
-    root = wheel_cuda_root(search if search is not None else _default_search())
-    if root is None:
+    roots = wheel_cuda_roots(search if search is not None else _default_search())
+    if not roots:
         return {}
-    return {"CUDA_HOME": str(cuda_home_shim(root, into or cache_dir() / "cuda-home"))}
+    return {"CUDA_HOME": str(cuda_home_shim(roots, into or cache_dir() / "cuda-home"))}
 
 
 def spec_args(config: EngineConfig) -> dict[str, Any]:

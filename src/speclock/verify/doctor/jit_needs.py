@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -82,10 +83,24 @@ def jit_kernel_dir(ctx: Context) -> Path | None:
     return d if d and (d / "utils.py").is_file() else None
 
 
+def engine_sys_path(ctx: Context, env: dict[str, str]) -> list[Path]:
+    """The engine Python's import path (its site-packages, then a host environment's host site-packages): where the
+    adapter looks for the CUDA wheels when the engine starts."""
+    run_env = dict(env, PYTHONPATH=os.pathsep.join([str(ctx.site_packages), *filter(None, [env.get("PYTHONPATH")])]))
+    try:
+        proc = subprocess.run([str(ctx.python), "-c", "import json, sys; print(json.dumps(sys.path))"], env=run_env,
+                              capture_output=True, text=True, timeout=120)
+        paths = json.loads((proc.stdout.strip().splitlines() or ["[]"])[-1])
+    except (OSError, subprocess.SubprocessError, ValueError):
+        paths = []
+    found = [Path(p) for p in paths if isinstance(p, str) and p and Path(p).is_dir()]
+    return found or ([Path(ctx.site_packages)] if ctx.site_packages else [])
+
+
 def engine_run_env(ctx: Context) -> tuple[dict[str, str], dict[str, str]]:
     """(the environment the engine runs with, what speclock's adapter adds to it)."""
     env = {**os.environ, **ctx.stack.engine_env}
-    added = sglang_engine.jit_env(env, search=[Path(ctx.site_packages)] if ctx.site_packages else [])
+    added = sglang_engine.jit_env(env, search=engine_sys_path(ctx, env))
     return {**env, **added}, added
 
 
@@ -126,9 +141,14 @@ def diagnose(ctx: Context, r: dict, env: dict[str, str]) -> tuple[str, str]:
                 "and the engine's site-packages has no nvidia/cu*/bin/nvcc)",
                 f"lock the CUDA {major} compiler wheels ({', '.join(CUDA_WHEELS)}) in python.extra of {_stack_file(ctx)} "
                 "(speclock's SGLang adapter points CUDA_HOME at them), or set engine.env CUDA_HOME to a CUDA toolkit")
-    if "nv/target" in tail or "cuda/std" in tail or ("fatal error" in tail and ".h" in tail and "Python.h" not in tail):
+    if "nv/target" in tail or "cuda/std" in tail:
         return ("CUDA headers are missing (cuda_fp16.h includes <nv/target> from CCCL)",
                 f"move nvidia-cuda-cccl from python.build_only to python.extra in {_stack_file(ctx)} and re-lock")
+    missing = re.search(r"fatal error: ([\w./-]+\.h): No such file", tail)
+    if missing and missing[1] != "Python.h":
+        return (f"the CUDA header {missing[1]} is missing from CUDA_HOME {r.get('cuda_home')}",
+                f"lock the CUDA {major} wheel that ships it (cuda_runtime.h: nvidia-cuda-runtime) where the engine's "
+                "Python imports it (the adapter merges every nvidia/cu* tree on its path)")
     if ("cc1plus" in tail or "c++: not found" in tail or "gcc: not found" in tail or "g++" in tail
             or not r.get("cxx")):
         return ("no C++ compiler (nvcc's host compile needs gcc with cc1plus, tvm_ffi links with c++)", _cxx_fix(ctx))
