@@ -15,7 +15,9 @@ import pytest
 
 from smoke_faults import (converted_target, crashing_drafter, engine_fault, healthy_drafter, random_drafter, shifted_layers_drafter,
                           write_stack)
+import speclock.verify.smoke.run as smoke_run
 from speclock.cli import main
+from speclock.engines import get_engine, running
 from speclock.verify.gate import run_gate
 
 pytest.importorskip("vllm")
@@ -92,7 +94,9 @@ def test_the_healthy_run_measures_speed_at_batch_1_plain_before_and_after(health
     assert not speed or ("straddles" in speed[0] and report["verdict"] == "pass"), speed
 
 
-def test_a_random_weight_drafter_fails_on_acceptance(env):
+def test_a_random_weight_drafter_fails_on_acceptance(env, monkeypatch):
+    # In this process rather than a worker (smoke/worker.py), so that the registry read below is the engine's own.
+    monkeypatch.setattr(smoke_run, "_engine", lambda name, config, label: running(get_engine(name), config))
     code, report = smoke(env, random_drafter(env["target"], env["root"] / "random-draft", like=healthy_drafter()), "random")
     assert code == 1 and report["verdict"] == "fail"
     assert report["lossless"]["mismatches"] == 0, "a useless drafter is still lossless"

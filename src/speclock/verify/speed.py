@@ -87,7 +87,7 @@ def batch1_of(report: dict[str, Any]) -> dict[str, Any] | None:
 
 def _interval(b1: dict[str, Any]) -> str:
     return (f"{b1['speedup']:.3f} (interval {b1['speedup_low']:.3f}-{b1['speedup_high']:.3f}, spread "
-            f"{b1['spread']:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
+            f"{b1['spread'] or 0:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
             f"{b1['prompts']} prompts x {b1['max_tokens']} tokens x {b1['repeats']} repeats)")
 
 
