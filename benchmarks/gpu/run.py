@@ -44,7 +44,7 @@ WH, PIECES, DONE = STATE / "wh", STATE / "pieces", STATE / "done"
 BENCH_CONFIGS = ["plain", "1", "2", "3", "4", "5", "plain"]
 # Seconds a phase may need at most (engine starts of 35-120 s included); a phase starts only when the
 # call has that much left, so a call never runs into the device's 600 s limit and loses its results.
-ESTIMATE = {"machine": 20, "env": 240, "selfcheck": 520, "fault": 330, "bench": 150}
+ESTIMATE = {"machine": 20, "env": 240, "selfcheck": 500, "fault": 330, "bench": 150}
 
 
 def log(msg: str) -> None:
@@ -176,10 +176,46 @@ def engine_of(stack: str) -> str:
     return stack.split("-")[0]
 
 
+def env_script(stack: str, env_dir: Path) -> str:
+    return (f". {HOSTENV_SH}; PYTHONPATH={REPO}/src python3 -m speclock host-env --stack {stack} --dest {env_dir} "
+            f"--target 3.12-x86_64 --wheelhouse {WH} --use-host-packages \"$HOST_PACKAGES\" --json > $R/{engine_of(stack)}/host-env.json")
+
+
+def selfcheck_script(stack: str, env_dir: Path) -> str:
+    baseline = "auto" if (REPO / "baselines" / stack).is_dir() else "none"
+    return f". {HOSTENV_SH}; {env_dir}/bin/speclock selfcheck --out $R/{engine_of(stack)}/selfcheck --baseline {baseline}"
+
+
+def fault_eager_script(stack: str, env_dir: Path) -> str:
+    """The drafted engine with its drafter in eager mode (no CUDA graphs: each drafter pass a chain of small launches),
+    slower than plain at batch 1: smoke and the gate must FAIL naming the speed threshold. 16 prompts x 32 tokens for
+    the lossless/acceptance pass (the batch-1 measurement keeps the stack's smoke.speed_*)."""
+    return (f". {HOSTENV_SH}; S={env_dir}/speclock/stacks/{stack}.toml; mkdir -p /tmp/speclock-gpu/fault; "
+            f"F=/tmp/speclock-gpu/fault/{stack}.toml; "
+            "python3 - \"$S\" \"$F\" <<'PY'\n"
+            "import re, sys\n"
+            "s = open(sys.argv[1]).read()\n"
+            "s, n = re.subn(r'^settings = \\{ ', 'settings = { speculative_config = { enforce_eager = true }, ', s, count=1, flags=re.M)\n"
+            "assert n == 1, 'no [engine] settings line'\n"
+            "open(sys.argv[2], 'w').write(s)\n"
+            "PY\n"
+            f"{env_dir}/bin/speclock smoke --stack $F --num-prompts 16 --max-tokens 32 --out $R/vllm/fault-eager; "
+            "echo smoke exit $?; "
+            f"{env_dir}/bin/speclock gate $R/vllm/fault-eager/report.json --stack $F --baseline none "
+            "--markdown $R/vllm/fault-eager/gate.md; echo gate exit $?")
+
+
+def bench_script(stack: str, env_dir: Path, phase: str, config: str) -> str:
+    return (f". {HOSTENV_SH}; mkdir -p $R/bench; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py "
+            f"--stack {env_dir}/speclock/stacks/{stack}.toml --target {env_dir}/speclock/target "
+            f"--draft {env_dir}/speclock/draft --prompts {env_dir}/speclock/prompts/prompts.jsonl "
+            f"--configs {config} --out $R/bench/{phase}.jsonl")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget-s", type=int, default=540, help="stop starting phases after this many seconds")
-    p.add_argument("--only", default="", help="comma list of phase prefixes to run (default: all that are due)")
+    p.add_argument("--only", default="", help="comma list of phase prefixes to run ('none': stage only; default: all due)")
     p.add_argument("--retry", default="", help="comma list of phases to run again although done")
     p.add_argument("--bench-configs", default=",".join(BENCH_CONFIGS))
     args = p.parse_args()
@@ -192,74 +228,49 @@ def main() -> int:
     log(f"run {run.run_id}: {len(staged)} of {len(names)} parts staged; {run.left():.0f} s in this call")
     wanted = (lambda ph: any(ph.startswith(o) for o in only)) if only else (lambda ph: True)
 
-    def due(phase: str) -> bool:
-        return wanted(phase) and not run.done(phase)
-
-    if due("machine"):
-        run.sh("machine", "{ python3 -V; which python3 gcc g++ nvcc || true; nvidia-smi; nproc; free -g; df -h /tmp;"
-                          " python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__,"
-                          " torch.cuda.get_device_name(0))'; } > $R/machine.txt 2>&1; cat $R/machine.txt", ESTIMATE["machine"])
+    # What is due, in order: the verdicts first (each stack's self-check, the fault drill), the throughput table last.
+    tasks: list[tuple[str, str | None, str, int]] = [("machine", None, "", ESTIMATE["machine"])]
     for stack in manifest["stacks"]:
         eng = engine_of(stack)
-        env_dir = STATE / f"env-{eng}"
-        ready = all(n in staged for n in names[:manifest["ready_after"][stack]])
-        phases = [f"{eng}-selfcheck"] + (["vllm-fault-eager"] if eng == "vllm" else []) + \
-                 [f"bench-{eng}-{i}-{c}" for i, c in enumerate(args.bench_configs.split(","))]
-        todo = [ph for ph in phases if due(ph)]
-        if not todo:
+        tasks.append((f"{eng}-selfcheck", stack, "selfcheck", ESTIMATE["selfcheck"]))
+        if eng == "vllm":
+            tasks.append(("vllm-fault-eager", stack, "fault", ESTIMATE["fault"]))
+    for stack in manifest["stacks"]:
+        for i, config in enumerate(args.bench_configs.split(",")):
+            tasks.append((f"bench-{engine_of(stack)}-{i}-{config}", stack, "bench", ESTIMATE["bench"]))
+    machine_probe = ("{ python3 -V; which python3 gcc g++ nvcc || true; nvidia-smi; nproc; free -g; df -h /tmp; "
+                     "python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, "
+                     "torch.cuda.get_device_name(0))'; } > $R/machine.txt 2>&1; cat $R/machine.txt")
+    env_failed: set[str] = set()
+    for phase, stack, kind, estimate in tasks:
+        if not wanted(phase) or run.done(phase):
             continue
-        if not ready:
-            missing = [n for n in names[:manifest["ready_after"][stack]] if n not in staged]
-            log(f"{stack}: waits for {len(missing)} parts ({missing[0]} .. {missing[-1]})")
-            break
+        if stack is None:
+            run.sh(phase, machine_probe, estimate)
+            continue
+        eng = engine_of(stack)
+        env_dir = STATE / f"env-{eng}"
+        if stack in env_failed:
+            continue
         if not (env_dir / "bin/speclock").exists():
-            code = run.sh(f"{eng}-env",
-                          f". {HOSTENV_SH}; PYTHONPATH={REPO}/src python3 -m speclock host-env --stack {stack} "
-                          f"--dest {env_dir} --target 3.12-x86_64 --wheelhouse {WH} --use-host-packages \"$HOST_PACKAGES\" "
-                          f"--json > $R/{eng}-host-env.json", ESTIMATE["env"])
+            missing = [n for n in names[:manifest["ready_after"][stack]] if n not in staged]
+            if missing:
+                log(f"{phase}: {stack} waits for {len(missing)} parts ({missing[0]} .. {missing[-1]})")
+                continue
+            (run.out / eng).mkdir(exist_ok=True)
+            code = run.sh(f"{eng}-env", env_script(stack, env_dir), ESTIMATE["env"], stack=stack)
             if code is None:
                 break
             if code != 0:
-                log(f"{stack}: host-env failed; its later phases are skipped in this call")
+                log(f"{stack}: host-env failed (exit {code}); its phases are skipped in this call")
+                env_failed.add(stack)
                 continue
-        if not run.done(f"{eng}-env") and (env_dir / "bin/speclock").exists():
-            (DONE / f"{eng}-env").touch()
-        sc = f"{eng}-selfcheck"
-        if sc in todo:
-            baseline = "auto" if (REPO / "baselines" / stack).is_dir() else "none"
-            if run.sh(sc, f". {HOSTENV_SH}; {env_dir}/bin/speclock selfcheck --out $R/{eng}/selfcheck --baseline {baseline}",
-                      ESTIMATE["selfcheck"], stack=stack) is None:
-                break
-        if "vllm-fault-eager" in todo:
-            # The drafted engine with its drafter in eager mode (no CUDA graphs): slower than plain at batch 1.
-            # The verdict must be FAIL naming the speed threshold.
-            script = (f". {HOSTENV_SH}; S={env_dir}/speclock/stacks/{stack}.toml; mkdir -p /tmp/speclock-gpu/fault; "
-                      f"F=/tmp/speclock-gpu/fault/{stack}.toml; "
-                      "python3 - \"$S\" \"$F\" <<'PY'\n"
-                      "import re, sys\n"
-                      "s = open(sys.argv[1]).read()\n"
-                      "s, n = re.subn(r'^settings = \\{ ', 'settings = { speculative_config = { enforce_eager = true }, ', s, count=1, flags=re.M)\n"
-                      "assert n == 1, 'no [engine] settings line'\n"
-                      "open(sys.argv[2], 'w').write(s)\n"
-                      "PY\n"
-                      f"{env_dir}/bin/speclock smoke --stack $F --out $R/vllm/fault-eager; echo smoke exit $?; "
-                      f"{env_dir}/bin/speclock gate $R/vllm/fault-eager/report.json --stack $F --baseline none "
-                      "--markdown $R/vllm/fault-eager/gate.md; echo gate exit $?")
-            if run.sh("vllm-fault-eager", script, ESTIMATE["fault"], stack=stack,
-                      expect="gate exit 1 (speed below smoke.thresholds.min_speedup)") is None:
-                break
-        stopped = False
-        for ph in [x for x in todo if x.startswith("bench-")]:
-            config = ph.rsplit("-", 1)[1]
-            script = (f". {HOSTENV_SH}; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py "
-                      f"--stack {env_dir}/speclock/stacks/{stack}.toml --target {env_dir}/speclock/target "
-                      f"--draft {env_dir}/speclock/draft --prompts {env_dir}/speclock/prompts/prompts.jsonl "
-                      f"--configs {config} --out $R/bench/{ph}.jsonl")
-            (run.out / "bench").mkdir(exist_ok=True)
-            if run.sh(ph, script, ESTIMATE["bench"], stack=stack) is None:
-                stopped = True
-                break
-        if stopped:
+        (run.out / eng).mkdir(exist_ok=True)
+        script = {"selfcheck": lambda: selfcheck_script(stack, env_dir),
+                  "fault": lambda: fault_eager_script(stack, env_dir),
+                  "bench": lambda: bench_script(stack, env_dir, phase, phase.rsplit("-", 1)[1])}[kind]()
+        extra = {"expect": "gate exit 1 (batch-1 speed below smoke.thresholds.min_speedup)"} if kind == "fault" else {}
+        if run.sh(phase, script, estimate, stack=stack, **extra) is None:
             break
     pending = [n for n in names if n not in staged]
     log(f"end of call: {len(staged)}/{len(names)} parts staged" + (f", next part {pending[0]}" if pending else "")
