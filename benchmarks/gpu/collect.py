@@ -3,6 +3,9 @@
 
     python benchmarks/gpu/collect.py FILES_AT
 
+SPECLOCK_GPU_RUNS=DIR collects elsewhere (during a run: every call carries the working tree, and a call's
+64 MiB hold one staging part beside it, so logs wait outside the tree until the run ends).
+
 Each file is written beside its destination and renamed over it, so the repository holds whole files
 only; a call whose machine was taken back returns nothing and changes nothing here. Prints the phases
 recorded so far per run.
@@ -17,7 +20,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = REPO / "docs/gpu-runs"
+DOCS = Path(os.environ.get("SPECLOCK_GPU_RUNS", REPO / "docs/gpu-runs"))
 
 
 def collect(files_at: Path) -> list[Path]:
