@@ -37,8 +37,9 @@ from speclock.spec.resolve import KERNEL_TOOLCHAIN  # noqa: E402
 from speclock.spec.stack import load_stack  # noqa: E402
 
 TARGET = "3.12-x86_64"
-# 64 MiB per call less the working tree (~24 MB) and room for the run's own files.
-PART_BYTES = 41_000_000
+# 64 MiB per call less the working tree and room for the run's own files: ~4.5 MB once the drafter's weights
+# (--repo-file, 19.7 MB) travel in a part instead of in the tree, ~24 MB otherwise (--part-bytes 41000000).
+PART_BYTES = 60_000_000
 MANIFEST = HERE / "parts.json"
 
 
@@ -99,6 +100,9 @@ def main() -> int:
     p.add_argument("--stacks", required=True, help="comma list, in the order the device run takes them")
     p.add_argument("--out", default=str(REPO / ".carry"), help="folder for the parts (ignored by git; default .carry)")
     p.add_argument("--part-bytes", type=int, default=PART_BYTES)
+    p.add_argument("--repo-file", action="append", default=[],
+                   help="a repository file to carry in the first part (then moved out of the tree while staging, "
+                        "so the tree that travels with every call is smaller); run.py puts it back on the device")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,8 +110,16 @@ def main() -> int:
     seen: set[str] = set()
     parts: list[list[tuple[str, Path, int, int]]] = []
     ready_after: dict[str, int] = {}
+    repo_files = {}
+    for rel in args.repo_file:
+        path = REPO / rel
+        if not path.is_file():
+            raise SystemExit(f"--repo-file {rel}: no such file (restore it: git checkout -- {rel})")
+        repo_files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     for stack in args.stacks.split(","):
         new = [(rel, path) for rel, path in needed_files(stack) if rel not in seen]
+        if not parts and repo_files:  # the first stack's parts carry the repository files
+            new += [(f"repo/{rel}", REPO / rel) for rel in repo_files]
         seen.update(rel for rel, _ in new)
         first = len(parts)  # a stack's files go in parts of its own: its run needs none of the next stack's
         for piece in pieces(sorted(new, key=lambda f: -f[1].stat().st_size), budget):
@@ -126,7 +138,7 @@ def main() -> int:
         rows.append({"name": name, "sha256": sha, "bytes": (out / name).stat().st_size, "members": [m[0] for m in members]})
         print(f"{name}: {len(members)} members, {rows[-1]['bytes'] / 1e6:.1f} MB", flush=True)
     manifest = {"schema": "speclock.gpu-parts/v1", "target": TARGET, "stacks": args.stacks.split(","),
-                "ready_after": ready_after, "parts": rows}
+                "ready_after": ready_after, "repo_files": repo_files, "parts": rows}
     tmp = MANIFEST.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     tmp.replace(MANIFEST)

@@ -74,7 +74,10 @@ def stage(manifest: dict) -> set[str]:
             continue
         with tarfile.open(part) as tar:
             for member in tar.getmembers():
-                dest = (PIECES if ".piece-" in member.name else WH) / member.name
+                if member.name.startswith("repo/"):  # a repository file (make_parts --repo-file)
+                    dest = STATE / member.name
+                else:
+                    dest = (PIECES if ".piece-" in member.name else WH) / member.name
                 if not dest.resolve().is_relative_to(STATE.resolve()) or not member.isfile():
                     raise SystemExit(f"{part.name}: unexpected member {member.name}")
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +88,21 @@ def stage(manifest: dict) -> set[str]:
         log(f"staged {part.name} ({row['bytes'] / 1e6:.1f} MB)")
     join_pieces()
     staged_file.write_text(json.dumps(sorted(staged)))
+    restore_repo_files(manifest)
     return staged
+
+
+def restore_repo_files(manifest: dict) -> None:
+    """Put back the repository files that travelled in a part (each call's tree is a fresh copy without them)."""
+    for rel, digest in manifest.get("repo_files", {}).items():
+        dest, src = REPO / rel, STATE / "repo" / rel
+        if dest.is_file() or not src.is_file():
+            continue
+        if sha256(src) != digest:
+            raise SystemExit(f"{rel}: the staged copy does not match the manifest's sha256")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        log(f"restored {rel} from the staged parts")
 
 
 def join_pieces() -> None:
