@@ -28,8 +28,19 @@ PASS_DIR = ROOT / "docs" / "upgrade-example-0.31.0"
 FAIL_DIR = ROOT / "docs" / "upgrade-example-fail"
 
 
+def before_speed(cand):
+    """The worked examples were recorded before smoke measured batch-1 speed (2026-12-06): judge them with the
+    thresholds of their day, no min_speedup (today's cpu-vllm fails an unmeasured speed, tests/test_gate_speed.py)."""
+    text = cand.stack.path.read_text()
+    if "min_speedup = " in text:
+        lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("min_speedup = ")]
+        cand.stack.path.write_text("".join(lines))
+    return cand
+
+
 def judged(tmp_path: Path, cand, report: Path) -> UpgradeResult:
     """An UpgradeResult whose gate step is the real gate on a real candidate report."""
+    before_speed(cand)
     gate = run_gate(report, baseline=str(BASELINE), stack=str(cand.stack.path))
     steps = [Step("lock", "pass", "candidate lock"), Step("patches", "pass", "", data={"results": []}),
              Step("build", "pass", "image"), Step("doctor", "pass", "all checks passed"), Step("smoke", "pass", "ran"),
