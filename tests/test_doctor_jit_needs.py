@@ -120,6 +120,7 @@ def test_missing_cccl_headers_name_the_build_only_move(sites, image_env, tmp_pat
 def test_adapter_cuda_home_links_the_wheels_and_keeps_a_real_toolkit(sites, tmp_path):
     env = sglang_engine.jit_env({"CUDA_HOME": "/nonexistent-cuda"}, search=[sites["wheels"]], into=tmp_path)
     home = Path(env["CUDA_HOME"])
+    assert env["CUDA_PATH"] == env["CUDA_HOME"]  # cuda-python's pathfinder reads CUDA_PATH first
     assert (home / "bin" / "nvcc").is_file() and (home / "lib64" / "libcudart.so").resolve().name == "libcudart.so.13"
     assert sglang_engine.jit_env({"CUDA_HOME": str(home)}, search=[sites["wheels"]], into=tmp_path) == {}
     assert sglang_engine.jit_env({}, search=[sites["bare"]], into=tmp_path) == {}

@@ -42,9 +42,10 @@ HOST_PACKAGES = (REPO / "benchmarks/h200/host-packages.txt").read_text().strip()
 STATE = Path("/tmp/speclock-gpu")
 WH, PIECES, DONE = STATE / "wh", STATE / "pieces", STATE / "done"
 BENCH_CONFIGS = ["plain", "1", "2", "3", "4", "5", "plain"]
-# Seconds a phase may need at most (engine starts of 35-120 s included); a phase starts only when the
+# Seconds a phase may need at most (measured on the H100, 2026-12-06: host-env 74 s vLLM / 105 s SGLang,
+# selfcheck 361 s / 304 s, three engine starts of 65-77 s included); a phase starts only when the
 # call has that much left, so a call never runs into the device's 600 s limit and loses its results.
-ESTIMATE = {"machine": 20, "env": 240, "selfcheck": 500, "fault": 330, "bench": 150}
+ESTIMATE = {"machine": 20, "env": 150, "selfcheck": 420, "fault": 330, "bench": 150}
 
 
 def log(msg: str) -> None:
@@ -200,7 +201,12 @@ def env_script(stack: str, env_dir: Path) -> str:
 
 def selfcheck_script(stack: str, env_dir: Path) -> str:
     baseline = "auto" if (REPO / "baselines" / stack).is_dir() else "none"
-    return f". {HOSTENV_SH}; {env_dir}/bin/speclock selfcheck --out $R/{engine_of(stack)}/selfcheck --baseline {baseline}"
+    # outputs to /tmp, then its files to $R/<engine>-selfcheck/: the device tool brings back files at most three
+    # folders below $OUT (on 2026-12-06 it left out <run>/<engine>/selfcheck/ whole, the vLLM report with it)
+    res = f"/tmp/speclock-gpu/res/{engine_of(stack)}/selfcheck"
+    dest = f"$R/{engine_of(stack)}-selfcheck"
+    return (f". {HOSTENV_SH}; rm -rf {res}; {env_dir}/bin/speclock selfcheck --out {res} --baseline {baseline}; rc=$?; "
+            f"mkdir -p {dest}; find {res} -maxdepth 1 -type f -exec cp {{}} {dest}/ \\; ; exit $rc")
 
 
 def fault_eager_script(stack: str, env_dir: Path) -> str:
@@ -216,10 +222,12 @@ def fault_eager_script(stack: str, env_dir: Path) -> str:
             "assert n == 1, 'no [engine] settings line'\n"
             "open(sys.argv[2], 'w').write(s)\n"
             "PY\n"
-            f"{env_dir}/bin/speclock smoke --stack $F --num-prompts 16 --max-tokens 32 --out $R/vllm/fault-eager; "
-            "echo smoke exit $?; "
-            f"{env_dir}/bin/speclock gate $R/vllm/fault-eager/report.json --stack $F --baseline none "
-            "--markdown $R/vllm/fault-eager/gate.md; echo gate exit $?")
+            "rm -rf /tmp/speclock-gpu/res/fault; "
+            f"{env_dir}/bin/speclock smoke --stack $F --num-prompts 16 --max-tokens 32 --out /tmp/speclock-gpu/res/fault; "
+            "echo smoke exit $?; mkdir -p $R/vllm-fault-eager; "
+            "find /tmp/speclock-gpu/res/fault -maxdepth 1 -type f -exec cp {} $R/vllm-fault-eager/ \\; ; "
+            f"{env_dir}/bin/speclock gate $R/vllm-fault-eager/report.json --stack $F --baseline none "
+            "--markdown $R/vllm-fault-eager/gate.md; echo gate exit $?")
 
 
 def bench_script(stack: str, env_dir: Path, phase: str, config: str) -> str:

@@ -118,7 +118,10 @@ def jit_env(env: Mapping[str, str], search: list[Path] | None = None, into: Path
     roots = wheel_cuda_roots(search if search is not None else _default_search())
     if not roots:
         return {}
-    return {"CUDA_HOME": str(cuda_home_shim(roots, into or cache_dir() / "cuda-home"))}
+    home = str(cuda_home_shim(roots, into or cache_dir() / "cuda-home"))
+    # CUDA_PATH too: cuda-python's pathfinder reads it before CUDA_HOME ("Using CUDA_PATH (highest priority)" with a
+    # stale one beside the adapter's CUDA_HOME on the H100 run of 2026-12-06)
+    return {"CUDA_HOME": home, "CUDA_PATH": home}
 
 
 def spec_args(config: EngineConfig) -> dict[str, Any]:
