@@ -320,7 +320,7 @@ def test_a_baseline_that_never_drafted_is_refused_naming_both_files(tmp_path):
     assert str(bp) in err and str(REAL) in err
 
 
-@pytest.mark.parametrize("key, value", [("max_tokens", 128), ("num_speculative_tokens", 4), ("prompts.count", 40),
+@pytest.mark.parametrize("key, value", [("max_tokens", 128), ("num_speculative_tokens", 4), ("prompts.count", 160),
                                         ("stack", "vllm-cu130"), ("engine.name", "sglang")])
 def test_a_baseline_of_other_settings_is_refused_naming_both_files(tmp_path, key, value):
     base = real()

@@ -31,6 +31,7 @@ from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
 from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning  # noqa: F401 - the gate's outputs, re-exported
+from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import BUILTIN, Profile, report_profile, resolve_profile
 from speclock.verify.report import dotted_get, load_report
 from speclock.verify.speed import speed_checks
@@ -259,6 +260,7 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
         raise BadInput(f"{report_source}: the report is for stack {report['stack']!r}, the thresholds are from "
                        f"{stack.name!r} ({stack.path})", hint="pass the report's own stack with --stack")
     check_engine_matches(report, stack, lock if (required or lock.is_file()) else None, report_source)
+    check_against_stack(report, stack, report_source)  # ran on the stack's kind of machine, in its image
     return stack
 
 

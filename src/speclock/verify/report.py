@@ -15,6 +15,7 @@ from typing import Any
 from speclock.core import files
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number  # noqa: F401 - also read from here (upgrade/outputs.py)
+from speclock.verify.plausibility import check_without_stack
 from speclock.verify.profiles import PROFILES
 from speclock.verify.speed import check_batch1
 
@@ -207,6 +208,7 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
     if isinstance(data.get("reference"), dict):
         _check_reference(data, bad)
     _check_profile(data, k, bad)
+    check_without_stack(data, bad)  # speclock.verify.plausibility: what a run of this shape can produce
     return data
 
 

@@ -52,6 +52,12 @@ def summarize_batch1(before: list[tuple[int, float]], spec: list[tuple[int, floa
             "spread": round((high - low) / speedup, 4) if speedup else None}
 
 
+_BATCH1_KEYS: dict[str, tuple[type, ...]] = {
+    "prompts": (int,), "max_tokens": (int,), "repeats": (int,), "plain_before_tok_s": (list,), "spec_tok_s": (list,),
+    "plain_after_tok_s": (list,), "speedup": (int, float), "speedup_low": (int, float), "speedup_high": (int, float),
+    "spread": (int, float, type(None))}
+
+
 def check_batch1(data: dict[str, Any], bad) -> None:
     """The batch-1 speed figures are the ones its own runs give (speclock.verify.speed.summarize_batch1), and the
     top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS."""
@@ -61,6 +67,12 @@ def check_batch1(data: dict[str, Any], bad) -> None:
         if tp.get("measured_at") == "batch 1":
             raise bad("throughput.batch1", "missing, but throughput.measured_at says 'batch 1'")
         return
+    for key, kinds in _BATCH1_KEYS.items():  # shape first: a fuzzed or edited section is bad input, never a crash
+        value = b1.get(key)
+        if not isinstance(value, kinds) or isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+            raise bad(f"throughput.batch1.{key}", f"expected {' or '.join(k.__name__ for k in kinds)}, got {repr(value)[:40]}")
+    if b1["repeats"] < 1 or b1["prompts"] < 1 or b1["max_tokens"] < 1:
+        raise bad("throughput.batch1.repeats", "repeats, prompts and max_tokens must be at least 1")
     runs = {}
     for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
         values = b1[key]
