@@ -109,3 +109,16 @@ def test_ctrl_c_stops_the_smoke_and_its_worker(models, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_worker_keeps_engine_caches_under_speclocks_cache(tmp_path, monkeypatch):
+    # a smoke on the host wrote vLLM's compile cache to ~/.cache/vllm (#26): the worker points every engine cache
+    # it knows under speclock's, and a cache the user chose is kept
+    from speclock.verify.smoke.worker import ENGINE_CACHES, worker_env
+    monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
+    env = worker_env({"PATH": "/usr/bin", "TRITON_CACHE_DIR": "/mine"})
+    assert env["TRITON_CACHE_DIR"] == "/mine"
+    for var in set(ENGINE_CACHES) - {"TRITON_CACHE_DIR"}:
+        assert env[var].startswith(str(tmp_path / "cache" / "engine-cache")), var
+    assert env["SPECLOCK_CACHE"] == str(tmp_path / "cache")
+    assert "VLLM_CACHE_ROOT" in ENGINE_CACHES and "XDG_CACHE_HOME" in ENGINE_CACHES

@@ -27,9 +27,10 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, IO
+from typing import Any, IO, Mapping
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.layout import cache_dir
 from speclock.engines import EngineConfig, get_engine, kill_processes, running, SpecCounters
 
 LAST_LINES = 12  # stderr lines of a dead worker quoted in the failure
@@ -160,6 +161,26 @@ def main() -> int:
 
 # ---------------------------------------------------------------- the parent side
 
+# Where engines keep their compile caches unless the user chose: under speclock's cache, not ~/.cache/vllm,
+# ~/.triton or /tmp/torchinductor_<user> (a smoke on the host wrote ~/.cache/vllm, #26); kept across runs, so
+# the second engine start reuses the first one's compiles.
+ENGINE_CACHES = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+                 "TVM_FFI_CACHE_DIR": "tvm-ffi", "FLASHINFER_WORKSPACE_BASE": "flashinfer", "XDG_CACHE_HOME": "xdg"}
+
+
+def worker_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: this one, sys.path as PYTHONPATH (tests and plugins put folders there), and the
+    engines' caches under speclock's cache (a variable the user set wins)."""
+    env = dict(base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    root = cache_dir() / "engine-cache"
+    for var, sub in ENGINE_CACHES.items():
+        env.setdefault(var, str(root / sub))
+    if "SPECLOCK_CACHE" not in env:  # speclock's own cache stays where it is, whatever XDG_CACHE_HOME now says
+        env["SPECLOCK_CACHE"] = str(cache_dir())
+    return env
+
+
 class WorkerSession:
     """The engine session in a worker process, as the smoke run uses it."""
 
@@ -168,9 +189,7 @@ class WorkerSession:
         self.last_seconds = 0.0
         self.gpu: dict[str, str] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
-        env = dict(os.environ)
-        # the worker imports what this process imports (tests and plugins put folders on sys.path)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env = worker_env(os.environ)
         self.proc = subprocess.Popen([sys.executable, "-m", "speclock.verify.smoke.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, env=env,
                                      start_new_session=True)  # Ctrl-C reaches this process; it stops the worker's group
