@@ -90,6 +90,8 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
     (target / "config.json").write_text(json.dumps(TARGET_CFG))
     (draft / "config.json").write_text(json.dumps(DRAFT_CFG))
     (draft / "speclock-manifest.json").write_text(json.dumps(MANIFEST))
+    for placeholder in (target / "model.safetensors", target / "tokenizer.json", draft / "model.safetensors"):
+        placeholder.write_text("{}")  # smoke checks weights and a tokenizer are there before it reads the rest (#26)
     return target, draft
 
 

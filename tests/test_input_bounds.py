@@ -63,3 +63,18 @@ def test_the_committed_stacks_stay_within_the_bounds():
     for stack in sorted((REPO_ROOT / "stacks").glob("*.toml")):
         r = cli("stack", "check", str(stack))
         assert r.returncode == 0, (stack, r.stderr)
+
+
+@pytest.mark.parametrize("files,words", [((), "has a config.json but no weights"),
+                                         (("model.safetensors",), "has no tokenizer")])
+def test_smoke_refuses_a_target_without_weights_or_tokenizer_before_any_engine_starts(tmp_path, files, words):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text((REPO_ROOT / "models/smollm2-135m-eagle3/config.json").read_text())
+    for name in files:
+        (target / name).write_bytes(b"\0" * 8)
+    r = cli("smoke", "--target", str(target), "--draft", str(REPO_ROOT / "models/smollm2-135m-eagle3"),
+            "--out", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and str(target) in r.stderr
+    assert "starting" not in r.stderr and not (tmp_path / "out").exists()

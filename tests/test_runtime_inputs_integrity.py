@@ -62,6 +62,10 @@ def models_in(root: Path, *, manifest=MANIFEST, draft_cfg=DRAFT_CFG, target_cfg=
     target, draft = root / "target", root / "draft"
     write(target / "config.json", target_cfg)
     write(draft / "config.json", draft_cfg)
+    # placeholders: smoke checks that weights and a tokenizer are there before anything else it reads (#26)
+    write(target / "model.safetensors", "")
+    write(target / "tokenizer.json", "{}")
+    write(draft / "model.safetensors", "")
     if manifest is not None:
         write(draft / "speclock-manifest.json", manifest)
     return target, draft
@@ -458,6 +462,9 @@ def test_ctrl_c_during_smoke_and_soak_exits_130_kills_the_engine_and_writes_noth
         monkeypatch.setattr(smoke_run, "get_engine", lambda name, fake=fake: fake)
         monkeypatch.setattr(engines, "get_engine", lambda name, fake=fake: fake)
         monkeypatch.setattr(soak, "get_engine", lambda name, fake=fake: fake)
+        # the double lives in this process: smoke runs it here, not in a worker (tests/test_smoke_worker.py covers
+        # Ctrl-C with a real worker process)
+        monkeypatch.setattr(smoke_run, "_engine", lambda name, config, label, fake=fake: engines.running(fake, config))
         out = tmp_path / command / "out"
         try:
             code, _, err = run_cli(command, "--target", target, "--draft", draft, "--prompts", prompts, "--out", out)

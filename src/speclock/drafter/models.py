@@ -229,6 +229,26 @@ def read_model_config(folder: str | os.PathLike, *, what: str = "model", option:
     return check_model_config(cfg, path)
 
 
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def require_runnable_model(folder: str | os.PathLike, *, what: str = "target", option: str | None = None,
+                           tokenizer: bool = True) -> dict:
+    """read_model_config, plus the weights (and for a target the tokenizer) an engine will load: checked before any
+    engine starts, so a folder without them is bad input naming it, not an engine crash 40 s later (#26)."""
+    cfg = read_model_config(folder, what=what, option=option)
+    folder = Path(folder)
+    hint = f"pass {option} DIR with a complete model folder" if option else "give a complete model folder"
+    if not any(f.is_file() for g in WEIGHT_GLOBS for f in folder.glob(g)):
+        raise BadInput(f"{what} {folder} has a config.json but no weights ({', '.join(WEIGHT_GLOBS)})",
+                       hint=f"{hint} (e.g. made by `python -m speclock.drafter.models convert`)")
+    if tokenizer and not any((folder / n).is_file() for n in TOKENIZER_FILES):
+        raise BadInput(f"{what} {folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})",
+                       hint=f"{hint}: the prompts are chat-templated with the target's own tokenizer")
+    return cfg
+
+
 def config_layer_count(cfg: dict) -> int:
     """num_hidden_layers of a (checked) config, or of its text_config; 0 when neither says."""
     text = cfg.get("text_config") or {}

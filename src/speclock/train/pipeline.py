@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, read_json
-from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
+from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, require_runnable_model, target_sha256
 from speclock.spec.prompts import require_chat_template
 from speclock.train import distributed
 from speclock.train.data import data_sha256, generate_responses, OpenAIGenerator, read_done, TransformersGenerator
@@ -186,6 +186,8 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
         if ctx:
             ctx.barrier()
         summary["stages"]["target"] = round(time.perf_counter() - ts, 2)
+    if s.target is not None and "target" not in stages:  # weights and tokenizer before torch loads anything (#26)
+        require_runnable_model(s.target, what="target", option="--target")
     model, tok = load_target_model(s, device)
     layers = s.aux_layers_after or default_aux_layers(model.config.num_hidden_layers)
 

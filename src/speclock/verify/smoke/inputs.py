@@ -15,7 +15,7 @@ from speclock.core.args import int_range, non_negative_float, positive_int
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
-from speclock.drafter.models import draft_folder, read_drafter_manifest, read_model_config, target_folder
+from speclock.drafter.models import draft_folder, read_drafter_manifest, require_runnable_model, target_folder
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.spec.prompts import packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
@@ -107,8 +107,8 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     else:
         raise BadInput(f"stack {stack.name} names no prompts", hint="--prompts FILE (JSONL)")
     # Every model file smoke reads is checked here, before an engine starts or anything is written.
-    read_model_config(target, what="target", option="--target")
-    read_model_config(draft, what="draft", option="--draft")
+    require_runnable_model(target, what="target", option="--target")  # weights and tokenizer too (#26)
+    require_runnable_model(draft, what="draft", option="--draft", tokenizer=False)
     read_drafter_manifest(draft)  # optional, but when present its recorded references must be well-formed
     thresholds = dict(stack.thresholds)
     for key in ("min_mean_acceptance_length", "min_speedup", "max_reference_gap"):
