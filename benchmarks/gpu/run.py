@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "benchmarks/gpu/parts.json"
 HOSTENV_SH = REPO / "benchmarks/h200/hostenv.sh"
 HOST_PACKAGES = (REPO / "benchmarks/h200/host-packages.txt").read_text().strip()
-STATE = Path("/tmp/speclock-gpu")
+STATE = Path(os.environ.get("SPECLOCK_GPU_STATE", "/tmp/speclock-gpu"))  # the device's /tmp goes with the machine
 WH, PIECES, DONE = STATE / "wh", STATE / "pieces", STATE / "done"
 BENCH_CONFIGS = ["plain", "1", "2", "3", "4", "5", "plain"]
 # Seconds a phase may need at most (measured on the H100, 2026-12-06: host-env 74 s vLLM / 105 s SGLang,
@@ -61,12 +61,13 @@ def sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- staging
-def stage(manifest: dict) -> set[str]:
+def stage(manifest: dict, carry: Path = REPO / ".carry") -> set[str]:
     """Unpack the carried parts; returns the names of every part staged on this machine so far."""
     by_name = {p["name"]: p for p in manifest["parts"]}
+    STATE.mkdir(parents=True, exist_ok=True)  # a first call whose part is refused still records what is staged
     staged_file = STATE / "staged.json"
     staged = set(json.loads(staged_file.read_text())) if staged_file.is_file() else set()
-    for part in sorted((REPO / ".carry").glob("part-*.tar")):
+    for part in sorted(carry.glob("part-*.tar")):
         row = by_name.get(part.name)
         if row is None or part.name in staged:
             continue
