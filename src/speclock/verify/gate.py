@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core import files
+from speclock.verify import attest
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
 from speclock.core.names import normalize
@@ -368,17 +369,32 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
     return result
 
 
+def verify_origin(report_path: Path, key: str, *, attestation: str | None, stack: str | None) -> dict[str, Any]:
+    """--verify-key: the report is the one the key's holder signed, for the image (or lock) it names (attest.py)."""
+    st = resolve_stack(load_report(report_path), stack, str(report_path))
+    lock, _ = _lock_beside(st)
+    return attest.verify_report(report_path, key, envelope_path=Path(attestation) if attestation else None,
+                                lock_sha256=lambda: attest.lock_identity(lock, st))
+
+
 def _cmd_gate(args: argparse.Namespace) -> int:
+    if args.attestation and not args.verify_key:
+        raise BadInput("--attestation needs --verify-key (the public key to check it with)",
+                       hint="pass --verify-key PUBLIC.pem, or leave --attestation out")
+    origin = verify_origin(Path(args.report), args.verify_key, attestation=args.attestation,
+                           stack=args.stack) if args.verify_key else None
     result = run_gate(Path(args.report), baseline=args.baseline, stack=args.stack,
                       baselines_dir=Path(args.baselines_dir) if args.baselines_dir else None,
                       junit=Path(args.junit) if args.junit else None, md=Path(args.markdown) if args.markdown else None)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(dict(result.to_json(), **({"attestation": origin} if origin else {})), indent=2))
         for w in result.warnings:
             print(f"WARN: {w}", file=sys.stderr)
     else:
         print(table(result.checks))
         print(f"baseline: {result.baseline or 'none'}")
+        if origin:
+            print(f"attestation: {origin['file']} signed by key {origin['keyid'][:16]} for {origin['subject']['name']}")
         for w in result.warnings:
             print(f"WARN: {w}")
         print(f"gate: {'PASS' if result.ok else 'FAIL'}{' (with WARN: see above)' if result.warnings else ''}")
@@ -406,5 +422,9 @@ def add_commands(sub) -> None:
                                    "(default: the report's stack)")
     p.add_argument("--junit", help="write JUnit XML here (one test case per check)")
     p.add_argument("--markdown", help="write a Markdown summary here (for a CI comment)")
+    p.add_argument("--verify-key", metavar="PUBKEY", help="PEM Ed25519 public key: first check the report's signed "
+                                                          "attestation (beside it, or --attestation); any mismatch is exit 2")
+    p.add_argument("--attestation", metavar="FILE", help=f"the DSSE envelope to check (default: {attest.ATTESTATION_FILE} "
+                                                         "beside the report)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_gate)

@@ -1,7 +1,8 @@
 """`speclock selfcheck`: the image's default command: doctor, then smoke, then gate.
 
 Writes doctor.json, report.json, gate.json, junit.xml, summary.md and selfcheck.json (the
-verdict recorded with the image) to the output folder (default /tmp/speclock-out, since an
+verdict recorded with the image), and with --sign-key KEY attestation.intoto.json (the report signed
+as an in-toto statement in a DSSE envelope, docs/attestation.md), to the output folder (default /tmp/speclock-out, since an
 image's root filesystem is read-only). Every stage runs even when an earlier one failed, so
 one run shows everything that is wrong. Exit: 3 if any stage met an environment problem,
 else 2 for bad input, else 1 if anything failed, else 0.
@@ -24,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from speclock.build.hostenv import env_command, read_record
+from speclock.core import dsse
 from speclock.core.errors import BadInput, SpeclockError
-from speclock.core.files import atomic_write_text, os_error
+from speclock.core.files import atomic_write_text, os_error, read_json
 from speclock.spec.stack import load_stack
 from speclock.verify.doctor import build_context, DOCTOR_SCHEMA, DoctorOptions, run_doctor
-from speclock.verify.gate import run_gate, table
+from speclock.verify import attest
+from speclock.verify.gate import _lock_beside, resolve_stack, run_gate, table
 from speclock.verify.report import human_table
 from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
 from speclock.verify.smoke.run import run_smoke
@@ -42,6 +45,7 @@ def _log(msg: str) -> None:
 class SelfcheckOptions:
     smoke: SmokeOptions  # the smoke flags; stack, target and draft also go to doctor
     baseline: str = "auto"  # the gate's --baseline
+    sign_key: str | None = None  # PEM Ed25519 private key: sign report.json (attestation.intoto.json beside it)
 
 
 def run_doctor_stage(opts: SmokeOptions) -> tuple[int, dict[str, Any]]:
@@ -69,9 +73,21 @@ def _combine(codes: list[int]) -> int:
     return 0
 
 
+def sign_stage(report_path: Path, key, stack_arg: str | None) -> dict[str, Any]:
+    """Sign report.json as written; the subject is the report's image digest, else the stack's lock (attest.py)."""
+    report = read_json(report_path, what="report file")
+    lock_sha = None
+    if attest.image_digest(report) is None:
+        stack = resolve_stack(report, stack_arg, str(report_path))
+        lock_sha = attest.lock_identity(_lock_beside(stack)[0], stack)
+    return attest.sign_report(report_path, key, lock_sha256=lock_sha)
+
+
 def selfcheck(opts: SelfcheckOptions) -> int:
     if opts.smoke.stack:  # a bad --stack is bad input for every stage: refuse it before anything is written
         load_stack(opts.smoke.stack)
+    # the key is read first: a bad one is exit 2 (or 3 without `cryptography`) before minutes of smoke test
+    sign_key = dsse.load_private_key(opts.sign_key) if opts.sign_key else None
     out = Path(opts.smoke.out or "/tmp/speclock-out")
     smoke_opts = replace(opts.smoke, out=str(out))
     if out.exists() and not out.is_dir():
@@ -126,6 +142,15 @@ def selfcheck(opts: SelfcheckOptions) -> int:
             summary["stages"]["gate"] = {"exit_code": err.exit_code, "error": str(err)}
             codes.append(err.exit_code)
             _log(f"gate: {err}")
+    if sign_key is not None and report_path.is_file():
+        try:
+            signed = sign_stage(report_path, sign_key, opts.smoke.stack)
+            summary["stages"]["attestation"] = {"exit_code": 0, **signed}
+            _log(f"attestation: {signed['file']} (key {signed['keyid'][:16]}, subject {signed['subject']['name']})")
+        except SpeclockError as err:
+            summary["stages"]["attestation"] = {"exit_code": err.exit_code, "error": str(err)}
+            codes.append(err.exit_code)
+            _log(f"attestation: {err}")
     final = _combine(codes)
     summary["verdict"] = "pass" if final == 0 else "fail"
     summary["exit_code"] = final
@@ -148,7 +173,7 @@ def env_args(opts: SmokeOptions, baseline: str) -> list[str]:
     return argv + (["--baseline", baseline] if baseline != "auto" else [])
 
 
-def selfcheck_in_env(env_dir: str, opts: SmokeOptions, baseline: str) -> int:
+def selfcheck_in_env(env_dir: str, opts: SmokeOptions, baseline: str, sign_key: str | None = None) -> int:
     """Run selfcheck inside a host environment (`speclock host-env`): its bin/speclock, which sets what the image's
     ENV sets; a --stack must be the environment's own."""
     record = read_record(Path(env_dir))
@@ -156,15 +181,16 @@ def selfcheck_in_env(env_dir: str, opts: SmokeOptions, baseline: str) -> int:
         raise BadInput(f"--stack {opts.stack}: the environment {env_dir} is stack {record['stack']}'s",
                        hint=f"leave out --stack (the environment's stack is used), or build one with `speclock host-env "
                             f"--stack {opts.stack} --dest DIR`")
-    cmd = env_command(Path(env_dir), ["selfcheck", *env_args(replace(opts, stack=None), baseline)])
+    signing = ["--sign-key", str(Path(sign_key).absolute())] if sign_key else []
+    cmd = env_command(Path(env_dir), ["selfcheck", *env_args(replace(opts, stack=None), baseline), *signing])
     _log(f"running in the host environment {env_dir} (stack {record['stack']}, target {record['target']}): {' '.join(cmd)}")
     return subprocess.run(cmd).returncode
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     if args.env:
-        return selfcheck_in_env(args.env, SmokeOptions.from_args(args), args.baseline)
-    return selfcheck(SelfcheckOptions(SmokeOptions.from_args(args), baseline=args.baseline))
+        return selfcheck_in_env(args.env, SmokeOptions.from_args(args), args.baseline, args.sign_key)
+    return selfcheck(SelfcheckOptions(SmokeOptions.from_args(args), baseline=args.baseline, sign_key=args.sign_key))
 
 
 def add_commands(sub) -> None:
@@ -175,4 +201,7 @@ def add_commands(sub) -> None:
                                                       "stack and engine version, 'none' = skip)")
     p.add_argument("--env", metavar="DIR", help="run inside the host environment DIR made by `speclock host-env` (its "
                                                 "stack, lock, target and prompts, as in an image)")
+    p.add_argument("--sign-key", metavar="KEY", help="PEM Ed25519 private key: sign report.json as an in-toto statement "
+                                                     f"in a DSSE envelope, {attest.ATTESTATION_FILE} beside it "
+                                                     "(`speclock gate --verify-key` checks it; docs/attestation.md)")
     p.set_defaults(func=_cmd_selfcheck)

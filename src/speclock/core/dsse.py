@@ -1,0 +1,141 @@
+"""DSSE envelopes (github.com/secure-systems-lab/dsse: envelope.md, protocol.md) signed with Ed25519 keys from PEM
+files: the one place that knows the wire format (PAE, base64 fields, keyid). The signing itself is the
+`cryptography` package's, imported on use: `speclock --help` and every command that signs nothing stay without it.
+
+keyid: the hex sha256 of the public key's DER SubjectPublicKeyInfo (`openssl pkey -pubin -outform DER | sha256sum`).
+It only names the key; trust comes from the key the verifier is given, never from the envelope.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import read_text
+
+INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+INSTALL = "pip install cryptography (the image's lock pins it; on a host scripts/bootstrap.sh installs it)"
+KEYGEN = ("make a key pair with `openssl genpkey -algorithm ed25519 -out key.pem` and "
+          "`openssl pkey -in key.pem -pubout -out key.pub.pem`")
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what is signed, so a signature binds the type as well as the bytes."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def _crypto() -> argparse.Namespace:
+    try:
+        # optional: only signing and verifying need it (not `speclock --help`, not a gate without --verify-key)
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    except ImportError as err:
+        raise EnvironmentProblem(f"signing and verifying reports needs the `cryptography` package, which does not "
+                                 f"import here ({err})", hint=INSTALL) from None
+    return argparse.Namespace(InvalidSignature=InvalidSignature, serialization=serialization,
+                              Ed25519PrivateKey=Ed25519PrivateKey, Ed25519PublicKey=Ed25519PublicKey)
+
+
+def _pem(path: str | Path, option: str) -> bytes:
+    return read_text(path, what=f"{option} key file").encode()
+
+
+def load_private_key(path: str | Path, option: str = "--sign-key"):
+    """The Ed25519 private key of a PEM file (PKCS#8, no passphrase); BadInput naming the option and file otherwise."""
+    c = _crypto()
+    try:
+        key = c.serialization.load_pem_private_key(_pem(path, option), password=None)
+    except TypeError:
+        raise BadInput(f"{option} {path}: the private key is encrypted", hint="give an unencrypted PEM key "
+                       "(`openssl pkey -in KEY -out plain.pem`), kept where only the signer reads it") from None
+    except (ValueError, c.InvalidSignature) as err:
+        raise BadInput(f"{option} {path}: not a PEM private key ({err})", hint=KEYGEN) from None
+    if not isinstance(key, c.Ed25519PrivateKey):
+        raise BadInput(f"{option} {path}: a {type(key).__name__}, not an Ed25519 key", hint=KEYGEN)
+    return key
+
+
+def load_public_key(path: str | Path, option: str = "--verify-key"):
+    """The Ed25519 public key of a PEM file (SubjectPublicKeyInfo); BadInput naming the option and file otherwise."""
+    c = _crypto()
+    data = _pem(path, option)
+    if b"PRIVATE KEY" in data:
+        raise BadInput(f"{option} {path} holds a private key", hint="give the public key: `openssl pkey -in KEY "
+                                                                     "-pubout -out key.pub.pem`; keep the private one secret")
+    try:
+        key = c.serialization.load_pem_public_key(data)
+    except ValueError as err:
+        raise BadInput(f"{option} {path}: not a PEM public key ({err})", hint=KEYGEN) from None
+    if not isinstance(key, c.Ed25519PublicKey):
+        raise BadInput(f"{option} {path}: a {type(key).__name__}, not an Ed25519 key", hint=KEYGEN)
+    return key
+
+
+def keyid(public_key) -> str:
+    c = _crypto()
+    der = public_key.public_bytes(c.serialization.Encoding.DER, c.serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def sign(payload: bytes, payload_type: str, private_key) -> dict[str, Any]:
+    """The envelope {payload, payloadType, signatures: [{keyid, sig}]} (standard base64, as the DSSE examples)."""
+    sig = private_key.sign(pae(payload_type, payload))
+    return {"payload": base64.b64encode(payload).decode(), "payloadType": payload_type,
+            "signatures": [{"keyid": keyid(private_key.public_key()), "sig": base64.b64encode(sig).decode()}]}
+
+
+def _b64(text: Any, where: str) -> bytes:
+    """DSSE allows standard or URL-safe base64, padded or not."""
+    if not isinstance(text, str):
+        raise BadInput(f"{where} is not a base64 string", hint="the file is not a DSSE envelope speclock can read")
+    text = text.replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise BadInput(f"{where} is not valid base64", hint="the envelope is damaged: sign the report again") from None
+
+
+def parse(data: bytes, source: str) -> dict[str, Any]:
+    """{"payloadType", "payload" (bytes), "signatures": [{"keyid", "sig" (bytes)}]} of an envelope file's bytes."""
+    try:
+        doc = json.loads(data)
+    except ValueError as err:
+        raise BadInput(f"{source}: not JSON ({err})", hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("payloadType"), str) or "payload" not in doc:
+        raise BadInput(f"{source}: not a DSSE envelope (keys 'payload' and 'payloadType' missing)",
+                       hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote")
+    sigs = doc.get("signatures")
+    if not isinstance(sigs, list) or not sigs or not all(isinstance(s, dict) for s in sigs):
+        raise BadInput(f"{source}: key 'signatures' holds no signature", hint="sign the report (selfcheck --sign-key)")
+    return {"payloadType": doc["payloadType"], "payload": _b64(doc["payload"], f"{source}: key 'payload'"),
+            "signatures": [{"keyid": s.get("keyid") if isinstance(s.get("keyid"), str) else "",
+                            "sig": _b64(s.get("sig"), f"{source}: key 'signatures[{i}].sig'")} for i, s in enumerate(sigs)]}
+
+
+def verify(envelope: dict[str, Any], public_key, source: str) -> None:
+    """BadInput unless one of the envelope's signatures verifies over PAE(payloadType, payload) with `public_key`."""
+    c = _crypto()
+    message = pae(envelope["payloadType"], envelope["payload"])
+    for s in envelope["signatures"]:
+        try:
+            public_key.verify(s["sig"], message)
+            return
+        except c.InvalidSignature:
+            continue
+    mine = keyid(public_key)
+    named = [s["keyid"] for s in envelope["signatures"] if s["keyid"]]
+    if named and mine not in named:
+        why = f"it was signed by key {', '.join(k[:16] for k in named)}, not by the given key {mine[:16]}"
+    else:
+        why = f"the signature of key {mine[:16]} does not match the payload (the envelope or its payload was changed)"
+    raise BadInput(f"{source}: signature: {why}",
+                   hint="verify with the public key of the signer; a changed envelope is not to be trusted: sign again")
