@@ -1,6 +1,6 @@
 """DSSE envelopes (github.com/secure-systems-lab/dsse: envelope.md, protocol.md) signed with Ed25519 keys from PEM
 files: the one place that knows the wire format (PAE, base64 fields, keyid). The signing itself is the
-`cryptography` package's, imported on use: `speclock --help` and every command that signs nothing stay without it.
+`cryptography` package's (pinned in the image's lock); where it is missing, only signing and verifying fail (exit 3).
 
 keyid: the hex sha256 of the public key's DER SubjectPublicKeyInfo (`openssl pkey -pubin -outform DER | sha256sum`).
 It only names the key; trust comes from the key the verifier is given, never from the envelope.
@@ -19,9 +19,17 @@ from typing import Any
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_text
 
+try:  # optional: only signing and verifying need it; its absence is exit 3 then, never at import (~30 ms)
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    _MISSING: ImportError | None = None
+except ImportError as _err:
+    _MISSING = _err
+
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
-INSTALL = "pip install cryptography (the image's lock pins it; on a host scripts/bootstrap.sh installs it)"
+INSTALL = "pip install cryptography (images have it: the lock pins it; a host venv may not)"
 KEYGEN = ("make a key pair with `openssl genpkey -algorithm ed25519 -out key.pem` and "
           "`openssl pkey -in key.pem -pubout -out key.pub.pem`")
 
@@ -33,14 +41,9 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 
 def _crypto() -> argparse.Namespace:
-    try:
-        # optional: only signing and verifying need it (not `speclock --help`, not a gate without --verify-key)
-        from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-    except ImportError as err:
+    if _MISSING is not None:
         raise EnvironmentProblem(f"signing and verifying reports needs the `cryptography` package, which does not "
-                                 f"import here ({err})", hint=INSTALL) from None
+                                 f"import here ({_MISSING})", hint=INSTALL)
     return argparse.Namespace(InvalidSignature=InvalidSignature, serialization=serialization,
                               Ed25519PrivateKey=Ed25519PrivateKey, Ed25519PublicKey=Ed25519PublicKey)
 
