@@ -24,23 +24,23 @@ import json
 import sys
 import tarfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from speclock import __version__
-from speclock.build import wheelhouse
+from speclock.build import referrers, wheelhouse
 from speclock.build.context import patch_files, sync_text, tree_files
-from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from speclock.build.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - their old home; importers keep working
+from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - idem (tests use OCI_*)
+from speclock.build.rootfs_packages import (base_packages, parse_dpkg_status, parse_os_release,  # noqa: F401 - idem
+                                            read_rootfs_packages)
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
-from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, read_json
+from speclock.core.files import atomic_write_text, confined, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
-from speclock.spec import baseimage
 from speclock.spec.lock import lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
@@ -51,8 +51,6 @@ SBOM_LABEL = ("io.speclock.sbom", SBOM_IN_IMAGE)
 SBOM_MEDIA_TYPE = "application/vnd.cyclonedx+json"
 SCHEMA_VERSION = "1.7"  # the newest the pinned cyclonedx-python-lib writes and validates
 
-OCI_EMPTY = "application/vnd.oci.empty.v1+json"
-EMPTY_JSON = b"{}"
 INSTALL = "pip install -r scripts/requirements-host.txt (cyclonedx-python-lib[json-validation]), or run scripts/bootstrap.sh"
 
 
@@ -77,81 +75,6 @@ def _cyclonedx():
         ComponentType=ComponentType, Diff=Diff, Patch=Patch, PatchClassification=PatchClassification, Pedigree=Pedigree,
         make_outputter=make_outputter, OutputFormat=OutputFormat, SchemaVersion=SchemaVersion,
         PackageURL=PackageURL)
-
-
-# ---- the base rootfs's Debian packages ---------------------------------------------------------------
-
-def parse_dpkg_status(text: str) -> list[dict[str, str]]:
-    """The installed packages of a dpkg status file: name, version, arch, source (sorted, deduplicated)."""
-    out = {}
-    for para in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        key = None
-        for line in para.splitlines():
-            if line[:1] in (" ", "\t") and key:
-                continue  # a continuation line (descriptions, conffiles): not needed
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-        if not fields.get("Package") or fields.get("Status", "").split()[-1:] != ["installed"]:
-            continue
-        source = fields.get("Source", "").split(" ")[0] or fields["Package"]
-        pkg = {"name": fields["Package"], "version": fields.get("Version", ""),
-               "arch": fields.get("Architecture", ""), "source": source}
-        out[(pkg["name"], pkg["arch"])] = pkg
-    return [out[k] for k in sorted(out)]
-
-
-def parse_os_release(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip()] = value.strip().strip('"')
-    return out
-
-
-def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
-    """{"os": os-release fields (+ debian_version), "packages": [...]} from a rootfs tarball."""
-    wanted = {"var/lib/dpkg/status": "status", "etc/os-release": "os", "usr/lib/os-release": "os",
-              "etc/debian_version": "debian_version"}
-    found: dict[str, str] = {}
-    try:
-        with tarfile.open(tar_path) as tar:
-            for member in tar:
-                name = member.name.lstrip("./")
-                if name in wanted and member.isfile() and wanted[name] not in found:
-                    found[wanted[name]] = tar.extractfile(member).read().decode("utf-8", "replace")
-    except (OSError, tarfile.TarError) as err:
-        raise CheckFailed(f"cannot read the base rootfs {tar_path}: {err}",
-                          hint="remove it from the cache; the next build or `speclock sbom` rebuilds it") from None
-    if "status" not in found:
-        raise CheckFailed(f"the base rootfs {tar_path} has no var/lib/dpkg/status: its Debian packages cannot be listed",
-                          hint="use a debian-rootfs base (mmdebstrap), or base.kind = 'image' in the stack")
-    osr = parse_os_release(found.get("os", ""))
-    if "debian_version" in found:
-        osr["DEBIAN_VERSION"] = found["debian_version"].strip()
-    return {"os": osr, "packages": parse_dpkg_status(found["status"])}
-
-
-def base_packages(base: dict[str, Any], *, progress=print) -> dict[str, Any] | None:
-    """The Debian packages of a locked debian-rootfs base (None for a base image by ref: not enumerated).
-
-    Read once from the tarball (verified against the lock's sha256) and kept beside the cache, keyed by
-    that sha256, so later SBOMs need no tarball."""
-    if base.get("kind") != "debian-rootfs":
-        return None
-    keep = cache_dir() / "sbom" / f"base-{base['sha256']}.json"
-    if keep.is_file():
-        try:
-            got = read_json(keep, what="cached base package list")
-            if got.get("sha256") == base["sha256"] and isinstance(got.get("packages"), list):
-                return got
-        except BadInput:
-            pass  # damaged: read the tarball again
-    progress(f"  listing the Debian packages of the base rootfs {base['sha256'][:16]}")
-    got = {"sha256": base["sha256"], **read_rootfs_packages(baseimage.verified_rootfs(base, progress=progress))}
-    atomic_write_json(keep, got, indent=1, sort_keys=True)
-    return got
 
 
 # ---- inputs that are not in the lock --------------------------------------------------------------------
@@ -410,11 +333,7 @@ def summary(text: str) -> dict[str, Any]:
             "serialNumber": doc.get("serialNumber"), "specVersion": doc.get("specVersion")}
 
 
-# ---- the OCI referrer -----------------------------------------------------------------------------------
-
-def _canonical(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
+# ---- the OCI referrer (the mechanics: build/referrers.py) -------------------------------------------------
 
 def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
     """The SBOM file as the pushed image holds it: read from its layers, topmost first (a few small layers)."""
@@ -455,14 +374,7 @@ def push_sbom_referrer(registry: str, repository: str, digest: str, *, insecure:
     A registry without the referrers API (no OCI-Subject answer) gets the tag-schema fallback: the index
     tagged sha256-<hex> lists the referrer. Returns {"digest", "sbom_digest", "size", "subject", "referrers"}."""
     reg = RegistryClient(registry, repository, insecure=insecure)
-    got = reg.manifest(digest)
-    if got is None:
-        raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}",
-                       hint="push the image first (push-image), then its SBOM")
-    subject_type, subject_body = got
-    if "sha256:" + hashlib.sha256(subject_body).hexdigest() != digest:
-        raise CheckFailed(f"registry {reg.host} answered other bytes for {reg.name}@{digest}",
-                          hint="the registry's storage is damaged; push the image again")
+    subject = referrers.subject_manifest(reg, digest, then="its SBOM")
     data = sbom if sbom is not None else sbom_from_image(reg, digest)
     try:
         doc = json.loads(data)
@@ -471,71 +383,24 @@ def push_sbom_referrer(registry: str, repository: str, digest: str, *, insecure:
     if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
         raise BadInput("the SBOM to push is not a CycloneDX JSON document",
                        hint=f"pass the file {SBOM_IN_IMAGE} of the image (or nothing: it is read from the image)")
-    reg.put_blob(EMPTY_JSON)
-    sbom_digest = reg.put_blob(data)
     created = (doc.get("metadata") or {}).get("timestamp")
-    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": SBOM_MEDIA_TYPE,
-                "config": {"mediaType": OCI_EMPTY, "digest": "sha256:" + hashlib.sha256(EMPTY_JSON).hexdigest(),
-                           "size": len(EMPTY_JSON)},
-                "layers": [{"mediaType": SBOM_MEDIA_TYPE, "digest": sbom_digest, "size": len(data),
-                            "annotations": {"org.opencontainers.image.title": Path(SBOM_IN_IMAGE).name}}],
-                "subject": {"mediaType": subject_type, "digest": digest, "size": len(subject_body)},
-                "annotations": {"org.opencontainers.image.created": created} if created else {}}
-    body = _canonical(manifest)
-    ref_digest = "sha256:" + hashlib.sha256(body).hexdigest()
-    headers = reg.put_manifest(ref_digest, OCI_MANIFEST, body)
-    via = "api"
-    if headers.get("OCI-Subject") != digest:
-        via = "tag-schema"
-        _add_to_fallback_index(reg, digest, {"mediaType": OCI_MANIFEST, "digest": ref_digest, "size": len(body),
-                                             "artifactType": SBOM_MEDIA_TYPE, **({"annotations": manifest["annotations"]}
-                                                                                  if manifest["annotations"] else {})})
-    return {"digest": ref_digest, "sbom_digest": sbom_digest, "size": len(data), "subject": digest, "referrers": via,
-            "repository": f"{reg.host}/{reg.name}"}
-
-
-def _fallback_tag(digest: str) -> str:
-    algo, _, hexpart = digest.partition(":")
-    return f"{algo}-{hexpart}"
-
-
-def _add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[str, Any]) -> None:
-    """The referrers tag schema (OCI distribution spec 1.1): the index tagged <alg>-<hex> lists the subject's referrers."""
-    tag = _fallback_tag(subject)
-    got = reg.manifest(tag)
-    index = json.loads(got[1]) if got else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
-    index["manifests"] = [m for m in index.get("manifests", []) if m.get("digest") != descriptor["digest"]] + [descriptor]
-    reg.put_manifest(tag, OCI_INDEX, _canonical(index))
+    pushed = referrers.push_referrer(reg, digest, data, artifact_type=SBOM_MEDIA_TYPE, title=Path(SBOM_IN_IMAGE).name,
+                                     subject=subject,
+                                     annotations={"org.opencontainers.image.created": created} if created else None)
+    pushed["sbom_digest"] = pushed.pop("blob_digest")
+    return pushed
 
 
 def sbom_referrers(registry: str, repository: str, digest: str, *, insecure: bool) -> list[dict[str, Any]]:
     """The CycloneDX referrers of an image manifest: the referrers API, or the tag-schema index where it is missing."""
-    reg = RegistryClient(registry, repository, insecure=insecure)
-    status, headers, body = reg.call("GET", f"/v2/{reg.name}/referrers/{digest}?artifactType="
-                                     + urllib.parse.quote(SBOM_MEDIA_TYPE, safe=""), absent_ok=True)
-    if status == 200 and (headers.get("Content-Type") or "").startswith(OCI_INDEX):
-        found = json.loads(body).get("manifests", [])
-    else:
-        got = reg.manifest(_fallback_tag(digest))
-        found = json.loads(got[1]).get("manifests", []) if got else []
-    return [m for m in found if m.get("artifactType") == SBOM_MEDIA_TYPE]
+    return referrers.list_referrers(RegistryClient(registry, repository, insecure=insecure), digest, SBOM_MEDIA_TYPE)
 
 
 def pull_sbom_referrer(registry: str, repository: str, digest: str, *, insecure: bool) -> bytes:
     """The SBOM pushed beside the image `digest` (its newest CycloneDX referrer), checked against its digests."""
-    found = sbom_referrers(registry, repository, digest, insecure=insecure)
-    if not found:
-        raise CheckFailed(f"{registry}/{repository}@{digest} has no CycloneDX referrer",
-                          hint="push it with push_sbom_referrer (push-image does after the image)")
-    reg = RegistryClient(registry, repository, insecure=insecure)
-    got = reg.manifest(found[-1]["digest"])
-    if got is None or "sha256:" + hashlib.sha256(got[1]).hexdigest() != found[-1]["digest"]:
-        raise CheckFailed(f"the referrer {found[-1]['digest']} of {registry}/{repository} is missing or damaged",
-                          hint="push the SBOM again")
-    manifest = json.loads(got[1])
-    if (manifest.get("subject") or {}).get("digest") != digest:
-        raise CheckFailed(f"the referrer {found[-1]['digest']} names another subject", hint="push the SBOM again")
-    return reg.blob(manifest["layers"][0]["digest"])
+    return referrers.pull_referrer(RegistryClient(registry, repository, insecure=insecure), digest, SBOM_MEDIA_TYPE,
+                                   what="CycloneDX", push_hint="push it with push_sbom_referrer (push-image does "
+                                                               "after the image)")
 
 
 # ---- the command ------------------------------------------------------------------------------------
