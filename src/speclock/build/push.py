@@ -1,5 +1,6 @@
 """`speclock push-image`: push a built image to any OCI registry, print the digest the registry serves
-(read back with skopeo) and the command that runs it by that digest on a GPU host."""
+(read back with skopeo) and the command that runs it by that digest on a GPU host. Its SBOM, and with --attestation
+a signed smoke report (docs/attestation.md), go beside it as OCI referrers."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import sys
 from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import read_record
-from speclock.build.registry import registry_digest, split_registry
+from speclock.build import referrers
+from speclock.build.registry import RegistryClient, registry_digest, split_registry
 from speclock.build.sbom import push_sbom_referrer
 from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, gpu_host_serve_commands, parse_gpus
-from speclock.core.errors import CheckFailed
+from speclock.core import dsse
+from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.files import read_bytes
 from speclock.engines.serve import DEFAULT_PORT
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
@@ -60,10 +64,51 @@ def refusals(record: dict, stack_name: str, builder_name: str) -> list[tuple[str
     return out
 
 
+def attestation_subjects(data: bytes, source: str) -> tuple[list[str], str]:
+    """(the subjects' sha256 digests, predicateType) of a DSSE envelope holding an in-toto statement. The signature is
+    not checked here (push has no public key): `speclock gate --verify-key` checks it wherever the report is used."""
+    envelope = dsse.parse(data, source)
+    try:
+        doc = json.loads(envelope["payload"]) if envelope["payloadType"] == dsse.INTOTO_PAYLOAD_TYPE else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("subject"), list):
+        raise BadInput(f"{source}: the envelope holds no in-toto statement (payloadType {envelope['payloadType']!r})",
+                       hint="give the attestation.intoto.json that `speclock selfcheck --sign-key` wrote")
+    digests = [str((s.get("digest") or {}).get("sha256")) for s in doc["subject"] if isinstance(s, dict)]
+    return digests, str(doc.get("predicateType") or "")
+
+
+def push_attestation_referrer(registry: str, repository: str, digest: str, data: bytes, *, insecure: bool,
+                              source: str = "the attestation") -> dict:
+    """Push a DSSE envelope beside the image manifest `digest` as an OCI referrer (artifactType
+    application/vnd.dsse.envelope.v1+json: the bytes are the envelope; its payload's type is in-toto's). Its subject
+    must be this image: the manifest's digest, or its config's (the image ID a build's self-check names)."""
+    reg = RegistryClient(registry, repository, insecure=insecure)
+    subject = referrers.subject_manifest(reg, digest, then="its attestation")
+    manifest = json.loads(subject[1])
+    ours = {digest.partition(":")[2], str((manifest.get("config") or {}).get("digest", "")).partition(":")[2]} - {""}
+    subjects, predicate_type = attestation_subjects(data, source)
+    if not ours & set(subjects):
+        raise BadInput(f"{source}: subject: the attestation is for sha256:{', sha256:'.join(s[:16] for s in subjects)}, "
+                       f"not for the image {reg.name}@{digest} (manifest or config digest)",
+                       hint="attach the attestation of this image's own self-check (run by digest, signed with "
+                            "--sign-key); a host run's attestation names a lock, not an image")
+    pushed = referrers.push_referrer(reg, digest, data, artifact_type=dsse.ENVELOPE_MEDIA_TYPE,
+                                     title="attestation.intoto.json",  # the name selfcheck gives it
+                                     subject=subject, layer_annotations={"in-toto.io/predicate-type": predicate_type})
+    pushed["attestation_digest"] = pushed.pop("blob_digest")
+    return pushed
+
+
 def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah", tag: str | None = None,
                repository: str | None = None, insecure: bool | None = None, force: bool = False,
-               gpus: str = "all") -> dict:
+               gpus: str = "all", attestation: str | None = None) -> dict:
     record = read_record(stack_name, builder_name, tag)
+    # read before pushing: a bad file is exit 2 with nothing pushed
+    signed = read_bytes(attestation, what="--attestation file") if attestation else None
+    if signed is not None:
+        attestation_subjects(signed, attestation)
     gpu_selection = parse_gpus(gpus)
     dest = destination(registry, stack_name, record["tag"], repository)
     refused = refusals(record, stack_name, builder_name)
@@ -89,6 +134,10 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
         result["sbom"] = push_sbom_referrer(registry, repository or f"speclock-{stack_name}", digest, insecure=insecure)
     else:
         result["sbom"] = None
+    result["attestation"] = None
+    if signed is not None:
+        result["attestation"] = push_attestation_referrer(registry, repository or f"speclock-{stack_name}", digest, signed,
+                                                          insecure=insecure, source=attestation)
     if refused:
         result["forced"] = [why for why, _ in refused]
     return result
@@ -97,7 +146,8 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
 def _cmd_push(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     result = push_image(stack.name, args.registry, builder_name=args.builder, tag=args.tag, repository=args.repository,
-                        insecure=True if args.insecure else None, force=args.force, gpus=args.gpus)
+                        insecure=True if args.insecure else None, force=args.force, gpus=args.gpus,
+                        attestation=args.attestation)
     for why in result.get("forced", []):
         print(f"warning: pushed with --force although {why}", file=sys.stderr)
     if args.json:
@@ -111,6 +161,8 @@ def _cmd_push(args: argparse.Namespace) -> int:
         sbom = result["sbom"]
         print(f"  sbom {sbom['digest']} (referrer of {result['digest']})" if sbom else
               "  sbom: none (the image was built before speclock put SBOMs into images; rebuild to get one)")
+        if result["attestation"]:
+            print(f"  attestation {result['attestation']['digest']} (referrer of {result['digest']})")
     return 0
 
 
@@ -129,5 +181,8 @@ def add_commands(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="push even if the self-check has not passed or the image was built from uncommitted edits")
     p.add_argument("--gpus", default="all", help=f"GPUs in the printed run commands: {GPUS_HELP} (default all)")
+    p.add_argument("--attestation", metavar="FILE", help="a signed smoke report of this image (attestation.intoto.json "
+                                                         "of `speclock selfcheck --sign-key`) to attach as an OCI referrer; "
+                                                         "its subject must be this image")
     p.add_argument("--json", action="store_true", help="machine-readable result")
     p.set_defaults(func=_cmd_push)
