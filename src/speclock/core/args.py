@@ -62,3 +62,7 @@ def host_address(text: str) -> str:
     if not text or any(c.isspace() for c in text) or "\x00" in text:
         raise argparse.ArgumentTypeError(f"{text!r} is not an address: give a host name or IP, e.g. 127.0.0.1 or 0.0.0.0")
     return text
+
+
+# The types above that parse text, not numbers (the CLI rules test checks every other one refuses -1, nan, inf).
+TEXT_TYPES = (host_address,)
