@@ -78,3 +78,11 @@ def test_smoke_refuses_a_target_without_weights_or_tokenizer_before_any_engine_s
     assert r.returncode == 2, r.stderr
     assert words in r.stderr and str(target) in r.stderr
     assert "starting" not in r.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("option,value", [("--num-prompts", "1000000000000000"), ("--max-tokens", "10000000"),
+                                          ("--concurrency", "100000000")])
+def test_smoke_bounds_its_counts_at_parse(option, value, tmp_path):
+    r = cli("smoke", option, value, "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and option in r.stderr and "is not allowed" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from speclock.core.args import positive_int
+from speclock.core.args import int_range
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.verify.report import human_table
 from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
@@ -42,7 +42,7 @@ def add_commands(sub) -> None:
                                    "2 bad input, 3 environment problem (engine missing).",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_smoke_arguments(p)
-    p.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY,
+    p.add_argument("--concurrency", type=int_range(1, 4096), default=DEFAULT_CONCURRENCY,
                    help=f"with --server: requests in flight at once, as production traffic (default {DEFAULT_CONCURRENCY}; 1: one at a time)")
     p.add_argument("--json", action="store_true", help="print the report JSON instead of the table")
     p.set_defaults(func=_cmd_smoke)

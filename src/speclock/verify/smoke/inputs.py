@@ -167,8 +167,8 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
                    help="quick (default in an image: greedy, the stack's smoke.max_tokens), full (greedy, 256 tokens, per-position "
                         "drift; what upgrade and GPU runs use) or sampled (temperature > 0 over several seeds, acceptance with a "
                         "95%% confidence interval, gated two-sided); the stack's smoke.profile is the default (docs/smoke.md)")
-    p.add_argument("--num-prompts", type=positive_int, help="prompts to use (default: the profile's, i.e. the stack's smoke.num_prompts)")
-    p.add_argument("--max-tokens", type=positive_int, help="new tokens per prompt (default: the profile's: smoke.max_tokens, 256 for full)")
+    p.add_argument("--num-prompts", type=int_range(1, 100_000), help="prompts to use (default: the profile's, i.e. the stack's smoke.num_prompts)")
+    p.add_argument("--max-tokens", type=int_range(1, 32_768), help="new tokens per prompt (default: the profile's: smoke.max_tokens, 256 for full)")
     p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
                    help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
                         "run the reference decoder now (slow on a CPU), or skip")
