@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from speclock.core.args import int_range, non_negative_float, positive_int
+from speclock.core.args import int_range, non_negative_float
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, in_image, REPO_ROOT
