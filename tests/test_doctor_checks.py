@@ -88,7 +88,7 @@ def test_cpu_stack_passes_every_check_that_applies(cpu_run):
     assert {n: r.status for n, r in res.items()} == {
         "lock-versions": "pass", "engine-import": "pass", "patches": "pass", "eagle3-target": "pass",
         "aux-layers": "pass", "gpu-archs": "skip", "cuda-driver": "skip", "kernels": "skip",
-        "import-traps": "pass", "torch-archs": "skip", "flashinfer-kernels": "skip", "triton-build": "skip",
+        "import-traps": "pass", "torch-archs": "skip", "flashinfer-kernels": "skip", "triton-build": "skip", "sglang-jit": "skip",
         # this Python is not built from the lock: triton and opencv, pruned by cpu-vllm, are installed (a warning)
         "pruned": "warn"}
     assert "triton pruned by [prune].packages" in res["triton-build"].reason
