@@ -68,3 +68,12 @@ class LocalRegistry:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, reaped or not, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import alive
 from fuzz_support import assert_clean_refusal, run_cli, snapshot, assert_nothing_written
 from speclock import engines
 from speclock.drafter import models
@@ -375,14 +376,6 @@ child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.sig
 open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
 time.sleep(120)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
 class FakeEngine:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import alive
 from smoke_faults import converted_target, healthy_drafter, random_drafter
 from speclock.cli import main
 
@@ -34,14 +35,6 @@ def workers_of(parent: int) -> list[int]:
         if b"speclock.verify.smoke.worker" in cmd and int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
             found.append(int(entry))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
 def wait_for_worker(parent: int, timeout: float = 120.0) -> int:

@@ -228,7 +228,7 @@ def find_baseline(baselines_dir: Path, report: dict[str, Any]) -> Path | None:
     return path if path.exists() else None
 
 
-def _lock_beside(stack) -> tuple[Path, bool]:
+def lock_beside(stack) -> tuple[Path, bool]:
     """The lock of a stack file: <root>/locks/<name>.lock next to <root>/stacks/. Required for the repo's stacks;
     for a stack elsewhere (an upgrade candidate) it is checked when it is there."""
     if in_image() and stack.path.resolve().parent == (IMAGE.root / "stacks").resolve():
@@ -245,7 +245,7 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
     """
     if stack_arg:
         stack = load_stack(stack_arg)
-        lock, required = _lock_beside(stack)
+        lock, required = lock_beside(stack)
     elif in_image():
         try:
             stack_file = IMAGE.stack_file
@@ -256,7 +256,7 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
         lock, required = IMAGE.lock_file, True
     else:
         stack = load_stack_named(report["stack"], source=f"{report_source}: key 'stack'")
-        lock, required = _lock_beside(stack)
+        lock, required = lock_beside(stack)
     if stack.name != report["stack"]:
         raise BadInput(f"{report_source}: the report is for stack {report['stack']!r}, the thresholds are from "
                        f"{stack.name!r} ({stack.path})", hint="pass the report's own stack with --stack")
@@ -372,7 +372,7 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
 def verify_origin(report_path: Path, key: str, *, attestation: str | None, stack: str | None) -> dict[str, Any]:
     """--verify-key: the report is the one the key's holder signed, for the image (or lock) it names (attest.py)."""
     st = resolve_stack(load_report(report_path), stack, str(report_path))
-    lock, _ = _lock_beside(st)
+    lock, _ = lock_beside(st)
     return attest.verify_report(report_path, key, envelope_path=Path(attestation) if attestation else None,
                                 lock_sha256=lambda: attest.lock_identity(lock, st))
 

@@ -31,7 +31,7 @@ from speclock.core.files import atomic_write_text, os_error, read_json
 from speclock.spec.stack import load_stack
 from speclock.verify.doctor import build_context, DOCTOR_SCHEMA, DoctorOptions, run_doctor
 from speclock.verify import attest
-from speclock.verify.gate import _lock_beside, resolve_stack, run_gate, table
+from speclock.verify.gate import lock_beside, resolve_stack, run_gate, table
 from speclock.verify.report import human_table
 from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
 from speclock.verify.smoke.run import run_smoke
@@ -79,7 +79,7 @@ def sign_stage(report_path: Path, key, stack_arg: str | None) -> dict[str, Any]:
     lock_sha = None
     if attest.image_digest(report) is None:
         stack = resolve_stack(report, stack_arg, str(report_path))
-        lock_sha = attest.lock_identity(_lock_beside(stack)[0], stack)
+        lock_sha = attest.lock_identity(lock_beside(stack)[0], stack)
     return attest.sign_report(report_path, key, lock_sha256=lock_sha)
 
 
