@@ -33,8 +33,11 @@ def test(c, fast=False):
 @task(name="nix-check", help={"offline": "skip the test that downloads a locked wheel from PyPI"})
 def nix_check(c, offline=False):
     """Check flake.nix: .nix syntax, pins equal locks/*.lock, checks without nixpkgs, shape with a nixpkgs double."""
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_nix_*.py")
-                   if not (offline and p.name == "test_nix_wheels.py"))
+    tests = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").glob("test_nix_*.py")
+        if not (offline and p.name == "test_nix_wheels.py")
+    )
     c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *tests]), env=ENV, pty=False)
 
 

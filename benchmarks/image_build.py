@@ -45,8 +45,9 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -105,23 +106,45 @@ def timed(label: str, fn: Callable[[], dict[str, Any]], *, cold: bool = False) -
     before = load1()
     result = fn()
     result.update(load_before=before, load_after=load1())
-    shown = f"{result['seconds']:.2f} s" if "build_s" not in result else \
-        f"build step {result['build_s']:.2f} s, end to end {result['wall_s']:.2f} s"
+    shown = (
+        f"{result['seconds']:.2f} s"
+        if "build_s" not in result
+        else f"build step {result['build_s']:.2f} s, end to end {result['wall_s']:.2f} s"
+    )
     say(f"[{label}] {shown} (load {before} -> {result['load_after']}) {result.get('image_id', '')[:19]}")
     return result
 
 
 # ---------------------------------------------------------------- the machine
 
+
 def machine_info() -> dict[str, Any]:
-    mem_kib = next((int(l.split()[1]) for l in Path("/proc/meminfo").read_text().splitlines()
-                    if l.startswith("MemTotal:")), 0)
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
-    osname = next((l.split("=", 1)[1].strip('"') for l in Path("/etc/os-release").read_text().splitlines()
-                   if l.startswith("PRETTY_NAME=")), "?") if Path("/etc/os-release").exists() else "?"
-    return {"nproc": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_kib / 2**20, 1), "kernel": platform.release(),
-            "os": osname, "hostname": platform.node(), "python": platform.python_version()}
+    mem_kib = next((int(l.split()[1]) for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal:")), 0)
+    cpu = next(
+        (l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")),
+        platform.processor(),
+    )
+    osname = (
+        next(
+            (
+                l.split("=", 1)[1].strip('"')
+                for l in Path("/etc/os-release").read_text().splitlines()
+                if l.startswith("PRETTY_NAME=")
+            ),
+            "?",
+        )
+        if Path("/etc/os-release").exists()
+        else "?"
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "os": osname,
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+    }
 
 
 def tool_versions() -> dict[str, str | None]:
@@ -131,16 +154,35 @@ def tool_versions() -> dict[str, str | None]:
         except FileNotFoundError:
             return None
         return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else None
-    return {"buildah": first_line(["buildah", "--version"]),
-            "docker_client": first_line([DOCKER, "version", "--format", "{{.Client.Version}}"]),
-            "docker_server": first_line([DOCKER, "version", "--format", "{{.Server.Version}}"]),
-            "mmdebstrap": first_line(["mmdebstrap", "--version"])}
+
+    return {
+        "buildah": first_line(["buildah", "--version"]),
+        "docker_client": first_line([DOCKER, "version", "--format", "{{.Client.Version}}"]),
+        "docker_server": first_line([DOCKER, "version", "--format", "{{.Server.Version}}"]),
+        "mmdebstrap": first_line(["mmdebstrap", "--version"]),
+    }
 
 
 def git_info() -> dict[str, Any]:
     head = run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=False).stdout.strip() or None
-    dirty = run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src", "containers", "stacks", "locks",
-                 "patches", "models", "baselines"], check=False).stdout.strip()
+    dirty = run(
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "status",
+            "--porcelain",
+            "--",
+            "src",
+            "containers",
+            "stacks",
+            "locks",
+            "patches",
+            "models",
+            "baselines",
+        ],
+        check=False,
+    ).stdout.strip()
     return {"revision": head, "build_inputs_dirty": bool(dirty)}
 
 
@@ -149,6 +191,7 @@ def disk_free_gb() -> float:
 
 
 # ---------------------------------------------------------------- docker helpers
+
 
 class DockerAPI(http.client.HTTPConnection):
     """dockerd's API on its unix socket: the build cache records (with their creation times) and pruning by id."""
@@ -245,8 +288,9 @@ def docker_image(ref: str) -> dict | None:
 
 def du_in_image(ref: str, paths: list[str]) -> dict[str, int]:
     """Apparent sizes (du -sb, as docker's Size counts) of folders inside a docker image; missing ones are left out."""
-    proc = run([DOCKER, "run", "--rm", "--network", "none", "--user", "0:0", "--entrypoint", "du", ref, "-sb", *paths],
-               check=False)
+    proc = run(
+        [DOCKER, "run", "--rm", "--network", "none", "--user", "0:0", "--entrypoint", "du", ref, "-sb", *paths], check=False
+    )
     out = {}
     for line in proc.stdout.splitlines():
         size, _, path = line.partition("\t")
@@ -256,6 +300,7 @@ def du_in_image(ref: str, paths: list[str]) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------- the naive peer
+
 
 def ensure_naive_base() -> dict[str, Any]:
     """local/debian:bookworm-minbase: a plain mmdebstrap minbase of bookworm, imported once and kept."""
@@ -267,14 +312,28 @@ def ensure_naive_base() -> dict[str, Any]:
             BENCH_CACHE.mkdir(parents=True, exist_ok=True)
             part = tar.with_suffix(".tar.part")
             say(f"making {NAIVE_BASE}: mmdebstrap --variant=minbase bookworm (network, ~30 s)")
-            run(["mmdebstrap", "--mode=root", "--variant=minbase", "--format=tar", "bookworm", str(part),
-                 "http://deb.debian.org/debian"])
+            run(
+                [
+                    "mmdebstrap",
+                    "--mode=root",
+                    "--variant=minbase",
+                    "--format=tar",
+                    "bookworm",
+                    str(part),
+                    "http://deb.debian.org/debian",
+                ]
+            )
             os.replace(part, tar)
         run([DOCKER, "import", str(tar), NAIVE_BASE])
         found = docker_image(NAIVE_BASE)
         how = f"imported now from {tar} (mmdebstrap --variant=minbase bookworm)"
-    return {"ref": NAIVE_BASE, "id": found["Id"], "size_bytes": found["Size"], "made": how,
-            "recipe": "mmdebstrap --mode=root --variant=minbase --format=tar bookworm OUT http://deb.debian.org/debian"}
+    return {
+        "ref": NAIVE_BASE,
+        "id": found["Id"],
+        "size_bytes": found["Size"],
+        "made": how,
+        "recipe": "mmdebstrap --mode=root --variant=minbase --format=tar bookworm OUT http://deb.debian.org/debian",
+    }
 
 
 def locked_torch(lock: dict) -> dict:
@@ -329,11 +388,11 @@ def naive_build(ctx: Path, tag: str, *, no_cache: bool, logs: Path, janitor: Bui
     t0 = time.monotonic()
     try:
         with open(log, "w") as out:
-            rc = subprocess.run(cmd, cwd=ctx, stdout=out, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, DOCKER_BUILDKIT="1")).returncode
+            rc = subprocess.run(
+                cmd, cwd=ctx, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, DOCKER_BUILDKIT="1")
+            ).returncode
     finally:  # a build stopped half-way left cache records too
-        janitor.window(start, time.time(),
-                       lambda desc: desc.startswith(("local source for ", "fileop ", *prefixes)))
+        janitor.window(start, time.time(), lambda desc: desc.startswith(("local source for ", "fileop ", *prefixes)))
     seconds = time.monotonic() - t0
     if rc != 0:
         raise RuntimeError(f"naive build {tag} failed (exit {rc}); see {log}:\n{log.read_text()[-2000:]}")
@@ -352,18 +411,24 @@ def naive_round(ctx: Path, n: int, runs: int, logs: Path, janitor: BuildCacheJan
     tags = [f"{NAIVE_TAG}:r{n}-{k}" for k in ("cold", "warm", "cold2")]
     out: dict[str, Any] = {}
     try:
-        out["cold"] = timed(f"naive cold {n}/{runs}", lambda: naive_build(ctx, tags[0], no_cache=True, logs=logs, janitor=janitor),
-                            cold=True)
+        out["cold"] = timed(
+            f"naive cold {n}/{runs}", lambda: naive_build(ctx, tags[0], no_cache=True, logs=logs, janitor=janitor), cold=True
+        )
         out["size_bytes"] = docker_image(tags[0])["Size"]
         out["venv_bytes"] = du_in_image(tags[0], ["/opt/venv"]).get("/opt/venv")
         say(f"[naive size {n}/{runs}] {out['size_bytes'] / 1e9:.2f} GB, /opt/venv {(out['venv_bytes'] or 0) / 1e9:.2f} GB")
         app.write_text(original + f"# one-line edit {n} {time.time()}\n")
-        out["warm_edit"] = timed(f"naive warm after an app edit {n}/{runs}",
-                                 lambda: naive_build(ctx, tags[1], no_cache=False, logs=logs, janitor=janitor))
+        out["warm_edit"] = timed(
+            f"naive warm after an app edit {n}/{runs}",
+            lambda: naive_build(ctx, tags[1], no_cache=False, logs=logs, janitor=janitor),
+        )
         app.write_text(original)  # the same inputs as the first cold build
         naive_cleanup(tags[:2], janitor)  # the disk is shared: one naive image at a time
-        out["cold2"] = timed(f"naive cold again, same inputs {n}/{runs}",
-                             lambda: naive_build(ctx, tags[2], no_cache=True, logs=logs, janitor=janitor), cold=True)
+        out["cold2"] = timed(
+            f"naive cold again, same inputs {n}/{runs}",
+            lambda: naive_build(ctx, tags[2], no_cache=True, logs=logs, janitor=janitor),
+            cold=True,
+        )
         out["cold_same_id"] = out["cold"]["image_id"] == out["cold2"]["image_id"]
         say(f"[naive digests {n}/{runs}] same id for two cold builds: {out['cold_same_id']}")
     finally:
@@ -375,6 +440,7 @@ def naive_round(ctx: Path, n: int, runs: int, logs: Path, janitor: BuildCacheJan
 
 # ---------------------------------------------------------------- speclock
 
+
 class PrivateStore:
     """A buildah image store of the benchmark's own (CONTAINERS_STORAGE_CONF): cold builds start from an
     empty store and cleaning up never touches anyone else's images."""
@@ -383,8 +449,9 @@ class PrivateStore:
         self.root = where / "buildah"
         self.root.mkdir(parents=True)
         self.conf = self.root / "storage.conf"
-        self.conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{self.root / "storage"}"\n'
-                             f'runroot = "{self.root / "run"}"\n')
+        self.conf.write_text(
+            f'[storage]\ndriver = "overlay"\ngraphroot = "{self.root / "storage"}"\nrunroot = "{self.root / "run"}"\n'
+        )
         self.env = {"CONTAINERS_STORAGE_CONF": str(self.conf)}
         self.keep: set[str] = set()  # the imported base and its parent images (kept across rounds)
 
@@ -437,8 +504,7 @@ def private_cache(where: Path) -> Path:
 
 
 class Speclock:
-    def __init__(self, repo: Path, builder: str, cache: Path, logs: Path, store: PrivateStore | None,
-                 janitor: BuildCacheJanitor):
+    def __init__(self, repo: Path, builder: str, cache: Path, logs: Path, store: PrivateStore | None, janitor: BuildCacheJanitor):
         self.repo, self.builder, self.cache, self.logs, self.store, self.janitor = repo, builder, cache, logs, store, janitor
         self.env = dict(os.environ, PYTHONPATH=str(repo / "src"), SPECLOCK_CACHE=str(cache), **(store.env if store else {}))
         self.made_refs: set[str] = set()  # docker refs this run created (never someone else's)
@@ -447,16 +513,28 @@ class Speclock:
 
     def prime_base(self) -> None:
         """Import the locked base into the private store before timing anything (a user's store has it)."""
-        code = ("from speclock.spec.stack import load_stack; from speclock.spec.lock import read_lock, lock_path; "
-                "from speclock.build.builders import get_builder; from speclock.build.image import ensure_base_image; "
-                f"s = load_stack({STACK!r}); print(ensure_base_image(s, read_lock(lock_path(s)), get_builder({self.builder!r})))")
+        code = (
+            "from speclock.spec.stack import load_stack; from speclock.spec.lock import read_lock, lock_path; "
+            "from speclock.build.builders import get_builder; from speclock.build.image import ensure_base_image; "
+            f"s = load_stack({STACK!r}); print(ensure_base_image(s, read_lock(lock_path(s)), get_builder({self.builder!r})))"
+        )
         proc = run([sys.executable, "-c", code], check=False, cwd=self.repo, env=self.env)
         say(f"[speclock/{self.builder}] base image: {proc.stdout.strip() or 'not primed: ' + proc.stderr.strip()[-300:]}")
 
     def build(self, *, no_cache: bool) -> dict[str, Any]:
         self.count += 1
-        cmd = [sys.executable, "-m", "speclock", "build-image", "--stack", STACK, "--builder", self.builder,
-               "--skip-selfcheck", "--json"] + (["--no-cache"] if no_cache else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "speclock",
+            "build-image",
+            "--stack",
+            STACK,
+            "--builder",
+            self.builder,
+            "--skip-selfcheck",
+            "--json",
+        ] + (["--no-cache"] if no_cache else [])
         log = self.logs / f"speclock-{self.builder}-{self.count:02d}.log"
         start = time.time()
         t0 = time.monotonic()
@@ -472,9 +550,16 @@ class Speclock:
         record = json.loads(proc.stdout)
         if self.builder == "docker":
             self.made_ids.add(record["image_id"])
-        return {"build_s": record["build_seconds"], "wall_s": round(wall, 2), "seconds": round(wall, 2),
-                "image_id": record["image_id"], "tag": record["tag"], "ref": record["ref"],
-                "total_seconds_in_record": record.get("total_seconds"), "layers": record.get("layers")}
+        return {
+            "build_s": record["build_seconds"],
+            "wall_s": round(wall, 2),
+            "seconds": round(wall, 2),
+            "image_id": record["image_id"],
+            "tag": record["tag"],
+            "ref": record["ref"],
+            "total_seconds_in_record": record.get("total_seconds"),
+            "layers": record.get("layers"),
+        }
 
     def docker_refs(self) -> set[str]:
         """The stack's refs in docker now (before a docker build: what is not ours to remove afterwards)."""
@@ -534,8 +619,10 @@ def speclock_round(sp: Speclock, n: int, runs: int, edit_module: str) -> dict[st
     try:
         build("cold", "cold", True)
         out.update(sp.measure_size(out["cold"]["ref"]))
-        say(f"[{label} size {n}/{runs}] {out['size_bytes'] / 1e9:.2f} GB (docker Size), model assets "
-            f"{out['assets_bytes'] / 1e6:.0f} MB, without them {out['size_without_assets_bytes'] / 1e9:.2f} GB")
+        say(
+            f"[{label} size {n}/{runs}] {out['size_bytes'] / 1e9:.2f} GB (docker Size), model assets "
+            f"{out['assets_bytes'] / 1e6:.0f} MB, without them {out['size_without_assets_bytes'] / 1e9:.2f} GB"
+        )
         init.write_text(originals[init] + f"# one-line edit {n} {time.time()}\n")
         build("warm_init", "warm after a one-line edit of __init__.py", False)
         init.write_text(originals[init])
@@ -547,8 +634,10 @@ def speclock_round(sp: Speclock, n: int, runs: int, edit_module: str) -> dict[st
         sp.cleanup_round()  # cold2 needs no cache; the disk is shared: keep its peak at one image
         build("cold2", "cold again, same inputs", True)
         out["cold_same_id"] = out["cold2"]["image_id"] == out["cold"]["image_id"]
-        say(f"[{label} digests {n}/{runs}] same id after revert: {out['revert_same_id']}, "
-            f"same id for two cold builds: {out['cold_same_id']}")
+        say(
+            f"[{label} digests {n}/{runs}] same id after revert: {out['revert_same_id']}, "
+            f"same id for two cold builds: {out['cold_same_id']}"
+        )
     finally:
         for path, text in originals.items():
             path.write_text(text)
@@ -560,18 +649,30 @@ def speclock_round(sp: Speclock, n: int, runs: int, edit_module: str) -> dict[st
 
 # ---------------------------------------------------------------- main
 
+
 def main(argv: list[str] | None = None) -> int:
     global MIN_FREE_GB
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="rounds; medians are taken over them (default 3)")
-    parser.add_argument("--builder", choices=["buildah", "docker", "both"], default="buildah",
-                        help="speclock's builder(s) (default buildah, the reproducible one)")
+    parser.add_argument(
+        "--builder",
+        choices=["buildah", "docker", "both"],
+        default="buildah",
+        help="speclock's builder(s) (default buildah, the reproducible one)",
+    )
     parser.add_argument("--skip-naive", action="store_true", help="build speclock only (a quick check)")
-    parser.add_argument("--edit-module", default="core/files.py",
-                        help="the second file under src/speclock/ given a one-line edit (default core/files.py)")
+    parser.add_argument(
+        "--edit-module",
+        default="core/files.py",
+        help="the second file under src/speclock/ given a one-line edit (default core/files.py)",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here (atomically)")
-    parser.add_argument("--min-free-gb", type=float, default=MIN_FREE_GB,
-                        help=f"wait for this much free disk before each build (default {MIN_FREE_GB:g})")
+    parser.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=MIN_FREE_GB,
+        help=f"wait for this much free disk before each build (default {MIN_FREE_GB:g})",
+    )
     parser.add_argument("--logs", type=Path, help="folder for the builds' logs (default a new /tmp/speclock-bench-logs-*)")
     args = parser.parse_args(argv)
     # a plain `kill` cleans up too (a background job started by a shell ignores SIGINT)
@@ -584,17 +685,26 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     lock = json.loads((ROOT / "locks" / f"{STACK}.lock").read_text())
     result: dict[str, Any] = {
-        "schema": SCHEMA, "stack": STACK, "runs": args.runs, "builders": builders, "naive_included": not args.skip_naive,
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(), "tools": tool_versions(), "git": git_info(), "lock_sha256": lock["lock_sha256"],
-        "edit_module": args.edit_module, "disk_free_gb_before": disk_free_gb(), "logs": str(logs),
+        "schema": SCHEMA,
+        "stack": STACK,
+        "runs": args.runs,
+        "builders": builders,
+        "naive_included": not args.skip_naive,
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "tools": tool_versions(),
+        "git": git_info(),
+        "lock_sha256": lock["lock_sha256"],
+        "edit_module": args.edit_module,
+        "disk_free_gb_before": disk_free_gb(),
+        "logs": str(logs),
         "method": {
             "naive": "docker BuildKit, --network host, CA secret, pip from the index (naive-run.sh); seconds = the "
-                     "whole `docker build`; size = docker image inspect .Size",
+            "whole `docker build`; size = docker image inspect .Size",
             "speclock": "build-image --skip-selfcheck --json on a scratch copy, private SPECLOCK_CACHE (hard links "
-                        "to the fetched wheelhouse and base rootfs), network off; build_s = the record's "
-                        "build_seconds, wall_s = the whole command; size = docker .Size (buildah images copied into "
-                        "docker), model assets by du -sb in the image",
+            "to the fetched wheelhouse and base rootfs), network off; build_s = the record's "
+            "build_seconds, wall_s = the whole command; size = docker .Size (buildah images copied into "
+            "docker), model assets by du -sb in the image",
         },
         "rounds": [],
     }
@@ -636,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             store.remove_all()
         shutil.rmtree(scratch, ignore_errors=True)
         result["disk_free_gb_after"] = disk_free_gb()
-    result["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     result["summary"] = summarize(result["rounds"], builders)
     if args.out:
         write_json(args.out, result)

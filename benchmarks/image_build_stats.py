@@ -7,8 +7,9 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 SCHEMA = "speclock.bench.image-build/v1"
 # Timed builds of the naive peer and of speclock, per round (keys of round["naive"] / round["speclock"][builder]).
@@ -110,7 +111,8 @@ def goals(naive: dict[str, Any] | None, spec: dict[str, Any] | None) -> dict[str
         "warm_wall_at_most_3s": all_true(at_most(v, GOAL_WARM_WALL_S) for v in warm_walls),
         "size_20pct_smaller_without_assets": at_most(
             spec["size_without_assets_bytes"],
-            None if not naive or naive.get("size_bytes") is None else naive["size_bytes"] * GOAL_SIZE_RATIO),
+            None if not naive or naive.get("size_bytes") is None else naive["size_bytes"] * GOAL_SIZE_RATIO,
+        ),
         "same_id_two_cold_builds": spec["cold_same_id"],
         "same_id_after_revert": spec["revert_same_id"],
     }
@@ -188,8 +190,12 @@ def table(result: dict[str, Any]) -> str:
             rows.append((f"ratio {key} ({builder})", ["", _r(value)]))
     width = max(len(label) for label, _ in rows)
     head = " " * width + " | " + " | ".join(f"{name:>16}" for name, _ in cols)
-    lines = [f"medians over {result['runs']} round(s); load 1-min mean {summary['load_1min']['mean']} "
-             f"max {summary['load_1min']['max']}", head, "-" * len(head)]
+    lines = [
+        f"medians over {result['runs']} round(s); load 1-min mean {summary['load_1min']['mean']} "
+        f"max {summary['load_1min']['max']}",
+        head,
+        "-" * len(head),
+    ]
     for label, values in rows:
         lines.append(f"{label:<{width}} | " + " | ".join(f"{v:>16}" for v in values))
     for builder, checks in summary["goals"].items():

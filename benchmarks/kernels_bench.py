@@ -29,10 +29,9 @@ from pathlib import Path
 
 import torch
 
-from speclock.kernels import eagle3_loss, fp8_pack, fp8_unpack
+from speclock.kernels import eagle3_loss, fp8_cuda, fp8_pack, fp8_unpack
 from speclock.kernels import eagle3_triton as e3
-from speclock.kernels import fp8_cuda
-from speclock.kernels.reference import (eagle3_loss_eager, fp8_pack_reference, fp8_unpack_reference)
+from speclock.kernels.reference import eagle3_loss_eager, fp8_pack_reference, fp8_unpack_reference
 
 T0 = time.time()
 RESULT: dict = {"sections": {}}
@@ -148,10 +147,11 @@ def loss_breakdown(T=16384, H=7168, V=32000, C=4096) -> dict:
 
 # ---------------------------------------------------------------- fp8
 
+
 def fp8_inputs(T, H, gen):
     # rows of very different magnitudes, one all-zero row, a few outliers
     mag = torch.pow(10.0, torch.empty(T, 1, device="cuda").uniform_(-3, 3, generator=gen))
-    x = (torch.randn(T, H, device="cuda", generator=gen) * mag)
+    x = torch.randn(T, H, device="cuda", generator=gen) * mag
     if T > 2:
         x[1] = 0
         x[2, H // 3] *= 50
@@ -159,8 +159,20 @@ def fp8_inputs(T, H, gen):
 
 
 def fp8_correctness(gen) -> list[dict]:
-    shapes = [(1, 8), (3, 7), (2, 12), (5, 24), (257, 4096), (1000, 7168), (64, 21504), (33, 12288), (7, 40000), (4, 65536),
-              (3, 70000), (129, 5000)]
+    shapes = [
+        (1, 8),
+        (3, 7),
+        (2, 12),
+        (5, 24),
+        (257, 4096),
+        (1000, 7168),
+        (64, 21504),
+        (33, 12288),
+        (7, 40000),
+        (4, 65536),
+        (3, 70000),
+        (129, 5000),
+    ]
     rows = []
     for T, H in shapes:
         x = fp8_inputs(T, H, gen)
@@ -176,8 +188,13 @@ def fp8_correctness(gen) -> list[dict]:
         if T * H <= 1 << 20:
             qc, sc = fp8_pack_reference(x.cpu())
             cpu_mismatch = int((q.view(torch.uint8).cpu() != qc.view(torch.uint8)).sum()) + int((s.cpu() != sc).sum())
-        row = {"T": T, "H": H, "code_mismatches": code_mismatch, "scale_mismatches": scale_mismatch,
-               "cpu_reference_mismatches": cpu_mismatch}
+        row = {
+            "T": T,
+            "H": H,
+            "code_mismatches": code_mismatch,
+            "scale_mismatches": scale_mismatch,
+            "cpu_reference_mismatches": cpu_mismatch,
+        }
         for dt in (torch.bfloat16, torch.float16, torch.float32):
             y = torch.full((T, H), float("nan"), dtype=dt, device="cuda")
             fp8_cuda.unpack(q, s, dt, out=y)
@@ -187,8 +204,13 @@ def fp8_correctness(gen) -> list[dict]:
         nz = x.float().abs().amax(1) > 0
         rel = ((y - x.float()).norm(dim=1)[nz] / x.float().norm(dim=1)[nz]).max().item() if nz.any() else 0.0
         row["roundtrip_max_row_rel_err"] = rel
-        row["ok"] = (code_mismatch == 0 and scale_mismatch == 0 and not cpu_mismatch
-                     and all(v == 0 for k, v in row.items() if k.startswith("unpack_")) and rel < 0.04)
+        row["ok"] = (
+            code_mismatch == 0
+            and scale_mismatch == 0
+            and not cpu_mismatch
+            and all(v == 0 for k, v in row.items() if k.startswith("unpack_"))
+            and rel < 0.04
+        )
         rows.append(row)
         log(f"fp8 check {T}x{H}: {'ok' if row['ok'] else 'FAIL ' + json.dumps(row)}")
     return rows
@@ -203,12 +225,14 @@ def fp8_speed(shapes, compile_ok: bool) -> list[dict]:
         q, s = fp8_pack(x)
         pack_bytes = T * H * 2 + T * H + T * 4
         unpack_bytes = T * H + T * 4 + T * H * 2
-        impls = {"speclock_cuda": (lambda: fp8_pack(x), lambda: fp8_unpack(q, s)),
-                 "speclock_v1_regs": (lambda: fp8_cuda.pack(x, variant=1), None),
-                 "speclock_v2_2pass256": (lambda: fp8_cuda.pack(x, variant=2), None),
-                 "speclock_v5_2pass512": (lambda: fp8_cuda.pack(x, variant=5), None),
-                 "eager": (lambda: fp8_pack_reference(x), lambda: fp8_unpack_reference(q, s)),
-                 "torch_compile": (lambda: pack_c(x), lambda: unpack_c(q, s, torch.bfloat16)) if compile_ok else None}
+        impls = {
+            "speclock_cuda": (lambda: fp8_pack(x), lambda: fp8_unpack(q, s)),
+            "speclock_v1_regs": (lambda: fp8_cuda.pack(x, variant=1), None),
+            "speclock_v2_2pass256": (lambda: fp8_cuda.pack(x, variant=2), None),
+            "speclock_v5_2pass512": (lambda: fp8_cuda.pack(x, variant=5), None),
+            "eager": (lambda: fp8_pack_reference(x), lambda: fp8_unpack_reference(q, s)),
+            "torch_compile": (lambda: pack_c(x), lambda: unpack_c(q, s, torch.bfloat16)) if compile_ok else None,
+        }
         for name, fns in impls.items():
             if fns is None:
                 continue
@@ -220,10 +244,21 @@ def fp8_speed(shapes, compile_ok: bool) -> list[dict]:
                     ms = time_ms_batched(fn)
                     ms_single = time_ms(fn, warmup=1, iters=10)
                     mem = peak_extra_bytes(fn)
-                    rows.append({"op": op, "impl": name, "T": T, "H": H, "ms": ms, "TBps": nbytes / ms / 1e9,
-                                 "ms_single_call": ms_single, "peak_extra_GB": mem / 1e9, "wall_s": time.time() - t0})
+                    rows.append(
+                        {
+                            "op": op,
+                            "impl": name,
+                            "T": T,
+                            "H": H,
+                            "ms": ms,
+                            "TBps": nbytes / ms / 1e9,
+                            "ms_single_call": ms_single,
+                            "peak_extra_GB": mem / 1e9,
+                            "wall_s": time.time() - t0,
+                        }
+                    )
                     log(f"fp8 {op:6s} {name:14s} {T}x{H}: {ms:.3f} ms {nbytes / ms / 1e9:.2f} TB/s extra {mem / 1e9:.2f} GB")
-                except Exception as err:  # noqa: BLE001 - a failing baseline is recorded, not fatal
+                except Exception as err:
                     rows.append({"op": op, "impl": name, "T": T, "H": H, "error": repr(err)[:500]})
                     log(f"fp8 {op} {name} {T}x{H}: ERROR {err!r}"[:300])
         del x, q, s
@@ -232,6 +267,7 @@ def fp8_speed(shapes, compile_ok: bool) -> list[dict]:
 
 
 # ---------------------------------------------------------------- loss
+
 
 def loss_inputs(T, H, V, gen, dtype=torch.bfloat16):
     h = (torch.randn(T, H, device="cuda", generator=gen) * 1.0).to(dtype)
@@ -259,8 +295,13 @@ def rel(a, b) -> float:
 
 
 def loss_correctness(gen) -> list[dict]:
-    cases = [(300, 64, 1000, True, 128), (1000, 512, 3000, True, 256), (2048, 1024, 32000, False, None),
-             (4096, 4096, 32000, True, None), (513, 256, 4097, True, 100)]
+    cases = [
+        (300, 64, 1000, True, 128),
+        (1000, 512, 3000, True, 256),
+        (2048, 1024, 32000, False, None),
+        (4096, 4096, 32000, True, None),
+        (513, 256, 4097, True, 100),
+    ]
     rows = []
     for T, H, V, use_mask, chunk in cases:
         h, w, p = loss_inputs(T, H, V, gen)
@@ -271,18 +312,37 @@ def loss_correctness(gen) -> list[dict]:
         loss.backward()
         lr, cr, ghr, gwr = loss_reference64(h, w, p, mask)
         n_valid = T if mask is None else int(mask.sum())
-        row = {"T": T, "H": H, "V": V, "mask": use_mask, "chunk": chunk,
-               "loss": loss.item(), "loss_ref": lr, "loss_rel_err": abs(loss.item() - lr) / abs(lr),
-               "correct": int(correct), "correct_ref": cr, "n_valid": n_valid,
-               "grad_hidden_rel_err": rel(hh.grad, ghr), "grad_weight_rel_err": rel(ww.grad, gwr),
-               "grads_finite": bool(torch.isfinite(hh.grad).all() and torch.isfinite(ww.grad).all())}
+        row = {
+            "T": T,
+            "H": H,
+            "V": V,
+            "mask": use_mask,
+            "chunk": chunk,
+            "loss": loss.item(),
+            "loss_ref": lr,
+            "loss_rel_err": abs(loss.item() - lr) / abs(lr),
+            "correct": int(correct),
+            "correct_ref": cr,
+            "n_valid": n_valid,
+            "grad_hidden_rel_err": rel(hh.grad, ghr),
+            "grad_weight_rel_err": rel(ww.grad, gwr),
+            "grads_finite": bool(torch.isfinite(hh.grad).all() and torch.isfinite(ww.grad).all()),
+        }
         if mask is not None:
             row["masked_rows_grad_zero"] = bool((hh.grad[~mask] == 0).all())
-        row["ok"] = (row["loss_rel_err"] < 1e-3 and row["grad_hidden_rel_err"] < 1e-2 and row["grad_weight_rel_err"] < 1e-2
-                     and abs(row["correct"] - cr) <= max(2, n_valid // 500) and row["grads_finite"]
-                     and row.get("masked_rows_grad_zero", True))
+        row["ok"] = (
+            row["loss_rel_err"] < 1e-3
+            and row["grad_hidden_rel_err"] < 1e-2
+            and row["grad_weight_rel_err"] < 1e-2
+            and abs(row["correct"] - cr) <= max(2, n_valid // 500)
+            and row["grads_finite"]
+            and row.get("masked_rows_grad_zero", True)
+        )
         rows.append(row)
-        log(f"loss check {T}x{H}x{V}: {'ok' if row['ok'] else 'FAIL'} " + json.dumps({k: row[k] for k in row if 'err' in k or 'correct' in k}))
+        log(
+            f"loss check {T}x{H}x{V}: {'ok' if row['ok'] else 'FAIL'} "
+            + json.dumps({k: row[k] for k in row if "err" in k or "correct" in k})
+        )
         del h, w, p, hh, ww, ghr, gwr
         torch.cuda.empty_cache()
     return rows
@@ -291,6 +351,7 @@ def loss_correctness(gen) -> list[dict]:
 def liger_vs_ours(gen, T=4096, H=4096, V=32000) -> dict:
     """Same gradient: liger's forward KL against our soft cross-entropy on target = softmax(teacher)."""
     from liger_kernel.transformers import LigerFusedLinearJSD
+
     h, w, _ = loss_inputs(T, H, V, gen)
     th = torch.randn(T, H, device="cuda", generator=gen, dtype=torch.bfloat16)
     tw = (torch.randn(V, H, device="cuda", generator=gen) / math.sqrt(H) * 4).to(torch.bfloat16)
@@ -306,6 +367,7 @@ def loss_speed(shapes, compile_shapes, have_liger: bool, budget_end: float) -> l
     rows = []
     if have_liger:
         from liger_kernel.transformers import LigerFusedLinearJSD
+
         liger = LigerFusedLinearJSD(jsd_beta=0.0)
     compiled = torch.compile(eagle3_loss_eager, dynamic=False)
     for T, H, V in shapes:
@@ -325,6 +387,7 @@ def loss_speed(shapes, compile_shapes, have_liger: bool, budget_end: float) -> l
                 w.grad = None
                 out = fn()
                 (out[0] if isinstance(out, tuple) else out).backward()
+
             return run
 
         def accum(kind, fn):
@@ -334,6 +397,7 @@ def loss_speed(shapes, compile_shapes, have_liger: bool, budget_end: float) -> l
                     return fn()
                 finally:
                     e3.DW_ACCUM[0] = "float32"
+
             return run
 
         def separate(fn):
@@ -343,12 +407,15 @@ def loss_speed(shapes, compile_shapes, have_liger: bool, budget_end: float) -> l
                     return fn()
                 finally:
                     e3.INPLACE_GRAD[0] = True
+
             return run
 
-        impls = [("speclock_triton", step(lambda: eagle3_loss(h, w, p)), flop3),
-                 ("speclock_separate_grad_buf", step(separate(lambda: eagle3_loss(h, w, p))), flop3),
-                 ("speclock_chunk8192_bf16acc", step(accum("weight", lambda: eagle3_loss(h, w, p, chunk_tokens=8192))), flop3),
-                 ("eager", step(lambda: eagle3_loss_eager(h, w, p)), flop3)]
+        impls = [
+            ("speclock_triton", step(lambda: eagle3_loss(h, w, p)), flop3),
+            ("speclock_separate_grad_buf", step(separate(lambda: eagle3_loss(h, w, p))), flop3),
+            ("speclock_chunk8192_bf16acc", step(accum("weight", lambda: eagle3_loss(h, w, p, chunk_tokens=8192))), flop3),
+            ("eager", step(lambda: eagle3_loss_eager(h, w, p)), flop3),
+        ]
         if (T, H, V) in compile_shapes:
             impls.append(("torch_compile", step(lambda: compiled(h, w, p)), flop3))
         if have_liger:
@@ -364,12 +431,25 @@ def loss_speed(shapes, compile_shapes, have_liger: bool, budget_end: float) -> l
                 ms = time_ms(fn, warmup=2, iters=15)
                 h.grad = w.grad = None
                 mem = peak_extra_bytes(fn)
-                rows.append({"impl": name, "T": T, "H": H, "V": V, "ms": ms, "peak_extra_GB": mem / 1e9,
-                             "gemm_flops": flops, "achieved_TFLOPs": flops / ms / 1e9,
-                             "model_TFLOPs_3gemm": flop3 / ms / 1e9, "first_call_s": setup})
-                log(f"loss {name:16s} {T}x{H}x{V}: {ms:.2f} ms, extra {mem / 1e9:.2f} GB, "
-                    f"{flops / ms / 1e9:.0f} TFLOP/s ({flops // (2 * T * H * V)} GEMMs), first call {setup:.1f}s")
-            except Exception as err:  # noqa: BLE001
+                rows.append(
+                    {
+                        "impl": name,
+                        "T": T,
+                        "H": H,
+                        "V": V,
+                        "ms": ms,
+                        "peak_extra_GB": mem / 1e9,
+                        "gemm_flops": flops,
+                        "achieved_TFLOPs": flops / ms / 1e9,
+                        "model_TFLOPs_3gemm": flop3 / ms / 1e9,
+                        "first_call_s": setup,
+                    }
+                )
+                log(
+                    f"loss {name:16s} {T}x{H}x{V}: {ms:.2f} ms, extra {mem / 1e9:.2f} GB, "
+                    f"{flops / ms / 1e9:.0f} TFLOP/s ({flops // (2 * T * H * V)} GEMMs), first call {setup:.1f}s"
+                )
+            except Exception as err:
                 rows.append({"impl": name, "T": T, "H": H, "V": V, "error": repr(err)[:500]})
                 log(f"loss {name} {T}x{H}x{V}: ERROR {err!r}"[:300])
             h.grad = w.grad = None
@@ -391,20 +471,33 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     try:
-        import liger_kernel  # noqa: F401
         from importlib.metadata import version
+
+        import liger_kernel  # noqa: F401
+
         liger_version = version("liger-kernel")
-    except Exception:  # noqa: BLE001
+    except Exception:
         liger_version = None
-    RESULT["env"] = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-                     "cuda": torch.version.cuda, "triton": triton_version, "liger_kernel": liger_version,
-                     "fp8_library": str(fp8_cuda._candidate_dirs()), "kernels_dir": os.environ.get("SPECLOCK_KERNELS_DIR"),
-                     "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem",
-                                               "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()}
+    RESULT["env"] = {
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "liger_kernel": liger_version,
+        "fp8_library": str(fp8_cuda._candidate_dirs()),
+        "kernels_dir": os.environ.get("SPECLOCK_KERNELS_DIR"),
+        "driver": subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
+    }
     log(json.dumps(RESULT["env"]))
     gen = torch.Generator(device="cuda").manual_seed(int(time.time()))  # fresh inputs every run
     ok = True
@@ -414,18 +507,30 @@ def main() -> int:
         ("loss_correctness", lambda: loss_correctness(gen)),
         ("loss_breakdown", lambda: loss_breakdown()),
         ("liger_gradient_agreement", lambda: liger_vs_ours(gen) if liger_version else {"skipped": "no liger"}),
-        ("fp8_speed", lambda: fp8_speed([(8192, 4096), (16384, 7168)] if args.quick else
-                                        [(8192, 4096), (16384, 7168), (32768, 21504), (65536, 12288)], True)),
-        ("loss_speed", lambda: loss_speed(
-            [(8192, 4096, 32000)] if args.quick else
-            [(16384, 7168, 32000), (8192, 4096, 32000), (32768, 4096, 32000), (32768, 7168, 32000)],
-            {(8192, 4096, 32000), (16384, 7168, 32000)}, bool(liger_version), budget_end)),
+        (
+            "fp8_speed",
+            lambda: fp8_speed(
+                [(8192, 4096), (16384, 7168)] if args.quick else [(8192, 4096), (16384, 7168), (32768, 21504), (65536, 12288)],
+                True,
+            ),
+        ),
+        (
+            "loss_speed",
+            lambda: loss_speed(
+                [(8192, 4096, 32000)]
+                if args.quick
+                else [(16384, 7168, 32000), (8192, 4096, 32000), (32768, 4096, 32000), (32768, 7168, 32000)],
+                {(8192, 4096, 32000), (16384, 7168, 32000)},
+                bool(liger_version),
+                budget_end,
+            ),
+        ),
     ]
     for name, fn in steps:
         log(f"== {name}")
         try:
             RESULT["sections"][name] = fn()
-        except Exception:  # noqa: BLE001
+        except Exception:
             RESULT["sections"][name] = {"error": traceback.format_exc()[-3000:]}
             log(traceback.format_exc())
             ok = False
@@ -440,10 +545,14 @@ def main() -> int:
     log(f"== summary: checks {'PASS' if ok else 'FAIL'}")
     for r in RESULT["sections"].get("fp8_speed", []) if isinstance(RESULT["sections"].get("fp8_speed"), list) else []:
         if "ms" in r:
-            print(f"fp8 {r['op']:6s} {r['impl']:14s} {r['T']:6d}x{r['H']:<6d} {r['ms']:8.3f} ms {r['TBps']:5.2f} TB/s {r['peak_extra_GB']:6.2f} GB")
+            print(
+                f"fp8 {r['op']:6s} {r['impl']:14s} {r['T']:6d}x{r['H']:<6d} {r['ms']:8.3f} ms {r['TBps']:5.2f} TB/s {r['peak_extra_GB']:6.2f} GB"
+            )
     for r in RESULT["sections"].get("loss_speed", []) if isinstance(RESULT["sections"].get("loss_speed"), list) else []:
         if "ms" in r:
-            print(f"loss {r['impl']:16s} {r['T']:6d}x{r['H']}x{r['V']} {r['ms']:8.2f} ms {r['peak_extra_GB']:6.2f} GB {r['achieved_TFLOPs']:5.0f} TFLOP/s")
+            print(
+                f"loss {r['impl']:16s} {r['T']:6d}x{r['H']}x{r['V']} {r['ms']:8.2f} ms {r['peak_extra_GB']:6.2f} GB {r['achieved_TFLOPs']:5.0f} TFLOP/s"
+            )
     return 0 if ok else 1
 
 

@@ -58,8 +58,14 @@ def run_one(args: argparse.Namespace, out: Path) -> dict:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     done.set()
     wall = time.time() - t0
-    return {"exit_code": code, "wall_s": round(wall, 1), "load_start": start_load, "load_end": loadavg(),
-            "load1_max": round(max(peak[0], start_load[0]), 2), "report": str(out / "report.json")}
+    return {
+        "exit_code": code,
+        "wall_s": round(wall, 1),
+        "load_start": start_load,
+        "load_end": loadavg(),
+        "load1_max": round(max(peak[0], start_load[0]), 2),
+        "report": str(out / "report.json"),
+    }
 
 
 def figures(report: dict) -> dict[str, float]:
@@ -85,18 +91,28 @@ def summarize(runs: list[dict], reports: list[dict], profile: str) -> dict:
     for name in names:
         vals = [figures(r)[name] for r in reports]
         drift = max_pairwise_drift(vals)
-        stats[name] = {"values": [round(v, 5) for v in vals], "mean": round(statistics.fmean(vals), 5),
-                       "stdev": round(statistics.stdev(vals), 5) if len(vals) > 1 else 0.0,
-                       "min": round(min(vals), 5), "max": round(max(vals), 5),
-                       "max_pairwise_relative_drift": round(drift, 5),
-                       "derived_tolerance": round(max(FLOOR if profile != "sampled" else 0.0,
-                                                      math.ceil(drift * SAFETY * 200) / 200), 3)}
+        stats[name] = {
+            "values": [round(v, 5) for v in vals],
+            "mean": round(statistics.fmean(vals), 5),
+            "stdev": round(statistics.stdev(vals), 5) if len(vals) > 1 else 0.0,
+            "min": round(min(vals), 5),
+            "max": round(max(vals), 5),
+            "max_pairwise_relative_drift": round(drift, 5),
+            "derived_tolerance": round(max(FLOOR if profile != "sampled" else 0.0, math.ceil(drift * SAFETY * 200) / 200), 3),
+        }
     per_seed = [r["sampled"]["spread"] for r in reports if isinstance(r.get("sampled"), dict)]
-    return {"profile": profile, "runs": len(reports), "safety_factor": SAFETY, "floor": FLOOR,
-            "timing": runs, "figures": stats, "per_seed_spread": per_seed,
-            "note": "derived_tolerance = max(floor for greedy profiles, 1.5 x the largest pairwise relative drift over "
-                    "these healthy runs, rounded up to 0.005); the largest pairwise drift itself is the smallest drift "
-                    "the gate can catch with no false alarm over these runs"}
+    return {
+        "profile": profile,
+        "runs": len(reports),
+        "safety_factor": SAFETY,
+        "floor": FLOOR,
+        "timing": runs,
+        "figures": stats,
+        "per_seed_spread": per_seed,
+        "note": "derived_tolerance = max(floor for greedy profiles, 1.5 x the largest pairwise relative drift over "
+        "these healthy runs, rounded up to 0.005); the largest pairwise drift itself is the smallest drift "
+        "the gate can catch with no false alarm over these runs",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = []
         for i in range(1, args.n + 1):
             info = run_one(args, out / f"run-{i}")
-            print(f"run {i}: exit {info['exit_code']}, {info['wall_s']} s, load {info['load_start']} -> "
-                  f"{info['load_end']} (1-min max {info['load1_max']})", flush=True)
+            print(
+                f"run {i}: exit {info['exit_code']}, {info['wall_s']} s, load {info['load_start']} -> "
+                f"{info['load_end']} (1-min max {info['load1_max']})",
+                flush=True,
+            )
             runs.append(info)
             paths.append(Path(info["report"]))
     reports = [json.loads(path.read_text()) for path in paths if path.is_file()]
@@ -133,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs, reports, profile)
     summary["reports"] = [str(p) for p in paths]
     for name, s in summary["figures"].items():
-        print(f"{name:24} mean {s['mean']:.4f}  sd {s['stdev']:.4f}  range {s['min']:.4f}-{s['max']:.4f}  "
-              f"max pairwise drift {s['max_pairwise_relative_drift']:.2%}  -> tolerance {s['derived_tolerance']:.3f}")
+        print(
+            f"{name:24} mean {s['mean']:.4f}  sd {s['stdev']:.4f}  range {s['min']:.4f}-{s['max']:.4f}  "
+            f"max pairwise drift {s['max_pairwise_relative_drift']:.2%}  -> tolerance {s['derived_tolerance']:.3f}"
+        )
     dest = Path(args.json_out) if args.json_out else out / "spread.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(summary, indent=2) + "\n")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tarfile
 import time
@@ -28,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from speclock.train.fit import FitConfig  # noqa: E402
-from speclock.train.judge import measure_speed, stage_reference  # noqa: E402
-from speclock.train.pipeline import run_all  # noqa: E402
-from speclock.train.settings import Settings, log, pick_device  # noqa: E402
+from speclock.train.fit import FitConfig
+from speclock.train.judge import measure_speed, stage_reference
+from speclock.train.pipeline import run_all
+from speclock.train.settings import Settings, log, pick_device
 
 
 def save_drafter(out: Path, export: Path, work: Path, part_bytes: int = 15 << 20) -> None:
@@ -46,7 +45,7 @@ def save_drafter(out: Path, export: Path, work: Path, part_bytes: int = 15 << 20
         old.unlink()
     data = tmp.read_bytes()
     for i in range(0, len(data), part_bytes):
-        (out / f"drafter.tar.part{i // part_bytes:02d}").write_bytes(data[i:i + part_bytes])
+        (out / f"drafter.tar.part{i // part_bytes:02d}").write_bytes(data[i : i + part_bytes])
     tmp.unlink()
 
 
@@ -64,17 +63,35 @@ def fp8_effect(a, base: Settings, device: str) -> dict:
         with open(work / "responses.jsonl", "w") as f:
             for r in done:
                 f.write(json.dumps(r) + "\n")
-        fit = replace(base.fit, epochs=max(1, base.fit.epochs), max_steps=a.effect_steps, time_budget_s=0.0,
-                      holdout_sequences=min(300, len(done) // 10), checkpoint_every=10**9)
+        fit = replace(
+            base.fit,
+            epochs=max(1, base.fit.epochs),
+            max_steps=a.effect_steps,
+            time_budget_s=0.0,
+            holdout_sequences=min(300, len(done) // 10),
+            checkpoint_every=10**9,
+        )
         s = replace(base, work=work, hidden_store=store, fit=fit)
         res = run_all(s, ["extract", "fit", "export"])
-        ref = stage_reference(a.target, work / "export" / "vllm", device, a.ref_prompts, 3, [64], record=False,
-                              prompts_file=a.mtbench or None, workers=a.ref_workers)
-        out[store] = {"extract": res.get("extract"), "fit_seconds": res["fit"]["seconds"],
-                      "holdout_acc_per_step": (res["fit"].get("holdout") or {}).get("acc_per_step"),
-                      "train_acc_per_step": res["fit"].get("final_acc_per_step"),
-                      "data_greedy_consistency": res["fit"].get("data_greedy_consistency"),
-                      "mtbench_64": ref[0]["metrics"]}
+        ref = stage_reference(
+            a.target,
+            work / "export" / "vllm",
+            device,
+            a.ref_prompts,
+            3,
+            [64],
+            record=False,
+            prompts_file=a.mtbench or None,
+            workers=a.ref_workers,
+        )
+        out[store] = {
+            "extract": res.get("extract"),
+            "fit_seconds": res["fit"]["seconds"],
+            "holdout_acc_per_step": (res["fit"].get("holdout") or {}).get("acc_per_step"),
+            "train_acc_per_step": res["fit"].get("final_acc_per_step"),
+            "data_greedy_consistency": res["fit"].get("data_greedy_consistency"),
+            "mtbench_64": ref[0]["metrics"],
+        }
         shutil.rmtree(work / "hidden", ignore_errors=True)
         log(f"fp8-effect: {store}: MT-Bench x64 mean acceptance length {ref[0]['metrics']['mean_acceptance_length']:.3f}")
     return out
@@ -131,13 +148,35 @@ def main() -> int:
     def save():
         name.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
-    fit = FitConfig(epochs=a.epochs, ttt_steps=a.ttt_steps, lr=a.lr, warmup_steps=50, batch_tokens=a.batch_tokens,
-                    max_len=1024, draft_vocab_size=a.draft_vocab, checkpoint_every=500, time_budget_s=a.fit_budget,
-                    holdout_sequences=a.holdout)
-    s = Settings(work=a.work, target=a.target, prompts=a.prompts, num_prompts=a.num_prompts, max_prompt_tokens=512,
-                 max_new_tokens=a.max_new_tokens, generator=a.generator, gen_batch=a.gen_batch,
-                 gen_time_budget_s=a.gen_budget, fit=fit, device=a.device, ref_prompts_file=a.mtbench,
-                 hidden_store=a.hidden_store, self_prompts=a.self_prompts, self_prompt_time_budget_s=a.self_budget)
+    fit = FitConfig(
+        epochs=a.epochs,
+        ttt_steps=a.ttt_steps,
+        lr=a.lr,
+        warmup_steps=50,
+        batch_tokens=a.batch_tokens,
+        max_len=1024,
+        draft_vocab_size=a.draft_vocab,
+        checkpoint_every=500,
+        time_budget_s=a.fit_budget,
+        holdout_sequences=a.holdout,
+    )
+    s = Settings(
+        work=a.work,
+        target=a.target,
+        prompts=a.prompts,
+        num_prompts=a.num_prompts,
+        max_prompt_tokens=512,
+        max_new_tokens=a.max_new_tokens,
+        generator=a.generator,
+        gen_batch=a.gen_batch,
+        gen_time_budget_s=a.gen_budget,
+        fit=fit,
+        device=a.device,
+        ref_prompts_file=a.mtbench,
+        hidden_store=a.hidden_store,
+        self_prompts=a.self_prompts,
+        self_prompt_time_budget_s=a.self_budget,
+    )
     t0 = time.perf_counter()
     export = a.work / "export"
     pipeline_stages = [x for x in ("generate", "extract", "fit", "export") if x in stages]
@@ -152,14 +191,24 @@ def main() -> int:
     if "reference" in stages:
         results["reference"] = []
         for mt in a.ref_max_tokens:
-            results["reference"] += stage_reference(a.target, export / "vllm", device, a.ref_prompts, 3, [mt], record=True,
-                                                    prompts_file=a.mtbench or None, workers=a.ref_workers,
-                                                    also_record_in=[export / "sglang"])
+            results["reference"] += stage_reference(
+                a.target,
+                export / "vllm",
+                device,
+                a.ref_prompts,
+                3,
+                [mt],
+                record=True,
+                prompts_file=a.mtbench or None,
+                workers=a.ref_workers,
+                also_record_in=[export / "sglang"],
+            )
             save()
             save_drafter(a.out, export, a.work)
     if "speed" in stages and a.speed_prompts:
-        results["speed"] = measure_speed(a.target, export / "vllm", device, a.speed_prompts, 3, max(a.ref_max_tokens),
-                                         prompts_file=a.mtbench or None)
+        results["speed"] = measure_speed(
+            a.target, export / "vllm", device, a.speed_prompts, 3, max(a.ref_max_tokens), prompts_file=a.mtbench or None
+        )
         save()
     if "fp8-effect" in stages:
         results["fp8_effect"] = fp8_effect(a, s, device)

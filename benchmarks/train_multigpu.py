@@ -50,9 +50,29 @@ def gpu_info() -> dict:
 
 def train_args(a, work: Path, n: int) -> list[str]:
     batch = a.batch_tokens * (n if a.weak else 1)
-    out = ["train", "all", "--stages", "extract,fit", "--work", str(work), "--target", str(a.target), "--no-resume",
-           "--epochs", str(a.epochs), "--ttt-steps", str(a.ttt_steps), "--batch-tokens", str(batch),
-           "--draft-vocab", str(a.draft_vocab), "--max-steps", str(a.fit_steps), "--lr", str(a.lr)]
+    out = [
+        "train",
+        "all",
+        "--stages",
+        "extract,fit",
+        "--work",
+        str(work),
+        "--target",
+        str(a.target),
+        "--no-resume",
+        "--epochs",
+        str(a.epochs),
+        "--ttt-steps",
+        str(a.ttt_steps),
+        "--batch-tokens",
+        str(batch),
+        "--draft-vocab",
+        str(a.draft_vocab),
+        "--max-steps",
+        str(a.fit_steps),
+        "--lr",
+        str(a.lr),
+    ]
     if a.aux_layers:
         out += ["--aux-layers", a.aux_layers]
     if a.device:
@@ -84,10 +104,19 @@ def run_one(a, mode: str, n: int, responses: Path) -> dict:
     summ = json.loads((work / "run-summary.json").read_text())
     fit = summ.get("fit") or {}
     ext = summ.get("extract") or {}
-    rec.update(extract_tokens=ext.get("new_tokens"), extract_s=ext.get("seconds"), extract_tok_s=ext.get("tok_s"),
-               fit_steps=fit.get("steps"), fit_tokens=fit.get("tokens_seen"), fit_s=fit.get("seconds"),
-               fit_tok_s=fit.get("train_tok_s"), final_loss=fit.get("final_loss"), final_acc_per_step=fit.get("final_acc_per_step"),
-               precision=fit.get("precision"), stages_s=summ.get("stages"))
+    rec.update(
+        extract_tokens=ext.get("new_tokens"),
+        extract_s=ext.get("seconds"),
+        extract_tok_s=ext.get("tok_s"),
+        fit_steps=fit.get("steps"),
+        fit_tokens=fit.get("tokens_seen"),
+        fit_s=fit.get("seconds"),
+        fit_tok_s=fit.get("train_tok_s"),
+        final_loss=fit.get("final_loss"),
+        final_acc_per_step=fit.get("final_acc_per_step"),
+        precision=fit.get("precision"),
+        stages_s=summ.get("stages"),
+    )
     if not a.keep_work:
         shutil.rmtree(work / "hidden", ignore_errors=True)
     return rec
@@ -102,10 +131,17 @@ def efficiency(runs: list[dict]) -> dict:
         if r["rc"] != 0 or r["mode"] == "plain":
             continue
         key = f"{r['mode']}-n{r['nproc']}"
-        out[key] = {m: round(r[f"{m}_tok_s"] / (r["nproc"] * base[f"{m}_tok_s"]), 3)
-                    if r.get(f"{m}_tok_s") and base.get(f"{m}_tok_s") else None for m in ("extract", "fit")}
-        out[key]["loss_vs_plain"] = (round(r["final_loss"] - base["final_loss"], 5)
-                                     if r.get("final_loss") is not None and base.get("final_loss") is not None else None)
+        out[key] = {
+            m: round(r[f"{m}_tok_s"] / (r["nproc"] * base[f"{m}_tok_s"]), 3)
+            if r.get(f"{m}_tok_s") and base.get(f"{m}_tok_s")
+            else None
+            for m in ("extract", "fit")
+        }
+        out[key]["loss_vs_plain"] = (
+            round(r["final_loss"] - base["final_loss"], 5)
+            if r.get("final_loss") is not None and base.get("final_loss") is not None
+            else None
+        )
     return out
 
 
@@ -140,13 +176,34 @@ def main() -> int:
     have = info.get("gpus", 0) if a.device != "cpu" else os.cpu_count()
     nprocs = [int(x) for x in a.nprocs.split(",") if x] if a.nprocs else sorted({1, max(1, have)})
     responses = a.responses
-    result = {"schema": "speclock.bench.train_multigpu/v1", "host": platform.node(), "env": info, "settings": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "runs": [], "skipped": []}
+    result = {
+        "schema": "speclock.bench.train_multigpu/v1",
+        "host": platform.node(),
+        "env": info,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+        "runs": [],
+        "skipped": [],
+    }
     if not responses:
         gen = a.work / "generate"
         gen.mkdir(exist_ok=True)
-        cmd = [sys.executable, "-m", "speclock", "train", "generate", "--work", str(gen), "--target", str(a.target),
-               "--prompts", a.prompts, "--num-prompts", str(a.num_prompts), "--max-new-tokens", str(a.max_new_tokens)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "speclock",
+            "train",
+            "generate",
+            "--work",
+            str(gen),
+            "--target",
+            str(a.target),
+            "--prompts",
+            a.prompts,
+            "--num-prompts",
+            str(a.num_prompts),
+            "--max-new-tokens",
+            str(a.max_new_tokens),
+        ]
         cmd += ["--device", a.device] if a.device else []
         t0 = time.perf_counter()
         subprocess.run(cmd, env=launch_env(), check=True)
@@ -161,8 +218,10 @@ def main() -> int:
     for mode, n in plan:
         print(f"[{time.strftime('%H:%M:%S')}] {mode} nproc={n}", flush=True)
         rec = run_one(a, mode, n, responses)
-        print(json.dumps({k: rec.get(k) for k in ("mode", "nproc", "rc", "extract_tok_s", "fit_tok_s", "final_loss", "wall_s")}),
-              flush=True)
+        print(
+            json.dumps({k: rec.get(k) for k in ("mode", "nproc", "rc", "extract_tok_s", "fit_tok_s", "final_loss", "wall_s")}),
+            flush=True,
+        )
         result["runs"].append(rec)
         result["scaling_efficiency"] = efficiency(result["runs"])
         (a.out / "train_multigpu.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -34,8 +34,15 @@ def main() -> int:
 
     tok = AutoTokenizer.from_pretrained(a.target)
     ids = [chat_prompt_ids(tok, t) for t in load_prompts(a.prompts, a.n)]
-    kwargs = dict(model=a.target, dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=512 << 20,
-                  disable_log_stats=False, seed=0, max_model_len=2048)
+    kwargs = dict(
+        model=a.target,
+        dtype="bfloat16",
+        enforce_eager=True,
+        kv_cache_memory_bytes=512 << 20,
+        disable_log_stats=False,
+        seed=0,
+        max_model_len=2048,
+    )
     if a.drafter:
         kwargs["speculative_config"] = {"method": "eagle3", "model": a.drafter, "num_speculative_tokens": a.k}
     llm = LLM(**kwargs)
@@ -45,15 +52,14 @@ def main() -> int:
     for m in llm.get_metrics():
         if not m.name.startswith("vllm:spec_decode_"):
             continue
-        key = m.name[len("vllm:spec_decode_"):]
+        key = m.name[len("vllm:spec_decode_") :]
         if key == "num_accepted_tokens_per_pos":
             vals = [int(v) for v in m.values]
             per_pos = [x + y for x, y in zip(per_pos, vals)] if per_pos else vals
         elif key in totals:
             totals[key] += int(m.value)
     d = totals["num_drafts"]
-    totals.update(accepted_per_position=per_pos,
-                  mean_acceptance_length=1 + totals["num_accepted_tokens"] / d if d else 1.0)
+    totals.update(accepted_per_position=per_pos, mean_acceptance_length=1 + totals["num_accepted_tokens"] / d if d else 1.0)
     print("ROUNDTRIP " + json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outs], "metrics": totals}), flush=True)
     return 0
 

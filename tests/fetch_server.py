@@ -50,7 +50,7 @@ class WheelServer:
                         return
                     if mode == "slow":
                         for i in range(0, len(data), 4096):
-                            self.wfile.write(data[i:i + 4096])
+                            self.wfile.write(data[i : i + 4096])
                             self.wfile.flush()
                             time.sleep(0.05)
                     else:
@@ -73,14 +73,12 @@ class WheelServer:
         self.httpd.server_close()
 
 
-def wheel_entry(server: WheelServer, name: str, version: str = "1.0", *, data: bytes | None = None,
-                mode: str = "ok") -> dict:
+def wheel_entry(server: WheelServer, name: str, version: str = "1.0", *, data: bytes | None = None, mode: str = "ok") -> dict:
     """A lock entry for a (fake) wheel served by `server`."""
     filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
     data = data if data is not None else f"wheel {name} {version}\n".encode() * 50
     url = server.serve(f"/files/{filename}", data, mode)
-    return {"name": name, "version": version, "filename": filename, "url": url,
-            "sha256": hashlib.sha256(data).hexdigest()}
+    return {"name": name, "version": version, "filename": filename, "url": url, "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def make_stack(folder: Path, server: WheelServer) -> Path:
@@ -105,9 +103,16 @@ def seal(doc: dict) -> dict:
 
 
 def make_lock(path: Path, entries: list[dict], *, assets: list[dict] | None = None) -> Path:
-    doc = {"schema": "speclock.lock/v1", "stack": "cpu-vllm", "stack_sha256": "0" * 64,
-           "packages": entries, "assets": assets or [], "excluded": [],
-           "base": COMMITTED_BASE, "source_date_epoch": COMMITTED_BASE["source_date_epoch"]}
+    doc = {
+        "schema": "speclock.lock/v1",
+        "stack": "cpu-vllm",
+        "stack_sha256": "0" * 64,
+        "packages": entries,
+        "assets": assets or [],
+        "excluded": [],
+        "base": COMMITTED_BASE,
+        "source_date_epoch": COMMITTED_BASE["source_date_epoch"],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(seal(doc), indent=1))
     return path

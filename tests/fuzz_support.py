@@ -66,6 +66,9 @@ def assert_clean_refusal(code: int, stderr: str, *, allowed: tuple[int, ...] = A
 
 
 def assert_nothing_written(before: dict, after: dict, *, except_under: tuple[Path, ...] = ()) -> None:
-    changed = [p for p in set(before) | set(after) if before.get(p) != after.get(p)
-               and not any(p.startswith(str(e)) for e in except_under)]
+    changed = [
+        p
+        for p in set(before) | set(after)
+        if before.get(p) != after.get(p) and not any(p.startswith(str(e)) for e in except_under)
+    ]
     assert not changed, f"written outside the intended outputs: {sorted(changed)[:10]}"

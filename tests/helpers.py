@@ -26,8 +26,9 @@ def copy_repo(dest: Path) -> Path:
 def speclock(repo: Path, *args: str, check: bool = True, timeout: int = 1800, env: dict | None = None):
     """Run the CLI of the repo at `repo` (its own source), streaming nothing; return the process."""
     full_env = dict(os.environ, PYTHONPATH=str(repo / "src"), **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "speclock", *args], capture_output=True, text=True,
-                          cwd=repo, env=full_env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", *args], capture_output=True, text=True, cwd=repo, env=full_env, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"speclock {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -48,7 +49,8 @@ class LocalRegistry:
         config = root / "registry.yml"
         config.write_text(
             "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\n"
-            "http:\n  addr: %s\n" % (root / "data", self.address))
+            "http:\n  addr: %s\n" % (root / "data", self.address)
+        )
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
         self.log = open(root / "registry.log", "w")
         self.proc = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=subprocess.STDOUT)
@@ -76,4 +78,4 @@ def alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"

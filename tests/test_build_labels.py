@@ -9,18 +9,19 @@ import json
 import re
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
-
 from fuzz_support import run_cli
+
 from speclock.build import image as build
+from speclock.build.builders import buildah as buildah_mod
+from speclock.build.builders import docker as docker_mod
 from speclock.build.builders import ensure_in_docker
-from speclock.build.builders import buildah as buildah_mod, docker as docker_mod
-from speclock.core.errors import EnvironmentProblem
 from speclock.build.labels import LABEL_PREFIX, LICENSES, OCI_PREFIX, base_labels, labels_for
 from speclock.build.sbom import SBOM_IN_IMAGE
+from speclock.core.errors import EnvironmentProblem
 from speclock.patches.series import load_series, series_label
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
@@ -31,8 +32,7 @@ PATCHED = "vllm-kimi-0.17.1"  # a stack with a patch series
 
 def labels(name: str) -> dict[str, str]:
     """The labels of a Containerfile build of the stack (with its SBOM's path, as build-image gives them)."""
-    return labels_for(load_stack(name), read_lock(ROOT / "locks" / f"{name}.lock"), "TAG", "INPUTS", "REV",
-                      sbom=SBOM_IN_IMAGE)
+    return labels_for(load_stack(name), read_lock(ROOT / "locks" / f"{name}.lock"), "TAG", "INPUTS", "REV", sbom=SBOM_IN_IMAGE)
 
 
 @pytest.mark.parametrize("name", [p.stem for p in sorted((ROOT / "locks").glob("*.lock"))])
@@ -56,8 +56,9 @@ def test_no_label_depends_on_the_wall_clock():
     lock = read_lock(ROOT / "locks" / "cpu-vllm.lock")
     got = labels("cpu-vllm")
     # created is the lock's SOURCE_DATE_EPOCH: buildah builds of the same inputs keep one digest
-    assert got["org.opencontainers.image.created"] == dt.datetime.fromtimestamp(
-        lock["source_date_epoch"], dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert got["org.opencontainers.image.created"] == dt.datetime.fromtimestamp(lock["source_date_epoch"], dt.UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
     time.sleep(1.1)
     assert labels("cpu-vllm") == got
 
@@ -77,8 +78,18 @@ def test_docs_labels_md_documents_every_key():
 
 def test_the_oci_keys_asked_for_are_all_there():
     got = labels("cpu-vllm")
-    for key in ("title", "description", "source", "documentation", "licenses", "revision", "created", "version",
-                "base.name", "base.digest"):
+    for key in (
+        "title",
+        "description",
+        "source",
+        "documentation",
+        "licenses",
+        "revision",
+        "created",
+        "version",
+        "base.name",
+        "base.digest",
+    ):
         assert f"{OCI_PREFIX}.{key}" in got, key
 
 
@@ -89,8 +100,8 @@ def test_licenses_is_speclocks_license_from_pyproject():
 
 def test_version_says_what_the_image_packages_and_speclocks_version_has_its_own_key():
     from speclock import __version__
-    got = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "ab5e3f80fa59b65c",
-                     "INPUTS", "REV")
+
+    got = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "ab5e3f80fa59b65c", "INPUTS", "REV")
     assert got[f"{OCI_PREFIX}.version"] == f"{load_stack('cpu-vllm').engine['version']}+ab5e3f80fa59b65c"
     assert got[f"{LABEL_PREFIX}.speclock-version"] == __version__
 
@@ -103,11 +114,14 @@ def test_the_base_of_a_locked_rootfs_and_of_a_registry_image():
     assert got[f"{OCI_PREFIX}.base.digest"] == f"sha256:{sha}" and got[f"{LABEL_PREFIX}.base"] == sha
     pinned = "registry.example/org/base@sha256:" + "c" * 64
     assert base_labels({"base": {"kind": "image", "ref": pinned}}) == {
-        f"{OCI_PREFIX}.base.name": "registry.example/org/base", f"{OCI_PREFIX}.base.digest": "sha256:" + "c" * 64}
+        f"{OCI_PREFIX}.base.name": "registry.example/org/base",
+        f"{OCI_PREFIX}.base.digest": "sha256:" + "c" * 64,
+    }
 
 
-@pytest.mark.parametrize("revision, dirty", [("0123abc", "false"), ("0123abc+dirty", "true"),
-                                             ("uncommitted+dirty", "true"), ("unknown", "false")])
+@pytest.mark.parametrize(
+    "revision, dirty", [("0123abc", "false"), ("0123abc+dirty", "true"), ("uncommitted+dirty", "true"), ("unknown", "false")]
+)
 def test_a_dirty_revision_is_marked_dirty(revision, dirty):
     got = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "TAG", "INPUTS", revision)
     assert got[f"{OCI_PREFIX}.revision"] == revision and got[f"{LABEL_PREFIX}.dirty"] == dirty
@@ -116,6 +130,7 @@ def test_a_dirty_revision_is_marked_dirty(revision, dirty):
 def test_an_uncommitted_edit_to_an_input_makes_the_revision_dirty(tmp_path, monkeypatch):
     """A real git checkout: committed inputs give the commit; an edit adds +dirty (build.inputs.git_revision)."""
     import subprocess
+
     from speclock.build import inputs
 
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -133,6 +148,7 @@ def test_an_uncommitted_edit_to_an_input_makes_the_revision_dirty(tmp_path, monk
 
 class Recording:
     """A builder that records what build-image hands it."""
+
     name = "buildah"
 
     def __init__(self):
@@ -165,8 +181,11 @@ def test_build_image_passes_the_labels_to_the_builder_not_into_the_containerfile
     monkeypatch.setattr(build, "stage_sbom", lambda *a, **k: None)  # placeholder wheels: tests/test_sbom.py makes real ones
     record = build.build_image(stack, progress=lambda m: None)
     (call,) = rec.calls
-    assert call["labels"] == record["labels"] == labels_for(stack, lock, record["tag"], record["inputs_sha256"], "rev",
-                                                            sbom=SBOM_IN_IMAGE)
+    assert (
+        call["labels"]
+        == record["labels"]
+        == labels_for(stack, lock, record["tag"], record["inputs_sha256"], "rev", sbom=SBOM_IN_IMAGE)
+    )
     assert call["labels"][f"{LABEL_PREFIX}.inputs-sha256"][:16] == record["tag"]
     staged = Path(call["containerfile"]).read_text()
     assert not re.search(r"^LABEL ", staged, flags=re.M) and LABEL_PREFIX not in staged
@@ -196,8 +215,19 @@ def run_build(builder, tmp_path, monkeypatch, labels) -> tuple[list[str], str]:
 
     monkeypatch.setattr(sys.modules[type(builder).__module__], "stream", fake_stream)
     (tmp_path / "Containerfile").write_text("FROM scratch AS runtime\nUSER 10001\n")
-    assert builder.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag="localhost/x:1", build_args={},
-                         labels=labels, target="runtime", no_cache=False, timestamp=0) == "sha256:" + "2" * 64
+    assert (
+        builder.build(
+            containerfile=tmp_path / "Containerfile",
+            context=tmp_path,
+            tag="localhost/x:1",
+            build_args={},
+            labels=labels,
+            target="runtime",
+            no_cache=False,
+            timestamp=0,
+        )
+        == "sha256:" + "2" * 64
+    )
     (call,) = seen
     return call
 
@@ -216,8 +246,9 @@ def test_buildah_gets_the_labels_as_one_label_step_of_its_own_copy(tmp_path, mon
     assert (tmp_path / "Containerfile").read_text() == "FROM scratch AS runtime\nUSER 10001\n"  # the context untouched
     assert Path(cmd[cmd.index("-f") + 1]).parent != tmp_path
     # the same labels in another order give the same text (the same history, the same digest)
-    assert buildah_mod.labelled_containerfile("X\n", dict(reversed(LABELS.items()))) == \
-        buildah_mod.labelled_containerfile("X\n", LABELS)
+    assert buildah_mod.labelled_containerfile("X\n", dict(reversed(LABELS.items()))) == buildah_mod.labelled_containerfile(
+        "X\n", LABELS
+    )
 
 
 def test_buildah_without_labels_reads_the_containerfile_as_staged(tmp_path, monkeypatch):

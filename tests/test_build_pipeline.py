@@ -49,15 +49,20 @@ def test_the_source_is_the_last_layer_and_nothing_compiles_it(with_kernels):
     user_step = next(s for s in runtime if s.startswith("RUN") and "/etc/passwd" in s)
     assert "cp -R /draft /opt/speclock/draft" in user_step and "mkdir -p /opt/speclock/patches" in user_step
     # the instructions that only set metadata come before it: an edit re-runs none of them
-    assert all(not s.startswith(("ENV", "USER", "WORKDIR", "ENTRYPOINT", "CMD")) for s in runtime[runtime.index(layers[-1]):])
+    assert all(not s.startswith(("ENV", "USER", "WORKDIR", "ENTRYPOINT", "CMD")) for s in runtime[runtime.index(layers[-1]) :])
 
 
 def test_each_step_that_reads_a_bind_mount_is_keyed_by_its_hash():
     """buildah keys a RUN by its text and build args, never by bind-mounted files: each such step declares
     the hash of what it reads (build_args_for computes them)."""
     text = containerfile_text(True)
-    keys = {"venv": "WHEELS_SHA256", "patched": "PATCHES_SHA256", "assets": "ASSETS_SHA256", "kernels": "KERNELS_SHA256",
-            "runtime": "DRAFT_SHA256"}
+    keys = {
+        "venv": "WHEELS_SHA256",
+        "patched": "PATCHES_SHA256",
+        "assets": "ASSETS_SHA256",
+        "kernels": "KERNELS_SHA256",
+        "runtime": "DRAFT_SHA256",
+    }
     for name, key in keys.items():
         steps = stage(text, name)
         assert any("--mount=type=bind" in s for s in steps if s.startswith("RUN")), name
@@ -108,6 +113,7 @@ def test_a_uv_wheel_that_does_not_match_the_lock_is_refused(tmp_path):
 
 def test_the_default_stack_locks_uv_for_the_venv_step():
     import json
+
     lock = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())
     pkg = uvwheel.uv_package(lock)
     assert pkg and pkg["filename"].startswith(f"uv-{pkg['version']}-")
@@ -126,7 +132,15 @@ def test_buildah_builds_offline_and_removes_the_containers_of_a_failed_build(tmp
 
     monkeypatch.setattr(buildah, "stream", fake_stream)
     (tmp_path / "Containerfile").write_text("FROM scratch\n")
-    buildah.BUILDER.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag="t", build_args={}, labels={},
-                          target=None, no_cache=False, timestamp=0)
+    buildah.BUILDER.build(
+        containerfile=tmp_path / "Containerfile",
+        context=tmp_path,
+        tag="t",
+        build_args={},
+        labels={},
+        target=None,
+        no_cache=False,
+        timestamp=0,
+    )
     cmd = seen[0]
     assert "--force-rm" in cmd and "--layers" in cmd and cmd[cmd.index("--network") + 1] == "none"

@@ -21,15 +21,24 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "speclock"
 
 # (entry modules, data folders, modules that must import there, commands as the Containerfiles run them)
 STAGES = {
-    "patch-tools": (context.PATCH_ENTRIES, (),
-                    ["speclock.cli", "speclock.patches.cli", "speclock.patches.series", "speclock.engines.probe"],
-                    [["-m", "speclock.patches", "patches", "apply", "--help"]]),
-    "asset-tools": (context.ASSET_ENTRIES, (),
-                    ["speclock.drafter.gguf_convert"],
-                    [["-m", "speclock.drafter.gguf_convert", "--help"]]),
-    "kernel-tools": (context.KERNEL_ENTRIES, context.KERNEL_DATA,
-                     ["speclock.kernels.build"],
-                     [["-m", "speclock.kernels.build", "--help"]]),
+    "patch-tools": (
+        context.PATCH_ENTRIES,
+        (),
+        ["speclock.cli", "speclock.patches.cli", "speclock.patches.series", "speclock.engines.probe"],
+        [["-m", "speclock.patches", "patches", "apply", "--help"]],
+    ),
+    "asset-tools": (
+        context.ASSET_ENTRIES,
+        (),
+        ["speclock.drafter.gguf_convert"],
+        [["-m", "speclock.drafter.gguf_convert", "--help"]],
+    ),
+    "kernel-tools": (
+        context.KERNEL_ENTRIES,
+        context.KERNEL_DATA,
+        ["speclock.kernels.build"],
+        [["-m", "speclock.kernels.build", "--help"]],
+    ),
 }
 
 
@@ -60,11 +69,13 @@ def run_in(root: Path, args: list[str]) -> subprocess.CompletedProcess:
 def test_stage_entry_modules_import_from_the_staged_closure_alone(tmp_path, stage):
     entries, data, modules, _ = STAGES[stage]
     root = stage_folder(tmp_path, entries, data)
-    code = ("import importlib, sys\n"
-            f"for name in {modules!r}:\n"
-            "    mod = importlib.import_module(name)\n"
-            f"    assert mod.__file__.startswith({str(root)!r}), (name, mod.__file__)\n"
-            "print('ok')\n")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    mod = importlib.import_module(name)\n"
+        f"    assert mod.__file__.startswith({str(root)!r}), (name, mod.__file__)\n"
+        "print('ok')\n"
+    )
     proc = run_in(root, ["-c", code])
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
@@ -82,15 +93,18 @@ def test_the_closures_are_small():
     """Each step carries what it runs, not whole packages: the converter is self-contained (its package's
     __init__.py and itself), so no edit of core/ or of the drafter's other modules converts the target again."""
     assert sorted(context.stage_tool_files(SRC, context.ASSET_ENTRIES)) == [
-        "speclock/drafter/__init__.py", "speclock/drafter/gguf_convert.py"]
+        "speclock/drafter/__init__.py",
+        "speclock/drafter/gguf_convert.py",
+    ]
     patch = context.stage_tool_files(SRC, context.PATCH_ENTRIES)
     assert not [rel for rel in patch if rel.startswith(("speclock/build/", "speclock/verify/", "speclock/train/"))]
 
 
 def test_the_kernel_stage_carries_the_cuda_sources(tmp_path):
     root = stage_folder(tmp_path, context.KERNEL_ENTRIES, context.KERNEL_DATA)
-    assert sorted(p.name for p in (root / "speclock" / "kernels" / "csrc").iterdir()) == \
-        sorted(p.name for p in (SRC / "kernels" / "csrc").iterdir())
+    assert sorted(p.name for p in (root / "speclock" / "kernels" / "csrc").iterdir()) == sorted(
+        p.name for p in (SRC / "kernels" / "csrc").iterdir()
+    )
 
 
 def test_a_module_left_out_is_caught(tmp_path):
@@ -112,13 +126,28 @@ def test_lazy_and_relative_imports_are_followed(tmp_path):
     (src / "pkg" / "lazy.py").write_text("")
     (src / "pkg" / "unused.py").write_text("")
     assert sorted(closure.import_closure(src, ("speclock.pkg.entry",))) == [
-        "speclock/pkg/__init__.py", "speclock/pkg/deep.py", "speclock/pkg/entry.py",
-        "speclock/pkg/lazy.py", "speclock/pkg/sibling.py"]
+        "speclock/pkg/__init__.py",
+        "speclock/pkg/deep.py",
+        "speclock/pkg/entry.py",
+        "speclock/pkg/lazy.py",
+        "speclock/pkg/sibling.py",
+    ]
     assert closure.init_stub(src).endswith('__version__ = "9.9"\n')
 
 
-@pytest.mark.parametrize("edited", ["__init__.py", "cli.py", "build/push.py", "verify/gate.py", "patches/series.py",
-                                    "core/files.py", "core/errors.py", "drafter/models.py"])
+@pytest.mark.parametrize(
+    "edited",
+    [
+        "__init__.py",
+        "cli.py",
+        "build/push.py",
+        "verify/gate.py",
+        "patches/series.py",
+        "core/files.py",
+        "core/errors.py",
+        "drafter/models.py",
+    ],
+)
 def test_an_edit_outside_a_closure_leaves_its_folder_unchanged(tmp_path, edited):
     """The asset step (the target conversion) is keyed by its folder: edits elsewhere, including the package's
     __init__.py (its docstring; the stub keeps the version only), never rebuild it."""
@@ -140,6 +169,7 @@ def test_an_edit_inside_a_closure_changes_its_folder(tmp_path):
 
 
 def test_no_cache_files_are_staged():
-    files = context.stage_tool_files(SRC, context.PATCH_ENTRIES + context.ASSET_ENTRIES + context.KERNEL_ENTRIES,
-                                     context.KERNEL_DATA)
+    files = context.stage_tool_files(
+        SRC, context.PATCH_ENTRIES + context.ASSET_ENTRIES + context.KERNEL_ENTRIES, context.KERNEL_DATA
+    )
     assert not [rel for rel in files if "__pycache__" in rel or rel.endswith((".pyc", ".pyo"))]

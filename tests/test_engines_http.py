@@ -14,6 +14,7 @@ def test_results_keep_the_items_order_whatever_order_the_calls_finish_in():
     def slow_first(i: int) -> int:
         time.sleep(0.05 * (5 - i))  # item 0 finishes last
         return i * 10
+
     assert map_bounded(slow_first, list(range(6)), 8) == [0, 10, 20, 30, 40, 50]
 
 
@@ -29,6 +30,7 @@ def test_no_more_than_concurrency_calls_are_in_flight(concurrency):
         with lock:
             now[0] -= 1
         return i
+
     assert map_bounded(call, list(range(20)), concurrency) == list(range(20))
     assert peak[0] <= concurrency
     assert peak[0] > 1 or concurrency == 1  # they do overlap (a busy machine may not reach the full bound)
@@ -44,6 +46,7 @@ def test_the_earliest_failed_items_error_is_raised_and_nothing_new_starts_after_
             raise RuntimeError(f"item {i}")
         time.sleep(0.05)
         return i
+
     with pytest.raises(RuntimeError, match="item 2"):
         map_bounded(call, list(range(50)), 4)
     assert len(started) < 50

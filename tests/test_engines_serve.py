@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from fuzz_support import run_cli
+
 from speclock.engines.serve import server_command, serving_k
 from speclock.spec.stack import load_stack
 
@@ -22,8 +22,9 @@ def _model_dir(tmp_path: Path) -> Path:
     """A folder that passes the config check (serve never loads weights before the engine does)."""
     target = tmp_path / "target"
     target.mkdir(exist_ok=True)
-    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                                    "num_hidden_layers": 30, "hidden_size": 576}))
+    (target / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576})
+    )
     return target
 
 
@@ -98,7 +99,8 @@ def test_refusals_name_what_to_change(tmp_path):
             assert code == 3 and "not installed" in err and "docker run" in err
 
 
-@pytest.mark.parametrize("name", ["cpu-vllm", "vllm-cu130", "sglang-cu130", "vllm-0.26.0-torch2.11-cu130",
-                                  "sglang-0.5.15-torch2.11-cu130"])
+@pytest.mark.parametrize(
+    "name", ["cpu-vllm", "vllm-cu130", "sglang-cu130", "vllm-0.26.0-torch2.11-cu130", "sglang-0.5.15-torch2.11-cu130"]
+)
 def test_every_stack_has_a_serving_k_of_at_least_one(name):
     assert serving_k(load_stack(name)) >= 1

@@ -11,28 +11,56 @@ from pathlib import Path
 import pytest
 
 from speclock.engines import EngineConfig, get_engine
-from speclock.engines.sglang import (captured_layers_for, counters_from_meta, launch_command, server_info_delta, spec_args,
-                                     verify_calls_from_prometheus)
+from speclock.engines.sglang import (
+    captured_layers_for,
+    counters_from_meta,
+    launch_command,
+    server_info_delta,
+    spec_args,
+    verify_calls_from_prometheus,
+)
 
 # One finished request of /generate with EAGLE3, k=3: 4 verify steps accepting 1, 1, 2, 2 drafts.
-GENERATE_RESPONSE = [{
-    "text": " The capital of France is Paris.",
-    "output_ids": [578, 6333, 282, 4649, 314, 7042, 30, 2, 11, 12],
-    "meta_info": {
-        "id": "5e1c0b7f2f8e4f7a9a2b", "finish_reason": {"type": "length", "length": 10},
-        "prompt_tokens": 31, "weight_version": "default", "total_retractions": 0, "completion_tokens": 10,
-        "cached_tokens": 0, "e2e_latency": 0.21,
-        "spec_accept_rate": 0.5, "spec_accept_length": 2.5, "spec_num_correct_drafts": 6,
-        "spec_num_proposed_drafts": 12, "spec_verify_ct": 4, "spec_correct_drafts_histogram": [0, 2, 2],
-    },
-}]
+GENERATE_RESPONSE = [
+    {
+        "text": " The capital of France is Paris.",
+        "output_ids": [578, 6333, 282, 4649, 314, 7042, 30, 2, 11, 12],
+        "meta_info": {
+            "id": "5e1c0b7f2f8e4f7a9a2b",
+            "finish_reason": {"type": "length", "length": 10},
+            "prompt_tokens": 31,
+            "weight_version": "default",
+            "total_retractions": 0,
+            "completion_tokens": 10,
+            "cached_tokens": 0,
+            "e2e_latency": 0.21,
+            "spec_accept_rate": 0.5,
+            "spec_accept_length": 2.5,
+            "spec_num_correct_drafts": 6,
+            "spec_num_proposed_drafts": 12,
+            "spec_verify_ct": 4,
+            "spec_correct_drafts_histogram": [0, 2, 2],
+        },
+    }
+]
 
 SERVER_INFO = {
-    "model_path": "/opt/speclock/target", "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "startup_time": 1764676800.0,
-    "internal_states": [{"world_size": 1, "last_gen_throughput": 812.4, "avg_spec_accept_length": 2.0,
-                         "effective_max_running_requests_per_dp": 48}],
-    "version": "0.5.23", "frontend": "python",
+    "model_path": "/opt/speclock/target",
+    "speculative_algorithm": "EAGLE3",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+    "startup_time": 1764676800.0,
+    "internal_states": [
+        {
+            "world_size": 1,
+            "last_gen_throughput": 812.4,
+            "avg_spec_accept_length": 2.0,
+            "effective_max_running_requests_per_dp": 48,
+        }
+    ],
+    "version": "0.5.23",
+    "frontend": "python",
 }
 
 PROMETHEUS = """# HELP sglang:spec_verify_calls_total Number of speculative decoding verification calls.
@@ -59,9 +87,15 @@ def test_eagle3_arguments_use_sglang_field_names():
 def test_launch_command_uses_the_servers_flags():
     cmd = launch_command(cfg(), port=31000)
     assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
-    for flag, value in [("--model-path", "/t"), ("--speculative-algorithm", "EAGLE3"),
-                        ("--speculative-draft-model-path", "/d"), ("--speculative-num-steps", "3"),
-                        ("--speculative-eagle-topk", "1"), ("--speculative-num-draft-tokens", "4"), ("--port", "31000")]:
+    for flag, value in [
+        ("--model-path", "/t"),
+        ("--speculative-algorithm", "EAGLE3"),
+        ("--speculative-draft-model-path", "/d"),
+        ("--speculative-num-steps", "3"),
+        ("--speculative-eagle-topk", "1"),
+        ("--speculative-num-draft-tokens", "4"),
+        ("--port", "31000"),
+    ]:
         assert cmd[cmd.index(flag) + 1] == value
     assert "--enable-metrics" in cmd
 
@@ -116,6 +150,7 @@ def test_starting_sglang_without_it_installed_is_an_environment_problem():
     pytest.importorskip("speclock")
     try:
         import sglang  # noqa: F401
+
         pytest.skip("sglang is installed here; this checks the message on machines without it")
     except ImportError:
         pass

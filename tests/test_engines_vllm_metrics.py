@@ -81,19 +81,24 @@ def test_labels_sum_over_engines_and_histograms_and_created_are_skipped():
 
 def test_a_page_without_type_lines_is_read_by_the_total_suffix():
     bare = "\n".join(line for line in METRICS_TEXT.splitlines() if not line.startswith("#")) + "\n"
-    assert counters_from_prometheus(bare) == counters_from_prometheus(METRICS_TEXT) == SpecCounters(504, 1512, 700, (350, 220, 130))
+    assert (
+        counters_from_prometheus(bare) == counters_from_prometheus(METRICS_TEXT) == SpecCounters(504, 1512, 700, (350, 220, 130))
+    )
     assert counters_from_prometheus(bare.encode()) == SpecCounters(504, 1512, 700, (350, 220, 130))  # the body as read
 
 
-@pytest.mark.parametrize("page, says", [
-    ('vllm:spec_decode_num_drafts_total{engine="0" 504.0\n', "is not Prometheus text"),  # an unclosed label set
-    ("vllm:spec_decode_num_drafts_total many\n", "is not Prometheus text"),  # a value that is not a number
-    ('vllm:spec_decode_num_drafts_total{engine="0"} NaN\n', "is nan, not a whole count"),
-    ('vllm:spec_decode_num_drafts_total{engine="0"} -3\n', "is -3, not a whole count"),
-    ('vllm:spec_decode_num_drafts_total{engine="0"} 2.5\n', "is 2.5, not a whole count"),
-    ('vllm:spec_decode_num_accepted_tokens_per_pos_total{position="first"} 2\n', "position label 'first'"),
-    (b"vllm:spec_decode_num_drafts_total \xff\n", "is not Prometheus text"),  # not UTF-8
-])
+@pytest.mark.parametrize(
+    "page, says",
+    [
+        ('vllm:spec_decode_num_drafts_total{engine="0" 504.0\n', "is not Prometheus text"),  # an unclosed label set
+        ("vllm:spec_decode_num_drafts_total many\n", "is not Prometheus text"),  # a value that is not a number
+        ('vllm:spec_decode_num_drafts_total{engine="0"} NaN\n', "is nan, not a whole count"),
+        ('vllm:spec_decode_num_drafts_total{engine="0"} -3\n', "is -3, not a whole count"),
+        ('vllm:spec_decode_num_drafts_total{engine="0"} 2.5\n', "is 2.5, not a whole count"),
+        ('vllm:spec_decode_num_accepted_tokens_per_pos_total{position="first"} 2\n', "position label 'first'"),
+        (b"vllm:spec_decode_num_drafts_total \xff\n", "is not Prometheus text"),  # not UTF-8
+    ],
+)
 def test_a_malformed_page_is_an_environment_problem_naming_the_url_and_sample(page, says):
     with pytest.raises(EnvironmentProblem, match=says) as err:
         counters_from_prometheus(page, url="http://h:8000/metrics")
@@ -120,12 +125,15 @@ def test_a_counter_that_went_back_is_a_restarted_server():
 
 
 def test_snapshot_objects_sum_over_engines():
-    snap = [Counter("vllm:spec_decode_num_drafts", {"engine": "0"}, 10), Counter("vllm:spec_decode_num_drafts", {"engine": "1"}, 5),
-            Counter("vllm:spec_decode_num_draft_tokens", {"engine": "0"}, 45),
-            Counter("vllm:spec_decode_num_accepted_tokens", {"engine": "0"}, 20),
-            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "0"}, [9, 6, 3]),
-            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "1"}, [1, 1, 0]),
-            Counter("vllm:num_preemptions", {"engine": "0"}, 3)]
+    snap = [
+        Counter("vllm:spec_decode_num_drafts", {"engine": "0"}, 10),
+        Counter("vllm:spec_decode_num_drafts", {"engine": "1"}, 5),
+        Counter("vllm:spec_decode_num_draft_tokens", {"engine": "0"}, 45),
+        Counter("vllm:spec_decode_num_accepted_tokens", {"engine": "0"}, 20),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "0"}, [9, 6, 3]),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "1"}, [1, 1, 0]),
+        Counter("vllm:num_preemptions", {"engine": "0"}, 3),
+    ]
     assert counters_from_snapshot(snap) == SpecCounters(15, 45, 20, (10, 7, 3))
 
 

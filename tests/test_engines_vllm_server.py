@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from smoke_faults import converted_target, healthy_drafter
+
 import speclock as speclock_pkg
 from speclock.cli import main
 from speclock.engines import EngineConfig
@@ -48,8 +48,22 @@ def _serve(target: Path, draft: Path | None, log: Path) -> tuple[subprocess.Pope
     """The stack's server started by `speclock serve` itself (it execs the engine's server with the stack's settings
     as flags and the drafter at k=K; engines.serve.server_command), in its own process group."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "speclock", "serve", "--stack", "cpu-vllm", "--target", str(target),
-           "--host", "127.0.0.1", "--port", str(port), "-k", str(K)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclock",
+        "serve",
+        "--stack",
+        "cpu-vllm",
+        "--target",
+        str(target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-k",
+        str(K),
+    ]
     cmd += ["--draft", str(draft)] if draft is not None else ["--no-draft"]
     env = dict(os.environ, PYTHONPATH=str(Path(speclock_pkg.__file__).resolve().parents[1]))
     with open(log, "wb") as fh:
@@ -93,8 +107,10 @@ def servers(tmp_path_factory):
         spec, plain = os.environ["SPECLOCK_TEST_VLLM_SERVERS"].split()
         yield {"spec": spec, "plain": plain, "target": target, "draft": draft, "root": root}
         return
-    started = [(*_serve(target, draft, root / "spec.log"), root / "spec.log"),
-               (*_serve(target, None, root / "plain.log"), root / "plain.log")]
+    started = [
+        (*_serve(target, draft, root / "spec.log"), root / "spec.log"),
+        (*_serve(target, None, root / "plain.log"), root / "plain.log"),
+    ]
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         for proc, url, log in started:
@@ -135,8 +151,11 @@ def test_concurrent_requests_come_back_in_prompt_order(servers, prompt_ids):
 def _generation_tokens(url: str) -> int:
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
         body = resp.read()
-    return sum(s.value for s in counter_samples(body, "vllm:generation_tokens", server="vLLM server", url=url)
-               if s.name == "vllm:generation_tokens")
+    return sum(
+        s.value
+        for s in counter_samples(body, "vllm:generation_tokens", server="vLLM server", url=url)
+        if s.name == "vllm:generation_tokens"
+    )
 
 
 def test_counters_around_a_concurrent_batch_hold_every_step_of_it(servers, prompt_ids):
@@ -155,9 +174,27 @@ def test_counters_around_a_concurrent_batch_hold_every_step_of_it(servers, promp
 
 
 def test_server_mode_smoke_with_concurrency_passes(servers, tmp_path):
-    code = main(["smoke", "--server", servers["spec"], "--plain-server", servers["plain"], "--concurrency", "8",
-                 "--target", str(servers["target"]), "--draft", str(servers["draft"]), "--num-prompts", str(NUM_PROMPTS),
-                 "--max-tokens", str(MAX_TOKENS), "--out", str(tmp_path)])
+    code = main(
+        [
+            "smoke",
+            "--server",
+            servers["spec"],
+            "--plain-server",
+            servers["plain"],
+            "--concurrency",
+            "8",
+            "--target",
+            str(servers["target"]),
+            "--draft",
+            str(servers["draft"]),
+            "--num-prompts",
+            str(NUM_PROMPTS),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--out",
+            str(tmp_path),
+        ]
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 0, (report["failures"], report["run"])
     assert report["engine"]["mode"] == "server" and report["lossless"]["mismatches"] == 0
@@ -166,9 +203,25 @@ def test_server_mode_smoke_with_concurrency_passes(servers, tmp_path):
 
 
 def test_a_server_without_the_drafter_as_server_is_refused(servers, tmp_path):
-    code = main(["smoke", "--server", servers["plain"], "--plain-server", servers["plain"], "--target",
-                 str(servers["target"]), "--draft", str(servers["draft"]), "--num-prompts", "2", "--max-tokens", "8",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "smoke",
+            "--server",
+            servers["plain"],
+            "--plain-server",
+            servers["plain"],
+            "--target",
+            str(servers["target"]),
+            "--draft",
+            str(servers["draft"]),
+            "--num-prompts",
+            "2",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 3 and report["run"]["completed"] is False
     assert "has no vllm:spec_decode_num_drafts counter: it serves without a drafter" in report["run"]["error"]

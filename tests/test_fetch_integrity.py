@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fetch_server import ROOT, WheelServer, copy_committed_lock, make_lock, make_stack, seal, wheel_entry
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock.spec import baseimage
-from speclock.engines import envs as engine_envs
+
 from speclock.build import fetch, wheelhouse
 from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
+from speclock.engines import envs as engine_envs
+from speclock.spec import baseimage
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
 
@@ -50,8 +50,10 @@ def store_files(tmp_path: Path) -> list[Path]:
 
 # --- lock filenames and provenance --------------------------------------------------------------
 
-@pytest.mark.parametrize("filename", ["../../evil.whl", "../evil.whl", "/tmp/evil.whl", "..", "a/b.whl", "x\x00.whl",
-                                      ".hidden.whl"])
+
+@pytest.mark.parametrize(
+    "filename", ["../../evil.whl", "../evil.whl", "/tmp/evil.whl", "..", "a/b.whl", "x\x00.whl", ".hidden.whl"]
+)
 def test_filename_that_leaves_the_wheelhouse_is_refused_before_writing(tmp_path, server, env, filename):
     entry = wheel_entry(server, "demo-a")
     entry["filename"] = filename
@@ -75,8 +77,10 @@ def _mutate(server, change):
 PROVENANCE = {
     "foreign https host": (lambda e: e.update(url="https://evil.example/files/" + e["filename"]), "which no stack allows"),
     "plain http elsewhere": (lambda e: e.update(url="http://evil.example/" + e["filename"]), "only https"),
-    "odd port on an allowed host": (lambda e: e.update(url="https://files.pythonhosted.org:8443/" + e["filename"]),
-                                    "which no stack allows"),
+    "odd port on an allowed host": (
+        lambda e: e.update(url="https://files.pythonhosted.org:8443/" + e["filename"]),
+        "which no stack allows",
+    ),
     "invalid port": (lambda e: e.update(url="https://files.pythonhosted.org:99999/" + e["filename"]), "invalid port"),
     "ftp scheme": (lambda e: e.update(url="ftp://files.pythonhosted.org/" + e["filename"]), "scheme 'ftp'"),
     "credentials in url": (lambda e: e.update(url="https://u:p@files.pythonhosted.org/" + e["filename"]), "credentials"),
@@ -86,8 +90,10 @@ PROVENANCE = {
     "sha256 too short": (lambda e: e.update(sha256="ab" * 31), "64 lower-case hex"),
     "sha256 upper case": (lambda e: e.update(sha256=e["sha256"].upper()), "64 lower-case hex"),
     "mirror not file://": (lambda e: e.update(mirror_url="https://files.pythonhosted.org/" + e["filename"]), "mirror_url"),
-    "mirror names another file": (lambda e: e.update(mirror_url="file:///opt/wheels/other-1.0-py3-none-any.whl"),
-                                  "mirror_url names"),
+    "mirror names another file": (
+        lambda e: e.update(mirror_url="file:///opt/wheels/other-1.0-py3-none-any.whl"),
+        "mirror_url names",
+    ),
     "file url with a host": (lambda e: e.update(url="file://evil.example/x/" + e["filename"]), "with a host"),
 }
 
@@ -97,8 +103,10 @@ def test_crafted_lock_with_recomputed_hash_fails_provenance(tmp_path, server, en
     change, says = PROVENANCE[case]
     lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", [_mutate(server, change)])
     stack = make_stack(tmp_path, server)
-    for argv in (("lock", "--check", "--stack", str(stack), "--lock", str(lock)),
-                 ("fetch", "--stack", str(stack), "--lock", str(lock))):
+    for argv in (
+        ("lock", "--check", "--stack", str(stack), "--lock", str(lock)),
+        ("fetch", "--stack", str(stack), "--lock", str(lock)),
+    ):
         code, _, err = run_cli(*argv, env=env)
         assert_clean_refusal(code, err, allowed=(2,), names=str(lock))
         assert "packages[0]" in err and says in err, err
@@ -132,8 +140,10 @@ def _committed_with(tmp_path, change) -> Path:
     return path
 
 
-@pytest.mark.parametrize("field,value", [("suite", "--customize-hook=touch /pwned"), ("mirror", "http://x y/"),
-                                         ("mode", "unshare"), ("variant", "custom")])
+@pytest.mark.parametrize(
+    "field,value",
+    [("suite", "--customize-hook=touch /pwned"), ("mirror", "http://x y/"), ("mode", "unshare"), ("variant", "custom")],
+)
 def test_base_recipe_values_a_stack_cannot_give_are_refused(tmp_path, field, value):
     path = _committed_with(tmp_path, lambda d: d["base"]["recipe"].update({field: value}))
     code, _, err = run_cli("lock", "--check", "--lock", str(path))
@@ -208,6 +218,7 @@ def test_lock_of_the_wrong_shape_names_the_key(tmp_path, case):
 
 # --- the wheelhouse: verified on every use --------------------------------------------------------
 
+
 def test_truncated_cached_wheel_is_refetched(tmp_path, server, env):
     entries = [wheel_entry(server, "demo-a"), wheel_entry(server, "demo-b")]
     lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", entries)
@@ -263,6 +274,7 @@ def test_engine_env_with_a_corrupt_marker_is_not_used(tmp_path, monkeypatch):
 
 
 # --- arguments, messages -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("jobs", ["0", "-1", "x", "1.5"])
 def test_jobs_must_be_a_positive_integer(tmp_path, env, jobs):
@@ -337,6 +349,7 @@ def test_cache_path_at_or_under_a_file_is_a_clean_error(tmp_path, server, where)
 
 # --- leftovers and Ctrl-C -------------------------------------------------------------------------
 
+
 def test_stale_part_files_are_cleaned_but_live_ones_kept(tmp_path, server, env):
     entry = wheel_entry(server, "demo-a")
     lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", [entry])
@@ -364,12 +377,17 @@ def test_ctrl_c_stops_fetch_within_2_seconds_and_leaves_no_part(tmp_path, server
     lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", entries)
     stack = make_stack(tmp_path, server)
     cache = tmp_path / "cache"
-    proc = subprocess.Popen([sys.executable, "-m", "speclock", "fetch", "--stack", str(stack), "--lock", str(lock),
-                             "--jobs", "2"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(cache)),
-                            # A shell's background job (CI started with `&`) ignores SIGINT, and an ignored signal
-                            # survives exec: give the child the default, as a terminal's Ctrl-C would find it.
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speclock", "fetch", "--stack", str(stack), "--lock", str(lock), "--jobs", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(cache)),
+        # A shell's background job (CI started with `&`) ignores SIGINT, and an ignored signal
+        # survives exec: give the child the default, as a terminal's Ctrl-C would find it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 20
         while not list((cache / "wheelhouse").rglob(".part-*")) if (cache / "wheelhouse").is_dir() else True:

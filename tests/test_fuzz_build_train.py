@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from speclock.core.errors import BadInput
 
@@ -22,14 +23,23 @@ RUN = ("run-image", "--stack", STACK)
 PUSH = ("push-image", "--stack", STACK, "--registry", "127.0.0.1:1")
 
 json_scalar = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-json_value = st.recursive(json_scalar, lambda kids: st.lists(kids, max_size=4)
-                          | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12)
+json_value = st.recursive(
+    json_scalar, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12
+)
 RECORD_KEYS = ["stack", "tag", "ref", "builder", "image_id", "selfcheck", "build_seconds", "labels", "layers", "candidate"]
 # Records with the right keys and random values: the type checks, not just the parser.
-near_record = st.fixed_dictionaries({}, optional={k: json_value | st.just(STACK) | st.just("buildah")
-                                                  | st.just("localhost/speclock-cpu-vllm:0123456789abcdef")
-                                                  | st.just("0123456789abcdef") | st.just({"verdict": "pass"})
-                                                  for k in RECORD_KEYS})
+near_record = st.fixed_dictionaries(
+    {},
+    optional={
+        k: json_value
+        | st.just(STACK)
+        | st.just("buildah")
+        | st.just("localhost/speclock-cpu-vllm:0123456789abcdef")
+        | st.just("0123456789abcdef")
+        | st.just({"verdict": "pass"})
+        for k in RECORD_KEYS
+    },
+)
 
 
 @pytest.fixture
@@ -82,6 +92,7 @@ def test_tag_option_is_confined_to_the_records_folder(cache, tag):
 
 # --- training numbers: argparse only (a valid value must not start training here) ---------------------
 
+
 def _parse(argv: list[str]):
     from speclock.cli import build_parser
 
@@ -89,7 +100,7 @@ def _parse(argv: list[str]):
 
 
 @FUZZ
-@given(n=st.integers(min_value=-10**6, max_value=10**6))
+@given(n=st.integers(min_value=-(10**6), max_value=10**6))
 def test_prompts_count_is_checked_at_parse_time(tmp_path, n):
     argv = ["train", "prompts", "--out", str(tmp_path / "p.jsonl"), "-n", str(n)]
     if n < 1:
@@ -102,8 +113,10 @@ def test_prompts_count_is_checked_at_parse_time(tmp_path, n):
 
 
 @FUZZ
-@given(epochs=st.integers(min_value=-10**6, max_value=10**6),
-       option=st.sampled_from(["--epochs", "--ttt-steps", "--batch-tokens", "--num-prompts", "--gen-batch", "--nproc"]))
+@given(
+    epochs=st.integers(min_value=-(10**6), max_value=10**6),
+    option=st.sampled_from(["--epochs", "--ttt-steps", "--batch-tokens", "--num-prompts", "--gen-batch", "--nproc"]),
+)
 def test_pipeline_counts_are_checked_at_parse_time(tmp_path, epochs, option):
     argv = ["train", "all", "--work", str(tmp_path / "w"), option, str(epochs)]
     if epochs < 1:
@@ -116,16 +129,22 @@ def test_pipeline_counts_are_checked_at_parse_time(tmp_path, epochs, option):
 
 
 @FUZZ
-@given(value=st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
-       option=st.sampled_from(["--lr", "--fit-time-budget", "--gen-time-budget"]))
+@given(
+    value=st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
+    option=st.sampled_from(["--lr", "--fit-time-budget", "--gen-time-budget"]),
+)
 def test_pipeline_rates_and_budgets_are_checked_at_parse_time(tmp_path, value, option):
     argv = ["train", "fit", "--work", str(tmp_path / "w"), f"{option}={value}"]
     try:
         number = float(value)
     except ValueError:
         number = None
-    ok = number is not None and number == number and abs(number) != float("inf") and (
-        number > 0 if option == "--lr" else number >= 0)
+    ok = (
+        number is not None
+        and number == number
+        and abs(number) != float("inf")
+        and (number > 0 if option == "--lr" else number >= 0)
+    )
     if ok:
         assert getattr(_parse(argv), option.lstrip("-").replace("-", "_")) == number
     else:
@@ -137,8 +156,9 @@ def test_pipeline_rates_and_budgets_are_checked_at_parse_time(tmp_path, value, o
 
 # --- training readers: random lines in responses.jsonl ------------------------------------------------
 
-line = (st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"") + b"\n")
-        | json_value.map(lambda v: json.dumps(v).encode() + b"\n"))
+line = st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"") + b"\n") | json_value.map(
+    lambda v: json.dumps(v).encode() + b"\n"
+)
 good = st.integers(0, 10**6).map(lambda i: json.dumps({"id": f"p{i}", "prompt_ids": [1], "response_ids": [2]}).encode() + b"\n")
 
 

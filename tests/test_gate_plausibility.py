@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fuzz_support import assert_clean_refusal, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from smoke_faults import sample_report
+
 from speclock.cli import main
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack
@@ -38,11 +38,22 @@ def with_counts(report: dict, drafts: int, per_pos: list[int]) -> dict:
     """The report with other counters, kept consistent (rates derived from the counts)."""
     r = copy.deepcopy(report)
     acc = sum(per_pos)
-    r["metrics"] = {"num_drafts": drafts, "num_draft_tokens": drafts * 3, "num_accepted_tokens": acc,
-                    "accepted_per_position": per_pos, "acceptance_rate": acc / (drafts * 3),
-                    "mean_acceptance_length": 1 + acc / drafts, "acceptance_per_position": [a / drafts for a in per_pos]}
-    r["reference"] = {"status": "not computed", "metrics": None, "gap": None, "note": "",
-                      "key": {"drafter_sha256": "d" * 64, "target_sha256": "t".replace("t", "a") * 64, "prompts_sha256": "b" * 64}}
+    r["metrics"] = {
+        "num_drafts": drafts,
+        "num_draft_tokens": drafts * 3,
+        "num_accepted_tokens": acc,
+        "accepted_per_position": per_pos,
+        "acceptance_rate": acc / (drafts * 3),
+        "mean_acceptance_length": 1 + acc / drafts,
+        "acceptance_per_position": [a / drafts for a in per_pos],
+    }
+    r["reference"] = {
+        "status": "not computed",
+        "metrics": None,
+        "gap": None,
+        "note": "",
+        "key": {"drafter_sha256": "d" * 64, "target_sha256": "t".replace("t", "a") * 64, "prompts_sha256": "b" * 64},
+    }
     return r
 
 
@@ -53,8 +64,12 @@ def sampled(report: dict, seeds: list[tuple[int, list[int]]]) -> dict:
     r = with_counts(report, drafts, per_pos)
     per_seed = [dict(seed=i, **with_counts(report, d, p)["metrics"]) for i, (d, p) in enumerate(seeds)]
     r["profile"] = {"name": "sampled", "temperature": 1.0, "seeds": [s["seed"] for s in per_seed]}
-    r["sampled"] = {"temperature": 1.0, "seeds": [s["seed"] for s in per_seed], "per_seed": per_seed,
-                    "spread": per_seed_summary(per_seed)}
+    r["sampled"] = {
+        "temperature": 1.0,
+        "seeds": [s["seed"] for s in per_seed],
+        "per_seed": per_seed,
+        "spread": per_seed_summary(per_seed),
+    }
     r["lossless"] = {"checked": 0, "mismatches": 0, "mode": "sampled", "note": "not token by token"}
     return r
 
@@ -67,6 +82,7 @@ BASE = with_counts(sample_report(), 1000, [540, 290, 170])
 
 
 # ---------------------------------------------------------------- profiles
+
 
 def test_the_builtin_profiles_and_the_stack_default():
     st = load_stack("cpu-vllm")
@@ -88,10 +104,14 @@ def test_a_stack_overrides_a_profile_and_bad_overrides_name_file_and_key(tmp_pat
     good = stack_with(tmp_path, tail="[smoke.profiles]\nsampled = { temperature = 0.7, seeds = [1, 2, 3, 4] }")
     p = resolve_profile(load_stack(good), "sampled")
     assert (p.temperature, p.seeds) == (0.7, (1, 2, 3, 4))
-    for i, (bad, key) in enumerate([("sampled = { seeds = [] }", "smoke.profiles.sampled.seeds"),
-                                    ("full = { temperature = 0.5 }", "smoke.profiles.full.temperature"),
-                                    ("quick = { max_position_drift = [0.1, 0.1] }", "smoke.profiles.quick.max_position_drift"),
-                                    ("full = { tokens = 256 }", "smoke.profiles.full.tokens")]):
+    for i, (bad, key) in enumerate(
+        [
+            ("sampled = { seeds = [] }", "smoke.profiles.sampled.seeds"),
+            ("full = { temperature = 0.5 }", "smoke.profiles.full.temperature"),
+            ("quick = { max_position_drift = [0.1, 0.1] }", "smoke.profiles.quick.max_position_drift"),
+            ("full = { tokens = 256 }", "smoke.profiles.full.tokens"),
+        ]
+    ):
         d = tmp_path / str(i)
         d.mkdir()
         st = load_stack(stack_with(d, tail=f"[smoke.profiles]\n{bad}"))
@@ -110,11 +130,12 @@ def test_a_report_without_a_profile_is_quick():
 def test_spread_gives_a_t_confidence_interval():
     s = spread([1.0, 1.2, 1.1])
     assert s["n"] == 3 and s["mean"] == pytest.approx(1.1)
-    assert s["ci95"][0] == pytest.approx(1.1 - 4.303 * 0.1 / 3 ** 0.5, abs=1e-5)
+    assert s["ci95"][0] == pytest.approx(1.1 - 4.303 * 0.1 / 3**0.5, abs=1e-5)
     assert spread([1.0])["ci95"] is None
 
 
 # ---------------------------------------------------------------- profile matching
+
 
 def test_a_baseline_of_another_profile_is_refused_naming_both(tmp_path, capsys):
     full = dict(copy.deepcopy(BASE), profile={"name": "full", "temperature": 0.0}, max_tokens=64)
@@ -141,6 +162,7 @@ def test_the_stored_baseline_is_looked_up_per_profile(tmp_path):
 
 
 # ---------------------------------------------------------------- drift rules
+
 
 def test_a_drop_at_one_position_fails_where_the_mean_barely_moves():
     worse = with_counts(sample_report(), 1000, [540, 290, 110])  # position 3 down 35%, mean down 2.3%
@@ -184,18 +206,23 @@ def test_per_seed_counters_must_add_up_to_the_pooled_metrics():
 
 # ---------------------------------------------------------------- attention backends
 
+
 def test_backends_come_from_the_stack_setting(tmp_path):
     st = load_stack(stack_with(tmp_path, smoke_lines='attention_backends = ["FLASH_ATTN", "FLASHINFER"]'))
     variants = backend_variants(st, {"dtype": "bfloat16"})
-    assert variants == [("FLASH_ATTN", {"dtype": "bfloat16", "attention_backend": "FLASH_ATTN"}),
-                        ("FLASHINFER", {"dtype": "bfloat16", "attention_backend": "FLASHINFER"})]
+    assert variants == [
+        ("FLASH_ATTN", {"dtype": "bfloat16", "attention_backend": "FLASH_ATTN"}),
+        ("FLASHINFER", {"dtype": "bfloat16", "attention_backend": "FLASHINFER"}),
+    ]
     assert backend_variants(load_stack("cpu-vllm"), {"dtype": "bfloat16"}) == [(None, {"dtype": "bfloat16"})]
 
 
 def _two_backends(report: dict, second: list[int]) -> dict:
     r = copy.deepcopy(report)
-    r["attention_backends"] = [{"backend": "FLASH_ATTN", "metrics": r["metrics"]},
-                               {"backend": "FLASHINFER", "metrics": with_counts(report, 1000, second)["metrics"]}]
+    r["attention_backends"] = [
+        {"backend": "FLASH_ATTN", "metrics": r["metrics"]},
+        {"backend": "FLASHINFER", "metrics": with_counts(report, 1000, second)["metrics"]},
+    ]
     return r
 
 

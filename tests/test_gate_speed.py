@@ -6,8 +6,8 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
-
 from smoke_faults import sample_report, with_speed, write_stack
+
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack
 from speclock.verify.gate import evaluate, run_gate
@@ -47,7 +47,7 @@ def test_speed_not_measured_fails_where_the_stack_asks_for_it():
 
 def test_a_speedup_drop_against_the_baseline_fails_naming_max_speedup_drop():
     base = with_speed(sample_report(), [500, 500, 500], [650, 650, 650], [500, 500, 500])  # 1.30
-    now = with_speed(sample_report(), [500, 500, 500], [575, 575, 575], [500, 500, 500])   # 1.15: -11.5%
+    now = with_speed(sample_report(), [500, 500, 500], [575, 575, 575], [500, 500, 500])  # 1.15: -11.5%
     (c,) = [c for c in evaluate(now, FLOORS, base) if c.name.startswith("speedup at batch 1 vs baseline")]
     assert c.status == "FAIL" and "smoke.thresholds.max_speedup_drop" in c.reason()
     same = with_speed(sample_report(), [500, 500, 500], [640, 640, 640], [500, 500, 500])
@@ -58,8 +58,11 @@ def test_a_speedup_drop_against_the_baseline_fails_naming_max_speedup_drop():
 def test_a_baseline_without_speed_is_no_speed_baseline_not_a_crash():
     now = with_speed(sample_report(), [500, 500, 500], [640, 640, 640], [500, 500, 500])
     old = sample_report(throughput={"baseline_tok_s": 100.0, "spec_tok_s": 60.0, "speedup": 0.6})  # before batch 1
-    (c,) = [c for c in evaluate(now, FLOORS, old, baseline_source="b.json") if "vs baseline" in c.name
-            and c.kind == "regression" and "speedup" in c.name]
+    (c,) = [
+        c
+        for c in evaluate(now, FLOORS, old, baseline_source="b.json")
+        if "vs baseline" in c.name and c.kind == "regression" and "speedup" in c.name
+    ]
     assert c.status == "WARN" and c.detail.startswith("no speed baseline: b.json")
 
 
@@ -119,10 +122,12 @@ def test_the_real_h100_sglang_run_slower_than_plain_fails_the_gate():
     # The gate must refuse it on speed alone, naming the key, whatever else passes.
     from speclock.core.layout import REPO_ROOT
     from speclock.verify.gate import run_gate
+
     report = REPO_ROOT / "docs/gpu-runs/2026-12-06-h100/sglang-selfcheck/report.json"
     result = run_gate(report, baseline="none", stack="sglang-0.5.15-torch2.11-cu130")
     assert not result.ok
     failures = result.to_json()["failures"]
     assert len(failures) == 1 and "smoke.thresholds.min_speedup" in failures[0] and "0.613" in failures[0], failures
     import json
+
     assert json.loads(report.read_text())["gpu"]["name"] == "NVIDIA H100 80GB HBM3"

@@ -4,14 +4,18 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-
 from smoke_faults import sample_report, with_speed, write_stack
+
 from speclock.cli import main
 from speclock.core.errors import BadInput
 from speclock.verify.gate import check_baseline_matches, evaluate, find_baseline, run_gate
 
-FLOORS = {"min_mean_acceptance_length": 2.0, "min_acceptance_per_position": [0.5, 0.3], "max_relative_drop": 0.05,
-          "max_reference_gap": 0.15}
+FLOORS = {
+    "min_mean_acceptance_length": 2.0,
+    "min_acceptance_per_position": [0.5, 0.3],
+    "max_relative_drop": 0.05,
+    "max_reference_gap": 0.15,
+}
 
 
 def failed(checks):
@@ -67,8 +71,9 @@ def test_baseline_drop_over_five_percent_fails_and_under_passes():
     assert f.kind == "regression" and "dropped" in f.reason()
 
 
-@pytest.mark.parametrize("key,value", [("stack", "gpu-sglang"), ("engine__name", "sglang"),
-                                       ("num_speculative_tokens", 5), ("max_tokens", 128)])
+@pytest.mark.parametrize(
+    "key,value", [("stack", "gpu-sglang"), ("engine__name", "sglang"), ("num_speculative_tokens", 5), ("max_tokens", 128)]
+)
 def test_a_baseline_of_another_stack_or_engine_is_bad_input(key, value):
     with pytest.raises(BadInput, match=key.replace("__", ".")):
         check_baseline_matches(sample_report(), sample_report(**{key: value}), "base.json")
@@ -76,9 +81,17 @@ def test_a_baseline_of_another_stack_or_engine_is_bad_input(key, value):
 
 def with_drafter(sha, report=None):
     r = report or sample_report()
-    r["reference"] = dict(r.get("reference") or {}, key={"drafter_sha256": sha, "target_sha256": "c" * 64,
-                                                         "prompts_sha256": "d" * 64, "num_prompts": 80, "k": 3,
-                                                         "max_tokens": 64})
+    r["reference"] = dict(
+        r.get("reference") or {},
+        key={
+            "drafter_sha256": sha,
+            "target_sha256": "c" * 64,
+            "prompts_sha256": "d" * 64,
+            "num_prompts": 80,
+            "k": 3,
+            "max_tokens": 64,
+        },
+    )
     return r
 
 
@@ -102,11 +115,19 @@ def test_stored_baselines_are_found_by_stack_and_engine_version(tmp_path):
 def test_junit_and_markdown_list_each_check(tmp_path):
     rp = tmp_path / "report.json"
     # A consistent report with mean acceptance length 1.5 (500 accepted over 1000 drafts).
-    rp.write_text(json.dumps(sample_report(metrics__num_accepted_tokens=500, metrics__accepted_per_position=[300, 150, 50],
-                                           metrics__acceptance_rate=500 / 3000, metrics__mean_acceptance_length=1.5,
-                                           metrics__acceptance_per_position=[0.3, 0.15, 0.05],
-                                           reference__metrics={"mean_acceptance_length": 1.55},
-                                           reference__gap=abs(1.55 - 1.5) / 1.55)))
+    rp.write_text(
+        json.dumps(
+            sample_report(
+                metrics__num_accepted_tokens=500,
+                metrics__accepted_per_position=[300, 150, 50],
+                metrics__acceptance_rate=500 / 3000,
+                metrics__mean_acceptance_length=1.5,
+                metrics__acceptance_per_position=[0.3, 0.15, 0.05],
+                reference__metrics={"mean_acceptance_length": 1.55},
+                reference__gap=abs(1.55 - 1.5) / 1.55,
+            )
+        )
+    )
     stack = write_stack(tmp_path, min_mean_acceptance_length=2.0)
     result = run_gate(rp, baseline="none", stack=str(stack), junit=tmp_path / "j.xml", md=tmp_path / "s.md")
     assert not result.ok

@@ -36,10 +36,15 @@ def parts_of(mp, files, carry: Path, limit: int) -> dict:
     rows = []
     for i, piece in enumerate(mp.pieces(files, limit)):
         name = f"part-{i:03d}.tar"
-        rows.append({"name": name, "sha256": mp.write_part(carry / name, [piece]), "bytes": (carry / name).stat().st_size,
-                     "members": [piece[0]]})
-    return {"schema": "speclock.gpu-parts/v1", "stacks": ["s"], "ready_after": {"s": len(rows)}, "repo_files": {},
-            "parts": rows}
+        rows.append(
+            {
+                "name": name,
+                "sha256": mp.write_part(carry / name, [piece]),
+                "bytes": (carry / name).stat().st_size,
+                "members": [piece[0]],
+            }
+        )
+    return {"schema": "speclock.gpu-parts/v1", "stacks": ["s"], "ready_after": {"s": len(rows)}, "repo_files": {}, "parts": rows}
 
 
 def test_a_big_file_travels_in_pieces_and_is_joined_and_checked(tmp_path, monkeypatch):
@@ -88,12 +93,15 @@ def test_collect_writes_whole_files_into_the_run_folder(tmp_path, monkeypatch):
     collect = load("collect", monkeypatch, tmp_path / "state")
     files_at = tmp_path / "files"
     (files_at / "2026-12-06-h100" / "phases").mkdir(parents=True)
-    (files_at / "2026-12-06-h100" / "phases" / "machine.json").write_text(json.dumps(
-        {"phase": "machine", "exit": 0, "seconds": 9.0}))
+    (files_at / "2026-12-06-h100" / "phases" / "machine.json").write_text(
+        json.dumps({"phase": "machine", "exit": 0, "seconds": 9.0})
+    )
     (files_at / "2026-12-06-h100" / "machine.txt").write_text("NVIDIA H100")
     copied = collect.collect(files_at)
     assert sorted(p.relative_to(tmp_path / "runs").as_posix() for p in copied) == [
-        "2026-12-06-h100/machine.txt", "2026-12-06-h100/phases/machine.json"]
+        "2026-12-06-h100/machine.txt",
+        "2026-12-06-h100/phases/machine.json",
+    ]
     assert not [p for p in (tmp_path / "runs").rglob(".*tmp*")]
 
 
@@ -106,8 +114,10 @@ def test_the_committed_manifest_covers_what_host_env_reads(stack, monkeypatch, t
     lock = json.loads((ROOT / "locks" / f"{stack}.lock").read_text())["targets"]["3.12-x86_64"]
     host = mp.host_patterns()
     from fnmatch import fnmatchcase
+
     from speclock.core.names import normalize
     from speclock.spec.resolve import KERNEL_TOOLCHAIN
+
     for entry in lock["packages"] + lock["assets"]:
         name = normalize(entry["name"])
         if name not in KERNEL_TOOLCHAIN and any(fnmatchcase(name, pat) for pat in host):

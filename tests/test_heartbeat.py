@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 import threading
 
-import pytest
 from fetch_server import WheelServer, wheel_entry
 
 from speclock.build import wheelhouse
@@ -28,14 +27,14 @@ def test_byte_heartbeat_reports_at_most_once_per_interval_with_total_and_rate():
     clock, lines = Clock(), []
     beat = ByteHeartbeat("torch.whl", progress=lines.append, every_s=10, clock=clock)
     beat.add(5_000_000)
-    assert lines == []                      # nothing before the interval: short downloads stay quiet
+    assert lines == []  # nothing before the interval: short downloads stay quiet
     beat.set_total(100_000_000)
     clock.now += 10
     beat.add(45_000_000)
     assert lines == ["  ... torch.whl: 50.0 MB of 100.0 MB (50%), 5.0 MB/s"]
     clock.now += 4
     beat.add(10_000_000)
-    assert len(lines) == 1                  # within the next interval: no second line
+    assert len(lines) == 1  # within the next interval: no second line
     clock.now += 6
     beat.add(0)
     assert lines[-1] == "  ... torch.whl: 60.0 MB of 100.0 MB (60%), 3.0 MB/s"
@@ -54,7 +53,7 @@ def test_a_real_download_reports_its_progress(tmp_path, monkeypatch):
     monkeypatch.setattr(heartbeat, "EVERY_S", 0.2)
     server = WheelServer()
     try:
-        data = b"w" * 300_000                           # "slow" mode trickles 4 kB every 50 ms: about 4 s
+        data = b"w" * 300_000  # "slow" mode trickles 4 kB every 50 ms: about 4 s
         pkg = wheel_entry(server, "big-wheel", data=data, mode="slow")
         lines: list[str] = []
         path, outcome = wheelhouse.ensure_entry(pkg, tmp_path / "store", progress=lines.append)
@@ -63,17 +62,19 @@ def test_a_real_download_reports_its_progress(tmp_path, monkeypatch):
     assert outcome == "downloaded" and path.read_bytes() == data
     assert len(lines) >= 5, lines
     assert all(line.startswith(f"  ... {pkg['filename']}: ") and line.endswith("/s") for line in lines)
-    assert "of 300.0 kB (" in lines[-1]                 # the Content-Length became the total
+    assert "of 300.0 kB (" in lines[-1]  # the Content-Length became the total
     done = [float(line.split(": ")[1].split(" kB")[0]) for line in lines]
-    assert done == sorted(done) and done[-1] <= 300.0   # bytes only grow, never past the size
+    assert done == sorted(done) and done[-1] <= 300.0  # bytes only grow, never past the size
 
 
 def test_a_silent_builder_step_gets_heartbeat_lines_with_the_disk_it_fills(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(heartbeat, "SILENCE_S", 0.6)
     out = tmp_path / "layer.bin"
     # Like a layer commit: writes 30 MB and prints nothing for about 2.5 s, then one line.
-    script = (f"import os, time\nwith open({str(out)!r}, 'wb') as f:\n    f.write(b'0' * 30_000_000); f.flush(); "
-              f"os.fsync(f.fileno())\ntime.sleep(2.5)\nprint('COMMIT done', flush=True)\n")
+    script = (
+        f"import os, time\nwith open({str(out)!r}, 'wb') as f:\n    f.write(b'0' * 30_000_000); f.flush(); "
+        f"os.fsync(f.fileno())\ntime.sleep(2.5)\nprint('COMMIT done', flush=True)\n"
+    )
     rc, tail = _proc.stream([sys.executable, "-c", script], watch=tmp_path)
     err = capfd.readouterr().err
     assert rc == 0 and tail.endswith("COMMIT done")

@@ -26,8 +26,9 @@ CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 def _pip_version() -> str:
     """pip as the host's Python has it: what the interpreter running host-env sees (its venv's, when it runs from one)."""
-    proc = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('pip'))"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m; print(m.version('pip'))"], capture_output=True, text=True
+    )
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -49,12 +50,30 @@ def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_pack
     stack = load_stack(stack_file)
     packages = sorted([entry(engine), entry(wheels["tinydep"]), entry(wheels["torch"]), *extra_packages], key=lambda e: e["name"])
     assets = [entry(wheels["tinyprompts"])]
-    targets = {k: {"python": k.split("-")[0], "machine": k.split("-")[1], "platforms": list(MACHINE_PLATFORMS[k.split("-")[1]]),
-                   "packages": packages, "excluded": [], "assets": assets} for k in host_targets}
-    doc = {"schema": "speclock.lock/v1", "stack": stack.name, "stack_sha256": stack.source_sha256, "stack_data": stack.data,
-           "resolver": {"tool": "pip", "requirements": stack.requirements()},
-           "python": {"version": image_python, "platforms": platform_tags(stack)}, "base": base_of_committed_lock(),
-           "source_date_epoch": 0, "packages": packages, "excluded": [], "assets": assets}
+    targets = {
+        k: {
+            "python": k.split("-")[0],
+            "machine": k.split("-")[1],
+            "platforms": list(MACHINE_PLATFORMS[k.split("-")[1]]),
+            "packages": packages,
+            "excluded": [],
+            "assets": assets,
+        }
+        for k in host_targets
+    }
+    doc = {
+        "schema": "speclock.lock/v1",
+        "stack": stack.name,
+        "stack_sha256": stack.source_sha256,
+        "stack_data": stack.data,
+        "resolver": {"tool": "pip", "requirements": stack.requirements()},
+        "python": {"version": image_python, "platforms": platform_tags(stack)},
+        "base": base_of_committed_lock(),
+        "source_date_epoch": 0,
+        "packages": packages,
+        "excluded": [],
+        "assets": assets,
+    }
     if targets:
         doc["targets"] = targets
     (root / "locks").mkdir()
@@ -68,8 +87,19 @@ def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_pack
 
 
 def host_env(root: Path, *args: str, wait: bool = True):
-    cmd = [sys.executable, "-m", "speclock", "host-env", "--stack", str(root / "stacks" / "tiny.toml"),
-           "--lock", str(root / "locks" / "tiny.lock"), "--wheelhouse", str(root / "wheelhouse"), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclock",
+        "host-env",
+        "--stack",
+        str(root / "stacks" / "tiny.toml"),
+        "--lock",
+        str(root / "locks" / "tiny.lock"),
+        "--wheelhouse",
+        str(root / "wheelhouse"),
+        *args,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(root / "cache"))
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -89,8 +119,12 @@ def test_builds_a_venv_offline_laid_out_like_the_image(tmp_path):
     assert (out["target"], out["python"], out["hash_checked"]) == ("image", PY, 3)
     assert leftovers(tmp_path) == ["env"]
     # the wheels are installed in the venv (this Python), hash-checked, nothing else
-    run = subprocess.run([str(dest / "bin" / "python"), "-c", "import tinyengine, tinydep, torch; print(tinyengine.TAG, torch.VERSION)"],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [str(dest / "bin" / "python"), "-c", "import tinyengine, tinydep, torch; print(tinyengine.TAG, torch.VERSION)"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert run.stdout.split() == [f"{CP}-{CP}-manylinux_2_17_x86_64", "9.9.9"], run.stderr
     home = dest / "speclock"
     record = json.loads((home / "host-env.json").read_text())
@@ -106,16 +140,24 @@ def test_builds_a_venv_offline_laid_out_like_the_image(tmp_path):
     script = (dest / "bin" / "speclock").read_text()
     assert "export SPECLOCK_IN_IMAGE=1" in script and "export VLLM_USE_FLASHINFER_SAMPLER=0" in script
     assert str(tmp_path) not in script  # found relative to itself
-    check = subprocess.run([str(dest / "bin" / "speclock"), "stack", "check", "tiny"], capture_output=True, text=True,
-                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "/nonexistent"})
+    check = subprocess.run(
+        [str(dest / "bin" / "speclock"), "stack", "check", "tiny"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "/nonexistent"},
+    )
     assert check.returncode == 0 and "stack tiny" in check.stdout and str(home / "stacks") in check.stdout, check.stderr
     assert ".tmp-" not in (dest / "bin" / "activate").read_text()
     # the same again: nothing to do; another target or host packages: DEST exists (exit 2) unless --force
     again = host_env(tmp_path, "--dest", str(dest))
     assert again.returncode == 0 and "already the host environment" in again.stdout
     # selfcheck --env refuses another stack's name before running anything
-    sc = subprocess.run([sys.executable, "-m", "speclock", "selfcheck", "--env", str(dest), "--stack", "cpu-vllm"],
-                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    sc = subprocess.run(
+        [sys.executable, "-m", "speclock", "selfcheck", "--env", str(dest), "--stack", "cpu-vllm"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )
     assert sc.returncode == 2 and "stack tiny's" in sc.stderr
 
 
@@ -188,8 +230,13 @@ def test_host_packages_are_version_checked_not_hash_checked(tmp_path):
     pip_version = _pip_version()
     if not pip_version:
         pytest.skip("this Python's base installation has no pip to stand in for a host package")
-    fake = {"name": "pip", "version": pip_version, "filename": f"pip-{pip_version}-py3-none-any.whl",
-            "url": f"https://files.pythonhosted.org/packages/xx/pip-{pip_version}-py3-none-any.whl", "sha256": "0" * 64}
+    fake = {
+        "name": "pip",
+        "version": pip_version,
+        "filename": f"pip-{pip_version}-py3-none-any.whl",
+        "url": f"https://files.pythonhosted.org/packages/xx/pip-{pip_version}-py3-none-any.whl",
+        "sha256": "0" * 64,
+    }
     make_repo(tmp_path, extra_packages=[fake])
     dest = tmp_path / "env"
     # without --use-host-packages the (absent) pip wheel is needed from the wheelhouse
@@ -206,8 +253,13 @@ def test_host_packages_are_version_checked_not_hash_checked(tmp_path):
 
 
 def test_host_package_at_another_version_is_refused(tmp_path):
-    fake = {"name": "pip", "version": "0.0.1", "filename": "pip-0.0.1-py3-none-any.whl",
-            "url": "https://files.pythonhosted.org/packages/xx/pip-0.0.1-py3-none-any.whl", "sha256": "0" * 64}
+    fake = {
+        "name": "pip",
+        "version": "0.0.1",
+        "filename": "pip-0.0.1-py3-none-any.whl",
+        "url": "https://files.pythonhosted.org/packages/xx/pip-0.0.1-py3-none-any.whl",
+        "sha256": "0" * 64,
+    }
     make_repo(tmp_path, extra_packages=[fake])
     proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--use-host-packages", "pip")
     assert proc.returncode == 3 and "pip" in proc.stderr and "(lock: 0.0.1)" in proc.stderr
@@ -242,18 +294,22 @@ def test_doctor_accepts_the_hosts_cuda_build_only_for_packages_host_env_took_fro
 
     home = tmp_path / "speclock"
     home.mkdir()
-    lock = {"schema": "speclock.lock/v1", "packages": [{"name": "torch", "version": "2.11.0"},
-                                                         {"name": "numpy", "version": "2.3.5"}]}
+    lock = {
+        "schema": "speclock.lock/v1",
+        "packages": [{"name": "torch", "version": "2.11.0"}, {"name": "numpy", "version": "2.3.5"}],
+    }
     (home / "lock.json").write_text(json.dumps(lock))
-    (home / "host-env.json").write_text(json.dumps({"schema": "speclock.host-env/v1",
-                                                    "version_checked": [{"name": "torch", "version": "2.11.0+cu130"}]}))
+    (home / "host-env.json").write_text(
+        json.dumps({"schema": "speclock.host-env/v1", "version_checked": [{"name": "torch", "version": "2.11.0+cu130"}]})
+    )
     monkeypatch.setattr(versions, "IMAGE", ImageLayout(home))
     monkeypatch.setattr(versions, "in_image", lambda: True)
     stack = load_stack("vllm-0.26.0-torch2.11-cu130")
 
     def run(dists):
-        ctx = SimpleNamespace(lock_path=home / "lock.json", stack=stack, python_note="",
-                              engine_answers={"dists": {"ok": True, "result": dists}})
+        ctx = SimpleNamespace(
+            lock_path=home / "lock.json", stack=stack, python_note="", engine_answers={"dists": {"ok": True, "result": dists}}
+        )
         return versions.check_lock(ctx)
 
     ok = run({"torch": "2.11.0+cu130", "numpy": "2.3.5"})
@@ -297,8 +353,20 @@ def test_a_stack_with_kernels_and_no_cpp_compiler_exits_3_naming_what_to_install
     nocc.mkdir()
     for tool in ("sh", "ln", "cat"):
         (nocc / tool).symlink_to(shutil.which(tool))
-    cmd = [sys.executable, "-m", "speclock", "host-env", "--stack", str(tmp_path / "stacks" / "tiny.toml"), "--lock",
-           str(tmp_path / "locks" / "tiny.lock"), "--wheelhouse", str(tmp_path / "wheelhouse"), "--dest", str(tmp_path / "new" / "env")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclock",
+        "host-env",
+        "--stack",
+        str(tmp_path / "stacks" / "tiny.toml"),
+        "--lock",
+        str(tmp_path / "locks" / "tiny.lock"),
+        "--wheelhouse",
+        str(tmp_path / "wheelhouse"),
+        "--dest",
+        str(tmp_path / "new" / "env"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PATH=str(nocc), PYTHONPATH=str(ROOT / "src")))
     assert proc.returncode == 3, proc.stderr
     assert "no gcc" in proc.stderr and "install g++" in proc.stderr and "--kernels DIR" in proc.stderr
@@ -358,14 +426,31 @@ def test_dest_under_a_folder_no_one_may_write_exits_3_and_leaves_nothing(tmp_pat
         ro = top / "ro"
         ro.mkdir()
         ro.chmod(0o555)
-        cmd = [sys.executable, "-m", "speclock", "host-env", "--stack", str(top / "stacks" / "tiny.toml"), "--lock",
-               str(top / "locks" / "tiny.lock"), "--wheelhouse", str(top / "wheelhouse"), "--dest", str(ro / "new" / "env")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "speclock",
+            "host-env",
+            "--stack",
+            str(top / "stacks" / "tiny.toml"),
+            "--lock",
+            str(top / "locks" / "tiny.lock"),
+            "--wheelhouse",
+            str(top / "wheelhouse"),
+            "--dest",
+            str(ro / "new" / "env"),
+        ]
         if os.geteuid() == 0:
             if not shutil.which("setpriv"):
                 pytest.skip("root, and no setpriv to run as another user")
             cmd = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(top / "cache"), HOME=str(top)))
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(top / "cache"), HOME=str(top)),
+        )
         assert proc.returncode == 3, proc.stderr
         assert "permission denied" in proc.stderr and str(ro / "new") in proc.stderr and "--dest" in proc.stderr
         assert list(ro.iterdir()) == []
@@ -401,20 +486,30 @@ def test_host_packages_of_the_running_venv_are_seen(tmp_path):
 
     if sys.prefix == sys.base_prefix:
         pytest.skip("the tests do not run from a venv here")
-    base_has = subprocess.run([sys._base_executable, "-c", "import importlib.metadata as m; m.version('invoke')"],
-                              capture_output=True).returncode == 0
+    base_has = (
+        subprocess.run(
+            [sys._base_executable, "-c", "import importlib.metadata as m; m.version('invoke')"], capture_output=True
+        ).returncode
+        == 0
+    )
     if base_has:
         pytest.skip("the base Python has invoke too: nothing venv-only to stand in for the host's torch")
     version = md.version("invoke")
-    fake = {"name": "invoke", "version": version, "filename": f"invoke-{version}-py3-none-any.whl",
-            "url": f"https://files.pythonhosted.org/packages/xx/invoke-{version}-py3-none-any.whl", "sha256": "0" * 64}
+    fake = {
+        "name": "invoke",
+        "version": version,
+        "filename": f"invoke-{version}-py3-none-any.whl",
+        "url": f"https://files.pythonhosted.org/packages/xx/invoke-{version}-py3-none-any.whl",
+        "sha256": "0" * 64,
+    }
     make_repo(tmp_path, extra_packages=[fake])
     proc = host_env(tmp_path, "--dest", str(tmp_path / "env"), "--use-host-packages", "invoke", "--json")
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "env" / "speclock" / "host-env.json").read_text())
     assert [(r["name"], r["host_version"]) for r in record["version_checked"]] == [("invoke", version)]
-    run = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c", "import invoke, tinyengine; print('ok')"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [str(tmp_path / "env" / "bin" / "python"), "-c", "import invoke, tinyengine; print('ok')"], capture_output=True, text=True
+    )
     assert run.stdout.strip() == "ok", run.stderr
 
 
@@ -435,7 +530,7 @@ def test_the_host_run_environment_is_the_images_env():
     from speclock.build.hostenv import RUN_ENV
 
     text = CONTAINERFILE.read_text()
-    block = text[text.index("ENV PATH="):text.index("USER 10001")]
+    block = text[text.index("ENV PATH=") : text.index("USER 10001")]
     image_env = dict(_re.findall(r"([A-Z_]+)=(\S+?)\s*\\?$", block, _re.M))
     paths = {"PATH", "PYTHONPATH", "SPECLOCK_HOME", "HOME"}  # set per environment by bin/speclock
     assert {k: v for k, v in image_env.items() if k not in paths} == RUN_ENV
@@ -444,20 +539,29 @@ def test_the_host_run_environment_is_the_images_env():
 def test_doctor_reports_the_version_python_imports_when_the_host_has_an_older_copy(tmp_path):
     """Found on the H200: a host environment sees the host's site-packages after its own, and the probe's package
     list took the last copy on sys.path (the host's), so lock-versions failed on 38 packages that were right."""
+
     def dist(site: Path, version: str):
         info = site / f"shadowed-{version}.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: Shadowed\nVersion: {version}\n")
-    dist(tmp_path / "venv-site", "2.0")   # the venv's locked copy, first on sys.path
-    dist(tmp_path / "host-site", "1.0")   # the host's older copy, after it
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path / "venv-site"), str(tmp_path / "host-site")])}
+
+    dist(tmp_path / "venv-site", "2.0")  # the venv's locked copy, first on sys.path
+    dist(tmp_path / "host-site", "1.0")  # the host's older copy, after it
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path / "venv-site"), str(tmp_path / "host-site")]),
+    }
     proc = subprocess.run([sys.executable, "-m", "speclock.engines.probe", "dists"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     found = answer.get("result", answer)
     assert found["Shadowed"] == "2.0"
-    imported = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('shadowed'))"],
-                              capture_output=True, text=True, env=env).stdout.strip()
+    imported = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m; print(m.version('shadowed'))"],
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
     assert imported == "2.0"  # the same copy importlib.metadata.version() (and import) would use
 
 

@@ -22,20 +22,31 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
 @pytest.fixture(scope="module")
 def cpu_env(tmp_path_factory) -> Path:
     """DIR of `speclock host-env --stack cpu-vllm` (the wheels fetched first: verified, a no-op when present)."""
-    fetch = subprocess.run([sys.executable, "-m", "speclock", "fetch", "--stack", "cpu-vllm"], capture_output=True,
-                           text=True, env=ENV, timeout=900)
+    fetch = subprocess.run(
+        [sys.executable, "-m", "speclock", "fetch", "--stack", "cpu-vllm"], capture_output=True, text=True, env=ENV, timeout=900
+    )
     assert fetch.returncode == 0, fetch.stderr[-2000:]
     dest = tmp_path_factory.mktemp("hostenv") / "cpu-vllm"
-    proc = subprocess.run([sys.executable, "-m", "speclock", "host-env", "--stack", "cpu-vllm", "--dest", str(dest), "--json"],
-                          capture_output=True, text=True, env=ENV, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "host-env", "--stack", "cpu-vllm", "--dest", str(dest), "--json"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "speclock prune:" in proc.stderr  # the image's [prune] hook ran (its summary line)
     return dest
 
 
 def doctor(env: Path, *args: str) -> tuple[int, dict]:
-    proc = subprocess.run([str(env / "bin" / "speclock"), "doctor", "--json", *args], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(env)}, timeout=600)
+    proc = subprocess.run(
+        [str(env / "bin" / "speclock"), "doctor", "--json", *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(env)},
+        timeout=600,
+    )
     return proc.returncode, json.loads(proc.stdout)
 
 

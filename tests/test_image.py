@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import DOCKER, LocalRegistry, copy_repo, speclock
 
 from speclock.build.sbom import pull_sbom_referrer
@@ -17,8 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
 
 
 def buildah_inspect(ref: str) -> dict:
-    out = subprocess.run(["buildah", "--storage-driver", "overlay", "inspect", "--type", "image", ref],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["buildah", "--storage-driver", "overlay", "inspect", "--type", "image", ref], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out)
 
 
@@ -59,17 +59,37 @@ def test_push_pull_back_and_run(buildah_build, registry, repo):
     pushed = json.loads(proc.stdout)
     assert pushed["digest"].startswith("sha256:")
     # The registry serves the same manifest digest that the push printed.
-    remote = subprocess.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{pushed['pushed']}"],
-                            capture_output=True, text=True, check=True)
+    remote = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{pushed['pushed']}"], capture_output=True, text=True, check=True
+    )
     assert json.loads(remote.stdout)["Digest"] == pushed["digest"]
     # Pulled back by digest into docker and run: non-root, read-only, no network, no build tools inside.
     by_digest = pushed["pushed"].rsplit(":", 1)[0] + "@" + pushed["digest"]
     subprocess.run([DOCKER, "pull", by_digest], check=True, capture_output=True)
-    run = subprocess.run([DOCKER, "run", "--rm", "--read-only", "--network", "none", "--cap-drop", "ALL",
-                          "--security-opt", "no-new-privileges", "--tmpfs", "/tmp", "--entrypoint", "/bin/sh", by_digest,
-                          "-c", "id -u; ls /opt/venv/bin/pip 2>&1; command -v gcc cc pip3 || echo no-tools; "
-                                "ls /opt/speclock; /opt/venv/bin/python -m speclock --version"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            DOCKER,
+            "run",
+            "--rm",
+            "--read-only",
+            "--network",
+            "none",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--tmpfs",
+            "/tmp",
+            "--entrypoint",
+            "/bin/sh",
+            by_digest,
+            "-c",
+            "id -u; ls /opt/venv/bin/pip 2>&1; command -v gcc cc pip3 || echo no-tools; "
+            "ls /opt/speclock; /opt/venv/bin/python -m speclock --version",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.split()
     assert lines[0] == "10001"
@@ -79,8 +99,11 @@ def test_push_pull_back_and_run(buildah_build, registry, repo):
     assert "speclock 0.1.0" in run.stdout
     # The image's SBOM went beside it as an OCI referrer: byte for byte the file the image holds.
     assert pushed["sbom"] and pushed["sbom"]["subject"] == pushed["digest"]
-    held = subprocess.run([DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "cat", by_digest,
-                           "/opt/speclock/sbom.cdx.json"], capture_output=True, check=True).stdout
+    held = subprocess.run(
+        [DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "cat", by_digest, "/opt/speclock/sbom.cdx.json"],
+        capture_output=True,
+        check=True,
+    ).stdout
     repository = pushed["pushed"].split("/", 1)[1].rsplit(":", 1)[0]
     assert pull_sbom_referrer(registry.address, repository, pushed["digest"], insecure=True) == held
     assert json.loads(held)["bomFormat"] == "CycloneDX"
@@ -150,12 +173,14 @@ def test_one_line_edit_rebuilds_only_the_last_layer_and_a_revert_gives_the_origi
 
 def test_docker_buildkit_builds_the_same_stack(repo):
     record = json.loads(speclock(repo, "build-image", "--builder", "docker", "--skip-selfcheck", "--json").stdout)
-    inspect = json.loads(subprocess.run([DOCKER, "image", "inspect", record["ref"]], capture_output=True, text=True,
-                                        check=True).stdout)[0]
+    inspect = json.loads(
+        subprocess.run([DOCKER, "image", "inspect", record["ref"]], capture_output=True, text=True, check=True).stdout
+    )[0]
     assert inspect["Config"]["User"] == "10001:10001"
     assert inspect["Config"]["Labels"]["io.speclock.inputs-sha256"][:16] == record["tag"]
-    run = subprocess.run([DOCKER, "run", "--rm", "--read-only", "--network", "none", record["ref"], "--version"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [DOCKER, "run", "--rm", "--read-only", "--network", "none", record["ref"], "--version"], capture_output=True, text=True
+    )
     assert run.returncode == 0 and "speclock" in run.stdout
 
 

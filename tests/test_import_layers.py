@@ -23,26 +23,47 @@ PKG = SRC / "speclock"
 RANKS = {
     "core": 0,
     "spec": 1,
-    "kernels": 2,      # CUDA/Triton kernels: need the stack's archs only
+    "kernels": 2,  # CUDA/Triton kernels: need the stack's archs only
     "patches": 3,
-    "drafter": 3,      # model folders, manifest, drafter network, reference decoder
-    "engines": 4,      # adapters; they read model configs through drafter/
+    "drafter": 3,  # model folders, manifest, drafter network, reference decoder
+    "engines": 4,  # adapters; they read model configs through drafter/
     "build": 5,
-    "verify": 6,       # doctor, smoke, gate, ...: never train/
+    "verify": 6,  # doctor, smoke, gate, ...: never train/
     "upgrade": 7,
-    "train": 8,        # makes drafters; uses drafter/, engines' reference decoder, kernels
-    "cli": 9,          # entry points: speclock.cli, speclock.__main__, speclock.patches.__main__
+    "train": 8,  # makes drafters; uses drafter/, engines' reference decoder, kernels
+    "cli": 9,  # entry points: speclock.cli, speclock.__main__, speclock.patches.__main__
 }
 # Modules that are entry points (they start the CLI), ranked with cli.
-ENTRY_POINTS = {"speclock.cli", "speclock.__main__", "speclock.patches.__main__",
-                "speclock.tasks_from_cli"}  # invoke tasks generated from the CLI parser
+ENTRY_POINTS = {
+    "speclock.cli",
+    "speclock.__main__",
+    "speclock.patches.__main__",
+    "speclock.tasks_from_cli",
+}  # invoke tasks generated from the CLI parser
 
 # Imported inside functions because importing them costs seconds or they are optional.
-HEAVY = {"torch", "transformers", "safetensors", "numpy", "triton", "gguf", "vllm", "sglang", "cuda",
-         "huggingface_hub", "tokenizers", "accelerate"}
+HEAVY = {
+    "torch",
+    "transformers",
+    "safetensors",
+    "numpy",
+    "triton",
+    "gguf",
+    "vllm",
+    "sglang",
+    "cuda",
+    "huggingface_hub",
+    "tokenizers",
+    "accelerate",
+}
 # Optional, not heavy: speclock's own dependencies are the standard library only (pyproject: dependencies = []).
-OPTIONAL = {"packaging", "prometheus_client", "tomli_w",
-            "cyclonedx", "packageurl"}  # the SBOM library: 4.6 s to import, loaded only when an SBOM is made
+OPTIONAL = {
+    "packaging",
+    "prometheus_client",
+    "tomli_w",
+    "cyclonedx",
+    "packageurl",
+}  # the SBOM library: 4.6 s to import, loaded only when an SBOM is made
 
 # (importing module, imported module): a function-local speclock import phase A could not hoist.
 # Phase B empties this list.
@@ -177,7 +198,7 @@ def test_no_import_cycles_between_modules():
         stack.append(m)
         for t in graph.get(m, []):
             if state.get(t) == 1:
-                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+                cycles.append(" -> ".join(stack[stack.index(t) :] + [t]))
             elif not state.get(t):
                 visit(t)
         stack.pop()
@@ -215,9 +236,14 @@ def test_function_local_imports_are_heavy_optional_dependencies():
             root = name.split(".")[0]
             if root in HEAVY or root in OPTIONAL:
                 continue
-            bad.append(f"{mod}:{line} imports {name} inside a function: import it at module level"
-                       + (" (standard library)" if root in sys.stdlib_module_names else
-                          "; or, if it is heavy or optional, add it to HEAVY/OPTIONAL"))
+            bad.append(
+                f"{mod}:{line} imports {name} inside a function: import it at module level"
+                + (
+                    " (standard library)"
+                    if root in sys.stdlib_module_names
+                    else "; or, if it is heavy or optional, add it to HEAVY/OPTIONAL"
+                )
+            )
     assert not bad, "\n".join(bad)
 
 

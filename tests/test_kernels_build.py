@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import stat
 import sys
 from pathlib import Path
@@ -35,8 +33,10 @@ def test_unknown_arch_names_gpu_archs():
     assert "gpu.archs" in str(err.value) and "sm_42" in str(err.value)
 
 
-@pytest.mark.parametrize("arch,cuda,need", [("sm_100a", (12, 4), "12.8"), ("sm_120a", (12, 6), "12.8"),
-                                            ("sm_103a", (12, 8), "12.9"), ("sm_90a", (11, 8), "12.0")])
+@pytest.mark.parametrize(
+    "arch,cuda,need",
+    [("sm_100a", (12, 4), "12.8"), ("sm_120a", (12, 6), "12.8"), ("sm_103a", (12, 8), "12.9"), ("sm_90a", (11, 8), "12.0")],
+)
 def test_cuda_too_old_names_gpu_cuda(arch, cuda, need):
     with pytest.raises(BadInput) as err:
         build.validate_archs([arch], cuda)
@@ -51,12 +51,15 @@ def test_arch_nvcc_does_not_know_names_gpu_archs():
 
 def test_new_enough_archs_pass_and_gencode_is_exact():
     assert build.validate_archs(ALL_ARCHS + ["sm_90a"], (13, 0), nvcc_archs={"sm_90", "sm_100", "sm_103", "sm_120"}) == ALL_ARCHS
-    assert build.gencode_flags(["sm_90a", "sm_103a"]) == ["-gencode=arch=compute_90a,code=sm_90a",
-                                                         "-gencode=arch=compute_103a,code=sm_103a"]
+    assert build.gencode_flags(["sm_90a", "sm_103a"]) == [
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-gencode=arch=compute_103a,code=sm_103a",
+    ]
 
 
 def test_cpu_stack_asking_for_kernels_is_refused():
     from speclock.spec.stack import load_stack
+
     with pytest.raises(BadInput) as err:
         build.archs_for_stack(load_stack("cpu-vllm"))
     assert "gpu.cuda" in str(err.value) and "kernels.build" in str(err.value)
@@ -68,7 +71,8 @@ def _fake_nvcc(tmp_path: Path, release="13.0", compile_rc=1) -> str:
         "#!/bin/sh\n"
         f"case \"$1\" in --version) echo 'Cuda compilation tools, release {release}, V{release}.1';;\n"
         "  --list-gpu-code) echo 'sm_90 sm_100 sm_103 sm_120';;\n"
-        f"  *) echo 'ptxas fatal: simulated failure' >&2; exit {compile_rc};;\nesac\n")
+        f"  *) echo 'ptxas fatal: simulated failure' >&2; exit {compile_rc};;\nesac\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
 
@@ -83,8 +87,9 @@ def test_failed_compile_leaves_nothing_behind(tmp_path):
 
 def test_nvcc_of_another_major_release_than_the_stack(tmp_path):
     with pytest.raises(EnvironmentProblem) as err:
-        build.build_fp8_library(["sm_90a"], tmp_path / "o", nvcc=_fake_nvcc(tmp_path, "13.0"), cuda="12.9",
-                                progress=lambda m: None)
+        build.build_fp8_library(
+            ["sm_90a"], tmp_path / "o", nvcc=_fake_nvcc(tmp_path, "13.0"), cuda="12.9", progress=lambda m: None
+        )
     assert "gpu.cuda" in str(err.value) and "12.9" in str(err.value)
 
 
@@ -117,14 +122,16 @@ def test_build_for_four_archs_and_check_cubins(tmp_path):
         build.check_library(out, ["sm_90a"])
     # the C ABI is there (the library loads and answers without a GPU)
     import ctypes
+
     lib = ctypes.CDLL(str(out / build.FP8_LIBRARY))
     assert lib.speclock_fp8_abi_version() == build.ABI_VERSION
 
 
 def test_stack_cuda_too_old_is_reported_before_the_nvcc_mismatch(tmp_path):
     with pytest.raises(BadInput) as err:
-        build.build_fp8_library(["sm_100a"], tmp_path / "o", nvcc=_fake_nvcc(tmp_path, "13.0"), cuda="12.4",
-                                progress=lambda m: None)
+        build.build_fp8_library(
+            ["sm_100a"], tmp_path / "o", nvcc=_fake_nvcc(tmp_path, "13.0"), cuda="12.4", progress=lambda m: None
+        )
     assert "gpu.cuda" in str(err.value) and "12.8" in str(err.value)
 
 

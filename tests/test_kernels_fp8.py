@@ -43,7 +43,7 @@ def test_reference_rounds_to_nearest_e4m3_ties_to_even():
     q, scale = fp8_pack_reference(x)
     xf = x.float()
     amax = xf.abs().amax(1).clamp_min(1e-30)
-    inv = (torch.full_like(amax, 448.0) / amax)
+    inv = torch.full_like(amax, 448.0) / amax
     v = (xf * inv[:, None]).double().reshape(-1)
     codes, vals = _e4m3_table()
     dist = (v[:, None] - vals[None, :]).abs()
@@ -107,6 +107,7 @@ def test_cuda_backend_without_gpu_is_a_clear_error():
 @pytest.mark.parametrize("T,H", [(3, 7), (257, 4096), (64, 21504), (33, 12288), (5, 70000)])
 def test_cuda_kernel_bit_exact(T, H):
     from speclock.kernels import fp8_cuda
+
     x = _inputs(T, H, seed=T * H, device="cuda")
     qr, sr = fp8_pack_reference(x)
     for variant in (0, 1, 2, 3, 5):

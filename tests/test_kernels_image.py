@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import DOCKER, ROOT, speclock
+
 from speclock.build import containerfile, context
-from speclock.core.layout import IMAGE
-from speclock.verify import doctor
 from speclock.core.errors import BadInput
+from speclock.core.layout import IMAGE
 from speclock.spec.lock import read_lock
 from speclock.spec.resolve import KERNEL_TOOLCHAIN, check_kernel_toolchain
 from speclock.spec.stack import load_stack
+from speclock.verify import doctor
 
 GPU_STACKS = ("vllm-cu130", "sglang-cu130", "vllm-0.26.0-torch2.11-cu130")
 NVCC = shutil.which("nvcc")
@@ -68,6 +68,7 @@ def staged(tmp_path, monkeypatch):
         args = containerfile.build_args_for(stack, lock, ctx, "localhost/speclock-base:x", kernel_base)
         text = containerfile.staged_containerfile(ctx, with_kernels=bool(stack.kernels)).read_text()
         return ctx, args, stages(text)
+
     return stage
 
 
@@ -81,7 +82,7 @@ def test_gpu_stack_stages_a_kernel_build_for_exactly_its_archs(staged, name):
     kernels = st["kernels"]
     assert kernels["from"] == "${KERNEL_BASE_IMAGE}" and args["KERNEL_BASE_IMAGE"].startswith("localhost/speclock-kernel-base")
     run = " ".join(kernels["body"])
-    assert "speclock.kernels.build --stack \"/ktools/stacks/$STACK_NAME.toml\"" in run and "--check" in run
+    assert 'speclock.kernels.build --stack "/ktools/stacks/$STACK_NAME.toml"' in run and "--check" in run
     assert "--require-hashes" in run and "-r /wheels/kernels.txt" in run
     # nvcc and cuobjdump come from the lock's wheels, pinned by hash.
     lock = read_lock(ROOT / "locks" / f"{name}.lock")
@@ -134,8 +135,13 @@ def test_kernel_sources_hash_into_the_kernel_layer_only(staged):
     before = dict(args)
     src = ctx / "kernel-tools" / "speclock" / "kernels" / "csrc" / "fp8_pack.cu"
     src.write_text(src.read_text() + "\n// edit\n")
-    after = containerfile.build_args_for(load_stack("vllm-cu130"), read_lock(ROOT / "locks" / "vllm-cu130.lock"), ctx,
-                                 "localhost/speclock-base:x", "localhost/speclock-kernel-base:x")
+    after = containerfile.build_args_for(
+        load_stack("vllm-cu130"),
+        read_lock(ROOT / "locks" / "vllm-cu130.lock"),
+        ctx,
+        "localhost/speclock-base:x",
+        "localhost/speclock-kernel-base:x",
+    )
     changed = {k for k in before if before[k] != after[k]}
     assert changed == {"KERNELS_SHA256"}
 
@@ -202,32 +208,62 @@ def test_staged_kernel_tools_build_alone_and_doctor_reads_the_arch_coverage(stag
     ctx, _, _ = staged("vllm-cu130")
     out = tmp_path / "kernels"
     env = dict(os.environ, PYTHONPATH=str(ctx / "kernel-tools"))
-    proc = subprocess.run([sys.executable, "-m", "speclock.kernels.build", "--stack",
-                           str(ctx / "kernel-tools" / "stacks" / "vllm-cu130.toml"), "--out", str(out), "--check", "--json"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock.kernels.build",
+            "--stack",
+            str(ctx / "kernel-tools" / "stacks" / "vllm-cu130.toml"),
+            "--out",
+            str(out),
+            "--check",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert sorted(json.loads(proc.stdout)["cubins"]) == sorted(["sm_90a", "sm_100a", "sm_103a", "sm_120a"])
     monkeypatch.setenv("SPECLOCK_KERNELS_DIR", str(out))
     res = doctor.check_kernels(doctor.Context(load_stack("vllm-cu130"), None, "", None, None, None, None))
     assert res.status == "pass", res.reason
     assert {t: c["kind"] for t, c in res.details["rows"][0]["targets"].items()} == dict.fromkeys(
-        ["sm_90a", "sm_100a", "sm_103a", "sm_120a"], "exact")
+        ["sm_90a", "sm_100a", "sm_103a", "sm_120a"], "exact"
+    )
     # A library that is not the one kernels.json describes fails.
     lib = out / "libspeclock_fp8.so"
     lib.write_bytes(lib.read_bytes() + b"\0")
     assert doctor.check_kernels(doctor.Context(load_stack("vllm-cu130"), None, "", None, None, None, None)).status == "fail"
 
 
-@pytest.mark.skipif(os.environ.get("SPECLOCK_TEST_GPU_IMAGES") != "1",
-                    reason="builds a ~10 GB GPU image; set SPECLOCK_TEST_GPU_IMAGES=1 to run it")
+@pytest.mark.skipif(
+    os.environ.get("SPECLOCK_TEST_GPU_IMAGES") != "1",
+    reason="builds a ~10 GB GPU image; set SPECLOCK_TEST_GPU_IMAGES=1 to run it",
+)
 @pytest.mark.parametrize("name", GPU_STACKS)
 def test_gpu_image_builds_and_doctor_passes_inside_without_a_gpu(name):
     record = json.loads(speclock(ROOT, "build-image", "--stack", name, "--json", timeout=5400).stdout)
     assert record["selfcheck"]["verdict"] in ("pass", "smoke-skipped")
     assert record["selfcheck"]["doctor"]["checks"]["kernels"] == "pass"
-    run = subprocess.run([DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", record["ref"], "-c",
-                          "ls /opt/speclock/kernels; command -v gcc g++ cc c++ || echo no-host-compiler"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            DOCKER,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "/bin/sh",
+            record["ref"],
+            "-c",
+            "ls /opt/speclock/kernels; command -v gcc g++ cc c++ || echo no-host-compiler",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert "libspeclock_fp8.so" in run.stdout and "kernels.json" in run.stdout and "no-host-compiler" in run.stdout
 
 
@@ -238,5 +274,5 @@ def test_engine_env_becomes_one_env_line_in_the_runtime_stage():
     assert containerfile.ENGINE_ENV_MARK in plain and containerfile.ENGINE_ENV_MARK not in text
     env_lines = [l for l in text.splitlines() if l.startswith("ENV B=")]
     assert env_lines == ['ENV B="a \\"q\\"" VLLM_USE_FLASHINFER_SAMPLER="0"']
-    runtime = text[text.index("FROM patched AS runtime"):]
+    runtime = text[text.index("FROM patched AS runtime") :]
     assert env_lines[0] in runtime and runtime.index(env_lines[0]) < runtime.index("USER 10001")

@@ -27,7 +27,7 @@ GPU = torch.cuda.is_available()
 def _inputs(T, H, V, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(T, H, generator=g).to(dtype)
-    w = (torch.randn(V, H, generator=g) / H ** 0.5 * 3).to(dtype)
+    w = (torch.randn(V, H, generator=g) / H**0.5 * 3).to(dtype)
     p = torch.softmax(torch.randn(T, V, generator=g) * 2 + (h.float() @ w.float().t()), -1)
     mask = torch.rand(T, generator=g) > 0.3
     return h, w, p, mask
@@ -145,8 +145,7 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
 def test_triton_kernel_under_interpreter():  # ~10-17 s: the interpreter runs the kernel in numpy
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 

@@ -49,13 +49,16 @@ def test_committed_lock_is_in_sync_and_complete():
 def test_check_names_the_key_that_drifted(tmp_path):
     stack = edited_stack(tmp_path, ('"libnuma1"]', '"libnuma1", "curl"]'))
     diffs = check_lock(stack, read_lock(ROOT / "locks" / "cpu-vllm.lock"))
-    assert diffs == ["base.packages: lock has ['python3', 'python3-venv', 'libnuma1'], "
-                     "stack says ['python3', 'python3-venv', 'libnuma1', 'curl']"]
+    assert diffs == [
+        "base.packages: lock has ['python3', 'python3-venv', 'libnuma1'], "
+        "stack says ['python3', 'python3-venv', 'libnuma1', 'curl']"
+    ]
 
 
 def test_threshold_edits_need_no_relock(tmp_path):
-    stack = edited_stack(tmp_path, ("num_prompts = 80", "num_prompts = 8"),
-                         ("max_relative_drop = 0.05", "max_relative_drop = 0.10"))
+    stack = edited_stack(
+        tmp_path, ("num_prompts = 80", "num_prompts = 8"), ("max_relative_drop = 0.05", "max_relative_drop = 0.10")
+    )
     assert check_lock(stack, read_lock(ROOT / "locks" / "cpu-vllm.lock")) == []
 
 
@@ -65,8 +68,13 @@ def test_check_cli_exits_1_when_out_of_date(tmp_path):
         shutil.copytree(ROOT / sub, repo / sub, ignore=shutil.ignore_patterns("__pycache__"))
     stack_file = repo / "stacks" / "cpu-vllm.toml"
     stack_file.write_text(stack_file.read_text().replace('version = "0.32.0"', 'version = "0.31.0"'))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "lock", "--check"], capture_output=True, text=True,
-                          cwd=repo, env={"PYTHONPATH": str(repo / "src"), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "lock", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={"PYTHONPATH": str(repo / "src"), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 1
     assert "engine.version: lock has '0.32.0', stack says '0.31.0'" in proc.stderr
     assert "invoke lock" in proc.stderr
@@ -104,6 +112,7 @@ TORCH_SHA256 = "6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b
 
 def _all_entries(doc):
     from speclock.spec.lock import lock_targets
+
     return [e for t in lock_targets(doc).values() for key in ("packages", "excluded", "assets") for e in t.get(key, [])]
 
 
@@ -128,13 +137,17 @@ def test_cpu_vllm_torch_is_named_by_its_index_file_url_with_the_same_hash():
 
 def test_index_file_url_is_the_index_root_and_the_encoded_name():
     from speclock.spec.resolve import index_file_url
-    assert index_file_url("https://download.pytorch.org/whl/cpu/", TORCH_FILE) == \
-        "https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+    assert (
+        index_file_url("https://download.pytorch.org/whl/cpu/", TORCH_FILE)
+        == "https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    )
 
 
 def _with_local_torch(doc):
     """The lock as it was before: torch's url the local wheel, no mirror_url (re-hashed)."""
     from speclock.spec.lock import finish_lock
+
     doc = json.loads(json.dumps(doc))
     torch = next(p for p in doc["packages"] if p["name"] == "torch")
     torch["url"] = torch.pop("mirror_url")
@@ -144,6 +157,7 @@ def _with_local_torch(doc):
 def test_portable_lock_of_the_old_lock_is_the_committed_lock(monkeypatch):
     """The same code path as `lock` (unreachable index: its file layout) changes the URLs and nothing else."""
     from speclock.spec import resolve
+
     monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: False)
     committed = read_lock(ROOT / "locks" / "cpu-vllm.lock")
     notes = []
@@ -156,21 +170,25 @@ def test_torch_url_is_read_from_the_index_page_when_it_is_reachable(tmp_path, mo
 
     from speclock.core.errors import EnvironmentProblem
     from speclock.spec import resolve
+
     server = WheelServer()
     try:
         stack = load_stack(make_stack(tmp_path, server))  # torch.index = <server>/simple
         monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: True)
-        server.serve("/simple/torch/", f'<a href="../../files/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl'
-                                        f'#sha256={TORCH_SHA256}">{TORCH_FILE}</a>'.encode())
-        doc = resolve.portable_lock(stack, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")),
-                                    progress=lambda m: None)
+        server.serve(
+            "/simple/torch/",
+            f'<a href="../../files/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl'
+            f'#sha256={TORCH_SHA256}">{TORCH_FILE}</a>'.encode(),
+        )
+        doc = resolve.portable_lock(
+            stack, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")), progress=lambda m: None
+        )
         torch = next(p for p in doc["packages"] if p["name"] == "torch")
         assert torch["url"] == f"{server.base}/files/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
         # an index that serves other bytes under that name: no URL, and no lock
         server.serve("/simple/torch/", f'<a href="/files/x/{TORCH_FILE}#sha256={"0" * 64}">t</a>'.encode())
         with pytest.raises(EnvironmentProblem) as err:
-            resolve.portable_lock(stack, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")),
-                                  progress=lambda m: None)
+            resolve.portable_lock(stack, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")), progress=lambda m: None)
         assert err.value.exit_code == 3 and "torch 2.13.0+cpu" in str(err.value) and "torch.index" in str(err.value)
     finally:
         server.close()
@@ -181,6 +199,7 @@ def test_lock_check_fails_on_a_file_url_and_no_resolve_fixes_it(tmp_path, monkey
 
     from speclock.spec import resolve
     from speclock.spec.pylock import write_lock_files
+
     shutil.copytree(ROOT / "stacks", tmp_path / "stacks")
     lock = tmp_path / "locks" / "cpu-vllm.lock"
     write_lock_files(lock, _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")))  # lock and pylock agree
@@ -199,6 +218,7 @@ def test_lock_check_fails_on_a_file_url_and_no_resolve_fixes_it(tmp_path, monkey
 def test_resolve_refuses_a_lock_that_keeps_a_local_file():
     from speclock.core.errors import EnvironmentProblem
     from speclock.spec.resolve import require_portable
+
     with pytest.raises(EnvironmentProblem) as err:
         require_portable(load_stack("cpu-vllm"), _with_local_torch(read_lock(ROOT / "locks" / "cpu-vllm.lock")))
     assert "torch 2.13.0+cpu" in str(err.value) and "file://" in str(err.value)
@@ -211,6 +231,7 @@ def test_fetch_takes_the_mirror_when_the_index_url_is_unreachable(tmp_path):
 
     from speclock.build.wheelhouse import ensure_entry
     from speclock.core.errors import EnvironmentProblem
+
     server = WheelServer()
     data = b"wheel bytes\n" * 100
     url = server.serve("/whl/cpu/demo_a-1.0-py3-none-any.whl", data)
@@ -218,8 +239,14 @@ def test_fetch_takes_the_mirror_when_the_index_url_is_unreachable(tmp_path):
     mirror = tmp_path / "mirror" / "demo_a-1.0-py3-none-any.whl"
     mirror.parent.mkdir()
     mirror.write_bytes(data)
-    entry = {"name": "demo-a", "version": "1.0", "filename": mirror.name, "url": url, "mirror_url": mirror.as_uri(),
-             "sha256": hashlib.sha256(data).hexdigest()}
+    entry = {
+        "name": "demo-a",
+        "version": "1.0",
+        "filename": mirror.name,
+        "url": url,
+        "mirror_url": mirror.as_uri(),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     path, outcome = ensure_entry(entry, tmp_path / "store")
     assert outcome == "downloaded" and path.read_bytes() == data and server.hits == {}
     # without the mirror, the unreachable index is an environment problem naming the URL

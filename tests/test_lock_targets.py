@@ -5,17 +5,23 @@ targets added and removed; fetch --target fetches one target. Real pip resolutio
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from tinywheels import ROOT, base_of_committed_lock, tiny_wheels, write_stack
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.spec import resolve
-from speclock.spec.lock import (MACHINE_PLATFORMS, check_lock, finish_lock, lock_path, lock_targets, read_lock,
-                                target_lock, write_lock)
+from speclock.spec.lock import (
+    MACHINE_PLATFORMS,
+    check_lock,
+    finish_lock,
+    lock_path,
+    lock_targets,
+    read_lock,
+    target_lock,
+    write_lock,
+)
 from speclock.spec.stack import canonical_sha256, load_stack
-
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +36,27 @@ def tiny(tmp_path_factory):
         mp.setenv(k, v)
     mp.setattr(resolve, "_pypi_url", lambda entry: None)  # local wheels: no PyPI lookup
     quiet = lambda *a: None  # noqa: E731
-    installed, excluded, assets = resolve._resolve_set(stack, python="3.11", platforms=resolve.platform_tags(stack),
-                                                        index=None, progress=quiet)
+    installed, excluded, assets = resolve._resolve_set(
+        stack, python="3.11", platforms=resolve.platform_tags(stack), index=None, progress=quiet
+    )
     targets = {k: resolve.resolve_target(stack, k, progress=quiet) for k in stack.python["host_targets"]}
     mp.undo()
-    doc = finish_lock({
-        "schema": "speclock.lock/v1", "stack": stack.name, "stack_sha256": stack.source_sha256, "stack_data": stack.data,
-        "resolver": {"tool": "pip", "requirements": stack.requirements()},
-        "python": {"version": "3.11", "platforms": resolve.platform_tags(stack)}, "base": base_of_committed_lock(),
-        "source_date_epoch": 0, "packages": installed, "excluded": excluded, "assets": assets, "targets": targets})
+    doc = finish_lock(
+        {
+            "schema": "speclock.lock/v1",
+            "stack": stack.name,
+            "stack_sha256": stack.source_sha256,
+            "stack_data": stack.data,
+            "resolver": {"tool": "pip", "requirements": stack.requirements()},
+            "python": {"version": "3.11", "platforms": resolve.platform_tags(stack)},
+            "base": base_of_committed_lock(),
+            "source_date_epoch": 0,
+            "packages": installed,
+            "excluded": excluded,
+            "assets": assets,
+            "targets": targets,
+        }
+    )
     (root / "locks").mkdir()
     write_lock(root / "locks" / "tiny.lock", doc)
     return root, stack, doc, wheels
@@ -86,7 +104,11 @@ def test_committed_locks_stay_valid_unchanged_and_in_sync():
 def test_check_sees_a_host_target_added_or_removed(tiny, tmp_path):
     root, stack, doc, _ = tiny
     # added to a committed stack: the pinned view differs (the lock has none)
-    text = (ROOT / "stacks" / "cpu-vllm.toml").read_text().replace('version = "3.11"', 'version = "3.11"\nhost_targets = ["3.12-x86_64"]', 1)
+    text = (
+        (ROOT / "stacks" / "cpu-vllm.toml")
+        .read_text()
+        .replace('version = "3.11"', 'version = "3.11"\nhost_targets = ["3.12-x86_64"]', 1)
+    )
     (tmp_path / "stacks").mkdir()
     (tmp_path / "stacks" / "cpu-vllm.toml").write_text(text)
     added = check_lock(load_stack(tmp_path / "stacks" / "cpu-vllm.toml"), read_lock(ROOT / "locks" / "cpu-vllm.lock"))
@@ -97,7 +119,9 @@ def test_check_sees_a_host_target_added_or_removed(tiny, tmp_path):
     assert removed == ["python.host_targets: lock has ['3.12-x86_64', '3.12-aarch64'], stack says ['3.12-x86_64']"]
     # a lock whose stack hash matches but whose targets do not (made by hand, hash recomputed)
     crafted = finish_lock({**doc, "targets": {"3.12-x86_64": doc["targets"]["3.12-x86_64"]}})
-    assert check_lock(stack, crafted) == ["python.host_targets: lock has ['3.12-x86_64'], stack says ['3.12-aarch64', '3.12-x86_64']"]
+    assert check_lock(stack, crafted) == [
+        "python.host_targets: lock has ['3.12-x86_64'], stack says ['3.12-aarch64', '3.12-x86_64']"
+    ]
 
 
 def _tampered(tmp_path, doc, edit):
@@ -108,16 +132,29 @@ def _tampered(tmp_path, doc, edit):
     return path
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d["targets"]["3.12-x86_64"]["packages"][0].update(url="https://evil.example/x/" + d["targets"]["3.12-x86_64"]["packages"][0]["filename"]),
-     "targets.3.12-x86_64.packages[0] (tinydep).url"),
-    (lambda d: d["targets"]["3.12-x86_64"]["packages"][0].update(filename="../../x.whl"), "is not a plain file name"),
-    (lambda d: d["targets"]["3.12-aarch64"]["assets"][0].update(sha256="abc"), "targets.3.12-aarch64.assets[0] (tinyprompts).sha256"),
-    (lambda d: d["targets"]["3.12-x86_64"]["packages"][1].update(version="2.0"), "the entry says tinyengine 2.0"),
-    (lambda d: d["targets"].update({"3.12-riscv64": d["targets"].pop("3.12-x86_64")}), "machine 'riscv64'"),
-    (lambda d: d["targets"]["3.12-x86_64"].update(python="3.13"), "targets.3.12-x86_64.python is '3.13'"),
-    (lambda d: d["targets"]["3.12-x86_64"].update(platforms=["manylinux_2_28_aarch64"]), "not a wheel platform tag of x86_64"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda d: d["targets"]["3.12-x86_64"]["packages"][0].update(
+                url="https://evil.example/x/" + d["targets"]["3.12-x86_64"]["packages"][0]["filename"]
+            ),
+            "targets.3.12-x86_64.packages[0] (tinydep).url",
+        ),
+        (lambda d: d["targets"]["3.12-x86_64"]["packages"][0].update(filename="../../x.whl"), "is not a plain file name"),
+        (
+            lambda d: d["targets"]["3.12-aarch64"]["assets"][0].update(sha256="abc"),
+            "targets.3.12-aarch64.assets[0] (tinyprompts).sha256",
+        ),
+        (lambda d: d["targets"]["3.12-x86_64"]["packages"][1].update(version="2.0"), "the entry says tinyengine 2.0"),
+        (lambda d: d["targets"].update({"3.12-riscv64": d["targets"].pop("3.12-x86_64")}), "machine 'riscv64'"),
+        (lambda d: d["targets"]["3.12-x86_64"].update(python="3.13"), "targets.3.12-x86_64.python is '3.13'"),
+        (
+            lambda d: d["targets"]["3.12-x86_64"].update(platforms=["manylinux_2_28_aarch64"]),
+            "not a wheel platform tag of x86_64",
+        ),
+    ],
+)
 def test_every_targets_entries_get_the_provenance_checks(tiny, tmp_path, edit, message):
     _, stack, doc, _ = tiny
     with pytest.raises(BadInput, match=None) as err:
@@ -150,8 +187,16 @@ def test_target_lock_is_a_valid_lock_of_that_target(tiny, tmp_path):
 def test_fetch_target_fills_the_same_wheelhouse(tiny, tmp_path):
     root, _, doc, wheels = tiny
     env = {"SPECLOCK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")}
-    base = [sys.executable, "-m", "speclock", "fetch", "--stack", str(root / "stacks" / "tiny.toml"), "--lock",
-            str(root / "locks" / "tiny.lock")]
+    base = [
+        sys.executable,
+        "-m",
+        "speclock",
+        "fetch",
+        "--stack",
+        str(root / "stacks" / "tiny.toml"),
+        "--lock",
+        str(root / "locks" / "tiny.lock"),
+    ]
     proc = subprocess.run(base + ["--target", "3.12-aarch64", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     store = tmp_path / "cache" / "wheelhouse"
@@ -174,9 +219,26 @@ def test_lock_doc_hash_covers_targets(tiny):
 def test_fetch_leaves_out_host_packages(tiny, tmp_path):
     root, _, doc, _ = tiny
     env = {"SPECLOCK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "speclock", "fetch", "--stack", str(root / "stacks" / "tiny.toml"), "--lock",
-                           str(root / "locks" / "tiny.lock"), "--target", "3.12-x86_64", "--use-host-packages", "torch,tiny*"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "fetch",
+            "--stack",
+            str(root / "stacks" / "tiny.toml"),
+            "--lock",
+            str(root / "locks" / "tiny.lock"),
+            "--target",
+            "3.12-x86_64",
+            "--use-host-packages",
+            "torch,tiny*",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     fetched = sorted(p.name for p in (tmp_path / "cache" / "wheelhouse").glob("*/*.whl"))
     assert fetched == ["tinyprompts-1.0-py3-none-any.whl"]  # the data wheel is always fetched
@@ -188,13 +250,16 @@ def test_a_torch_wheel_from_a_local_folder_gets_its_index_url(tmp_path, monkeypa
     `require_portable` (the end of resolve_lock) refuses such a lock."""
     wheels = tiny_wheels(tmp_path / "wheels")
     path = write_stack(tmp_path)
-    path.write_text(path.read_text().replace('version = "9.9.9"', 'version = "9.9.9"\nindex = "https://download.pytorch.org/whl/cpu"'))
+    path.write_text(
+        path.read_text().replace('version = "9.9.9"', 'version = "9.9.9"\nindex = "https://download.pytorch.org/whl/cpu"')
+    )
     stack = load_stack(path)
     for k, v in {"PIP_CONFIG_FILE": "/dev/null", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(resolve, "_pypi_url", lambda entry: None)  # tiny wheels: PyPI has none of them
-    installed, _, _ = resolve._resolve_set(stack, python="3.11", platforms=resolve.platform_tags(stack), index=None,
-                                           progress=lambda *a: None)
+    installed, _, _ = resolve._resolve_set(
+        stack, python="3.11", platforms=resolve.platform_tags(stack), index=None, progress=lambda *a: None
+    )
     torch = next(p for p in installed if p["name"] == "torch")
     assert torch["url"] == "https://download.pytorch.org/whl/cpu/torch-9.9.9-py3-none-any.whl"
     assert torch["mirror_url"] == wheels["torch"].resolve().as_uri()

@@ -19,10 +19,10 @@ import pytest
 
 from speclock.build import nixcheck
 from speclock.build.labels import labels_for
+from speclock.build.wheelhouse import requirements_text
 from speclock.core.layout import ImageLayout
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
-from speclock.build.wheelhouse import requirements_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SYS = nixcheck.SYSTEM
@@ -61,6 +61,7 @@ def locks() -> dict[str, dict]:
 
 # ---- syntax ------------------------------------------------------------------------------------
 
+
 def test_every_nix_file_parses(flake):
     parsed = nixcheck.parse_all(flake)
     assert "flake.nix" in parsed and "nix/pins.nix" in parsed and f"{nixcheck.DOUBLE}/default.nix" in parsed
@@ -75,6 +76,7 @@ def test_a_syntax_error_is_reported_by_the_parse_check(tmp_path):
 
 # ---- lib: pins equal the lock files ----------------------------------------------------------
 
+
 def test_stacks_are_discovered_from_the_lock_files(flake):
     assert eval_json(flake, "lib.stackNames") == sorted(locks())
 
@@ -87,40 +89,52 @@ def test_lib_pins_equal_every_lock_file(flake):
 def test_engine_wheel_url_and_hash_come_from_the_lock(flake):
     for name, lock in locks().items():
         engine = lock["stack_data"]["engine"]
-        wheel = eval_json(flake, f"lib.stacks.\"{name}\".wheelsByName.{engine['package']}")
+        wheel = eval_json(flake, f'lib.stacks."{name}".wheelsByName.{engine["package"]}')
         locked = next(p for p in lock["packages"] if p["name"] == engine["package"])
         assert (wheel["version"], wheel["url"], wheel["sha256"]) == (engine["version"], locked["url"], locked["sha256"])
 
 
 # ---- the Nix image agrees with the Containerfile, core/layout.py and labels_for ---------------------
 
+
 def _containerfile_runtime() -> dict:
     """The runtime stage, parsed in Python independently of nix/containerfile.nix."""
     text = (ROOT / "containers" / "Containerfile").read_text().replace("\\\n", " ")
     lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
     start = next(i for i, l in enumerate(lines) if re.fullmatch(r"FROM \S+ AS runtime", l))
-    stage = lines[start + 1:]
+    stage = lines[start + 1 :]
     env = {}
     for l in stage:
         if l.startswith("ENV "):
             env.update(kv.split("=", 1) for kv in l[4:].split())
-    one = lambda k: next(l[len(k) + 1:] for l in stage if l.startswith(k + " "))
-    return {"env": env, "user": one("USER"), "workdir": one("WORKDIR"), "entrypoint": json.loads(one("ENTRYPOINT")),
-            "cmd": json.loads(one("CMD")), "copies": [l.split()[-1] for l in stage if l.startswith("COPY ")]}
+    one = lambda k: next(l[len(k) + 1 :] for l in stage if l.startswith(k + " "))
+    return {
+        "env": env,
+        "user": one("USER"),
+        "workdir": one("WORKDIR"),
+        "entrypoint": json.loads(one("ENTRYPOINT")),
+        "cmd": json.loads(one("CMD")),
+        "copies": [l.split()[-1] for l in stage if l.startswith("COPY ")],
+    }
 
 
 def test_containerfile_as_the_flake_reads_it(flake):
     want = _containerfile_runtime()
     got = eval_json(flake, "lib.containerfile")
     assert got["env"] == want["env"]
-    assert (got["user"], got["workdir"], got["entrypoint"], got["cmd"]) == (want["user"], want["workdir"], want["entrypoint"], want["cmd"])
+    assert (got["user"], got["workdir"], got["entrypoint"], got["cmd"]) == (
+        want["user"],
+        want["workdir"],
+        want["entrypoint"],
+        want["cmd"],
+    )
     assert got["copyDestinations"] == want["copies"]
     assert got["user"] == "10001:10001" and got["entrypoint"][1:] == ["-m", "speclock"]
 
 
 def test_image_layout_equals_speclock_layout(flake):
     for name in locks():
-        layout = eval_json(flake, f"lib.images.\"{name}\".layout")
+        layout = eval_json(flake, f'lib.images."{name}".layout')
         image = ImageLayout(Path(layout["root"]))
         assert layout["venv"] == str(image.venv)
         for key in ("lock_file", "target_dir", "draft_dir", "prompts_file", "patches_dir", "baselines_dir", "build_info"):
@@ -130,18 +144,29 @@ def test_image_layout_equals_speclock_layout(flake):
 
 def test_image_labels_have_the_keys_and_pins_of_labels_for(flake):
     for name, lock in locks().items():
-        got = eval_json(flake, f"lib.images.\"{name}\".labels")
+        got = eval_json(flake, f'lib.images."{name}".labels')
         want = labels_for(load_stack(ROOT / "stacks" / f"{name}.toml"), lock, "TAG", "INPUTS", "REV")
         assert set(got) == set(want)
-        for key in ("org.opencontainers.image.title", "org.opencontainers.image.description",
-                    "org.opencontainers.image.created", "io.speclock.stack", "io.speclock.lock-sha256",
-                    "io.speclock.engine", "io.speclock.engine-package", "io.speclock.engine-version",
-                    "io.speclock.torch-version", "io.speclock.cuda", "io.speclock.archs", "io.speclock.patches"):
+        for key in (
+            "org.opencontainers.image.title",
+            "org.opencontainers.image.description",
+            "org.opencontainers.image.created",
+            "io.speclock.stack",
+            "io.speclock.lock-sha256",
+            "io.speclock.engine",
+            "io.speclock.engine-package",
+            "io.speclock.engine-version",
+            "io.speclock.torch-version",
+            "io.speclock.cuda",
+            "io.speclock.archs",
+            "io.speclock.patches",
+        ):
             assert got[key] == want[key], key
         assert got["io.speclock.base"] == "nixpkgs"  # honest: not the Debian rootfs digest
 
 
 # ---- checks: offline, no nixpkgs --------------------------------------------------------------
+
 
 def test_checks_build_offline_without_nixpkgs(flake):
     # nixpkgs is replaced by a flake that throws when imported, and nix runs --offline.
@@ -151,15 +176,17 @@ def test_checks_build_offline_without_nixpkgs(flake):
 
 def test_the_poisoned_nixpkgs_does_poison(flake):
     # Guards the test above: outputs that use nixpkgs do fail with the poisoned input.
-    err = eval_error(flake, f"packages.{SYS}", "--apply", "ps: builtins.mapAttrs (n: p: p.drvPath) ps", *nixcheck.poisoned_nixpkgs(flake))
+    err = eval_error(
+        flake, f"packages.{SYS}", "--apply", "ps: builtins.mapAttrs (n: p: p.drvPath) ps", *nixcheck.poisoned_nixpkgs(flake)
+    )
     assert "nixpkgs was used where it must not be" in err
 
 
 def test_lib_needs_no_nixpkgs(flake):
     poison = nixcheck.poisoned_nixpkgs(flake)
     for name in locks():
-        assert eval_json(flake, f"lib.images.\"{name}\".labels", *poison)
-        assert eval_json(flake, f"lib.stacks.\"{name}\".wheels", *poison)
+        assert eval_json(flake, f'lib.images."{name}".labels', *poison)
+        assert eval_json(flake, f'lib.stacks."{name}".wheels', *poison)
 
 
 def test_flake_check_offline_with_the_nixpkgs_double(flake):
@@ -167,6 +194,7 @@ def test_flake_check_offline_with_the_nixpkgs_double(flake):
 
 
 # ---- shape of the nixpkgs-dependent outputs (TEST DOUBLE for nixpkgs) -------------------------
+
 
 def test_packages_and_shells_exist_per_stack(flake):
     d = nixcheck.double_args(flake)
@@ -182,25 +210,31 @@ def test_image_package_gets_the_containerfile_config(flake):
     d = nixcheck.double_args(flake)
     want = _containerfile_runtime()
     for name in locks():
-        args = eval_json(flake, f"packages.{SYS}.\"{name}-image\".speclockArgs", *d)
+        args = eval_json(flake, f'packages.{SYS}."{name}-image".speclockArgs', *d)
         cfg = args["config"]
         assert dict(e.split("=", 1) for e in cfg["Env"]) == want["env"]
-        assert (cfg["User"], cfg["WorkingDir"], cfg["Entrypoint"], cfg["Cmd"]) == (want["user"], want["workdir"], want["entrypoint"], want["cmd"])
-        assert cfg["Labels"] == eval_json(flake, f"lib.images.\"{name}\".labels")
+        assert (cfg["User"], cfg["WorkingDir"], cfg["Entrypoint"], cfg["Cmd"]) == (
+            want["user"],
+            want["workdir"],
+            want["entrypoint"],
+            want["cmd"],
+        )
+        assert cfg["Labels"] == eval_json(flake, f'lib.images."{name}".labels')
 
 
 def test_venv_installs_exactly_the_locked_wheels_with_hashes(flake):
     d = nixcheck.double_args(flake)
     for name, lock in locks().items():
-        wh = eval_json(flake, f"packages.{SYS}.\"{name}-wheelhouse\".speclockArgs", *d)
+        wh = eval_json(flake, f'packages.{SYS}."{name}-wheelhouse".speclockArgs', *d)
         assert wh["requirements"] == requirements_text(lock["packages"])
         assert wh["assets"] == requirements_text(lock["assets"])
         assert wh["script"].count("ln -s /nix/store/") == len(lock["packages"]) + len(lock["assets"])
-        venv = eval_json(flake, f"packages.{SYS}.\"{name}-venv\".speclockArgs.buildPhase", *d)
+        venv = eval_json(flake, f'packages.{SYS}."{name}-venv".speclockArgs.buildPhase', *d)
         assert "--no-index --no-deps --require-hashes" in venv and "speclock patches apply" in venv
 
 
 # ---- flake.lock -------------------------------------------------------------------------------
+
 
 def test_flake_lock_pins_a_blackwell_capable_nixpkgs():
     lock = json.loads((ROOT / "flake.lock").read_text())
@@ -227,6 +261,7 @@ def test_flake_metadata_reads_the_lock(flake):
 
 # ---- bad input: clear evaluation errors naming the stack and key ------------------------------
 
+
 def _default_stack() -> str:
     return "cpu-vllm" if "cpu-vllm" in locks() else sorted(locks())[0]
 
@@ -236,7 +271,7 @@ def test_a_truncated_lock_is_named(scratch):
     path = scratch / "locks" / f"{name}.lock"
     path.write_text(path.read_text()[: len(path.read_text()) // 2])
     nixcheck.git_add(scratch)
-    err = eval_error(scratch, f"lib.stacks.\"{name}\".engine")
+    err = eval_error(scratch, f'lib.stacks."{name}".engine')
     assert f"stack {name}: locks/{name}.lock is truncated" in err
 
 
@@ -248,8 +283,8 @@ def test_a_json_syntax_error_is_named_with_its_line(scratch):
     path.write_text(text[:at] + '"stray" ' + text[at:])
     nixcheck.git_add(scratch)
     line = text[:at].count("\n") + 1
-    err = eval_error(scratch, f"lib.stacks.\"{name}\".engine")
-    assert f"stack {name}: locks/{name}.lock is not valid JSON at line {line}: unexpected \"packages\"" in err
+    err = eval_error(scratch, f'lib.stacks."{name}".engine')
+    assert f'stack {name}: locks/{name}.lock is not valid JSON at line {line}: unexpected "packages"' in err
 
 
 def test_a_lock_with_conflict_markers_is_named(scratch):
@@ -257,7 +292,7 @@ def test_a_lock_with_conflict_markers_is_named(scratch):
     path = scratch / "locks" / f"{name}.lock"
     path.write_text("<<<<<<< HEAD\n" + path.read_text() + ">>>>>>> other\n")
     nixcheck.git_add(scratch)
-    assert f"stack {name}: locks/{name}.lock has merge conflict markers" in eval_error(scratch, f"lib.stacks.\"{name}\".engine")
+    assert f"stack {name}: locks/{name}.lock has merge conflict markers" in eval_error(scratch, f'lib.stacks."{name}".engine')
 
 
 def test_a_missing_key_is_named(scratch):
@@ -267,7 +302,9 @@ def test_a_missing_key_is_named(scratch):
     del doc["stack_data"]["torch"]
     path.write_text(json.dumps(doc, indent=1))
     nixcheck.git_add(scratch)
-    assert f"stack {name}: locks/{name}.lock: key 'stack_data.torch' is missing" in eval_error(scratch, f"lib.stacks.\"{name}\".torch")
+    assert f"stack {name}: locks/{name}.lock: key 'stack_data.torch' is missing" in eval_error(
+        scratch, f'lib.stacks."{name}".torch'
+    )
 
 
 def test_a_malformed_wheel_hash_is_named(scratch):
@@ -277,7 +314,7 @@ def test_a_malformed_wheel_hash_is_named(scratch):
     doc["packages"][3]["sha256"] = "abc"
     path.write_text(json.dumps(doc, indent=1))
     nixcheck.git_add(scratch)
-    err = eval_error(scratch, f"lib.stacks.\"{name}\".wheels")
+    err = eval_error(scratch, f'lib.stacks."{name}".wheels')
     assert f"stack {name}: locks/{name}.lock: key 'packages[3].sha256' ({doc['packages'][3]['name']})" in err
 
 
@@ -297,8 +334,8 @@ def test_a_stale_lock_names_the_key(scratch):
     version = locks()[name]["stack_data"]["engine"]["version"]
     path.write_text(text.replace(f'version = "{version}"', 'version = "99.0.0"', 1))
     nixcheck.git_add(scratch)
-    err = eval_error(scratch, f"lib.stacks.\"{name}\".engine")
-    assert f"stack {name}: stacks/{name}.toml says engine.version = \"99.0.0\"" in err
+    err = eval_error(scratch, f'lib.stacks."{name}".engine')
+    assert f'stack {name}: stacks/{name}.toml says engine.version = "99.0.0"' in err
 
 
 def test_a_new_containerfile_copy_fails_the_check(scratch):
@@ -310,6 +347,7 @@ def test_a_new_containerfile_copy_fails_the_check(scratch):
 
 
 # ---- a GPU stack (synthetic, made from the default stack's lock) ------------------------------
+
 
 def _add_gpu_stack(repo: Path, name: str, cuda: str, archs: list[str]) -> None:
     base = _default_stack()
@@ -331,8 +369,13 @@ def test_a_new_lock_file_becomes_a_stack_with_cuda_pins(scratch):
     labels = eval_json(scratch, "lib.images.gpu-extra.labels")
     assert (labels["io.speclock.cuda"], labels["io.speclock.archs"]) == ("12.8", "sm_100,sm_120")
     d = nixcheck.double_args(scratch)
-    shell = eval_json(scratch, f"devShells.{SYS}.gpu-extra", "--apply",
-                      "s: { config = s.nixpkgsConfig; packages = map (p: p.name) s.speclockArgs.packages; }", *d)
+    shell = eval_json(
+        scratch,
+        f"devShells.{SYS}.gpu-extra",
+        "--apply",
+        "s: { config = s.nixpkgsConfig; packages = map (p: p.name) s.speclockArgs.packages; }",
+        *d,
+    )
     assert shell["config"]["cudaSupport"] is True and shell["config"]["cudaCapabilities"] == ["10.0", "12.0"]
     assert "cuda_nvcc-12.8" in shell["packages"]
     nixcheck.build_checks(scratch)  # the new stack's check builds too

@@ -56,9 +56,9 @@ def flake(tmp_path_factory) -> Path:
 
 def test_locked_wheel_sha256_matches_what_pypi_serves(flake):
     stack, wheel = _smallest_pypi_wheel()
-    attr = f".#legacyPackages.{SYS}.wheels.\"{stack}\".\"{wheel['name']}\""
+    attr = f'.#legacyPackages.{SYS}.wheels."{stack}"."{wheel["name"]}"'
     # Drop a copy from an earlier run, so this run really downloads and verifies.
-    stored = nixcheck.nix_eval_json(flake, f"legacyPackages.{SYS}.wheels.\"{stack}\".\"{wheel['name']}\".outPath")
+    stored = nixcheck.nix_eval_json(flake, f'legacyPackages.{SYS}.wheels."{stack}"."{wheel["name"]}".outPath')
     nixcheck.run_nix(["nix", "store", "delete", stored], cwd=flake, check=False)
     assert not Path(stored).exists()
     proc = _build(flake, attr)
@@ -80,7 +80,7 @@ def test_a_wrong_locked_hash_is_refused(tmp_path, flake):
             w["sha256"] = wrong
     path.write_text(json.dumps(doc, indent=1))
     nixcheck.git_add(scratch)
-    proc = _build(scratch, f".#legacyPackages.{SYS}.wheels.\"{stack}\".\"{wheel['name']}\"")
+    proc = _build(scratch, f'.#legacyPackages.{SYS}.wheels."{stack}"."{wheel["name"]}"')
     assert proc.returncode != 0
     assert "hash mismatch in fixed-output derivation" in proc.stderr
     assert wheel["filename"] in proc.stderr  # the derivation is named after the wheel file
@@ -94,5 +94,5 @@ def test_a_wheel_already_in_the_store_needs_no_download(tmp_path, flake):
     with urllib.request.urlopen(wheel["url"], timeout=60) as resp:
         local.write_bytes(resp.read())
     added = nixcheck.run_nix(["nix", "store", "add-file", str(local)], cwd=flake).stdout.strip()
-    out = nixcheck.nix_eval_json(flake, f"legacyPackages.{SYS}.wheels.\"{stack}\".\"{wheel['name']}\".outPath")
+    out = nixcheck.nix_eval_json(flake, f'legacyPackages.{SYS}.wheels."{stack}"."{wheel["name"]}".outPath')
     assert added == out

@@ -22,18 +22,21 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from speclock.core.files import atomic_write_json
-from speclock.core.layout import REPO_ROOT
-from speclock.patches import cli as patches_cli, diff as patch_diff, probes as patch_probes, series as patch_series
-from speclock.patches import trees as patch_trees, wheels as patch_wheels
-from speclock.core.errors import BadInput, EnvironmentProblem
-
 from test_patches_series import MODULE, write_tiny_stack  # the series tests' tiny engine and stack
 from test_patches_series import make_engine as make_tiny_engine
 
-HEADER = textwrap.dedent('''\
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.files import atomic_write_json
+from speclock.core.layout import REPO_ROOT
+from speclock.patches import cli as patches_cli
+from speclock.patches import diff as patch_diff
+from speclock.patches import probes as patch_probes
+from speclock.patches import series as patch_series
+from speclock.patches import trees as patch_trees
+from speclock.patches import wheels as patch_wheels
+
+HEADER = textwrap.dedent("""\
     speclock-patch: 1
     Title: Outer declares the feature
     Engine: vllm
@@ -41,9 +44,9 @@ HEADER = textwrap.dedent('''\
     Why: the engine checks the outer class
     Probe: class-has vllm/tiny.py Outer feature
 
-    ''')
+    """)
 
-DIFF = textwrap.dedent('''\
+DIFF = textwrap.dedent("""\
     --- a/vllm/tiny.py
     +++ b/vllm/tiny.py
     @@ -9,3 +9,6 @@
@@ -56,7 +59,7 @@ DIFF = textwrap.dedent('''\
     @@ -14,1 +17,1 @@
     -SUPPORTED = ["llama", "qwen"]
     +SUPPORTED = ["llama", "qwen", "deepseek"]
-    ''')
+    """)
 
 GOOD = HEADER + DIFF
 DIFF_LINE = HEADER.count("\n") + 1  # line number of '--- a/vllm/tiny.py'
@@ -106,6 +109,7 @@ def check(stack: Path, *extra: str, site: Path | None = None):
 
 # ---------------------------------------------------------------- the diff reader refuses what it does not understand
 
+
 def test_the_committed_series_still_reads():
     for path in sorted((REPO_ROOT / "patches").rglob("*.patch")):
         p = patch_diff.parse_patch(path)
@@ -131,28 +135,48 @@ def test_a_malformed_hunk_header_is_exit_2_not_applies_with_the_hunk_dropped(env
     assert_nothing_written(before, snapshot(env.root))
 
 
-@pytest.mark.parametrize("mutate, line_of, message", [
-    (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -a,b +c @@"), "@@ -a,b +c @@", "malformed hunk header"),
-    (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -9,3 +9,6 @@@"), "@@ -9,3 +9,6 @@@", "malformed hunk header"),
-    (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -9,3 +9,7 @@"), "@@ -14,1 +17,1 @@", "3/6 lines, header says 3/7"),
-    (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -9,2 +9,5 @@"), "         return self.inner.forward(x)",
-     "2/2 lines, header says 2/5"),
-    (lambda t: t.replace("+    def feature(self):", "*    def feature(self):"), "*    def feature(self):",
-     "is not a hunk line"),
-    (lambda t: t.replace("+++ b/vllm/tiny.py\n@@ -9,3 +9,6 @@", "+++ b/vllm/tiny.py\n--- a/vllm/x.py\n+++ b/vllm/x.py\n"
-                         "@@ -9,3 +9,6 @@"), "+++ b/vllm/tiny.py", "has no hunks"),
-    (lambda t: t[:t.index("--- a/")], None, "no unified diff after the header"),
-    (lambda t: t + "this is not part of any hunk\n", "this is not part of any hunk", "trailing garbage"),
-    (lambda t: t + " extra context\n", " extra context", "outside any hunk"),
-    (lambda t: t.replace("\n", "\r\n"), "speclock-patch: 1\r", "CRLF"),
-    (lambda t: t.replace("+++ b/vllm/tiny.py", "+++ b/../../outside.py"), "+++ b/../../outside.py", "leaves the engine"),
-    (lambda t: t.replace("+++ b/vllm/tiny.py", "+++ /etc/tiny.py"), "+++ /etc/tiny.py", "absolute path"),
-    (lambda t: t.replace("--- a/vllm/tiny.py", "--- /dev/null"), "--- /dev/null", "creates or deletes a file"),
-    (lambda t: t.replace("--- a/vllm/tiny.py", "diff --git a/x b/x\nGIT binary patch\n--- a/vllm/tiny.py"),
-     "GIT binary patch", "unsupported git diff line"),
-    (lambda t: t + "--- a/vllm/tiny.py\n+++ b/vllm/tiny.py\n@@ -1,1 +1,1 @@\n-a\n+b\n", "+++ b/vllm/tiny.py",
-     "second file header"),
-])
+@pytest.mark.parametrize(
+    "mutate, line_of, message",
+    [
+        (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -a,b +c @@"), "@@ -a,b +c @@", "malformed hunk header"),
+        (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -9,3 +9,6 @@@"), "@@ -9,3 +9,6 @@@", "malformed hunk header"),
+        (lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -9,3 +9,7 @@"), "@@ -14,1 +17,1 @@", "3/6 lines, header says 3/7"),
+        (
+            lambda t: t.replace("@@ -9,3 +9,6 @@", "@@ -9,2 +9,5 @@"),
+            "         return self.inner.forward(x)",
+            "2/2 lines, header says 2/5",
+        ),
+        (
+            lambda t: t.replace("+    def feature(self):", "*    def feature(self):"),
+            "*    def feature(self):",
+            "is not a hunk line",
+        ),
+        (
+            lambda t: t.replace(
+                "+++ b/vllm/tiny.py\n@@ -9,3 +9,6 @@", "+++ b/vllm/tiny.py\n--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -9,3 +9,6 @@"
+            ),
+            "+++ b/vllm/tiny.py",
+            "has no hunks",
+        ),
+        (lambda t: t[: t.index("--- a/")], None, "no unified diff after the header"),
+        (lambda t: t + "this is not part of any hunk\n", "this is not part of any hunk", "trailing garbage"),
+        (lambda t: t + " extra context\n", " extra context", "outside any hunk"),
+        (lambda t: t.replace("\n", "\r\n"), "speclock-patch: 1\r", "CRLF"),
+        (lambda t: t.replace("+++ b/vllm/tiny.py", "+++ b/../../outside.py"), "+++ b/../../outside.py", "leaves the engine"),
+        (lambda t: t.replace("+++ b/vllm/tiny.py", "+++ /etc/tiny.py"), "+++ /etc/tiny.py", "absolute path"),
+        (lambda t: t.replace("--- a/vllm/tiny.py", "--- /dev/null"), "--- /dev/null", "creates or deletes a file"),
+        (
+            lambda t: t.replace("--- a/vllm/tiny.py", "diff --git a/x b/x\nGIT binary patch\n--- a/vllm/tiny.py"),
+            "GIT binary patch",
+            "unsupported git diff line",
+        ),
+        (
+            lambda t: t + "--- a/vllm/tiny.py\n+++ b/vllm/tiny.py\n@@ -1,1 +1,1 @@\n-a\n+b\n",
+            "+++ b/vllm/tiny.py",
+            "second file header",
+        ),
+    ],
+)
 def test_a_malformed_diff_is_exit_2_naming_file_and_line(env, mutate, line_of, message):
     bad = mutate(GOOD)
     stack = env.series({"0001-outer.patch": bad})
@@ -172,21 +196,33 @@ def test_a_malformed_diff_is_exit_2_naming_file_and_line(env, mutate, line_of, m
 def test_apply_of_a_malformed_patch_writes_nothing(env):
     stack = env.series({"0001-outer.patch": GOOD.replace("@@ -14,1 +17,1 @@", "@@ -14,1 +17,1")})
     before = snapshot(env.root)
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
-                           "--no-runtime-probes", "--record", str(env.root / "rec.json"))
+    code, _, err = run_cli(
+        "patches",
+        "apply",
+        "--stack",
+        str(stack),
+        "--site-packages",
+        str(env.engine),
+        "--no-runtime-probes",
+        "--record",
+        str(env.root / "rec.json"),
+    )
     assert_clean_refusal(code, err, allowed=(2,), names="0001-outer.patch:")
     assert_nothing_written(before, snapshot(env.root))
 
 
-@pytest.mark.parametrize("probe, message", [
-    ("class-has vllm/tiny.py Outer", "needs at least 3 arguments"),
-    ("class-has ../../etc/passwd Outer feature", "leaves the engine"),
-    ("class-has /etc/passwd Outer feature", "absolute path"),
-    ("class-has vllm/tiny.py 9Outer feature", "is not a Python name"),
-    ("list-admits vllm/tiny.py SUPPORTED.x deepseek", "is not a Python name"),
-    ("eagle3-supported Kimi;rm", "is not a Python name"),
-    ("grep vllm/tiny.py x y", "unknown probe kind"),
-])
+@pytest.mark.parametrize(
+    "probe, message",
+    [
+        ("class-has vllm/tiny.py Outer", "needs at least 3 arguments"),
+        ("class-has ../../etc/passwd Outer feature", "leaves the engine"),
+        ("class-has /etc/passwd Outer feature", "absolute path"),
+        ("class-has vllm/tiny.py 9Outer feature", "is not a Python name"),
+        ("list-admits vllm/tiny.py SUPPORTED.x deepseek", "is not a Python name"),
+        ("eagle3-supported Kimi;rm", "is not a Python name"),
+        ("grep vllm/tiny.py x y", "unknown probe kind"),
+    ],
+)
 def test_a_probe_of_the_wrong_shape_is_exit_2_naming_patch_line_and_key(env, probe, message):
     stack = env.series({"0001-outer.patch": GOOD.replace("Probe: class-has vllm/tiny.py Outer feature", f"Probe: {probe}")})
     code, _, err = check(stack, site=env.engine)
@@ -196,19 +232,24 @@ def test_a_probe_of_the_wrong_shape_is_exit_2_naming_patch_line_and_key(env, pro
 
 def test_engine_probe_output_of_the_wrong_shape_is_an_environment_problem(monkeypatch):
     for stdout in ("[1, 2]", '{"Kimi": 3}', '{"Kimi": {"resolved": "yes"}}', "{}"):
-        monkeypatch.setattr(patch_probes, "engine_subprocess",
-                            lambda *a, out=stdout, **k: subprocess.CompletedProcess([], 0, out + "\n", ""))
+        monkeypatch.setattr(
+            patch_probes, "engine_subprocess", lambda *a, out=stdout, **k: subprocess.CompletedProcess([], 0, out + "\n", "")
+        )
         with pytest.raises(EnvironmentProblem, match="eagle3 probe"):
             patch_probes.eagle3_probe("vllm", ["Kimi"])
 
 
 # ---------------------------------------------------------------- encoding
 
-@pytest.mark.parametrize("data, line", [
-    (GOOD.encode().replace(b"Why: the engine", b"Why: the \xff\xfe engine"), 5),
-    (GOOD.encode().replace(b"    def feature", b"    def fe\x00ature"), DIFF_LINE + 7),
-    (b"\x89PNG\r\n\x1a\n\x00\x00binary", 1),
-])
+
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        (GOOD.encode().replace(b"Why: the engine", b"Why: the \xff\xfe engine"), 5),
+        (GOOD.encode().replace(b"    def feature", b"    def fe\x00ature"), DIFF_LINE + 7),
+        (b"\x89PNG\r\n\x1a\n\x00\x00binary", 1),
+    ],
+)
 def test_a_binary_or_non_utf8_patch_is_exit_2_naming_file_and_line(env, data, line):
     stack = env.series({"0001-outer.patch": data})
     code, out, err = check(stack, site=env.engine)
@@ -225,8 +266,20 @@ def test_a_non_utf8_engine_file_is_exit_2_naming_it(env):
 
 # ---------------------------------------------------------------- confinement of series entries and targets
 
-@pytest.mark.parametrize("entry", ["../outside.patch", "../../outside.patch", "faults/../../outside.patch",
-                                   "/etc/passwd", "", "a\\b.patch", "./0001-outer.patch", "faults//x.patch"])
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "../outside.patch",
+        "../../outside.patch",
+        "faults/../../outside.patch",
+        "/etc/passwd",
+        "",
+        "a\\b.patch",
+        "./0001-outer.patch",
+        "faults//x.patch",
+    ],
+)
 def test_a_series_entry_outside_patches_is_refused_before_anything_is_read(env, monkeypatch, entry):
     (env.patches_dir / "outside.patch").write_text(GOOD)
     (env.root / "outside.patch").write_text(GOOD)
@@ -270,8 +323,7 @@ def test_apply_never_writes_through_a_symlinked_file(env):
     (env.engine / "vllm" / "tiny.py").unlink()
     (env.engine / "vllm" / "tiny.py").symlink_to(outside / "tiny.py")
     stack = env.series({"0001-outer.patch": GOOD})
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
-                           "--no-runtime-probes")
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine), "--no-runtime-probes")
     assert code == 0, err
     assert (outside / "tiny.py").read_text() == MODULE
     patched = env.engine / "vllm" / "tiny.py"
@@ -285,8 +337,7 @@ def test_apply_refuses_a_target_folder_linked_out_of_the_engine_tree(env):
     (env.engine / "vllm").symlink_to(outside / "vllm", target_is_directory=True)
     stack = env.series({"0001-outer.patch": GOOD})
     before = snapshot(env.root)
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
-                           "--no-runtime-probes")
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine), "--no-runtime-probes")
     assert_clean_refusal(code, err, allowed=(2,), names="vllm")
     assert "resolves outside" in err
     assert (outside / "vllm" / "tiny.py").read_text() == MODULE
@@ -297,8 +348,17 @@ def test_apply_writes_through_speclock_files_and_records(env):
     stack = env.series({"0001-outer.patch": GOOD})
     record = env.root / "out" / "rec.json"
     before = snapshot(env.root)
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
-                           "--no-runtime-probes", "--record", str(record))
+    code, _, err = run_cli(
+        "patches",
+        "apply",
+        "--stack",
+        str(stack),
+        "--site-packages",
+        str(env.engine),
+        "--no-runtime-probes",
+        "--record",
+        str(record),
+    )
     assert code == 0, err
     assert json.loads(record.read_text())["ok"] is True
     assert "def feature" in (env.engine / "vllm" / "tiny.py").read_text()
@@ -313,6 +373,7 @@ def test_the_record_writer_sorts_keys_and_creates_folders(tmp_path):
 
 # ---------------------------------------------------------------- --engine-version at parse time
 
+
 @pytest.mark.parametrize("value", ["garbage", "", "1..2", "../0.17.1", "0.17.1 ; rm -rf", "0.17.1/../x"])
 def test_engine_version_garbage_is_exit_2_at_parse_time(env, monkeypatch, value):
     stack = env.series({"0001-outer.patch": GOOD})
@@ -323,6 +384,7 @@ def test_engine_version_garbage_is_exit_2_at_parse_time(env, monkeypatch, value)
 
 
 # ---------------------------------------------------------------- engine wheels: verified on every use
+
 
 def make_wheel(version: str = "9.9.9") -> bytes:
     buf = io.BytesIO()
@@ -336,8 +398,14 @@ def make_wheel(version: str = "9.9.9") -> bytes:
 class Index:
     """A PEP 691 simple index on 127.0.0.1 serving one wheel; records every request."""
 
-    def __init__(self, wheel: bytes, filename: str = "vllm-9.9.9-py3-none-any.whl", sha256: str | None = None,
-                 html: bool = False, missing_wheel: bool = False):
+    def __init__(
+        self,
+        wheel: bytes,
+        filename: str = "vllm-9.9.9-py3-none-any.whl",
+        sha256: str | None = None,
+        html: bool = False,
+        missing_wheel: bool = False,
+    ):
         self.wheel, self.filename, self.requests = wheel, filename, []
         self.sha256 = sha256 if sha256 is not None else hashlib.sha256(wheel).hexdigest()
         index = self
@@ -350,13 +418,25 @@ class Index:
                 index.requests.append(self.path)
                 if self.path == "/simple/vllm/":
                     if html:
-                        body = (f'<html><body><a href="/files/{index.filename}#sha256={index.sha256}">'
-                                f'{index.filename}</a></body></html>').encode()
+                        body = (
+                            f'<html><body><a href="/files/{index.filename}#sha256={index.sha256}">'
+                            f"{index.filename}</a></body></html>"
+                        ).encode()
                         ctype = "text/html"
                     else:
-                        body = json.dumps({"meta": {"api-version": "1.0"}, "name": "vllm", "files": [
-                            {"filename": index.filename, "url": f"/files/{index.filename}",
-                             "hashes": {"sha256": index.sha256} if index.sha256 else {}}]}).encode()
+                        body = json.dumps(
+                            {
+                                "meta": {"api-version": "1.0"},
+                                "name": "vllm",
+                                "files": [
+                                    {
+                                        "filename": index.filename,
+                                        "url": f"/files/{index.filename}",
+                                        "hashes": {"sha256": index.sha256} if index.sha256 else {},
+                                    }
+                                ],
+                            }
+                        ).encode()
                         ctype = "application/vnd.pypi.simple.v1+json"
                 elif self.path == f"/files/{index.filename}" and not missing_wheel:
                     body, ctype = index.wheel, "application/octet-stream"
@@ -455,7 +535,7 @@ def test_a_404_is_not_retried_and_says_not_found_at_url(env, index):
     stack = env.series({"0001-outer.patch": GOOD})
     started = time.monotonic()
     code, _, err = check(stack)
-    assert_clean_refusal(code, err, allowed=(2,), names=f"not found at {idx.url[:-len('/simple')]}/files/{idx.filename}")
+    assert_clean_refusal(code, err, allowed=(2,), names=f"not found at {idx.url[: -len('/simple')]}/files/{idx.filename}")
     assert idx.requests.count(f"/files/{idx.filename}") == 1
     assert time.monotonic() - started < 5
 
@@ -505,8 +585,15 @@ def test_a_lock_pins_the_hash_of_a_locked_engine_wheel():
     assert not patch_wheels.locked_wheels("vllm", "9.9.9")
 
 
-@pytest.mark.parametrize("name", ["../vllm-9.9.9-py3-none-any.whl", "vllm-9.9.9-py3-none-../../x.whl",
-                                  "vllm-9.9.9-py3-none-any.zip", "/abs/vllm-9.9.9-py3-none-any.whl"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../vllm-9.9.9-py3-none-any.whl",
+        "vllm-9.9.9-py3-none-../../x.whl",
+        "vllm-9.9.9-py3-none-any.zip",
+        "/abs/vllm-9.9.9-py3-none-any.whl",
+    ],
+)
 def test_a_wheel_name_from_data_that_is_not_a_plain_wheel_name_never_matches(name):
     assert not patch_wheels.wheel_matches(name, "vllm", "9.9.9")
 
@@ -523,16 +610,26 @@ def test_apply_refuses_an_unwritable_record_before_patching(env, record):
     (env.root / "file").write_text("x")
     path = env.root / "dir" if record == "dir" else env.root / "file" / "rec.json"
     before = snapshot(env.root)
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
-                           "--no-runtime-probes", "--record", str(path))
+    code, _, err = run_cli(
+        "patches",
+        "apply",
+        "--stack",
+        str(stack),
+        "--site-packages",
+        str(env.engine),
+        "--no-runtime-probes",
+        "--record",
+        str(path),
+    )
     assert_clean_refusal(code, err, allowed=(2,), names="--record")
     assert_nothing_written(before, snapshot(env.root))
 
 
 def test_a_python_that_does_not_exist_is_exit_2(env):
     stack = env.series({"0001-outer.patch": GOOD})
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--python", str(env.root / "no-python"),
-                           "--no-runtime-probes")
+    code, _, err = run_cli(
+        "patches", "apply", "--stack", str(stack), "--python", str(env.root / "no-python"), "--no-runtime-probes"
+    )
     assert_clean_refusal(code, err, allowed=(2,), names="no-python")
 
 
@@ -547,8 +644,7 @@ def test_ctrl_c_during_apply_puts_every_file_back(env, monkeypatch):
         real(source)
 
     monkeypatch.setattr(patch_series, "_refresh_bytecode", interrupted)
-    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine),
-                           "--no-runtime-probes")
+    code, _, err = run_cli("patches", "apply", "--stack", str(stack), "--site-packages", str(env.engine), "--no-runtime-probes")
     assert code == 130, err
     assert (env.engine / "vllm" / "tiny.py").read_text() == MODULE
     assert not [p for p in env.root.rglob("*") if p.name.startswith(".speclock-tmp")]

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from speclock.core.errors import BadInput
+from speclock.core.versions import in_range, parse_range
 from speclock.patches.diff import apply_hunks, parse_patch
 from speclock.patches.series import check_series
 from speclock.patches.trees import DirTree, Overlay
-from speclock.core.versions import in_range, parse_range
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -41,7 +41,7 @@ MODULE = textwrap.dedent('''\
     SUPPORTED = ["llama", "qwen"]
     ''')
 
-PATCH_OUTER = textwrap.dedent('''\
+PATCH_OUTER = textwrap.dedent("""\
     speclock-patch: 1
     Title: Outer declares the feature
     Engine: vllm
@@ -62,9 +62,9 @@ PATCH_OUTER = textwrap.dedent('''\
     +        return True
      
      
-    ''')
+    """)
 
-PATCH_LIST = textwrap.dedent('''\
+PATCH_LIST = textwrap.dedent("""\
     speclock-patch: 1
     Title: admit deepseek
     Engine: vllm
@@ -77,7 +77,7 @@ PATCH_LIST = textwrap.dedent('''\
     @@ -14,1 +14,1 @@
     -SUPPORTED = ["llama", "qwen"]
     +SUPPORTED = ["llama", "qwen", "deepseek"]
-    ''')
+    """)
 
 
 def make_engine(root: Path, version: str = "9.9.9", text: str = MODULE) -> Path:
@@ -94,7 +94,8 @@ def make_engine(root: Path, version: str = "9.9.9", text: str = MODULE) -> Path:
 def write_tiny_stack(root: Path, series: list[str], *, name: str = "tiny", version: str = "9.9.9") -> Path:
     """A minimal stack of the tiny engine with this patch series (the patch tests share it)."""
     stack = root / f"{name}.toml"
-    stack.write_text(textwrap.dedent(f'''\
+    stack.write_text(
+        textwrap.dedent(f'''\
         schema = 1
         name = "{name}"
         [base]
@@ -114,7 +115,9 @@ def write_tiny_stack(root: Path, series: list[str], *, name: str = "tiny", versi
         path = "t"
         [draft]
         path = "d"
-        '''), encoding="utf-8")
+        '''),
+        encoding="utf-8",
+    )
     return stack
 
 
@@ -133,6 +136,7 @@ def speclock(*args: str, patches_dir: Path) -> subprocess.CompletedProcess:
 
 # ---------------------------------------------------------------- format
 
+
 def test_header_fields_are_parsed_with_continuation_lines(tmp_path):
     (tmp_path / "p.patch").write_text(PATCH_OUTER)
     p = parse_patch(tmp_path / "p.patch")
@@ -143,16 +147,19 @@ def test_header_fields_are_parsed_with_continuation_lines(tmp_path):
     assert [f.path for f in p.files] == ["vllm/tiny.py"] and len(p.files[0].hunks) == 1
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda t: t.replace("speclock-patch: 1\n", ""), "first line must be"),
-    (lambda t: t.replace("Why: the engine checks the outer class\n (continued on a second line)\n", ""), "'Why:' is missing"),
-    (lambda t: t.replace("Probe: class-has vllm/tiny.py Outer feature\n", ""), "'Probe:' is missing"),
-    (lambda t: t.replace("Probe: class-has", "Probe: grep-for"), "unknown probe kind"),
-    (lambda t: t.replace("Versions: >=9.0, <10", "Versions: 9.0"), "no comparison operator"),
-    (lambda t: t.replace("Versions: >=9.0, <10", "Versions: >=nine"), "is not a version"),
-    (lambda t: t.replace("Title:", "Titel:"), "malformed patch header line"),
-    (lambda t: t.replace("@@ -9,5 +9,8 @@", "@@ -9,5 +9,9 @@"), "lines, header says"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda t: t.replace("speclock-patch: 1\n", ""), "first line must be"),
+        (lambda t: t.replace("Why: the engine checks the outer class\n (continued on a second line)\n", ""), "'Why:' is missing"),
+        (lambda t: t.replace("Probe: class-has vllm/tiny.py Outer feature\n", ""), "'Probe:' is missing"),
+        (lambda t: t.replace("Probe: class-has", "Probe: grep-for"), "unknown probe kind"),
+        (lambda t: t.replace("Versions: >=9.0, <10", "Versions: 9.0"), "no comparison operator"),
+        (lambda t: t.replace("Versions: >=9.0, <10", "Versions: >=nine"), "is not a version"),
+        (lambda t: t.replace("Title:", "Titel:"), "malformed patch header line"),
+        (lambda t: t.replace("@@ -9,5 +9,8 @@", "@@ -9,5 +9,9 @@"), "lines, header says"),
+    ],
+)
 def test_malformed_patch_is_bad_input_naming_the_file(tmp_path, mutate, message):
     path = tmp_path / "bad.patch"
     path.write_text(mutate(PATCH_OUTER))
@@ -169,6 +176,7 @@ def test_version_ranges_order_releases_like_pep440():
 
 
 # ---------------------------------------------------------------- applier
+
 
 def test_hunk_applies_at_an_offset_but_never_with_changed_context(tmp_path):
     (tmp_path / "p.patch").write_text(PATCH_OUTER)
@@ -198,7 +206,8 @@ def test_series_states_applies_already_applied_upstream_conflict(tmp_path):
     assert [r.state for r in check_series(series, patched, "9.9.9")] == ["already-applied", "already-applied"]
     # Upstream rewrote the code but has the change: skipped and retirable.
     upstream = MODULE.replace("class Outer:\n", "class Outer:\n    feature = True\n\n").replace(
-        'SUPPORTED = ["llama", "qwen"]', "SUPPORTED_MODELS = None")
+        'SUPPORTED = ["llama", "qwen"]', "SUPPORTED_MODELS = None"
+    )
     res = check_series(series, DirTree(make_engine(tmp_path / "up", text=upstream)), "10.1")
     assert [r.state for r in res] == ["upstream", "upstream"]
     assert not res[0].in_range and res[0].as_json()["retirable"]
@@ -211,12 +220,14 @@ def test_series_states_applies_already_applied_upstream_conflict(tmp_path):
 
 # ---------------------------------------------------------------- apply at build (CLI)
 
+
 def test_apply_writes_all_verifies_and_records(tmp_path):
     site = make_engine(tmp_path)
     pdir, stack = make_series(tmp_path, {"0001-outer.patch": PATCH_OUTER, "0002-list.patch": PATCH_LIST})
     record = tmp_path / "applied.json"
-    proc = speclock("patches", "apply", "--stack", str(stack), "--site-packages", str(site), "--record", str(record),
-                    patches_dir=pdir)
+    proc = speclock(
+        "patches", "apply", "--stack", str(stack), "--site-packages", str(site), "--record", str(record), patches_dir=pdir
+    )
     assert proc.returncode == 0, proc.stderr
     text = (site / "vllm" / "tiny.py").read_text()
     assert "def feature" in text and '"deepseek"' in text
@@ -265,7 +276,8 @@ def test_failed_probe_after_apply_fails_the_build(tmp_path):
     # The diff applies but the probe looks for something it does not add.
     pdir, stack = make_series(tmp_path, {"0001-outer.patch": PATCH_OUTER.replace("Outer feature", "Outer missing_thing")})
     record = tmp_path / "applied.json"
-    proc = speclock("patches", "apply", "--stack", str(stack), "--site-packages", str(site), "--record", str(record),
-                    patches_dir=pdir)
+    proc = speclock(
+        "patches", "apply", "--stack", str(stack), "--site-packages", str(site), "--record", str(record), patches_dir=pdir
+    )
     assert proc.returncode == 1 and "probe failed" in proc.stderr and "missing_thing" in proc.stderr
     assert json.loads(record.read_text())["ok"] is False

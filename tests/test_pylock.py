@@ -31,10 +31,20 @@ UV = Path(sys.executable).with_name("uv")
 
 def env_of(python: str, machine: str = "x86_64") -> dict:
     """A marker environment of CPython `python` on Linux `machine`."""
-    return {"python_version": python, "python_full_version": python + ".0", "platform_machine": machine,
-            "sys_platform": "linux", "implementation_name": "cpython", "platform_system": "Linux", "os_name": "posix",
-            "platform_python_implementation": "CPython", "extra": "", "platform_release": "", "platform_version": "",
-            "implementation_version": python + ".0"}
+    return {
+        "python_version": python,
+        "python_full_version": python + ".0",
+        "platform_machine": machine,
+        "sys_platform": "linux",
+        "implementation_name": "cpython",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+        "platform_release": "",
+        "platform_version": "",
+        "implementation_version": python + ".0",
+    }
 
 
 def selected(pylock: dict, env: dict) -> dict[str, str]:
@@ -80,25 +90,59 @@ def _two_target_lock(tmp_path, *, host="3.12-x86_64", host_dep="1.3") -> dict:
 
     def entry(path, name, version):
         import hashlib
-        return {"name": name, "version": version, "filename": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                "url": f"https://files.pythonhosted.org/packages/00/{path.name}", "mirror_url": path.resolve().as_uri()}
 
-    image = [entry(make_wheel(folder, "tinydep", "1.2"), "tinydep", "1.2"),
-             entry(make_wheel(folder, "tinyengine", "1.0", tag="cp311-cp311-manylinux_2_17_x86_64", requires=("tinydep>=1",)),
-                   "tinyengine", "1.0"),
-             entry(make_wheel(folder, "torch", "9.9.9"), "torch", "9.9.9")]
-    hosted = [entry(make_wheel(folder, "tinydep", host_dep), "tinydep", host_dep),
-              entry(make_wheel(folder, "tinyengine", "1.0", tag=f"cp{tag}-cp{tag}-manylinux_2_17_{machine}",
-                               requires=("tinydep>=1",)), "tinyengine", "1.0"),
-              image[2]]
+        return {
+            "name": name,
+            "version": version,
+            "filename": path.name,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "url": f"https://files.pythonhosted.org/packages/00/{path.name}",
+            "mirror_url": path.resolve().as_uri(),
+        }
+
+    image = [
+        entry(make_wheel(folder, "tinydep", "1.2"), "tinydep", "1.2"),
+        entry(
+            make_wheel(folder, "tinyengine", "1.0", tag="cp311-cp311-manylinux_2_17_x86_64", requires=("tinydep>=1",)),
+            "tinyengine",
+            "1.0",
+        ),
+        entry(make_wheel(folder, "torch", "9.9.9"), "torch", "9.9.9"),
+    ]
+    hosted = [
+        entry(make_wheel(folder, "tinydep", host_dep), "tinydep", host_dep),
+        entry(
+            make_wheel(folder, "tinyengine", "1.0", tag=f"cp{tag}-cp{tag}-manylinux_2_17_{machine}", requires=("tinydep>=1",)),
+            "tinyengine",
+            "1.0",
+        ),
+        image[2],
+    ]
     prompts = entry(make_wheel(folder, "tinyprompts", "1.0"), "tinyprompts", "1.0")
     platforms = [f"manylinux_2_17_{machine}"]
-    return finish_lock({
-        "schema": "speclock.lock/v1", "stack": "tiny", "stack_sha256": "0" * 64, "base": base_of_committed_lock(),
-        "python": {"version": "3.11", "platforms": ["manylinux_2_17_x86_64"]}, "source_date_epoch": 0,
-        "packages": image, "excluded": [], "assets": [prompts],
-        "targets": {host: {"python": py, "machine": machine, "platforms": platforms, "packages": hosted,
-                           "excluded": [], "assets": [prompts]}}})
+    return finish_lock(
+        {
+            "schema": "speclock.lock/v1",
+            "stack": "tiny",
+            "stack_sha256": "0" * 64,
+            "base": base_of_committed_lock(),
+            "python": {"version": "3.11", "platforms": ["manylinux_2_17_x86_64"]},
+            "source_date_epoch": 0,
+            "packages": image,
+            "excluded": [],
+            "assets": [prompts],
+            "targets": {
+                host: {
+                    "python": py,
+                    "machine": machine,
+                    "platforms": platforms,
+                    "packages": hosted,
+                    "excluded": [],
+                    "assets": [prompts],
+                }
+            },
+        }
+    )
 
 
 def test_targets_are_environments_and_versions_of_some_targets_get_markers(tmp_path):
@@ -111,7 +155,9 @@ def test_targets_are_environments_and_versions_of_some_targets_get_markers(tmp_p
     assert by[("tinydep", "1.3")]["marker"] == pl.environment_marker("3.12", "x86_64")
     # one version, two builds: both wheels listed, the installer picks by tag
     assert [w["name"] for w in by[("tinyengine", "1.0")]["wheels"]] == [
-        "tinyengine-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", "tinyengine-1.0-cp312-cp312-manylinux_2_17_x86_64.whl"]
+        "tinyengine-1.0-cp311-cp311-manylinux_2_17_x86_64.whl",
+        "tinyengine-1.0-cp312-cp312-manylinux_2_17_x86_64.whl",
+    ]
     assert selected(doc, env_of("3.11")) == {"tinydep": "1.2", "tinyengine": "1.0", "torch": "9.9.9"}
     assert selected(doc, env_of("3.12")) == {"tinydep": "1.3", "tinyengine": "1.0", "torch": "9.9.9"}
     assert selected(doc, env_of("3.12", "aarch64")) == {"tinyengine": "1.0", "torch": "9.9.9"}
@@ -135,7 +181,8 @@ def test_two_targets_of_one_environment_with_other_versions_are_refused(tmp_path
     assert "lock torch 9.9.9 and (none)" in str(err.value)
     # the same versions in both: nothing to tell apart, one environment
     assert pl.pylock_doc(_two_target_lock(tmp_path / "b", host="3.11-x86_64", host_dep="1.2"))["environments"] == [
-        pl.environment_marker("3.11", "x86_64")]
+        pl.environment_marker("3.11", "x86_64")
+    ]
 
 
 def test_pylock_file_names_follow_pep751():
@@ -192,17 +239,24 @@ def _torch(data):
     return next(p for p in data["packages"] if p["name"] == "torch")
 
 
-@pytest.mark.parametrize("edit, says", [
-    (lambda d: _torch(d)["wheels"][0]["hashes"].update(sha256="0" * 64),
-     "package torch 2.13.0+cpu: wheel torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl: hashes are"),
-    (lambda d: _torch(d)["wheels"][0].update(url="https://download.pytorch.org/whl/cpu/other.whl"),
-     "package torch 2.13.0+cpu: wheel torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl: url is "
-     "'https://download.pytorch.org/whl/cpu/other.whl', the lock gives 'https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu"),
-    (lambda d: _torch(d).update(version="2.13.1+cpu"), "package torch 2.13.0+cpu is in the lock, missing from the pylock"),
-    (lambda d: d["packages"].pop(0), "package agent-detector 2.0.0 is in the lock, missing from the pylock"),
-    (lambda d: _torch(d).update(marker="python_version == '3.12'"), "package torch 2.13.0+cpu: marker is"),
-    (lambda d: d["tool"]["speclock"]["base"].update(sha256="1" * 64), "tool.speclock.base.sha256: pylock has '111"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            lambda d: _torch(d)["wheels"][0]["hashes"].update(sha256="0" * 64),
+            "package torch 2.13.0+cpu: wheel torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl: hashes are",
+        ),
+        (
+            lambda d: _torch(d)["wheels"][0].update(url="https://download.pytorch.org/whl/cpu/other.whl"),
+            "package torch 2.13.0+cpu: wheel torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl: url is "
+            "'https://download.pytorch.org/whl/cpu/other.whl', the lock gives 'https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu",
+        ),
+        (lambda d: _torch(d).update(version="2.13.1+cpu"), "package torch 2.13.0+cpu is in the lock, missing from the pylock"),
+        (lambda d: d["packages"].pop(0), "package agent-detector 2.0.0 is in the lock, missing from the pylock"),
+        (lambda d: _torch(d).update(marker="python_version == '3.12'"), "package torch 2.13.0+cpu: marker is"),
+        (lambda d: d["tool"]["speclock"]["base"].update(sha256="1" * 64), "tool.speclock.base.sha256: pylock has '111"),
+    ],
+)
 def test_check_names_the_package_and_what_differs_in_the_pylock(committed_copy, edit, says):
     lock, pylock = committed_copy
     assert _check(lock)[0] == 0
@@ -220,7 +274,8 @@ def test_check_fails_on_a_missing_or_unreadable_pylock(committed_copy):
     pylock.unlink()
     code, out, err = run_cli("lock", "--check", "--stack", "cpu-vllm", "--lock", str(lock), "--json")
     assert code == 1 and json.loads(out)["differences"] == [
-        f"{pylock} is missing; run `speclock lock --stack cpu-vllm --no-resolve` to write it from the lock"]
+        f"{pylock} is missing; run `speclock lock --stack cpu-vllm --no-resolve` to write it from the lock"
+    ]
 
 
 def test_no_resolve_rewrites_a_missing_pylock_and_leaves_the_lock(committed_copy):
@@ -234,6 +289,7 @@ def test_no_resolve_rewrites_a_missing_pylock_and_leaves_the_lock(committed_copy
 
 
 # --- installing from a pylock, offline ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory):
@@ -261,8 +317,15 @@ def _venv(path: Path) -> Path:
     return path / "bin" / "python"
 
 
-OFFLINE_ENV = {"PIP_CONFIG_FILE": "/dev/null", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "UV_NO_CONFIG": "1",
-               "UV_OFFLINE": "1", "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+OFFLINE_ENV = {
+    "PIP_CONFIG_FILE": "/dev/null",
+    "PIP_NO_INDEX": "1",
+    "PIP_FIND_LINKS": "",
+    "UV_NO_CONFIG": "1",
+    "UV_OFFLINE": "1",
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+}
 
 
 def _run(cmd, tmp_path):
@@ -276,8 +339,22 @@ def _image_packages(doc):
 
 def test_pip_installs_the_lock_from_the_pylock_offline(offline, tmp_path):
     python = _venv(tmp_path / "venv")
-    proc = _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--no-deps",
-                 "--disable-pip-version-check", "-r", offline["local"]], tmp_path)
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-r",
+            offline["local"],
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _installed(python) == _image_packages(offline["doc"])  # tinydep 1.2: the 3.12 target's 1.3 is not this one
 
@@ -297,8 +374,10 @@ def test_urls_alone_need_the_network_and_a_changed_wheel_is_refused(offline, tmp
     wheels.mkdir()
     for path in offline["paths"].values():
         shutil.copyfile(path, wheels / path.name)
-    proc = _run([UV, "pip", "install", "--offline", "--no-index", "--find-links", wheels, "--python", python,
-                 "-r", offline["pylock"]], tmp_path)
+    proc = _run(
+        [UV, "pip", "install", "--offline", "--no-index", "--find-links", wheels, "--python", python, "-r", offline["pylock"]],
+        tmp_path,
+    )
     assert proc.returncode != 0 and "files.pythonhosted.org" in proc.stderr, proc.stderr
     changed = tmp_path / "changed" / "pylock.offline.toml"
     changed.parent.mkdir()
@@ -316,6 +395,7 @@ def test_urls_alone_need_the_network_and_a_changed_wheel_is_refused(offline, tmp
 def test_the_committed_form_installs_from_its_urls_on_a_local_index(offline, tmp_path, installer):
     """The pylock as `lock` writes it (URLs, no paths), its URLs served by a local index (no other network)."""
     from fetch_server import WheelServer
+
     server = WheelServer()
     try:
         data = tomllib.loads(offline["pylock"].read_text())
@@ -329,11 +409,20 @@ def test_the_committed_form_installs_from_its_urls_on_a_local_index(offline, tmp
         served = tmp_path / "pylock.served.toml"
         served.write_text(tomli_w.dumps(data))
         python = _venv(tmp_path / "venv")
-        cmd = ([sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--no-deps", "-r", served]
-               if installer == "pip" else [UV, "pip", "install", "--no-index", "--python", python, "-r", served])
+        cmd = (
+            [sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--no-deps", "-r", served]
+            if installer == "pip"
+            else [UV, "pip", "install", "--no-index", "--python", python, "-r", served]
+        )
         # no network but the local index: the proxies lead nowhere, and only 127.0.0.1 bypasses them
-        env = {**os.environ, **OFFLINE_ENV, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1",
-               "UV_CACHE_DIR": str(tmp_path / "uvc"), "PIP_CACHE_DIR": str(tmp_path / "pipc")}
+        env = {
+            **os.environ,
+            **OFFLINE_ENV,
+            "no_proxy": "127.0.0.1",
+            "NO_PROXY": "127.0.0.1",
+            "UV_CACHE_DIR": str(tmp_path / "uvc"),
+            "PIP_CACHE_DIR": str(tmp_path / "pipc"),
+        }
         env.pop("UV_OFFLINE")
         proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr

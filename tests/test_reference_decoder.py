@@ -6,8 +6,8 @@ import os
 import sys
 
 import pytest
-
 import train_support
+
 from speclock.core.errors import CheckFailed
 
 N_TOKENS = 24
@@ -16,8 +16,11 @@ N_TOKENS = 24
 def _prompts(tok, n):
     from speclock.spec.prompts import chat_prompt_ids
 
-    texts = ["Write a short poem about the sea.", "What is 17 times 23? Explain step by step.",
-             "List three uses of a paperclip."][:n]
+    texts = [
+        "Write a short poem about the sea.",
+        "What is 17 times 23? Explain step by step.",
+        "List three uses of a paperclip.",
+    ][:n]
     return [chat_prompt_ids(tok, t) for t in texts]
 
 
@@ -25,8 +28,8 @@ def _prompts(tok, n):
 def test_speculative_output_equals_plain_greedy_with_any_drafter():
     """Lossless: same tokens as greedy decoding, with an untrained drafter and with the trained one."""
     from speclock.drafter.counters import SpecCounters, check_counters
-    from speclock.drafter.reference import eos_ids, greedy_generate, speculative_generate
     from speclock.drafter.manifest import load_drafter
+    from speclock.drafter.reference import eos_ids, greedy_generate, speculative_generate
 
     model, tok = train_support.target_model("float32")
     stop = eos_ids(model, tok)
@@ -44,8 +47,8 @@ def test_speculative_output_equals_plain_greedy_with_any_drafter():
 @pytest.mark.slow
 def test_counters_add_up_over_a_run():
     from speclock.drafter.counters import check_counters
-    from speclock.drafter.reference import run_reference
     from speclock.drafter.manifest import load_drafter
+    from speclock.drafter.reference import run_reference
 
     model, tok = train_support.target_model("float32")
     drafter, manifest = load_drafter(train_support.COMMITTED_DRAFTER, model, "cpu")
@@ -80,8 +83,6 @@ def test_committed_manifest_follows_the_contract():
 
 
 def test_manifest_of_another_target_is_refused(tmp_path):
-    import shutil
-    import json as _json
     from speclock.drafter.manifest import check_manifest_matches_target
     from speclock.drafter.models import read_drafter_manifest
 
@@ -94,7 +95,6 @@ def test_manifest_of_another_target_is_refused(tmp_path):
 
 
 def test_target_without_chat_template_is_refused(tmp_path):
-    import shutil
     from speclock.core.errors import BadInput
     from speclock.train.pipeline import load_target_model
     from speclock.train.settings import Settings
@@ -118,17 +118,42 @@ def test_reference_cli_json_is_parseable_and_progress_goes_to_stderr(tmp_path):
     lines go to stderr), and the counters it reports are consistent."""
     import json as _json
     import subprocess
+
     from speclock.drafter.counters import check_counters
 
     target = train_support.real_target()
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(_json.dumps({"prompt": "Name three primary colours."}) + "\n"
-                       + _json.dumps({"prompt": "What is 12 times 7?"}) + "\n")
-    r = subprocess.run([sys.executable, "-m", "speclock", "train", "reference", "--drafter",
-                        str(train_support.COMMITTED_DRAFTER), "--target", str(target), "--prompts", str(prompts),
-                        "-n", "2", "-k", "3", "--max-tokens", "8", "--device", "cpu", "--json"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(train_support.ROOT / "src")})
+    prompts.write_text(
+        _json.dumps({"prompt": "Name three primary colours."}) + "\n" + _json.dumps({"prompt": "What is 12 times 7?"}) + "\n"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "train",
+            "reference",
+            "--drafter",
+            str(train_support.COMMITTED_DRAFTER),
+            "--target",
+            str(target),
+            "--prompts",
+            str(prompts),
+            "-n",
+            "2",
+            "-k",
+            "3",
+            "--max-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(train_support.ROOT / "src")},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = _json.loads(r.stdout)
     (res,) = out["reference"]

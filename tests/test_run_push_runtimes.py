@@ -18,13 +18,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from fuzz_support import run_cli
 from helpers import DOCKER, LocalRegistry, copy_repo, speclock
+
 from speclock.build import runtimes
 from speclock.build.records import write_record
-from speclock.build.runtimes import (HARDENED, PODMAN_AS_DOCKER, RUN_USER, Gpus, gpu_host_commands,
-                                     gpu_host_serve_commands, parse_gpus, run_argv)
+from speclock.build.runtimes import (
+    HARDENED,
+    PODMAN_AS_DOCKER,
+    RUN_USER,
+    Gpus,
+    gpu_host_commands,
+    gpu_host_serve_commands,
+    parse_gpus,
+    run_argv,
+)
 from speclock.core.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,12 +62,12 @@ def test_the_run_command_for_each_runtime_and_gpus_value(runtime, gpus):
 def test_the_hardening_is_the_same_under_both_runtimes():
     docker = run_argv("docker", REF, [], cli=["docker"])
     podman = run_argv("podman", REF, [], cli=["podman"])
-    assert docker[3:3 + len(HARDENED)] == podman[3:3 + len(HARDENED)] == HARDENED
+    assert docker[3 : 3 + len(HARDENED)] == podman[3 : 3 + len(HARDENED)] == HARDENED
     for flag in ("--read-only", "--network", "--cap-drop", "no-new-privileges", "--tmpfs", "--user"):
         assert flag in HARDENED
     assert HARDENED[HARDENED.index("--user") + 1] == RUN_USER
     # podman's only additions turn off podman defaults that docker does not have
-    assert podman[3 + len(HARDENED):-1] == PODMAN_AS_DOCKER and docker[3 + len(HARDENED):-1] == []
+    assert podman[3 + len(HARDENED) : -1] == PODMAN_AS_DOCKER and docker[3 + len(HARDENED) : -1] == []
 
 
 def test_the_run_user_is_the_containerfiles_user():
@@ -68,9 +76,19 @@ def test_the_run_user_is_the_containerfiles_user():
 
 
 def test_env_mounts_and_extra_args_come_after_the_hardening():
-    cmd = run_argv("podman", REF, ["smoke"], gpus=parse_gpus("all"), name="n", env={"A": "1"},
-                   mounts={"/h": "/out"}, extra=["--memory", "8g"], limits=["--ulimit", "nofile=9:9"], cli=["podman"])
-    tail = cmd[cmd.index("nvidia.com/gpu=all") + 1:]
+    cmd = run_argv(
+        "podman",
+        REF,
+        ["smoke"],
+        gpus=parse_gpus("all"),
+        name="n",
+        env={"A": "1"},
+        mounts={"/h": "/out"},
+        extra=["--memory", "8g"],
+        limits=["--ulimit", "nofile=9:9"],
+        cli=["podman"],
+    )
+    tail = cmd[cmd.index("nvidia.com/gpu=all") + 1 :]
     assert tail == ["--ulimit", "nofile=9:9", "--memory", "8g", "-e", "A=1", "-v", "/h:/out", REF, "smoke"]
 
 
@@ -87,6 +105,7 @@ def test_gpus_zero_is_none():
 
 def test_the_default_gpus_follow_the_stack():
     from speclock.spec.stack import load_stack
+
     assert runtimes.default_gpus(load_stack("cpu-vllm").is_gpu) == "none"
     assert runtimes.default_gpus(load_stack("vllm-cu130").is_gpu) == "all"
 
@@ -106,7 +125,6 @@ def test_the_printed_gpu_host_commands_are_run_images_own_commands():
     assert "--gpus all" in lines["docker"] and "--device nvidia.com/gpu=all" in lines["podman"]
 
 
-
 def test_the_printed_serve_commands_publish_the_port_and_keep_the_rest_of_the_hardening():
     by_digest = "registry.example/speclock-vllm-cu130@sha256:" + "b" * 64
     lines = gpu_host_serve_commands(by_digest, 8000, parse_gpus("all"))
@@ -117,14 +135,22 @@ def test_the_printed_serve_commands_publish_the_port_and_keep_the_rest_of_the_ha
         hardened_but_network = [a for a in HARDENED if a not in ("--network", "none")]
         assert all(a in argv for a in hardened_but_network) and "--read-only" in argv
 
+
 # --- push-image refuses a dirty build (no registry is contacted) -----------------------------------
+
 
 def record(tag: str, builder: str, *, dirty: str | None, revision: str, verdict: str | None = "pass") -> dict:
     labels = {"org.opencontainers.image.revision": revision}
     if dirty is not None:
         labels["io.speclock.dirty"] = dirty
-    rec = {"stack": "cpu-vllm", "tag": tag, "ref": f"localhost/speclock-cpu-vllm:{tag}", "builder": builder,
-           "image_id": "sha256:" + "1" * 64, "labels": labels}
+    rec = {
+        "stack": "cpu-vllm",
+        "tag": tag,
+        "ref": f"localhost/speclock-cpu-vllm:{tag}",
+        "builder": builder,
+        "image_id": "sha256:" + "1" * 64,
+        "labels": labels,
+    }
     if verdict:
         rec["selfcheck"] = {"verdict": verdict, "exit_code": 0, "outputs": "/nowhere"}
     return rec
@@ -150,6 +176,7 @@ def test_push_names_both_reasons_when_both_hold(tmp_path, monkeypatch):
 
 def test_a_clean_build_is_not_refused_for_dirt(tmp_path, monkeypatch):
     from speclock.build.push import refusals
+
     for rev in ("0123abc", "unknown", "uncommitted"):
         assert refusals(record("t", "buildah", dirty="false", revision=rev), "cpu-vllm", "buildah") == []
 
@@ -159,14 +186,16 @@ def test_a_clean_build_is_not_refused_for_dirt(tmp_path, monkeypatch):
 BASE_REF = "localhost/speclock-base:" + json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())["base"]["sha256"][:16]
 
 # What a hardened container sees of itself; the same script under docker and podman.
-PROBE = ("id -u; id -g; "
-         "touch /probe 2>/dev/null && echo root-writable || echo root-read-only; "
-         "touch /tmp/probe && echo tmp-writable; "
-         "touch /var/tmp/probe 2>/dev/null && echo var-tmp-writable || echo var-tmp-read-only; "
-         "touch /run/probe 2>/dev/null && echo run-writable || echo run-read-only; "
-         "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs):' /proc/self/status; "
-         "ls /sys/class/net | tr '\\n' ' '; echo; "
-         "awk '$2==\"/dev/shm\"{print \"shm\", $4}' /proc/mounts | grep -o 'shm .*size=[0-9a-z]*'")
+PROBE = (
+    "id -u; id -g; "
+    "touch /probe 2>/dev/null && echo root-writable || echo root-read-only; "
+    "touch /tmp/probe && echo tmp-writable; "
+    "touch /var/tmp/probe 2>/dev/null && echo var-tmp-writable || echo var-tmp-read-only; "
+    "touch /run/probe 2>/dev/null && echo run-writable || echo run-read-only; "
+    "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs):' /proc/self/status; "
+    "ls /sys/class/net | tr '\\n' ' '; echo; "
+    "awk '$2==\"/dev/shm\"{print \"shm\", $4}' /proc/mounts | grep -o 'shm .*size=[0-9a-z]*'"
+)
 
 
 def have(tool: str, *args: str) -> bool:
@@ -196,8 +225,7 @@ def test_the_hardening_holds_alike_inside_docker_and_podman_containers():
     out = seen["podman"]
     assert out[:6] == ["10001", "10001", "root-read-only", "tmp-writable", "var-tmp-read-only", "run-read-only"]
     caps = dict(line.split(":\t") for line in out[6:10])
-    assert caps == {"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapBnd": "0000000000000000",
-                    "NoNewPrivs": "1"}
+    assert caps == {"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapBnd": "0000000000000000", "NoNewPrivs": "1"}
     assert out[10].split() == ["lo"]  # --network none: loopback only
     assert out[11] == "shm rw,nosuid,nodev,noexec,relatime,size=524288k"
 
@@ -208,6 +236,7 @@ def cpu_build():
     test_image's builds leave), else one built now. A build after a Containerfile change rebuilds the venv
     layer (about 14 GB on disk while it builds, 2.5 min): reusing one keeps this test at seconds."""
     from speclock.build.records import read_record, records_dir
+
     for path in sorted(records_dir("cpu-vllm").glob("*.buildah.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         if path.name.startswith("latest."):
             continue
@@ -225,8 +254,7 @@ def cpu_build():
 @pytest.mark.buildah
 def test_a_built_cpu_image_runs_under_podman(cpu_build):
     """buildah builds into containers-storage, which podman reads: no copy, `--gpus none`, the hardened argv."""
-    proc = speclock(ROOT, "run-image", "--runtime", "podman", "--gpus", "none", "--tag", cpu_build["tag"], "--",
-                    "--version")
+    proc = speclock(ROOT, "run-image", "--runtime", "podman", "--gpus", "none", "--tag", cpu_build["tag"], "--", "--version")
     assert proc.stdout.strip() == "speclock 0.1.0"
     assert f"running {cpu_build['ref']} under podman (--gpus none)" in proc.stderr
     assert "copying" not in proc.stderr  # podman read buildah's store
@@ -251,6 +279,7 @@ def test_a_gpu_run_under_docker_without_the_toolkit_is_an_environment_problem():
     if runtimes.shutil.which("nvidia-container-runtime-hook"):
         pytest.skip("this host has the NVIDIA Container Toolkit")
     from speclock.build.run import run_image
+
     proc = run_image(BASE_REF, [], runtime="docker", gpus=parse_gpus("all"), capture_output=True, timeout=60)
     assert proc.returncode == 125 and "could not select device driver" in proc.stderr
     err = runtimes.gpu_failure("docker", proc.returncode, parse_gpus("all"), "all")
@@ -258,6 +287,7 @@ def test_a_gpu_run_under_docker_without_the_toolkit_is_an_environment_problem():
 
 
 # --- real pushes of tiny images to a local registry -------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
@@ -271,16 +301,25 @@ def tiny_image(builder: str, tag: str, tmp: Path) -> str:
     ref = f"localhost/speclock-cpu-vllm:{tag}"
     (tmp / "f").write_text(f"{tag}\n")
     (tmp / "Containerfile").write_text("FROM scratch\nCOPY f /f\n")
-    cmd = ([DOCKER, "build", "-q"] if builder == "docker" else
-           ["buildah", "--storage-driver", "overlay", "build", "-q", "--format", "oci"])
+    cmd = (
+        [DOCKER, "build", "-q"]
+        if builder == "docker"
+        else ["buildah", "--storage-driver", "overlay", "build", "-q", "--format", "oci"]
+    )
     subprocess.run([*cmd, "-t", ref, "-f", str(tmp / "Containerfile"), str(tmp)], check=True, capture_output=True)
     return ref
 
 
 def served_digest(registry: LocalRegistry, repo: str, tag: str) -> str:
     """The registry's own answer (distribution's HTTP API), and the sha256 of the manifest bytes it serves."""
-    req = urllib.request.Request(f"http://{registry.address}/v2/{repo}/manifests/{tag}", headers={"Accept": ", ".join([
-        "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])})
+    req = urllib.request.Request(
+        f"http://{registry.address}/v2/{repo}/manifests/{tag}",
+        headers={
+            "Accept": ", ".join(
+                ["application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"]
+            )
+        },
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         body = resp.read()
         header = resp.headers["Docker-Content-Digest"]
@@ -299,18 +338,21 @@ def test_the_pushed_digest_is_the_one_the_registry_serves(builder, registry, tmp
     ref = tiny_image(builder, tag, tmp_path)
     try:
         write_record("cpu-vllm", record(tag, builder, dirty="false", revision="0123abc"))
-        code, out, err = run_cli("push-image", "--stack", "cpu-vllm", "--tag", tag, "--builder", builder,
-                                 "--registry", registry.address, "--json")
+        code, out, err = run_cli(
+            "push-image", "--stack", "cpu-vllm", "--tag", tag, "--builder", builder, "--registry", registry.address, "--json"
+        )
         assert code == 0, err
         result = json.loads(out)
         assert result["digest"] == served_digest(registry, "speclock-cpu-vllm", tag)
         assert result["by_digest"] == f"{registry.address}/speclock-cpu-vllm@{result['digest']}"
         for runtime in ("docker", "podman"):
-            assert shlex.split(result["run"][runtime]) == run_argv(runtime, result["by_digest"], [],
-                                                                 gpus=Gpus(all=True), cli=[runtime])
+            assert shlex.split(result["run"][runtime]) == run_argv(
+                runtime, result["by_digest"], [], gpus=Gpus(all=True), cli=[runtime]
+            )
         # the plain output prints the same two lines
-        code, out, err = run_cli("push-image", "--stack", "cpu-vllm", "--tag", tag, "--builder", builder,
-                                 "--registry", registry.address)
+        code, out, err = run_cli(
+            "push-image", "--stack", "cpu-vllm", "--tag", tag, "--builder", builder, "--registry", registry.address
+        )
         assert code == 0 and f"digest {result['digest']}" in out
         assert result["run"]["docker"] in out and result["run"]["podman"] in out
     finally:
@@ -327,8 +369,19 @@ def test_a_dirty_build_is_pushed_with_force_and_a_warning(registry, tmp_path, mo
     ref = tiny_image("buildah", tag, tmp_path)
     try:
         write_record("cpu-vllm", record(tag, "buildah", dirty="true", revision="0123abc+dirty"))
-        code, out, err = run_cli("push-image", "--stack", "cpu-vllm", "--tag", tag, "--registry", registry.address,
-                                 "--force", "--gpus", "device=1", "--json")
+        code, out, err = run_cli(
+            "push-image",
+            "--stack",
+            "cpu-vllm",
+            "--tag",
+            tag,
+            "--registry",
+            registry.address,
+            "--force",
+            "--gpus",
+            "device=1",
+            "--json",
+        )
         assert code == 0, err
         assert "warning: pushed with --force although it was built from uncommitted edits" in err
         result = json.loads(out)
@@ -349,10 +402,12 @@ def test_a_docker_build_is_copied_into_podmans_store_once(tmp_path):
         rec = record(tag, "docker", dirty="false", revision="r")
         assert runtimes.ensure_in_podman(rec) == ref
         assert have("podman", "image", "exists", ref)
-        docker_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
-                                   text=True, check=True).stdout.strip()
-        podman_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
-                                   text=True, check=True).stdout.strip()
+        docker_id = subprocess.run(
+            [DOCKER, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        podman_id = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, check=True
+        ).stdout.strip()
         assert docker_id == "sha256:" + podman_id  # the same image config: nothing rebuilt on the way
     finally:
         subprocess.run([DOCKER, "rmi", "-f", ref], capture_output=True)
@@ -371,15 +426,24 @@ def test_a_dirty_builds_labels_reach_the_image_verbatim(builder_name, tmp_path):
     from speclock.spec.stack import load_stack
 
     builder = get_builder(builder_name)
-    labels = labels_for(load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "h3labels",
-                        "0" * 64, "0123abc+dirty")
+    labels = labels_for(
+        load_stack("cpu-vllm"), read_lock(ROOT / "locks" / "cpu-vllm.lock"), "h3labels", "0" * 64, "0123abc+dirty"
+    )
     assert labels["io.speclock.dirty"] == "true"
     (tmp_path / "f").write_text("x\n")
     (tmp_path / "Containerfile").write_text("FROM scratch AS runtime\nCOPY f /f\n")
     ref = f"localhost/speclock-cpu-vllm:h3labels{builder_name}"
     try:
-        builder.build(containerfile=tmp_path / "Containerfile", context=tmp_path, tag=ref, build_args={},
-                      labels=labels, target="runtime", no_cache=False, timestamp=0)
+        builder.build(
+            containerfile=tmp_path / "Containerfile",
+            context=tmp_path,
+            tag=ref,
+            build_args={},
+            labels=labels,
+            target="runtime",
+            no_cache=False,
+            timestamp=0,
+        )
         assert builder.labels(ref) == labels
     finally:
         builder.remove(ref)

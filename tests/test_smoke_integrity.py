@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from fuzz_support import run_cli
+from test_runtime_inputs_integrity import models_in, prompts_in, stub_smoke_host
 
 import speclock.engines as engines
 import speclock.verify.smoke.reference as smoke_reference
 import speclock.verify.smoke.run as smoke_run
-from fuzz_support import run_cli
-from speclock.verify.report import load_report
 from speclock.core.errors import BadInput
-from test_runtime_inputs_integrity import models_in, prompts_in, stub_smoke_host
+from speclock.verify.report import load_report
 
 
 class CountingEngine:
@@ -56,10 +56,18 @@ def smoke_inputs(tmp_path, monkeypatch):
     prompts = prompts_in(tmp_path)
     stub_smoke_host(monkeypatch)
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
+
     # The toy folders hold no weights to hash; the key's shape is all the report check needs.
     def key(inp, texts):
-        return {"target_sha256": "a" * 64, "drafter_sha256": "b" * 64, "prompts_sha256": "c" * 64,
-                "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
+        return {
+            "target_sha256": "a" * 64,
+            "drafter_sha256": "b" * 64,
+            "prompts_sha256": "c" * 64,
+            "num_prompts": len(texts),
+            "k": inp.k,
+            "max_tokens": inp.max_tokens,
+        }
+
     for module in (smoke_run, smoke_reference):  # looked up in both
         monkeypatch.setattr(module, "reference_key", key)
 
@@ -69,10 +77,25 @@ def smoke_inputs(tmp_path, monkeypatch):
         # the double lives in this process: run it here, not in an engine worker process (smoke/worker.py)
         monkeypatch.setattr(smoke_run, "_engine", lambda name, config, label: engines.running(engine, config))
         out = tmp_path / "out"
-        code, _out, err = run_cli("smoke", "--target", target, "--draft", draft, "--prompts", prompts,
-                                  "--out", out, "--reference", "off", "--max-tokens", "3",
-                                  "--speed-repeats", "0")  # a double's timings are no speed
+        code, _out, err = run_cli(
+            "smoke",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--prompts",
+            prompts,
+            "--out",
+            out,
+            "--reference",
+            "off",
+            "--max-tokens",
+            "3",
+            "--speed-repeats",
+            "0",
+        )  # a double's timings are no speed
         return code, err, out / "report.json"
+
     return run
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import pytest
-
 import train_support
+
 from speclock.verify import lossless
 
 
 def fake_judge(margins):
     """A judge that answers from a table {(plain_tok, spec_tok): margin}; the plain token is the argmax."""
+
     def judge(prefix, a, b):
         m = margins[(a, b)]
         return {"margin": m, "float32_argmax": a, "tie": m <= lossless.TIE_MARGIN}
+
     return judge
 
 
@@ -50,6 +52,7 @@ def test_the_float32_judge_on_the_real_target_calls_a_clear_preference_a_mismatc
     train_support.need("torch", "transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from speclock.spec.prompts import chat_prompt_ids
 
     target = train_support.real_target()

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from smoke_faults import sample_report
+
 from speclock.core.errors import BadInput
 from speclock.verify.report import human_table, load_report, validate_report, write_report
 
@@ -15,8 +15,18 @@ def test_the_sample_report_is_valid_and_round_trips(tmp_path):
     assert not list(tmp_path.glob(".r.json.*")), "no temp file left behind"
 
 
-@pytest.mark.parametrize("key", ["stack", "engine.version", "draft.captured_layers", "metrics.accepted_per_position",
-                                 "throughput.speedup", "lossless.mismatches", "failures"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "stack",
+        "engine.version",
+        "draft.captured_layers",
+        "metrics.accepted_per_position",
+        "throughput.speedup",
+        "lossless.mismatches",
+        "failures",
+    ],
+)
 def test_a_missing_key_is_named(key):
     r = sample_report()
     node = r

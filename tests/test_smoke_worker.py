@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import alive
 from smoke_faults import converted_target, healthy_drafter, random_drafter
+
 from speclock.cli import main
 
 pytest.importorskip("vllm")
@@ -32,7 +32,7 @@ def workers_of(parent: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        if b"speclock.verify.smoke.worker" in cmd and int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
+        if b"speclock.verify.smoke.worker" in cmd and int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
             found.append(int(entry))
     return found
 
@@ -66,8 +66,23 @@ def test_a_worker_that_dies_fails_the_smoke_fast_and_writes_the_report(models, t
     t = threading.Thread(target=kill_the_first_worker, daemon=True)
     t.start()
     out = tmp_path / "out"
-    code = main(["smoke", "--target", str(target), "--draft", str(draft), "--num-prompts", "2", "--max-tokens", "8",
-                 "--speed-repeats", "0", "--out", str(out)])
+    code = main(
+        [
+            "smoke",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--num-prompts",
+            "2",
+            "--max-tokens",
+            "8",
+            "--speed-repeats",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     ended = time.monotonic()
     t.join(5)
     assert "at" in killed, "the worker was not killed"
@@ -83,10 +98,28 @@ def test_a_worker_that_dies_fails_the_smoke_fast_and_writes_the_report(models, t
 def test_ctrl_c_stops_the_smoke_and_its_worker(models, tmp_path):
     target, draft = models
     # A shell's background job ignores SIGINT, and an ignored signal stays ignored in its children: restore it.
-    proc = subprocess.Popen([sys.executable, "-m", "speclock", "smoke", "--target", str(target), "--draft", str(draft),
-                             "--num-prompts", "2", "--max-tokens", "8", "--out", str(tmp_path / "out")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "smoke",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--num-prompts",
+            "2",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         worker = wait_for_worker(proc.pid)
         time.sleep(1.0)
@@ -108,6 +141,7 @@ def test_the_worker_keeps_engine_caches_under_speclocks_cache(tmp_path, monkeypa
     # a smoke on the host wrote vLLM's compile cache to ~/.cache/vllm (#26): the worker points every engine cache
     # it knows under speclock's, and a cache the user chose is kept
     from speclock.verify.smoke.worker import ENGINE_CACHES, worker_env
+
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
     env = worker_env({"PATH": "/usr/bin", "TRITON_CACHE_DIR": "/mine"})
     assert env["TRITON_CACHE_DIR"] == "/mine"

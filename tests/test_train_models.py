@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 import train_support
+
 from speclock.core.errors import BadInput
 
 
@@ -59,6 +59,19 @@ def test_module_cli_reports_bad_input_with_exit_code_2(tmp_path):
     import sys
 
     env = {"PYTHONPATH": str(train_support.ROOT / "src"), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "speclock.drafter.models", "convert", "--gguf", str(tmp_path / "missing.gguf"),
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock.drafter.models",
+            "convert",
+            "--gguf",
+            str(tmp_path / "missing.gguf"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 2 and "not found" in r.stderr

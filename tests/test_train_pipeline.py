@@ -7,7 +7,6 @@ import json
 from dataclasses import replace
 
 import pytest
-
 import train_support
 
 pytestmark = pytest.mark.slow
@@ -46,9 +45,16 @@ def test_quick_run_writes_both_engine_formats_with_manifest(quick_run):
 
     with safe_open(str(work / "export" / "vllm" / "model.safetensors"), "pt") as f:
         names = set(f.keys())
-    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "norm.weight",
-            "lm_head.weight", "d2t", "t2d"} <= names
-    assert f"embed_tokens" not in " ".join(names)
+    assert {
+        "fc.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.hidden_norm.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+    } <= names
+    assert "embed_tokens" not in " ".join(names)
 
 
 def test_extraction_rerun_adds_nothing(quick_run):
@@ -86,6 +92,7 @@ def test_generation_resumes_after_interruption_without_loss_or_duplicates(quick_
 
 def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_run, tmp_path):
     import torch
+
     from speclock.train.extract import load_shards
     from speclock.train.fit import train_drafter
     from speclock.train.pipeline import load_target_model
@@ -109,6 +116,7 @@ def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_ru
 @pytest.mark.parametrize("store,bytes_per_token", [("fp8", 2897), ("fp8-all", 2325)])
 def test_fp8_stores_hold_the_bf16_states_within_e4m3_precision(quick_run, tmp_path, store, bytes_per_token):
     import torch
+
     from speclock.core.errors import BadInput
     from speclock.drafter.models import target_sha256
     from speclock.train.data import read_done
@@ -120,9 +128,20 @@ def test_fp8_stores_hold_the_bf16_states_within_e4m3_precision(quick_run, tmp_pa
     s = quick_settings(tmp_path, target=target)
     model, _ = load_target_model(s, "cpu")
     responses = list(read_done(work / "responses.jsonl").values())
+
     def extract(folder, kind):
-        return extract_hidden_states(model, responses, tmp_path / folder, [2, 15, 27], target_sha256(target),
-                                     s.fit.max_len, s.extract_batch_tokens, s.shard_tokens, log=lambda m: None, store=kind)
+        return extract_hidden_states(
+            model,
+            responses,
+            tmp_path / folder,
+            [2, 15, 27],
+            target_sha256(target),
+            s.fit.max_len,
+            s.extract_batch_tokens,
+            s.shard_tokens,
+            log=lambda m: None,
+            store=kind,
+        )
 
     idx = extract("h", store)
     assert idx["store"] == store and idx["bytes_per_token"] == bytes_per_token
@@ -156,8 +175,9 @@ def test_held_out_sequences_are_scored_per_training_step(quick_run, tmp_path):
     s = quick_settings(tmp_path, target=target)
     model, _ = load_target_model(s, "cpu")
     data = load_shards(work / "hidden")
-    _, summary = train_drafter(data, model, replace(s.fit, holdout_sequences=3, max_steps=4), tmp_path / "c", "cpu",
-                               log=lambda m: None)
+    _, summary = train_drafter(
+        data, model, replace(s.fit, holdout_sequences=3, max_steps=4), tmp_path / "c", "cpu", log=lambda m: None
+    )
     assert summary["holdout"]["sequences"] == 3
     assert len(summary["holdout"]["acc_per_step"]) == s.fit.ttt_steps
     assert all(0.0 <= a <= 1.0 for a in summary["holdout"]["acc_per_step"])

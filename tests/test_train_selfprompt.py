@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 import train_support
 
 
@@ -20,6 +19,7 @@ TEXTS = ["Name three primary colours.", "Write a haiku about rain, please.", "Wh
 
 def test_static_generator_greedy_equals_transformers_generate():
     import torch
+
     from speclock.train.fastgen import StaticLlamaGenerator
 
     model, tok = train_support.target_model()
@@ -28,7 +28,7 @@ def test_static_generator_greedy_equals_transformers_generate():
     ours = gen.generate(prompts)  # two batches: one full, one padded with a repeated row
     for p, got in zip(prompts, ours):
         with torch.no_grad():
-            ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+            ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p) :].tolist()
         stop = set(gen.stop)
         cut = next((i + 1 for i, t in enumerate(ref) if t in stop), len(ref))
         assert got == ref[:cut]
@@ -36,6 +36,7 @@ def test_static_generator_greedy_equals_transformers_generate():
 
 def test_sampling_is_seeded_varied_and_min_p_near_one_is_greedy():
     import torch
+
     from speclock.core.errors import BadInput
     from speclock.train.fastgen import StaticLlamaGenerator
 
@@ -110,8 +111,10 @@ def test_a_foreign_file_is_refused_with_its_line(tmp_path):
 
     model, tok = train_support.target_model()
     out = tmp_path / "self.jsonl"
-    out.write_text('{"id": "self:0", "conversations": [{"from": "human", "value": "Write a limerick about a cat."}]}\n'
-                   '{"prompt": "not one of ours"}\n')
+    out.write_text(
+        '{"id": "self:0", "conversations": [{"from": "human", "value": "Write a limerick about a cat."}]}\n'
+        '{"prompt": "not one of ours"}\n'
+    )
     with pytest.raises(BadInput, match=r"self.jsonl:2: not a self-prompt record"):
         synthesize_prompts(model, tok, out, 4, batch_size=2, max_new_tokens=8, log=lambda m: None)
     with pytest.raises(BadInput, match="-n must be positive"):
@@ -120,8 +123,7 @@ def test_a_foreign_file_is_refused_with_its_line(tmp_path):
 
 def test_mix_draws_from_each_source_and_records_it(tmp_path):
     from speclock.core.errors import BadInput
-    from speclock.train.prompt_sources import load_prompt_records
-    from speclock.train.prompt_sources import mix_prompt_files
+    from speclock.train.prompt_sources import load_prompt_records, mix_prompt_files
 
     a = tmp_path / "a.jsonl"
     b = tmp_path / "b.jsonl"
@@ -148,8 +150,15 @@ def test_generate_with_self_prompts_regenerates_the_mix_and_reruns_keep_it(tmp_p
     from speclock.train.settings import quick_settings
 
     model, tok = train_support.target_model()
-    s = quick_settings(tmp_path, target=train_support.real_target(), num_prompts=2, self_prompts=2, max_new_tokens=4,
-                       gen_batch=4, max_prompt_tokens=2048)
+    s = quick_settings(
+        tmp_path,
+        target=train_support.real_target(),
+        num_prompts=2,
+        self_prompts=2,
+        max_new_tokens=4,
+        gen_batch=4,
+        max_prompt_tokens=2048,
+    )
     first = stage_generate(s, model, tok, "cpu")
     done = read_done(tmp_path / "responses.jsonl")
     assert sorted(k.split(":")[0] for k in done) == ["self", "self", "sharegpt", "sharegpt"]

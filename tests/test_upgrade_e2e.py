@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_upgrade_candidate import tree_hash
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,19 +21,46 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp_path):
     before = tree_hash("stacks", "locks", "baselines")
-    proc = subprocess.run([sys.executable, "-m", "speclock", "upgrade", "--stack", "cpu-vllm",
-                           "--candidate-stack", "docs/upgrade-example-fail/cpu-vllm.toml", "--out", str(tmp_path), "--json",
-                           "--profile", "quick"],  # the quick profile reuses build-image's own self-check run
-                          capture_output=True, text=True, cwd=ROOT, timeout=3000)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclock",
+            "upgrade",
+            "--stack",
+            "cpu-vllm",
+            "--candidate-stack",
+            "docs/upgrade-example-fail/cpu-vllm.toml",
+            "--out",
+            str(tmp_path),
+            "--json",
+            "--profile",
+            "quick",
+        ],  # the quick profile reuses build-image's own self-check run
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=3000,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     steps = {s["name"]: s["status"] for s in doc["steps"]}
-    assert steps == {"lock": "pass", "patches": "pass", "build": "pass", "doctor": "fail", "smoke": "pass", "gate": "fail",
-                     "soak": "skipped"}, doc
+    assert steps == {
+        "lock": "pass",
+        "patches": "pass",
+        "build": "pass",
+        "doctor": "fail",
+        "smoke": "pass",
+        "gate": "fail",
+        "soak": "skipped",
+    }, doc
     assert doc["soak"] == {"status": "skipped", "detail": "an earlier step failed", "soak_s": 60.0, "max_drift": 0.05}
     doctor = next(s for s in doc["steps"] if s["name"] == "doctor")
     assert "aux-layers" in doctor["detail"] and "[3, 16, 28]" in doctor["detail"]
-    assert doc["after"]["captured_layers"] == [3, 16, 28] and doc["after"]["lossless"].split("/")[0] == doc["after"]["lossless"].split("/")[1]
+    assert (
+        doc["after"]["captured_layers"] == [3, 16, 28]
+        and doc["after"]["lossless"].split("/")[0] == doc["after"]["lossless"].split("/")[1]
+    )
     assert doc["after"]["mean_acceptance_length"] < doc["before"]["mean_acceptance_length"]
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("## speclock upgrade: FAIL") and "acceptance length vs baseline" in summary

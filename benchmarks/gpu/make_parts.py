@@ -44,8 +44,10 @@ MANIFEST = HERE / "parts.json"
 
 
 def host_patterns() -> list[str]:
-    return [normalize(n) if not any(c in n for c in "*?[") else n
-            for n in (REPO / "benchmarks/h200/host-packages.txt").read_text().strip().split(",")]
+    return [
+        normalize(n) if not any(c in n for c in "*?[") else n
+        for n in (REPO / "benchmarks/h200/host-packages.txt").read_text().strip().split(",")
+    ]
 
 
 def needed_files(stack_name: str) -> list[tuple[str, Path]]:
@@ -100,9 +102,13 @@ def main() -> int:
     p.add_argument("--stacks", required=True, help="comma list, in the order the device run takes them")
     p.add_argument("--out", default=str(REPO / ".carry"), help="folder for the parts (ignored by git; default .carry)")
     p.add_argument("--part-bytes", type=int, default=PART_BYTES)
-    p.add_argument("--repo-file", action="append", default=[],
-                   help="a repository file to carry in the first part (then moved out of the tree while staging, "
-                        "so the tree that travels with every call is smaller); run.py puts it back on the device")
+    p.add_argument(
+        "--repo-file",
+        action="append",
+        default=[],
+        help="a repository file to carry in the first part (then moved out of the tree while staging, "
+        "so the tree that travels with every call is smaller); run.py puts it back on the device",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,8 +143,14 @@ def main() -> int:
         sha = write_part(out / name, members)
         rows.append({"name": name, "sha256": sha, "bytes": (out / name).stat().st_size, "members": [m[0] for m in members]})
         print(f"{name}: {len(members)} members, {rows[-1]['bytes'] / 1e6:.1f} MB", flush=True)
-    manifest = {"schema": "speclock.gpu-parts/v1", "target": TARGET, "stacks": args.stacks.split(","),
-                "ready_after": ready_after, "repo_files": repo_files, "parts": rows}
+    manifest = {
+        "schema": "speclock.gpu-parts/v1",
+        "target": TARGET,
+        "stacks": args.stacks.split(","),
+        "ready_after": ready_after,
+        "repo_files": repo_files,
+        "parts": rows,
+    }
     tmp = MANIFEST.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     tmp.replace(MANIFEST)

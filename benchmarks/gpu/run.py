@@ -165,12 +165,17 @@ class Run:
         log(f"{phase}: starting ({self.left():.0f} s left)")
         t0 = time.monotonic()
         timeout = int(self.left() - 15)
-        env = {**os.environ, "REPO": str(REPO), "R": str(self.out), "HOST_PACKAGES": HOST_PACKAGES,
-               "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "REPO": str(REPO), "R": str(self.out), "HOST_PACKAGES": HOST_PACKAGES, "PYTHONUNBUFFERED": "1"}
         with (self.out / f"{phase}.log").open("w") as logf:
             try:
-                code = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], cwd=REPO, env=env, stdout=logf,
-                                      stderr=subprocess.STDOUT, timeout=timeout).returncode
+                code = subprocess.run(
+                    ["bash", "-c", f"set -o pipefail; {script}"],
+                    cwd=REPO,
+                    env=env,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                ).returncode
             except subprocess.TimeoutExpired:
                 code = 124
         tail = (self.out / f"{phase}.log").read_text(errors="replace").splitlines()[-25:]
@@ -181,8 +186,9 @@ class Run:
 
 def gpu_short_name() -> str:
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.splitlines()[0]
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         return "nogpu"
     for short in ("H100", "H200", "B200", "B300", "GB200", "A100", "L40S"):
@@ -196,8 +202,10 @@ def engine_of(stack: str) -> str:
 
 
 def env_script(stack: str, env_dir: Path) -> str:
-    return (f". {HOSTENV_SH}; PYTHONPATH={REPO}/src python3 -m speclock host-env --stack {stack} --dest {env_dir} "
-            f"--target 3.12-x86_64 --wheelhouse {WH} --use-host-packages \"$HOST_PACKAGES\" --json > $R/{engine_of(stack)}/host-env.json")
+    return (
+        f". {HOSTENV_SH}; PYTHONPATH={REPO}/src python3 -m speclock host-env --stack {stack} --dest {env_dir} "
+        f'--target 3.12-x86_64 --wheelhouse {WH} --use-host-packages "$HOST_PACKAGES" --json > $R/{engine_of(stack)}/host-env.json'
+    )
 
 
 def selfcheck_script(stack: str, env_dir: Path) -> str:
@@ -206,36 +214,42 @@ def selfcheck_script(stack: str, env_dir: Path) -> str:
     # folders below $OUT (on 2026-12-06 it left out <run>/<engine>/selfcheck/ whole, the vLLM report with it)
     res = f"/tmp/speclock-gpu/res/{engine_of(stack)}/selfcheck"
     dest = f"$R/{engine_of(stack)}-selfcheck"
-    return (f". {HOSTENV_SH}; rm -rf {res}; {env_dir}/bin/speclock selfcheck --out {res} --baseline {baseline}; rc=$?; "
-            f"mkdir -p {dest}; find {res} -maxdepth 1 -type f -exec cp {{}} {dest}/ \\; ; exit $rc")
+    return (
+        f". {HOSTENV_SH}; rm -rf {res}; {env_dir}/bin/speclock selfcheck --out {res} --baseline {baseline}; rc=$?; "
+        f"mkdir -p {dest}; find {res} -maxdepth 1 -type f -exec cp {{}} {dest}/ \\; ; exit $rc"
+    )
 
 
 def fault_eager_script(stack: str, env_dir: Path) -> str:
     """The drafted engine with its drafter in eager mode (no CUDA graphs: each drafter pass a chain of small launches),
     slower than plain at batch 1: smoke and the gate must FAIL naming the speed threshold. 16 prompts x 32 tokens for
     the lossless/acceptance pass (the batch-1 measurement keeps the stack's smoke.speed_*)."""
-    return (f". {HOSTENV_SH}; S={env_dir}/speclock/stacks/{stack}.toml; mkdir -p /tmp/speclock-gpu/fault; "
-            f"F=/tmp/speclock-gpu/fault/{stack}.toml; "
-            "python3 - \"$S\" \"$F\" <<'PY'\n"
-            "import re, sys\n"
-            "s = open(sys.argv[1]).read()\n"
-            "s, n = re.subn(r'^settings = \\{ ', 'settings = { speculative_config = { enforce_eager = true }, ', s, count=1, flags=re.M)\n"
-            "assert n == 1, 'no [engine] settings line'\n"
-            "open(sys.argv[2], 'w').write(s)\n"
-            "PY\n"
-            "rm -rf /tmp/speclock-gpu/res/fault; "
-            f"{env_dir}/bin/speclock smoke --stack $F --num-prompts 16 --max-tokens 32 --out /tmp/speclock-gpu/res/fault; "
-            "echo smoke exit $?; mkdir -p $R/vllm-fault-eager; "
-            "find /tmp/speclock-gpu/res/fault -maxdepth 1 -type f -exec cp {} $R/vllm-fault-eager/ \\; ; "
-            f"{env_dir}/bin/speclock gate $R/vllm-fault-eager/report.json --stack $F --baseline none "
-            "--markdown $R/vllm-fault-eager/gate.md; echo gate exit $?")
+    return (
+        f". {HOSTENV_SH}; S={env_dir}/speclock/stacks/{stack}.toml; mkdir -p /tmp/speclock-gpu/fault; "
+        f"F=/tmp/speclock-gpu/fault/{stack}.toml; "
+        'python3 - "$S" "$F" <<\'PY\'\n'
+        "import re, sys\n"
+        "s = open(sys.argv[1]).read()\n"
+        "s, n = re.subn(r'^settings = \\{ ', 'settings = { speculative_config = { enforce_eager = true }, ', s, count=1, flags=re.M)\n"
+        "assert n == 1, 'no [engine] settings line'\n"
+        "open(sys.argv[2], 'w').write(s)\n"
+        "PY\n"
+        "rm -rf /tmp/speclock-gpu/res/fault; "
+        f"{env_dir}/bin/speclock smoke --stack $F --num-prompts 16 --max-tokens 32 --out /tmp/speclock-gpu/res/fault; "
+        "echo smoke exit $?; mkdir -p $R/vllm-fault-eager; "
+        "find /tmp/speclock-gpu/res/fault -maxdepth 1 -type f -exec cp {} $R/vllm-fault-eager/ \\; ; "
+        f"{env_dir}/bin/speclock gate $R/vllm-fault-eager/report.json --stack $F --baseline none "
+        "--markdown $R/vllm-fault-eager/gate.md; echo gate exit $?"
+    )
 
 
 def bench_script(stack: str, env_dir: Path, phase: str, config: str) -> str:
-    return (f". {HOSTENV_SH}; mkdir -p $R/bench; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py "
-            f"--stack {env_dir}/speclock/stacks/{stack}.toml --target {env_dir}/speclock/target "
-            f"--draft {env_dir}/speclock/draft --prompts {env_dir}/speclock/prompts/prompts.jsonl "
-            f"--configs {config} --out $R/bench/{phase}.jsonl")
+    return (
+        f". {HOSTENV_SH}; mkdir -p $R/bench; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py "
+        f"--stack {env_dir}/speclock/stacks/{stack}.toml --target {env_dir}/speclock/target "
+        f"--draft {env_dir}/speclock/draft --prompts {env_dir}/speclock/prompts/prompts.jsonl "
+        f"--configs {config} --out $R/bench/{phase}.jsonl"
+    )
 
 
 def main() -> int:
@@ -264,9 +278,11 @@ def main() -> int:
     for stack in manifest["stacks"]:
         for i, config in enumerate(args.bench_configs.split(",")):
             tasks.append((f"bench-{engine_of(stack)}-{i}-{config}", stack, "bench", ESTIMATE["bench"]))
-    machine_probe = ("{ python3 -V; which python3 gcc g++ nvcc || true; nvidia-smi; nproc; free -g; df -h /tmp; "
-                     "python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, "
-                     "torch.cuda.get_device_name(0))'; } > $R/machine.txt 2>&1; cat $R/machine.txt")
+    machine_probe = (
+        "{ python3 -V; which python3 gcc g++ nvcc || true; nvidia-smi; nproc; free -g; df -h /tmp; "
+        "python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, "
+        "torch.cuda.get_device_name(0))'; } > $R/machine.txt 2>&1; cat $R/machine.txt"
+    )
     env_failed: set[str] = set()
     for phase, stack, kind, estimate in tasks:
         if not wanted(phase) or run.done(phase):
@@ -279,7 +295,7 @@ def main() -> int:
         if stack in env_failed:
             continue
         if not (env_dir / "bin/speclock").exists():
-            missing = [n for n in names[:manifest["ready_after"][stack]] if n not in staged]
+            missing = [n for n in names[: manifest["ready_after"][stack]] if n not in staged]
             if missing:
                 log(f"{phase}: {stack} waits for {len(missing)} parts ({missing[0]} .. {missing[-1]})")
                 continue
@@ -292,15 +308,20 @@ def main() -> int:
                 env_failed.add(stack)
                 continue
         (run.out / eng).mkdir(exist_ok=True)
-        script = {"selfcheck": lambda: selfcheck_script(stack, env_dir),
-                  "fault": lambda: fault_eager_script(stack, env_dir),
-                  "bench": lambda: bench_script(stack, env_dir, phase, phase.rsplit("-", 1)[1])}[kind]()
+        script = {
+            "selfcheck": lambda: selfcheck_script(stack, env_dir),
+            "fault": lambda: fault_eager_script(stack, env_dir),
+            "bench": lambda: bench_script(stack, env_dir, phase, phase.rsplit("-", 1)[1]),
+        }[kind]()
         extra = {"expect": "gate exit 1 (batch-1 speed below smoke.thresholds.min_speedup)"} if kind == "fault" else {}
         if run.sh(phase, script, estimate, stack=stack, **extra) is None:
             break
     pending = [n for n in names if n not in staged]
-    log(f"end of call: {len(staged)}/{len(names)} parts staged" + (f", next part {pending[0]}" if pending else "")
-        + f"; results in {run.out}")
+    log(
+        f"end of call: {len(staged)}/{len(names)} parts staged"
+        + (f", next part {pending[0]}" if pending else "")
+        + f"; results in {run.out}"
+    )
     return 0
 
 

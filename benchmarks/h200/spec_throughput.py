@@ -34,8 +34,12 @@ def main() -> int:
     p.add_argument("--concurrent", type=int, default=80)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--settings", default="{}", help="JSON engine settings merged over the stack's")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="runs of each phase; the median run is kept (2026-12-05: single runs of 0.5-6 s varied by 15%%)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each phase; the median run is kept (2026-12-05: single runs of 0.5-6 s varied by 15%%)",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -63,10 +67,17 @@ def main() -> int:
         with running(engine, cfg) as session:
             start_s = time.perf_counter() - t0
             session.generate(prompts[:2], 16)  # warm-up
-            row = {"config": item, "k": k, "engine_start_s": round(start_s, 1), "max_tokens": args.max_tokens,
-                   "settings": settings}
-            for phase, batches in (("batch1", [[q] for q in prompts[:args.batch1_prompts]]),
-                                   (f"batch{args.concurrent}", [prompts[:args.concurrent]])):
+            row = {
+                "config": item,
+                "k": k,
+                "engine_start_s": round(start_s, 1),
+                "max_tokens": args.max_tokens,
+                "settings": settings,
+            }
+            for phase, batches in (
+                ("batch1", [[q] for q in prompts[: args.batch1_prompts]]),
+                (f"batch{args.concurrent}", [prompts[: args.concurrent]]),
+            ):
                 runs = []
                 for _ in range(max(args.repeats, 1)):
                     before = session.counters()
@@ -76,12 +87,20 @@ def main() -> int:
                     runs.append((seconds, tokens, session.counters() - before))
                 runs.sort(key=lambda r: r[0])
                 seconds, tokens, d = runs[len(runs) // 2]  # greedy: every run yields the same tokens
-                cell = {"tokens": tokens, "seconds": round(seconds, 4), "tok_s": round(tokens / seconds, 2),
-                        "seconds_all": [round(r[0], 4) for r in runs]}
+                cell = {
+                    "tokens": tokens,
+                    "seconds": round(seconds, 4),
+                    "tok_s": round(tokens / seconds, 2),
+                    "seconds_all": [round(r[0], 4) for r in runs],
+                }
                 if k:
-                    cell.update(drafts=d.num_drafts, draft_tokens=d.num_draft_tokens, accepted=d.num_accepted_tokens,
-                                mean_acceptance_length=round(1 + d.num_accepted_tokens / max(d.num_drafts, 1), 4),
-                                accepted_per_position=list(d.accepted_per_position))
+                    cell.update(
+                        drafts=d.num_drafts,
+                        draft_tokens=d.num_draft_tokens,
+                        accepted=d.num_accepted_tokens,
+                        mean_acceptance_length=round(1 + d.num_accepted_tokens / max(d.num_drafts, 1), 4),
+                        accepted_per_position=list(d.accepted_per_position),
+                    )
                     if phase == "batch1":
                         cell["ms_per_step"] = round(1000 * seconds / max(d.num_drafts, 1), 3)
                         cell["tokens_per_step"] = round(tokens / max(d.num_drafts, 1), 3)

@@ -80,10 +80,12 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
             traceback.print_exc()
         where = current_input()
         cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
-        print(f"speclock {args.command}: error: unexpected failure"
-              + (f" while reading {where}" if where else "") + f": {cause}\n"
-              "  what to do: check that input; if it is valid, rerun with SPECLOCK_DEBUG=1 (or -v) and report the "
-              "traceback to the speclock maintainers", file=sys.stderr)
+        print(
+            f"speclock {args.command}: error: unexpected failure" + (f" while reading {where}" if where else "") + f": {cause}\n"
+            "  what to do: check that input; if it is valid, rerun with SPECLOCK_DEBUG=1 (or -v) and report the "
+            "traceback to the speclock maintainers",
+            file=sys.stderr,
+        )
         return 3
 
 

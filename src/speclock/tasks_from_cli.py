@@ -26,15 +26,16 @@ EXTRA = "args"
 class TaskOption:
     """One argparse action as a task parameter: how invoke takes it and how it goes back to the CLI."""
 
-    name: str              # the task parameter (and `--name` flag of the task)
-    flag: str | None       # the CLI option string; None: a positional argument
-    kind: str              # "flag" (store_true), "count", "value", "list" (append / nargs), "words" (remainder)
+    name: str  # the task parameter (and `--name` flag of the task)
+    flag: str | None  # the CLI option string; None: a positional argument
+    kind: str  # "flag" (store_true), "count", "value", "list" (append / nargs), "words" (remainder)
     required: bool
     help: str
 
     def default(self):
-        return {"flag": False, "count": 0, "list": None}.get(self.kind, inspect.Parameter.empty
-                                                            if self.required and self.flag is None else None)
+        return {"flag": False, "count": 0, "list": None}.get(
+            self.kind, inspect.Parameter.empty if self.required and self.flag is None else None
+        )
 
     def argv(self, value) -> list[str]:
         """The CLI arguments for this option's task value ([] when not given: the CLI default applies)."""
@@ -117,8 +118,9 @@ def commands(parser: argparse.ArgumentParser | None = None) -> dict[str, tuple[l
     return out
 
 
-def cli_task(name: str, words: list[str], parser: argparse.ArgumentParser, summary: str,
-             run: Callable[[object, list[str]], object]) -> Task:
+def cli_task(
+    name: str, words: list[str], parser: argparse.ArgumentParser, summary: str, run: Callable[[object, list[str]], object]
+) -> Task:
     """An invoke task named `name` that runs `speclock WORDS ...` with its parser's options."""
     opts = options_of(parser)
     if EXTRA not in {o.name for o in opts}:
@@ -133,20 +135,29 @@ def cli_task(name: str, words: list[str], parser: argparse.ArgumentParser, summa
         return run(c, argv)
 
     params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o.default()) for o in opts
-               if o.default() is inspect.Parameter.empty]
-    params += [inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o.default()) for o in opts
-               if o.default() is not inspect.Parameter.empty]
+    params += [
+        inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o.default())
+        for o in opts
+        if o.default() is inspect.Parameter.empty
+    ]
+    params += [
+        inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o.default())
+        for o in opts
+        if o.default() is not inspect.Parameter.empty
+    ]
     body.__signature__ = inspect.Signature(params)
     body.__name__ = name.replace("-", "_")
     body.__doc__ = summary[:1].upper() + summary[1:] + f" (runs `speclock {' '.join(words)}`)."
-    return Task(body, name=name, help={o.name: o.help for o in opts},
-                positional=[o.name for o in opts if o.default() is inspect.Parameter.empty],
-                iterable=[o.name for o in opts if o.kind == "list"],
-                incrementable=[o.name for o in opts if o.kind == "count"])
+    return Task(
+        body,
+        name=name,
+        help={o.name: o.help for o in opts},
+        positional=[o.name for o in opts if o.default() is inspect.Parameter.empty],
+        iterable=[o.name for o in opts if o.kind == "list"],
+        incrementable=[o.name for o in opts if o.kind == "count"],
+    )
 
 
 def cli_tasks(run: Callable[[object, list[str]], object], skip: set[str] = frozenset()) -> list[Task]:
     """One task per `speclock` sub-command (except those in `skip`)."""
-    return [cli_task(name, words, sp, summary, run) for name, (words, sp, summary) in commands().items()
-            if name not in skip]
+    return [cli_task(name, words, sp, summary, run) for name, (words, sp, summary) in commands().items() if name not in skip]

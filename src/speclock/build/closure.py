@@ -62,8 +62,9 @@ def import_closure(src_root: Path, entries: tuple[str, ...]) -> dict[str, Path]:
         path = _module_file(src_root, name)
         if path is None:
             if name in entries:
-                raise BadInput(f"build step entry module {name} is not in {src_root}",
-                               hint="fix the entry list in speclock.build.context")
+                raise BadInput(
+                    f"build step entry module {name} is not in {src_root}", hint="fix the entry list in speclock.build.context"
+                )
             continue  # `from speclock.x import some_function`: the name is not a module
         seen[name] = path
         parts = name.split(".")
@@ -79,4 +80,6 @@ def init_stub(src_root: Path) -> str:
     match = re.search(r'^__version__\s*=\s*"([^"]+)"', (src_root / "__init__.py").read_text(), re.M)
     if not match:
         raise BadInput(f"{src_root / '__init__.py'} has no __version__ line", hint='restore `__version__ = "X.Y.Z"`')
-    return f'"""speclock, as a build step carries it (speclock.build.closure): the version only."""\n\n__version__ = "{match[1]}"\n'
+    return (
+        f'"""speclock, as a build step carries it (speclock.build.closure): the version only."""\n\n__version__ = "{match[1]}"\n'
+    )

@@ -21,7 +21,12 @@ KERNELS_COPY_MARK = "# @kernels-copy"
 ENGINE_ENV_MARK = "# @engine-env"
 KERNELS_IN_IMAGE = "/opt/speclock/kernels"
 # What the venv step reads from wheels/ besides the wheels the lists pin (each wheel is covered by its hash).
-VENV_STEP_FILES = ("requirements.txt", "uv.txt", "uv_unpack.py", "prune.sh")  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
+VENV_STEP_FILES = (
+    "requirements.txt",
+    "uv.txt",
+    "uv_unpack.py",
+    "prune.sh",
+)  # speclock.kernels.fp8_cuda looks here (IMAGE.root / "kernels")
 
 
 def engine_env_line(env: dict[str, str]) -> str:
@@ -34,12 +39,15 @@ def containerfile_text(with_kernels: bool, engine_env: dict[str, str] | None = N
     stack's engine.env as an ENV line."""
     text = CONTAINERFILE.read_text()
     lines = text.splitlines(keepends=True)
-    marks = {m: [i for i, l in enumerate(lines) if l.startswith(m)]
-             for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK, ENGINE_ENV_MARK)}
+    marks = {
+        m: [i for i, l in enumerate(lines) if l.startswith(m)] for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK, ENGINE_ENV_MARK)
+    }
     if any(len(v) != 1 for v in marks.values()):
-        raise BadInput(f"{CONTAINERFILE} must hold exactly one '{KERNELS_STAGE_MARK}', one '{KERNELS_COPY_MARK}' "
-                       f"and one '{ENGINE_ENV_MARK}' line",
-                       hint="restore the marker comments where the kernel stage, its COPY and the engine ENV belong")
+        raise BadInput(
+            f"{CONTAINERFILE} must hold exactly one '{KERNELS_STAGE_MARK}', one '{KERNELS_COPY_MARK}' "
+            f"and one '{ENGINE_ENV_MARK}' line",
+            hint="restore the marker comments where the kernel stage, its COPY and the engine ENV belong",
+        )
     if engine_env:
         lines[marks[ENGINE_ENV_MARK][0]] = engine_env_line(engine_env)
         text = "".join(lines)
@@ -60,8 +68,9 @@ def staged_containerfile(ctx: Path, *, with_kernels: bool = False, engine_env: d
     return path
 
 
-def build_args_for(stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str,
-                   kernel_base_ref: str | None = None) -> dict[str, str]:
+def build_args_for(
+    stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str, kernel_base_ref: str | None = None
+) -> dict[str, str]:
     """The Containerfile's build arguments for a staged context; the kernel ones only for kernel stacks."""
     target = stack.target
     build_args = {

@@ -68,8 +68,11 @@ def sync_tree(files: dict[str, Path], dest: Path, keep: tuple[str, ...] = ()) ->
 
 def tree_files(root: Path) -> dict[str, Path]:
     """{relative path: file} under `root`, without bytecode caches."""
-    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".pyo"))}
+    return {
+        p.relative_to(root).as_posix(): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".pyo"))
+    }
 
 
 def tree_sha256(ctx: Path, rels: list[str]) -> str:
@@ -125,8 +128,7 @@ def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: P
     _stage_wheels(plan, ctx / "wheels")
 
     stack_file = {f"stacks/{stack.path.name}": stack.path}  # the patch and kernel steps read the stack
-    _stage_tools(ctx / "patch-tools",
-                 {**stage_tool_files(SRC_ROOT, PATCH_ENTRIES), **stack_file} if stack.patch_series else None)
+    _stage_tools(ctx / "patch-tools", {**stage_tool_files(SRC_ROOT, PATCH_ENTRIES), **stack_file} if stack.patch_series else None)
     _stage_tools(ctx / "asset-tools", stage_tool_files(SRC_ROOT, ASSET_ENTRIES) if stack.target.get("gguf") else None)
     if stack.kernels:
         _stage_tools(ctx / "kernel-tools", {**stage_tool_files(SRC_ROOT, KERNEL_ENTRIES, KERNEL_DATA), **stack_file})

@@ -10,8 +10,9 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from speclock.core.errors import EnvironmentProblem
 from speclock.core.files import os_error
@@ -67,8 +68,14 @@ def _copy_local(src: Path, out: BinaryIO, dest: Path, stop: threading.Event, on_
             on_bytes(len(block))
 
 
-def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER,
-             on_bytes: Callable[[int], None] = lambda n: None, on_size: Callable[[int], None] = lambda n: None) -> None:
+def download(
+    url: str,
+    out: BinaryIO,
+    dest: Path,
+    stop: threading.Event = NEVER,
+    on_bytes: Callable[[int], None] = lambda n: None,
+    on_size: Callable[[int], None] = lambda n: None,
+) -> None:
     """Copy the bytes at `url` into `out` (the open .part file `dest`). For progress: `on_size(n)` with the
     size once known (Content-Length, or the local file's), `on_bytes(n)` after each block.
 
@@ -78,9 +85,10 @@ def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER,
     if parsed.scheme == "file":
         src = local_path(url)
         if not src.is_file():
-            raise EnvironmentProblem(f"the lock names a local file that is not on this machine: {src}",
-                                     hint="re-lock on this machine (`speclock lock --stack NAME`), "
-                                          "or put that wheel where the lock says")
+            raise EnvironmentProblem(
+                f"the lock names a local file that is not on this machine: {src}",
+                hint="re-lock on this machine (`speclock lock --stack NAME`), or put that wheel where the lock says",
+            )
         on_size(src.stat().st_size)
         _copy_local(src, out, dest, stop, on_bytes)
         return
@@ -103,15 +111,20 @@ def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER,
                 raise EnvironmentProblem(
                     f"not found at {url} (HTTP {err.code}): the index no longer serves the file the lock names",
                     hint="the index removed the file (a yanked or deleted release): re-lock with "
-                         "`speclock lock --stack NAME` and review the diff, or fetch from a mirror that still has it") from None
+                    "`speclock lock --stack NAME` and review the diff, or fetch from a mirror that still has it",
+                ) from None
             if 400 <= err.code < 500 and err.code not in (408, 429):
-                raise EnvironmentProblem(f"{url} was refused by the server (HTTP {err.code} {err.reason})",
-                                         hint="check access to the index (credentials, proxy) or re-lock") from None
+                raise EnvironmentProblem(
+                    f"{url} was refused by the server (HTTP {err.code} {err.reason})",
+                    hint="check access to the index (credentials, proxy) or re-lock",
+                ) from None
             last = err  # 5xx, 408, 429: the server may recover
             continue
         except ssl.SSLCertVerificationError as err:
-            raise EnvironmentProblem(f"could not download {url}: the server's TLS certificate is not trusted ({err.verify_message})",
-                                     hint="behind an intercepting proxy, set PIP_CERT or SSL_CERT_FILE to its CA bundle") from None
+            raise EnvironmentProblem(
+                f"could not download {url}: the server's TLS certificate is not trusted ({err.verify_message})",
+                hint="behind an intercepting proxy, set PIP_CERT or SSL_CERT_FILE to its CA bundle",
+            ) from None
         except (OSError, http.client.HTTPException, ValueError) as err:
             last = err  # DNS, refused connection, timeout, reset: the network
             continue
@@ -134,5 +147,7 @@ def download(url: str, out: BinaryIO, dest: Path, stop: threading.Event = NEVER,
                 last = http.client.IncompleteRead(b"", resp.length)
                 continue
         return
-    raise EnvironmentProblem(f"could not download {url} after {RETRIES} attempts: {last}",
-                             hint="check network access to the index (and PIP_CERT/SSL_CERT_FILE behind a proxy)")
+    raise EnvironmentProblem(
+        f"could not download {url} after {RETRIES} attempts: {last}",
+        hint="check network access to the index (and PIP_CERT/SSL_CERT_FILE behind a proxy)",
+    )

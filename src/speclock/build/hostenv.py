@@ -40,15 +40,15 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from speclock.build.envplan import plan_environment
+
 # RUN_ENV, glibc_needed, version_matches, select_host_packages: host-env's API, used by fetch, doctor and the tests.
-from speclock.build.hostenv_build import (HOME, HOST_ENV_SCHEMA, RECORD, RUN_ENV, HostEnvOptions, build_env,  # noqa: F401
-                                          find_wheels)
-from speclock.build.hostenv_host import (check_glibc, choose_target, glibc_needed, select_host_packages,  # noqa: F401
-                                         version_matches)
+from speclock.build.hostenv_build import HOME, HOST_ENV_SCHEMA, RECORD, RUN_ENV, HostEnvOptions, build_env, find_wheels  # noqa: F401
+from speclock.build.hostenv_host import check_glibc, choose_target, glibc_needed, select_host_packages, version_matches  # noqa: F401
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, pid_alive, read_json
 from speclock.core.names import normalize
@@ -61,12 +61,16 @@ def read_record(env_dir: Path) -> dict[str, Any]:
     """DIR/speclock/host-env.json, checked; BadInput when DIR is not a host environment."""
     path = Path(env_dir) / HOME / RECORD
     if not path.is_file():
-        raise BadInput(f"{env_dir} is not a speclock host environment (no {HOME}/{RECORD})",
-                       hint="make one with `speclock host-env --stack S --dest DIR`")
+        raise BadInput(
+            f"{env_dir} is not a speclock host environment (no {HOME}/{RECORD})",
+            hint="make one with `speclock host-env --stack S --dest DIR`",
+        )
     doc = read_json(path, what="host environment record", expect=dict)
     if doc.get("schema") != HOST_ENV_SCHEMA:
-        raise BadInput(f"{path}: schema is {str(doc.get('schema'))[:40]!r}, expected {HOST_ENV_SCHEMA!r}",
-                       hint="re-create it with `speclock host-env --force`")
+        raise BadInput(
+            f"{path}: schema is {str(doc.get('schema'))[:40]!r}, expected {HOST_ENV_SCHEMA!r}",
+            hint="re-create it with `speclock host-env --force`",
+        )
     return doc
 
 
@@ -83,6 +87,7 @@ def clean_stale_builds(dest: Path) -> list[Path]:
 
 # ---------------------------------------------------------------- the build
 
+
 def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Build the environment; returns its record. See the module docstring."""
     started = time.monotonic()
@@ -97,9 +102,11 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
     host = select_host_packages(opts.host_packages, plan.packages, key) if opts.host_packages else []
     host_names = {p["name"] for p in host}
     if normalize(stack.engine["package"]) in host_names and stack.patch_series:
-        raise BadInput(f"--use-host-packages takes the engine {stack.engine['package']} from the host, but stack {stack.name} "
-                       "patches it (patches.series): a host's site-packages is never patched",
-                       hint=f"leave {stack.engine['package']} out of --use-host-packages")
+        raise BadInput(
+            f"--use-host-packages takes the engine {stack.engine['package']} from the host, but stack {stack.name} "
+            "patches it (patches.series): a host's site-packages is never patched",
+            hint=f"leave {stack.engine['package']} out of --use-host-packages",
+        )
     install = [p for p in plan.packages if p["name"] not in host_names]
     toolchain = plan.kernel_toolchain if stack.kernels and not opts.kernels else []
     needed = list({p["filename"]: p for p in install + plan.assets + toolchain}.values())
@@ -107,8 +114,10 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
     if stack.kernels:
         _check_kernels_input(opts, stack.name)
     elif opts.kernels:
-        raise BadInput(f"--kernels {opts.kernels}: stack {stack.name} builds no speclock kernels (kernels.build is empty)",
-                       hint="leave --kernels out, or add kernels.build to the stack and re-lock")
+        raise BadInput(
+            f"--kernels {opts.kernels}: stack {stack.name} builds no speclock kernels (kernels.build is empty)",
+            hint="leave --kernels out, or add kernels.build to the stack and re-lock",
+        )
     dest = Path(opts.dest).expanduser().absolute()
     if dest.exists() or dest.is_symlink():
         if not dest.is_dir():
@@ -116,15 +125,22 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
         if not opts.force:
             try:
                 rec = read_record(dest)
-                same = (rec.get("lock_sha256"), rec.get("target"), sorted(rec.get("host_packages_requested", []))) == \
-                       (full["lock_sha256"], key, sorted(opts.host_packages))
+                same = (rec.get("lock_sha256"), rec.get("target"), sorted(rec.get("host_packages_requested", []))) == (
+                    full["lock_sha256"],
+                    key,
+                    sorted(opts.host_packages),
+                )
             except BadInput:
                 same = False
             if same:
-                progress(f"{dest} is already the host environment of {stack.name} (target {key}, lock {full['lock_sha256'][:12]})")
+                progress(
+                    f"{dest} is already the host environment of {stack.name} (target {key}, lock {full['lock_sha256'][:12]})"
+                )
                 return rec
-            raise BadInput(f"--dest {dest} exists", hint="give a new folder, or --force to replace it (it is replaced only "
-                                                        "once the new environment is complete)")
+            raise BadInput(
+                f"--dest {dest} exists",
+                hint="give a new folder, or --force to replace it (it is replaced only once the new environment is complete)",
+            )
     made = _make_parents(dest)
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     try:
@@ -134,9 +150,11 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
             tmp.mkdir()  # now, not after minutes of hashing: a folder no one may write to fails at once
         except OSError as err:
             raise os_error(err, dest, "create --dest") from None
-        progress(f"host environment for {stack.name}: target {key} (Python {view['python']['version']}), {len(install)} "
-                 f"wheels hash-checked from the wheelhouse" + (f", {len(host)} from the host: {', '.join(sorted(host_names))}"
-                                                                if host else ""))
+        progress(
+            f"host environment for {stack.name}: target {key} (Python {view['python']['version']}), {len(install)} "
+            f"wheels hash-checked from the wheelhouse"
+            + (f", {len(host)} from the host: {', '.join(sorted(host_names))}" if host else "")
+        )
         wheels = find_wheels(needed, Path(opts.wheelhouse) if opts.wheelhouse else None, stack.name, key)
         record = build_env(plan, full, key, install, host, wheels, tmp, dest, opts, progress)
         _swap_in(tmp, dest)
@@ -148,8 +166,10 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
             except OSError:
                 break
         raise
-    progress(f"host environment ready in {time.monotonic() - started:.0f} s: {dest}\n"
-             f"  run: {dest}/bin/speclock selfcheck    (or: speclock selfcheck --env {dest})")
+    progress(
+        f"host environment ready in {time.monotonic() - started:.0f} s: {dest}\n"
+        f"  run: {dest}/bin/speclock selfcheck    (or: speclock selfcheck --env {dest})"
+    )
     return record
 
 
@@ -157,9 +177,11 @@ def _check_kernels_input(opts: HostEnvOptions, stack_name: str) -> None:
     """Before anything is made: --kernels is a built library, else this host can build one (a C++ compiler for nvcc)."""
     if opts.kernels:
         if not all((Path(opts.kernels) / f).is_file() for f in ("kernels.json", "libspeclock_fp8.so")):
-            raise BadInput(f"--kernels {opts.kernels}: not a built kernel library (needs kernels.json and libspeclock_fp8.so)",
-                           hint=f"copy /opt/speclock/kernels out of the image of {stack_name} (docker cp), or leave "
-                                "--kernels out: host-env builds the library with the lock's nvcc and the host's g++")
+            raise BadInput(
+                f"--kernels {opts.kernels}: not a built kernel library (needs kernels.json and libspeclock_fp8.so)",
+                hint=f"copy /opt/speclock/kernels out of the image of {stack_name} (docker cp), or leave "
+                "--kernels out: host-env builds the library with the lock's nvcc and the host's g++",
+            )
         return
     check_host_compiler()  # exit 3 naming g++ and --kernels (kernels.build of the stack needs a library)
 
@@ -202,6 +224,7 @@ def _swap_in(tmp: Path, dest: Path) -> None:
 
 # ---------------------------------------------------------------- running speclock inside an environment
 
+
 def env_command(env_dir: Path, args: list[str]) -> list[str]:
     """The command that runs `speclock ARGS` inside a host environment (its bin/speclock), checked."""
     env_dir = Path(env_dir).expanduser().absolute()
@@ -214,8 +237,16 @@ def env_command(env_dir: Path, args: list[str]) -> list[str]:
 
 def _cmd_host_env(args: argparse.Namespace) -> int:
     patterns = tuple(p for p in (args.use_host_packages or "").split(",") if p.strip())
-    opts = HostEnvOptions(stack=args.stack, dest=args.dest, target=args.target, wheelhouse=args.wheelhouse,
-                          host_packages=patterns, lock=args.lock, force=args.force, kernels=args.kernels)
+    opts = HostEnvOptions(
+        stack=args.stack,
+        dest=args.dest,
+        target=args.target,
+        wheelhouse=args.wheelhouse,
+        host_packages=patterns,
+        lock=args.lock,
+        force=args.force,
+        kernels=args.kernels,
+    )
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
 
     def on_term(signum, frame):  # a `kill` cleans up like Ctrl-C: the temp folder goes, exit 130
@@ -227,39 +258,65 @@ def _cmd_host_env(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if args.json:
-        print(json.dumps({k: record[k] for k in ("stack", "target", "lock_sha256", "python", "machine")} |
-                         {"dest": str(Path(args.dest).expanduser().absolute()),
-                          "hash_checked": len(record["hash_checked"]),
-                          "version_checked": [r["name"] for r in record["version_checked"]]}, indent=2))
+        print(
+            json.dumps(
+                {k: record[k] for k in ("stack", "target", "lock_sha256", "python", "machine")}
+                | {
+                    "dest": str(Path(args.dest).expanduser().absolute()),
+                    "hash_checked": len(record["hash_checked"]),
+                    "version_checked": [r["name"] for r in record["version_checked"]],
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("host-env", help="build a stack's locked environment on a host without containers (a venv)",
-                       description="Build the lock's target for this host's Python and machine as a venv at DEST, offline "
-                                   "from the wheelhouse (hash-checked, pip --no-index --require-hashes), laid out like the "
-                                   "image (pruned as [prune] says, target converted, prompts, drafter, patches applied, "
-                                   "kernels built for kernels.build), so that `DEST/bin/speclock "
-                                   "selfcheck` runs doctor, smoke and gate there. Built in DEST.tmp-<pid>, renamed at the "
-                                   "end. Exit 2: no target for this host's Python/machine (add it to python.host_targets "
-                                   "and re-lock), DEST exists or is a file; 3: DEST not writable, no g++ for a stack "
-                                   "with kernels.build (or pass --kernels), a wheel missing from the wheelhouse (`speclock fetch "
-                                   "--target T`), a host package missing or at another version; 1: a wheel with the wrong "
-                                   "sha256. docs/host-env.md.")
+    p = sub.add_parser(
+        "host-env",
+        help="build a stack's locked environment on a host without containers (a venv)",
+        description="Build the lock's target for this host's Python and machine as a venv at DEST, offline "
+        "from the wheelhouse (hash-checked, pip --no-index --require-hashes), laid out like the "
+        "image (pruned as [prune] says, target converted, prompts, drafter, patches applied, "
+        "kernels built for kernels.build), so that `DEST/bin/speclock "
+        "selfcheck` runs doctor, smoke and gate there. Built in DEST.tmp-<pid>, renamed at the "
+        "end. Exit 2: no target for this host's Python/machine (add it to python.host_targets "
+        "and re-lock), DEST exists or is a file; 3: DEST not writable, no g++ for a stack "
+        "with kernels.build (or pass --kernels), a wheel missing from the wheelhouse (`speclock fetch "
+        "--target T`), a host package missing or at another version; 1: a wheel with the wrong "
+        "sha256. docs/host-env.md.",
+    )
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--dest", required=True, metavar="DIR", help="the environment folder to create (must not exist, or --force)")
-    p.add_argument("--target", default="auto", metavar="TARGET",
-                   help="the lock's target: 'auto' (default: this host's '<python>-<machine>', else the image target when "
-                        "the host runs the image's Python), 'image', or a host target such as '3.12-x86_64'")
-    p.add_argument("--wheelhouse", metavar="DIR", help="where the wheels are: fetch's store (<sha256>/<file>, default "
-                                                       "$SPECLOCK_CACHE/wheelhouse) or a plain folder of wheels")
-    p.add_argument("--use-host-packages", metavar="NAMES", default="",
-                   help="comma-separated packages (or patterns: 'nvidia-*') the host's Python already has at the lock's "
-                        "versions, used from there (--system-site-packages), version-checked instead of hash-checked")
+    p.add_argument(
+        "--target",
+        default="auto",
+        metavar="TARGET",
+        help="the lock's target: 'auto' (default: this host's '<python>-<machine>', else the image target when "
+        "the host runs the image's Python), 'image', or a host target such as '3.12-x86_64'",
+    )
+    p.add_argument(
+        "--wheelhouse",
+        metavar="DIR",
+        help="where the wheels are: fetch's store (<sha256>/<file>, default "
+        "$SPECLOCK_CACHE/wheelhouse) or a plain folder of wheels",
+    )
+    p.add_argument(
+        "--use-host-packages",
+        metavar="NAMES",
+        default="",
+        help="comma-separated packages (or patterns: 'nvidia-*') the host's Python already has at the lock's "
+        "versions, used from there (--system-site-packages), version-checked instead of hash-checked",
+    )
     p.add_argument("--lock", metavar="PATH", help="the lock to use (default locks/<stack>.lock)")
-    p.add_argument("--kernels", metavar="DIR", help="for stacks with kernels.build: take speclock's built kernel library from "
-                   "DIR (kernels.json and libspeclock_fp8.so, e.g. /opt/speclock/kernels copied out of the stack's image) "
-                   "instead of building it here with the lock's nvcc wheels and the host's g++")
+    p.add_argument(
+        "--kernels",
+        metavar="DIR",
+        help="for stacks with kernels.build: take speclock's built kernel library from "
+        "DIR (kernels.json and libspeclock_fp8.so, e.g. /opt/speclock/kernels copied out of the stack's image) "
+        "instead of building it here with the lock's nvcc wheels and the host's g++",
+    )
     p.add_argument("--force", action="store_true", help="replace DEST if it exists (only once the new one is complete)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_host_env)

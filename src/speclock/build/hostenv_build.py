@@ -15,9 +15,10 @@ import site
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from speclock import __version__
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, kernel_build_args, patch_files
@@ -34,8 +35,13 @@ HOST_ENV_SCHEMA = "speclock.host-env/v1"
 HOME = "speclock"  # DIR/speclock: the image's /opt/speclock
 RECORD = "host-env.json"  # DIR/speclock/host-env.json
 # What the image's ENV sets besides paths (containers/Containerfile): the same for a host run.
-RUN_ENV = {"SPECLOCK_IN_IMAGE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1"}
+RUN_ENV = {
+    "SPECLOCK_IN_IMAGE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -52,14 +58,17 @@ class HostEnvOptions:
 
 # ---------------------------------------------------------------- wheels
 
+
 def find_wheels(packages: list[dict[str, Any]], wheelhouse: Path | None, stack: str, key: str) -> dict[str, Path]:
     """{filename: path} of each wheel, hash-checked now. The wheelhouse is fetch's <sha256>/<file> store (default),
     or a folder of wheels (<file> directly). Missing: exit 3 naming the file and the fetch command; a wheel whose
     bytes are not the lock's: exit 1 (refused)."""
     store = Path(wheelhouse) if wheelhouse else store_dir()
     if not store.is_dir():
-        raise EnvironmentProblem(f"--wheelhouse {store} is not a folder",
-                                 hint=f"run `speclock fetch --stack {stack} --target {key}`, or give the folder of its wheels")
+        raise EnvironmentProblem(
+            f"--wheelhouse {store} is not a folder",
+            hint=f"run `speclock fetch --stack {stack} --target {key}`, or give the folder of its wheels",
+        )
     fetch = f"speclock fetch --stack {stack} --target {key}"
     out, missing = {}, []
     for p in packages:
@@ -70,13 +79,18 @@ def find_wheels(packages: list[dict[str, Any]], wheelhouse: Path | None, stack: 
             continue
         actual = file_sha256(path)
         if actual != p["sha256"]:
-            raise CheckFailed(f"{path} has sha256 {actual}, the lock says {p['sha256']}: refused",
-                              hint=f"run `{fetch}` (it moves a corrupt copy aside and fetches the locked bytes)")
+            raise CheckFailed(
+                f"{path} has sha256 {actual}, the lock says {p['sha256']}: refused",
+                hint=f"run `{fetch}` (it moves a corrupt copy aside and fetches the locked bytes)",
+            )
         out[p["filename"]] = path
     if missing:
-        raise EnvironmentProblem(f"{len(missing)} locked wheels of target {key} are not in the wheelhouse {store}: "
-                                 + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""),
-                                 hint=f"run `{fetch}` (on a machine with the network; then carry the wheelhouse here)")
+        raise EnvironmentProblem(
+            f"{len(missing)} locked wheels of target {key} are not in the wheelhouse {store}: "
+            + ", ".join(missing[:5])
+            + (" ..." if len(missing) > 5 else ""),
+            hint=f"run `{fetch}` (on a machine with the network; then carry the wheelhouse here)",
+        )
     return out
 
 
@@ -100,15 +114,33 @@ def _run(cmd: list[str], what: str, hint: str, **env: str) -> None:
 def pip_install(python: Path, wheels: Path, requirements: Path, *, target_dir: Path | None = None, hint: str) -> None:
     """Offline, hash-checked, no dependency resolution: exactly the listed wheels (pip of this Python, run for the
     env's Python with `pip --python`)."""
-    cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-deps", "--require-hashes",
-           "--ignore-installed", "--no-compile", "--no-cache-dir", "--progress-bar", "off", "--find-links", str(wheels),
-           "-r", str(requirements)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(python),
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--require-hashes",
+        "--ignore-installed",
+        "--no-compile",
+        "--no-cache-dir",
+        "--progress-bar",
+        "off",
+        "--find-links",
+        str(wheels),
+        "-r",
+        str(requirements),
+    ]
     if target_dir is not None:
         cmd += ["--target", str(target_dir)]
     _run(cmd, f"pip install -r {requirements.name}", hint)
 
 
 # ---------------------------------------------------------------- the environment's files
+
 
 def _copy_tree(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
@@ -117,22 +149,25 @@ def _copy_tree(src: Path, dest: Path) -> None:
 def _site_packages(env: Path) -> Path:
     found = sorted(env.glob("lib/python3*/site-packages"))
     if not found:
-        raise EnvironmentProblem(f"{env}: the new venv has no lib/python3*/site-packages", hint="check the host's Python venv module")
+        raise EnvironmentProblem(
+            f"{env}: the new venv has no lib/python3*/site-packages", hint="check the host's Python venv module"
+        )
     return found[0]
 
 
 def wrapper_script(stack: Stack, key: str, lock_sha256: str) -> str:
     """DIR/bin/speclock: speclock run as in the image (its ENV), found relative to itself (DIR may move)."""
-    env = {**RUN_ENV, "SPECLOCK_IMAGE_REF": f"host-env:{stack.name}/{key}@lock-{lock_sha256[:12]}",
-           **stack.engine_env}
+    env = {**RUN_ENV, "SPECLOCK_IMAGE_REF": f"host-env:{stack.name}/{key}@lock-{lock_sha256[:12]}", **stack.engine_env}
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
-    return ("#!/bin/sh\n"
-            f"# speclock host environment: stack {stack.name}, target {key}, lock {lock_sha256[:12]} (speclock host-env).\n"
-            "# Runs speclock with the image's environment (containers/Containerfile ENV) and the stack's engine.env.\n"
-            'here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd -P)\n'
-            'export SPECLOCK_HOME="$here/speclock" PYTHONPATH="$here/speclock/src" PATH="$here/bin:$PATH" VIRTUAL_ENV="$here"\n'
-            f"{exports}\n"
-            'exec "$here/bin/python" -m speclock "$@"\n')
+    return (
+        "#!/bin/sh\n"
+        f"# speclock host environment: stack {stack.name}, target {key}, lock {lock_sha256[:12]} (speclock host-env).\n"
+        "# Runs speclock with the image's environment (containers/Containerfile ENV) and the stack's engine.env.\n"
+        'here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd -P)\n'
+        'export SPECLOCK_HOME="$here/speclock" PYTHONPATH="$here/speclock/src" PATH="$here/bin:$PATH" VIRTUAL_ENV="$here"\n'
+        f"{exports}\n"
+        'exec "$here/bin/python" -m speclock "$@"\n'
+    )
 
 
 def _relocate(tmp: Path, final: Path) -> None:
@@ -151,14 +186,28 @@ def _relocate(tmp: Path, final: Path) -> None:
             path.write_bytes(data.replace(old, new))
             path.chmod(mode)
 
-def build_env(plan: EnvPlan, full: dict[str, Any], key: str, install: list[dict[str, Any]], host: list[dict[str, Any]],
-              wheels: dict[str, Path], tmp: Path, dest: Path, opts: HostEnvOptions,
-              progress: Callable[[str], None]) -> dict[str, Any]:
+
+def build_env(
+    plan: EnvPlan,
+    full: dict[str, Any],
+    key: str,
+    install: list[dict[str, Any]],
+    host: list[dict[str, Any]],
+    wheels: dict[str, Path],
+    tmp: Path,
+    dest: Path,
+    opts: HostEnvOptions,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
     """Carry out `plan` in `tmp` (an empty folder, renamed to `dest` by the caller); returns the record."""
     stack, view = plan.stack, plan.lock
     fetch_hint = f"check the wheelhouse with `speclock fetch --stack {stack.name} --target {key}`"
     progress("  creating the venv" + (" (with the host's site-packages)" if host else ""))
-    venv_cmd = [sys.executable, "-m", "venv", "--without-pip", "--prompt", dest.name] + (["--system-site-packages"] if host else []) + [str(tmp)]
+    venv_cmd = (
+        [sys.executable, "-m", "venv", "--without-pip", "--prompt", dest.name]
+        + (["--system-site-packages"] if host else [])
+        + [str(tmp)]
+    )
     _run(venv_cmd, "python -m venv", "check the host's Python (the venv module)")
     python = tmp / "bin" / "python"
     if host and sys.prefix != sys.base_prefix:
@@ -196,10 +245,25 @@ def build_env(plan: EnvPlan, full: dict[str, Any], key: str, install: list[dict[
     tools_env = {"PYTHONPATH": str(home / "src"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if stack.patch_series:
         progress(f"  applying the patch series ({len(stack.patch_series)} patches) to {stack.engine['package']}")
-        _run([str(python), "-m", "speclock.patches", "patches", "apply", "--stack", str(stack_file),
-              "--python", str(python), "--record", str(home / "patches-applied.json")],
-             "applying the patch series", f"`speclock patches check --stack {stack.name}` shows each patch",
-             SPECLOCK_PATCHES_DIR=str(home / "patches"), **tools_env)
+        _run(
+            [
+                str(python),
+                "-m",
+                "speclock.patches",
+                "patches",
+                "apply",
+                "--stack",
+                str(stack_file),
+                "--python",
+                str(python),
+                "--record",
+                str(home / "patches-applied.json"),
+            ],
+            "applying the patch series",
+            f"`speclock patches check --stack {stack.name}` shows each patch",
+            SPECLOCK_PATCHES_DIR=str(home / "patches"),
+            **tools_env,
+        )
     else:
         atomic_write_text(home / "patches-applied.json", '{"applied": []}\n')
     if plan.assets:
@@ -215,21 +279,38 @@ def build_env(plan: EnvPlan, full: dict[str, Any], key: str, install: list[dict[
     _relocate(tmp, dest)
     py, machine = running_target()
     record = {
-        "schema": HOST_ENV_SCHEMA, "stack": stack.name, "stack_sha256": full["stack_sha256"],
-        "lock_sha256": full["lock_sha256"], "lock_file": str(lock_file_name(opts, stack)), "target": key,
-        "target_lock_sha256": view["lock_sha256"], "python": py, "machine": machine,
-        "interpreter": sys.executable, "speclock_version": __version__,
+        "schema": HOST_ENV_SCHEMA,
+        "stack": stack.name,
+        "stack_sha256": full["stack_sha256"],
+        "lock_sha256": full["lock_sha256"],
+        "lock_file": str(lock_file_name(opts, stack)),
+        "target": key,
+        "target_lock_sha256": view["lock_sha256"],
+        "python": py,
+        "machine": machine,
+        "interpreter": sys.executable,
+        "speclock_version": __version__,
         "hash_checked": [{"name": p["name"], "version": p["version"], "sha256": p["sha256"]} for p in install],
-        "version_checked": host_rows, "host_packages_requested": sorted(opts.host_packages),
-        "pruned_from_host": _pruned_from_host(python, tmp, view) if host else [], "kernels": kernels,
-        "engine_env": stack.engine_env, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "version_checked": host_rows,
+        "host_packages_requested": sorted(opts.host_packages),
+        "pruned_from_host": _pruned_from_host(python, tmp, view) if host else [],
+        "kernels": kernels,
+        "engine_env": stack.engine_env,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_json(home / RECORD, record, indent=1)
     return record
 
 
-def _unpack_assets(plan: EnvPlan, python: Path, links: Path, home: Path, tools_env: dict[str, str], fetch_hint: str,
-                   progress: Callable[[str], None]) -> None:
+def _unpack_assets(
+    plan: EnvPlan,
+    python: Path,
+    links: Path,
+    home: Path,
+    tools_env: dict[str, str],
+    fetch_hint: str,
+    progress: Callable[[str], None],
+) -> None:
     """The image's assets step: the data wheels unpacked to a temp folder, the prompts taken, the target converted."""
     stack = plan.stack
     assets_dir = links.parent / ".assets"
@@ -239,20 +320,43 @@ def _unpack_assets(plan: EnvPlan, python: Path, links: Path, home: Path, tools_e
     prompts_file = stack.smoke["prompts_file"]
     if prompts_file:
         (home / "prompts").mkdir()
-        shutil.copyfile(confined(assets_dir, prompts_file, what="smoke.prompts_file", source=stack.path),
-                        home / "prompts" / "prompts.jsonl")
+        shutil.copyfile(
+            confined(assets_dir, prompts_file, what="smoke.prompts_file", source=stack.path), home / "prompts" / "prompts.jsonl"
+        )
     if stack.target["package"]:
         gguf = confined(assets_dir, stack.target["gguf"], what="target.gguf", source=stack.path)
         progress(f"  converting the target {stack.target['name']} from {gguf.name}")
-        _run([str(python), "-m", "speclock.drafter.models", "convert", "--gguf", str(gguf), "--out", str(home / "target"),
-              "--dtype", stack.target["dtype"]], "converting the target model",
-             "the env needs torch, transformers and python.build_only's gguf (all in the lock)",
-             **{**tools_env, "PYTHONPATH": f"{home / 'src'}{os.pathsep}{assets_dir}"})
+        _run(
+            [
+                str(python),
+                "-m",
+                "speclock.drafter.models",
+                "convert",
+                "--gguf",
+                str(gguf),
+                "--out",
+                str(home / "target"),
+                "--dtype",
+                stack.target["dtype"],
+            ],
+            "converting the target model",
+            "the env needs torch, transformers and python.build_only's gguf (all in the lock)",
+            **{**tools_env, "PYTHONPATH": f"{home / 'src'}{os.pathsep}{assets_dir}"},
+        )
     shutil.rmtree(assets_dir)
 
 
-def _kernels(plan: EnvPlan, python: Path, links: Path, home: Path, stack_file: Path, tools_env: dict[str, str],
-             opts: HostEnvOptions, fetch_hint: str, progress: Callable[[str], None]) -> dict[str, Any]:
+def _kernels(
+    plan: EnvPlan,
+    python: Path,
+    links: Path,
+    home: Path,
+    stack_file: Path,
+    tools_env: dict[str, str],
+    opts: HostEnvOptions,
+    fetch_hint: str,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
     """DEST/speclock/kernels: copied from --kernels DIR, else built as the image's kernels stage builds it (the lock's
     nvcc wheels in a temp folder, the host's C++ compiler, `speclock.kernels.build --toolchain ... --check`)."""
     out = home / "kernels"
@@ -262,12 +366,18 @@ def _kernels(plan: EnvPlan, python: Path, links: Path, home: Path, stack_file: P
         return {"source": "copied", "from": str(Path(opts.kernels).absolute())}
     toolchain = links.parent / ".kernel-toolchain"
     (links / "kernels.txt").write_text(requirements_text(plan.kernel_toolchain))
-    progress(f"  building speclock's kernels for {', '.join(plan.stack.gpu['archs'])} with the lock's nvcc "
-             f"({len(plan.kernel_toolchain)} toolchain wheels)")
+    progress(
+        f"  building speclock's kernels for {', '.join(plan.stack.gpu['archs'])} with the lock's nvcc "
+        f"({len(plan.kernel_toolchain)} toolchain wheels)"
+    )
     pip_install(python, links, links / "kernels.txt", target_dir=toolchain, hint=fetch_hint)
-    _run([str(python), *kernel_build_args(str(stack_file), str(toolchain), str(out))], "building speclock's kernels",
-         "kernels.build of the stack needs the host's gcc/g++ and the lock's nvcc wheels; or pass --kernels DIR with "
-         "the library copied out of the stack's image", **tools_env)
+    _run(
+        [str(python), *kernel_build_args(str(stack_file), str(toolchain), str(out))],
+        "building speclock's kernels",
+        "kernels.build of the stack needs the host's gcc/g++ and the lock's nvcc wheels; or pass --kernels DIR with "
+        "the library copied out of the stack's image",
+        **tools_env,
+    )
     shutil.rmtree(toolchain)
     return {"source": "built", "toolchain": [{"name": p["name"], "version": p["version"]} for p in plan.kernel_toolchain]}
 
@@ -279,8 +389,11 @@ def _pruned_from_host(python: Path, env: Path, view: dict[str, Any]) -> list[dic
     if not names:
         return []
     found = host_versions(python, names)
-    return [{"name": n, "version": v["version"], "location": v["location"]} for n, v in found.items()
-            if v and not Path(v["location"]).resolve().is_relative_to(env.resolve())]
+    return [
+        {"name": n, "version": v["version"], "location": v["location"]}
+        for n, v in found.items()
+        if v and not Path(v["location"]).resolve().is_relative_to(env.resolve())
+    ]
 
 
 def lock_file_name(opts: HostEnvOptions, stack: Stack) -> Path:

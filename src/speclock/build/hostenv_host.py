@@ -23,14 +23,17 @@ _LOCAL_CUDA = re.compile(r"cu(\d+)")
 
 # ---------------------------------------------------------------- which target
 
+
 def running_target() -> tuple[str, str]:
     """(python 'X.Y', machine) of the interpreter running this."""
     return f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine()
 
 
 def _relock_hint(stack_name: str, key: str) -> str:
-    return (f"add '{key}' to python.host_targets in stacks/{stack_name}.toml, run `speclock lock --stack {stack_name}` "
-            f"and `speclock fetch --stack {stack_name} --target {key}`, then run host-env again")
+    return (
+        f"add '{key}' to python.host_targets in stacks/{stack_name}.toml, run `speclock lock --stack {stack_name}` "
+        f"and `speclock fetch --stack {stack_name} --target {key}`, then run host-env again"
+    )
 
 
 def choose_target(doc: dict[str, Any], requested: str = "auto") -> str:
@@ -45,14 +48,18 @@ def choose_target(doc: dict[str, Any], requested: str = "auto") -> str:
         image = targets[IMAGE_TARGET]
         if (image["python"], image["machine"]) == (py, machine):
             return IMAGE_TARGET
-        raise BadInput(f"this host runs Python {py} on {machine} ({here}); the lock of stack {doc['stack']} has no target "
-                       f"for it, only: {target_names(doc)}", hint=_relock_hint(doc["stack"], here))
+        raise BadInput(
+            f"this host runs Python {py} on {machine} ({here}); the lock of stack {doc['stack']} has no target "
+            f"for it, only: {target_names(doc)}",
+            hint=_relock_hint(doc["stack"], here),
+        )
     t = lock_target(doc, requested)
     if (t["python"], t["machine"]) != (py, machine):
-        raise BadInput(f"target {requested} of stack {doc['stack']} is for Python {t['python']} on {t['machine']}; this host "
-                       f"runs Python {py} on {machine} ({here}); the lock has: {target_names(doc)}",
-                       hint=f"run host-env with a Python {t['python']} interpreter on {t['machine']}, or "
-                            + _other_target_hint(doc, here))
+        raise BadInput(
+            f"target {requested} of stack {doc['stack']} is for Python {t['python']} on {t['machine']}; this host "
+            f"runs Python {py} on {machine} ({here}); the lock has: {target_names(doc)}",
+            hint=f"run host-env with a Python {t['python']} interpreter on {t['machine']}, or " + _other_target_hint(doc, here),
+        )
     return requested
 
 
@@ -90,14 +97,20 @@ def check_glibc(packages: list[dict[str, Any]]) -> None:
     have = _glibc()
     if have is None:
         return  # not glibc (or unknown): pip's own tag check will say it
-    old = [f"{p['filename']} (glibc {'.'.join(map(str, glibc_needed(p['filename'])))})" for p in packages
-           if glibc_needed(p["filename"]) > have]
+    old = [
+        f"{p['filename']} (glibc {'.'.join(map(str, glibc_needed(p['filename'])))})"
+        for p in packages
+        if glibc_needed(p["filename"]) > have
+    ]
     if old:
-        raise EnvironmentProblem(f"this host's glibc is {have[0]}.{have[1]}; {len(old)} locked wheels need a newer one: "
-                                 + ", ".join(old[:5]), hint="run on a host with a newer glibc (the lock's manylinux tags say which)")
+        raise EnvironmentProblem(
+            f"this host's glibc is {have[0]}.{have[1]}; {len(old)} locked wheels need a newer one: " + ", ".join(old[:5]),
+            hint="run on a host with a newer glibc (the lock's manylinux tags say which)",
+        )
 
 
 # ---------------------------------------------------------------- host packages
+
 
 def select_host_packages(patterns: tuple[str, ...], packages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """The target's packages named by --use-host-packages (names or fnmatch patterns, normalized); each pattern must
@@ -107,8 +120,10 @@ def select_host_packages(patterns: tuple[str, ...], packages: list[dict[str, Any
         pat = normalize(pattern.strip()) if not any(c in pattern for c in "*?[") else pattern.strip().lower().replace("_", "-")
         hits = [p for p in packages if fnmatch.fnmatchcase(normalize(p["name"]), pat)]
         if not hits:
-            raise BadInput(f"--use-host-packages: {pattern!r} matches no package of the lock's target {key}",
-                           hint="name packages the lock has (see the target's packages in the lock file), e.g. torch,triton")
+            raise BadInput(
+                f"--use-host-packages: {pattern!r} matches no package of the lock's target {key}",
+                hint="name packages the lock has (see the target's packages in the lock file), e.g. torch,triton",
+            )
         chosen.update({p["name"]: p for p in hits})
     return sorted(chosen.values(), key=lambda p: p["name"])
 
@@ -128,13 +143,17 @@ def version_matches(host: str, locked: str, cuda: str) -> bool:
 
 def host_versions(python: Path, names: list[str]) -> dict[str, dict[str, str] | None]:
     """{name: {version, location} or None} as the new environment's Python sees them (the host's site-packages)."""
-    code = ("import json, sys, importlib.metadata as md\nout = {}\nfor n in sys.argv[1:]:\n"
-            "    try:\n        d = md.distribution(n)\n        out[n] = {'version': d.version, 'location': str(d.locate_file(''))}\n"
-            "    except md.PackageNotFoundError:\n        out[n] = None\nprint(json.dumps(out))\n")
+    code = (
+        "import json, sys, importlib.metadata as md\nout = {}\nfor n in sys.argv[1:]:\n"
+        "    try:\n        d = md.distribution(n)\n        out[n] = {'version': d.version, 'location': str(d.locate_file(''))}\n"
+        "    except md.PackageNotFoundError:\n        out[n] = None\nprint(json.dumps(out))\n"
+    )
     proc = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, env=clean_env())
     if proc.returncode != 0:
-        raise EnvironmentProblem(f"could not ask {python} for the host's packages: {proc.stderr.strip()[-500:]}",
-                                 hint="check the host's Python installation")
+        raise EnvironmentProblem(
+            f"could not ask {python} for the host's packages: {proc.stderr.strip()[-500:]}",
+            hint="check the host's Python installation",
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -149,12 +168,21 @@ def check_host_packages(python: Path, chosen: list[dict[str, Any]], stack: Stack
         elif not version_matches(have["version"], p["version"], stack.gpu["cuda"]):
             bad.append(f"{p['name']} {have['version']} (lock: {p['version']})")
         else:
-            rows.append({"name": p["name"], "lock_version": p["version"], "host_version": have["version"],
-                         "location": have["location"], "checked": "version"})
+            rows.append(
+                {
+                    "name": p["name"],
+                    "lock_version": p["version"],
+                    "host_version": have["version"],
+                    "location": have["location"],
+                    "checked": "version",
+                }
+            )
     if bad:
-        raise EnvironmentProblem(f"--use-host-packages: the host's Python does not have the locked versions: {'; '.join(bad)}",
-                                 hint="install the lock's versions on the host, or leave those packages out of "
-                                      "--use-host-packages so they come from the wheelhouse (hash-checked)")
+        raise EnvironmentProblem(
+            f"--use-host-packages: the host's Python does not have the locked versions: {'; '.join(bad)}",
+            hint="install the lock's versions on the host, or leave those packages out of "
+            "--use-host-packages so they come from the wheelhouse (hash-checked)",
+        )
     return rows
 
 

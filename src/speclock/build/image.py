@@ -18,16 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speclock.build.fetch import fetch
 from speclock.build.builders import Builder, ensure_in_docker, get_builder
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
 from speclock.build.context import context_dir, context_lock, context_name, stage_context
-from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
-from speclock.build.wheelhouse import save_stamps, store_dir
+from speclock.build.fetch import fetch
 from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
 from speclock.build.records import records_dir, write_record
 from speclock.build.run import run_image
+from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
+from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, read_json
 from speclock.core.layout import REPO_ROOT, cache_dir
@@ -36,8 +36,7 @@ from speclock.spec.lock import check_lock, lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 
-def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print,
-                      key: str = "base") -> str:
+def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print, key: str = "base") -> str:
     """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
     base = lock[key]
     if base["kind"] == "image":
@@ -58,32 +57,41 @@ def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, p
             with atomic_output(target, binary=True) as out, open(tar, "rb") as fh:
                 shutil.copyfileobj(fh, out, 1 << 20)
     progress(f"importing the base rootfs as {ref}")
-    builder.build(containerfile=BASE_CONTAINERFILE, context=ctx, tag=ref, build_args={}, labels={},
-                  target=None, no_cache=False, timestamp=base["source_date_epoch"])
+    builder.build(
+        containerfile=BASE_CONTAINERFILE,
+        context=ctx,
+        tag=ref,
+        build_args={},
+        labels={},
+        target=None,
+        no_cache=False,
+        timestamp=base["source_date_epoch"],
+    )
     return ref
 
 
-def build_image(stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False,
-                lock_file: Path | None = None, progress=print) -> dict[str, Any]:
+def build_image(
+    stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False, lock_file: Path | None = None, progress=print
+) -> dict[str, Any]:
     """Build the stack's image; return the build record (also written to the cache).
 
     `lock_file`: build from this lock instead of locks/<stack>.lock (an upgrade candidate); the
     record is then marked `candidate` and does not become the stack's latest build."""
     with context_lock(context_name(stack, lock_file), progress):
-        return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, lock_file=lock_file,
-                                   progress=progress)
+        return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, lock_file=lock_file, progress=progress)
 
 
-def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None,
-                        progress) -> dict[str, Any]:
+def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress) -> dict[str, Any]:
     started = time.monotonic()
     builder = get_builder(builder_name)
     lock_file = lock_file or lock_path(stack)
     lock = read_lock(lock_file)
     diffs = check_lock(stack, lock)
     if diffs:
-        raise CheckFailed(f"{lock_file} is out of date with {stack.path}:\n  " + "\n  ".join(diffs),
-                          hint=f"run `invoke lock --stack {stack.name}` first")
+        raise CheckFailed(
+            f"{lock_file} is out of date with {stack.path}:\n  " + "\n  ".join(diffs),
+            hint=f"run `invoke lock --stack {stack.name}` first",
+        )
     progress(f"[1/4] verifying the wheelhouse for {stack.name}")
     fetch(lock, progress=progress)
     save_stamps(store_dir())  # the next build hashes only what changed since (build.wheelhouse)
@@ -93,8 +101,10 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     kernel_base_ref = None
     if stack.kernels:
         if "kernel_base" not in lock:
-            raise CheckFailed(f"{lock_file} has no kernel_base, but {stack.path} has kernels.build",
-                              hint=f"run `invoke lock --stack {stack.name}` (it locks the kernel builder base)")
+            raise CheckFailed(
+                f"{lock_file} has no kernel_base, but {stack.path} has kernels.build",
+                hint=f"run `invoke lock --stack {stack.name}` (it locks the kernel builder base)",
+            )
         kernel_base_ref = ensure_base_image(stack, lock, builder, progress=progress, key="kernel_base")
         progress(f"  kernel builder base: {kernel_base_ref} (+ {', '.join(stack.data['kernels']['builder_packages'])})")
     progress("[3/4] staging the build context")
@@ -104,12 +114,28 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     inputs = inputs_hash(ctx, lock)
     tag = image_tag(inputs)
     ref = image_ref(stack, tag)
-    revision = git_revision([CONTAINERFILE, stack.path, lock_file, REPO_ROOT / "src",
-                             REPO_ROOT / stack.draft["path"], REPO_ROOT / "patches", REPO_ROOT / "baselines"])
+    revision = git_revision(
+        [
+            CONTAINERFILE,
+            stack.path,
+            lock_file,
+            REPO_ROOT / "src",
+            REPO_ROOT / stack.draft["path"],
+            REPO_ROOT / "patches",
+            REPO_ROOT / "baselines",
+        ]
+    )
     # The patches label names the staged patch files: the ones the image applies.
     labels = labels_for(stack, lock, tag, inputs, revision, patches_root=ctx / "patches", sbom=SBOM_IN_IMAGE)
-    info = {"stack": stack.name, "tag": tag, "ref": ref, "inputs_sha256": inputs, "lock_sha256": lock["lock_sha256"],
-            "labels": labels, "patches": stack.patch_series}
+    info = {
+        "stack": stack.name,
+        "tag": tag,
+        "ref": ref,
+        "inputs_sha256": inputs,
+        "lock_sha256": lock["lock_sha256"],
+        "labels": labels,
+        "patches": stack.patch_series,
+    }
     info_path = ctx / "config" / "image.json"
     atomic_write_text(info_path, json.dumps(info, indent=2, sort_keys=True) + "\n")
     build_args = build_args_for(stack, lock, ctx, base_ref, kernel_base_ref)
@@ -118,14 +144,28 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
     containerfile = staged_containerfile(ctx, with_kernels=bool(stack.kernels), engine_env=stack.engine_env)
     t0 = time.monotonic()
-    image_id = builder.build(containerfile=containerfile, context=ctx, tag=ref, build_args=build_args, labels=labels,
-                             target="runtime", no_cache=no_cache, timestamp=lock["source_date_epoch"])
+    image_id = builder.build(
+        containerfile=containerfile,
+        context=ctx,
+        tag=ref,
+        build_args=build_args,
+        labels=labels,
+        target="runtime",
+        no_cache=no_cache,
+        timestamp=lock["source_date_epoch"],
+    )
     build_s = time.monotonic() - t0
     _check_labels(builder, ref, labels, progress)
-    record = {**info, "builder": builder.name, "image_id": image_id, "build_seconds": round(build_s, 2),
-              "total_seconds": round(time.monotonic() - started, 2), "no_cache": no_cache,
-              "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "layers": builder.layers(ref)}
+    record = {
+        **info,
+        "builder": builder.name,
+        "image_id": image_id,
+        "build_seconds": round(build_s, 2),
+        "total_seconds": round(time.monotonic() - started, 2),
+        "no_cache": no_cache,
+        "built_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "layers": builder.layers(ref),
+    }
     if lock_file != lock_path(stack):
         record["candidate"] = True
         record["lock_file"] = str(lock_file)
@@ -140,12 +180,13 @@ def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress) 
     carried = builder.labels(ref)
     stale = sorted(k for k, v in labels.items() if carried.get(k) != v)
     if stale:
-        progress(f"warning: {ref} carries other values than asked for labels {', '.join(stale)} (a reused cached "
-                 "image); building again with --no-cache relabels it")
+        progress(
+            f"warning: {ref} carries other values than asked for labels {', '.join(stale)} (a reused cached "
+            "image); building again with --no-cache relabels it"
+        )
 
 
-def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | None = None,
-                    progress=print) -> dict[str, Any]:
+def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | None = None, progress=print) -> dict[str, Any]:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build."""
     ref = ensure_in_docker(record)
     out = records_dir(stack.name) / f"{record['tag']}.{record['builder']}.selfcheck"
@@ -155,12 +196,20 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
     t0 = time.monotonic()
     # The image's own log is progress: it goes to stderr, so `--json` callers (build-image, upgrade) keep a
     # parseable stdout; the verdict is read from the files the image writes.
-    proc = run_image(ref, ["selfcheck", "--out", "/out", *(args or [])], out_dir=out,
-                     env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]},
-                     stdout=2)  # fd 2: valid even where sys.stderr is replaced (tests, captured runs)
+    proc = run_image(
+        ref,
+        ["selfcheck", "--out", "/out", *(args or [])],
+        out_dir=out,
+        env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]},
+        stdout=2,
+    )  # fd 2: valid even where sys.stderr is replaced (tests, captured runs)
     verdict = _image_output(out / "selfcheck.json")
-    result = {"verdict": verdict.get("verdict") if isinstance(verdict.get("verdict"), str) else "fail",
-              "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1), "outputs": str(out)}
+    result = {
+        "verdict": verdict.get("verdict") if isinstance(verdict.get("verdict"), str) else "fail",
+        "exit_code": proc.returncode,
+        "seconds": round(time.monotonic() - t0, 1),
+        "outputs": str(out),
+    }
     if "error" in verdict:
         result["error"] = verdict["error"]
     doctor_file = out / "doctor.json"
@@ -168,10 +217,13 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
         doc = _image_output(doctor_file)
         failed = doc.get("failed", [])
         checks = doc.get("checks", [])
-        result["doctor"] = {"verdict": doc.get("verdict") if isinstance(doc.get("verdict"), str) else "fail",
-                            "failed": [str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
-                            "checks": {str(c.get("name")): str(c.get("status")) for c in checks if isinstance(c, dict)}
-                            if isinstance(checks, list) else {}}
+        result["doctor"] = {
+            "verdict": doc.get("verdict") if isinstance(doc.get("verdict"), str) else "fail",
+            "failed": [str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
+            "checks": {str(c.get("name")): str(c.get("status")) for c in checks if isinstance(c, dict)}
+            if isinstance(checks, list)
+            else {},
+        }
     stages = verdict.get("stages")
     smoke = stages.get("smoke", {}) if isinstance(stages, dict) else {}
     smoke = smoke if isinstance(smoke, dict) else {}
@@ -180,12 +232,16 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
     record["selfcheck"] = result
     write_record(stack.name, record)
     if "doctor" in result:
-        progress(f"doctor in the image: {result['doctor']['verdict']}"
-                 + (f" (failed: {', '.join(result['doctor']['failed'])})" if result["doctor"]["failed"] else ""))
+        progress(
+            f"doctor in the image: {result['doctor']['verdict']}"
+            + (f" (failed: {', '.join(result['doctor']['failed'])})" if result["doctor"]["failed"] else "")
+        )
     if smoke.get("skipped"):
         # A GPU stack built on a machine without a GPU: doctor is the proof here, smoke waits for a GPU host.
-        progress(f"smoke SKIPPED: {smoke.get('note')}; run `speclock run-image --stack {stack.name}` on a GPU host "
-                 "(a GPU stack gets --gpus all by default) for the smoke test and gate")
+        progress(
+            f"smoke SKIPPED: {smoke.get('note')}; run `speclock run-image --stack {stack.name}` on a GPU host "
+            "(a GPU stack gets --gpus all by default) for the smoke test and gate"
+        )
     progress(f"self-check verdict: {result['verdict']} (exit {proc.returncode}, {result['seconds']} s); outputs in {out}")
     return result
 
@@ -210,10 +266,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
             print(json.dumps(record, indent=2, sort_keys=True))
         if result["verdict"] not in ("pass", "smoke-skipped"):
             doctor_failed = result.get("doctor", {}).get("failed")
-            read = (f"{result['outputs']}/doctor.json (doctor failed: {', '.join(doctor_failed)})" if doctor_failed
-                    else f"{result['outputs']}/summary.md and report.json")
-            raise CheckFailed(f"the image {record['ref']} was built but its self-check failed (exit {result['exit_code']})",
-                              hint=f"read {read}; push-image refuses it until it passes")
+            read = (
+                f"{result['outputs']}/doctor.json (doctor failed: {', '.join(doctor_failed)})"
+                if doctor_failed
+                else f"{result['outputs']}/summary.md and report.json"
+            )
+            raise CheckFailed(
+                f"the image {record['ref']} was built but its self-check failed (exit {result['exit_code']})",
+                hint=f"read {read}; push-image refuses it until it passes",
+            )
         return 0
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
@@ -221,14 +282,20 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("build-image", help="build a stack's image (tag = hash of all inputs)",
-                       description="Build the OCI image of a stack from its lock, offline: verifies the wheelhouse, "
-                                   "imports the locked base, stages the context and runs the builder. The tag is the "
-                                   "hash of every input; buildah builds are reproducible (same inputs, same digest).")
+    p = sub.add_parser(
+        "build-image",
+        help="build a stack's image (tag = hash of all inputs)",
+        description="Build the OCI image of a stack from its lock, offline: verifies the wheelhouse, "
+        "imports the locked base, stages the context and runs the builder. The tag is the "
+        "hash of every input; buildah builds are reproducible (same inputs, same digest).",
+    )
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
     p.add_argument("--no-cache", action="store_true", help="rebuild every layer")
-    p.add_argument("--skip-selfcheck", action="store_true",
-                   help="do not run the image's self-check (doctor, smoke, gate) after building; push-image will then refuse it")
+    p.add_argument(
+        "--skip-selfcheck",
+        action="store_true",
+        help="do not run the image's self-check (doctor, smoke, gate) after building; push-image will then refuse it",
+    )
     p.add_argument("--json", action="store_true", help="print the build record as JSON on stdout")
     p.set_defaults(func=_cmd_build)

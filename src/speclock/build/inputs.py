@@ -17,10 +17,20 @@ from speclock.spec.stack import Stack
 # that are hashed: the lists that stand for the wheels (each wheel is covered by the lock's hash), the
 # uv unpacker and the prune hook (what the image leaves out is part of what it is). The SBOM is made from
 # the lock, the staged files and the locked base (build.sbom): a candidate staged without it gets the same tag.
-DERIVED = ("config/image.json", "config/sbom.cdx.json", "Containerfile",
-           ".sbom-key")  # .sbom-key: left in contexts staged while an SBOM cache existed
-WHEEL_LISTS = ("wheels/requirements.txt", "wheels/assets.txt", "wheels/kernels.txt", "wheels/uv.txt",
-               "wheels/uv_unpack.py", "wheels/prune.sh")
+DERIVED = (
+    "config/image.json",
+    "config/sbom.cdx.json",
+    "Containerfile",
+    ".sbom-key",
+)  # .sbom-key: left in contexts staged while an SBOM cache existed
+WHEEL_LISTS = (
+    "wheels/requirements.txt",
+    "wheels/assets.txt",
+    "wheels/kernels.txt",
+    "wheels/uv.txt",
+    "wheels/uv_unpack.py",
+    "wheels/prune.sh",
+)
 
 
 def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
@@ -53,11 +63,12 @@ def git_revision(paths: list[Path]) -> str:
     # Inputs outside the checkout (an upgrade candidate's stack and lock) have no git history.
     rel = [str(p.resolve().relative_to(REPO_ROOT)) for p in paths if p.exists() and p.resolve().is_relative_to(REPO_ROOT)]
     try:
-        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", *rel],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *rel],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", *rel], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *rel], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
     return (rev or "uncommitted") + ("+dirty" if dirty else "")
-

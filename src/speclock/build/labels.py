@@ -54,8 +54,10 @@ def base_labels(lock: dict[str, Any]) -> dict[str, str]:
     if base.get("kind") == "image":
         name, _, digest = base["ref"].partition("@")
         return {f"{OCI_PREFIX}.base.name": name, f"{OCI_PREFIX}.base.digest": digest}
-    return {f"{OCI_PREFIX}.base.name": f"localhost/speclock-base:{base['sha256'][:16]}",
-            f"{OCI_PREFIX}.base.digest": f"sha256:{base['sha256']}"}
+    return {
+        f"{OCI_PREFIX}.base.name": f"localhost/speclock-base:{base['sha256'][:16]}",
+        f"{OCI_PREFIX}.base.digest": f"sha256:{base['sha256']}",
+    }
 
 
 def patches_label(stack: Stack, patches_root: Path | None = None) -> tuple[str, str]:
@@ -72,12 +74,21 @@ def prune_label(lock: dict[str, Any]) -> str:
     record = lock.get("prune")
     if not isinstance(record, dict) or not any(record.get(k) for k in ("packages", "paths")):
         return "none"
-    return json.dumps({"packages": list(record.get("packages") or []), "paths": list(record.get("paths") or [])},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"packages": list(record.get("packages") or []), "paths": list(record.get("paths") or [])}, separators=(",", ":")
+    )
 
 
-def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revision: str, *,
-               patches_root: Path | None = None, sbom: str | None = None) -> dict[str, str]:
+def labels_for(
+    stack: Stack,
+    lock: dict[str, Any],
+    tag: str,
+    inputs: str,
+    revision: str,
+    *,
+    patches_root: Path | None = None,
+    sbom: str | None = None,
+) -> dict[str, str]:
     """Every label of the stack's image; values are fixed by the inputs (no wall clock), so buildah
     builds stay reproducible. `sbom`: where the image holds its SBOM (Containerfile builds; the Nix
     image has none yet, so it gets no such label)."""
@@ -93,7 +104,7 @@ def labels_for(stack: Stack, lock: dict[str, Any], tag: str, inputs: str, revisi
         f"{OCI_PREFIX}.licenses": LICENSES,
         f"{OCI_PREFIX}.revision": revision,
         # The reproducible timestamp (the lock's SOURCE_DATE_EPOCH), not the wall clock.
-        f"{OCI_PREFIX}.created": dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        f"{OCI_PREFIX}.created": dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         # What the image packages: the engine at its pinned version, the content tag as build metadata.
         f"{OCI_PREFIX}.version": f"{engine['version']}+{tag}",
         **base_labels(lock),

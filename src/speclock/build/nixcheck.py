@@ -34,14 +34,16 @@ DOUBLE = "nix/nixpkgs-double"
 # Debian's nix-bin (2.8) as root, without a daemon: no build users, no sandbox (Debian's build has
 # no sandbox shell, so /bin/sh is missing inside it), no binary cache (unreachable here), no
 # global flake registry (fetched from the network otherwise).
-NIX_CONFIG = "\n".join([
-    "experimental-features = nix-command flakes",
-    "build-users-group =",
-    "sandbox = false",
-    "substituters =",
-    "flake-registry = /dev/null",
-    "warn-dirty = false",
-])
+NIX_CONFIG = "\n".join(
+    [
+        "experimental-features = nix-command flakes",
+        "build-users-group =",
+        "sandbox = false",
+        "substituters =",
+        "flake-registry = /dev/null",
+        "warn-dirty = false",
+    ]
+)
 
 
 def nix_env() -> dict[str, str]:
@@ -93,8 +95,9 @@ def poisoned_nixpkgs(flake: Path) -> list[str]:
 
 
 def tracked_files(repo: Path) -> list[str]:
-    proc = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                          capture_output=True, check=True)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True
+    )
     return [p for p in proc.stdout.decode().split("\0") if p and (repo / p).is_file()]
 
 
@@ -182,8 +185,9 @@ def build_checks(flake: Path, *, override: list[str] | None = None) -> list[str]
     """Build every check offline; by default with nixpkgs poisoned, proving they do not need it."""
     override = poisoned_nixpkgs(flake) if override is None else override
     names = nix_eval_json(flake, f"checks.{SYSTEM}", "--apply", "builtins.attrNames", *(override or []))
-    run_nix(["nix", "build", "--offline", "--no-link", *(override or []),
-             *[f".#checks.{SYSTEM}.\"{n}\"" for n in names]], cwd=flake)
+    run_nix(
+        ["nix", "build", "--offline", "--no-link", *(override or []), *[f'.#checks.{SYSTEM}."{n}"' for n in names]], cwd=flake
+    )
     return names
 
 
@@ -214,16 +218,21 @@ def _cmd_nix_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"ok: {len(result['parsed'])} .nix files parse; pins equal the locks "
-              f"({', '.join(f'{k}: {v} wheels' for k, v in result['wheels_compared'].items())}); "
-              f"checks built offline: {', '.join(result['checks'])}")
+        print(
+            f"ok: {len(result['parsed'])} .nix files parse; pins equal the locks "
+            f"({', '.join(f'{k}: {v} wheels' for k, v in result['wheels_compared'].items())}); "
+            f"checks built offline: {', '.join(result['checks'])}"
+        )
     return 0
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("nix-check", help="check flake.nix against the lock files, offline",
-                       description="Parse every .nix file, compare the flake's lib.stacks with locks/*.lock, build the "
-                                   "flake's offline checks without nixpkgs, and run `nix flake check --offline` with "
-                                   "nixpkgs replaced by a test double (shape only). Needs nix (Debian: nix-bin).")
+    p = sub.add_parser(
+        "nix-check",
+        help="check flake.nix against the lock files, offline",
+        description="Parse every .nix file, compare the flake's lib.stacks with locks/*.lock, build the "
+        "flake's offline checks without nixpkgs, and run `nix flake check --offline` with "
+        "nixpkgs replaced by a test double (shape only). Needs nix (Debian: nix-bin).",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_nix_check)

@@ -38,10 +38,12 @@ def prune_script(stack: Stack, lock: dict[str, Any]) -> str:
     record = locked_prune(stack, lock)
     python = (lock.get("python") or {}).get("version") or stack.python["version"]
     site = f"lib/python{python}/site-packages"
-    lines = ["#!/bin/sh",
-             f"# speclock prune for stack {stack.name}: [prune] as locked (docs/prune.md)",
-             f"# packages left out of the install set: {', '.join(record['packages']) or 'none'}",
-             "set -eu"]
+    lines = [
+        "#!/bin/sh",
+        f"# speclock prune for stack {stack.name}: [prune] as locked (docs/prune.md)",
+        f"# packages left out of the install set: {', '.join(record['packages']) or 'none'}",
+        "set -eu",
+    ]
     if not record["paths"]:
         lines.append("echo 'speclock prune: no paths declared'")
         return "\n".join(lines) + "\n"
@@ -57,14 +59,16 @@ def prune_script(stack: Stack, lock: dict[str, Any]) -> str:
         "    # '*' spans folders in -path; -prune: a removed folder is not searched",
         '    n=$(find "$sp" -mindepth 1 -path "$sp/$1" -prune -print | wc -l)',
         '    find "$sp" -mindepth 1 -path "$sp/$1" -prune -exec rm -rf {} +',
-        '    total=$((total + n))',
+        "    total=$((total + n))",
         '    echo "speclock prune: $1: $n removed"',
         "}",
     ]
     lines += [f"prune_glob '{glob}'" for glob in record["paths"]]
-    lines += ['after=$(du -sk "$sp" | cut -f1)',
-              'echo "speclock prune: $total paths removed, $(( (before - after) / 1024 )) MB'
-              ' (site-packages $((before / 1024)) MB -> $((after / 1024)) MB)"']
+    lines += [
+        'after=$(du -sk "$sp" | cut -f1)',
+        'echo "speclock prune: $total paths removed, $(( (before - after) / 1024 )) MB'
+        ' (site-packages $((before / 1024)) MB -> $((after / 1024)) MB)"',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -76,7 +80,9 @@ def run_prune(stack: Stack, lock: dict[str, Any], venv: Path) -> str:
         fh.flush()
         proc = subprocess.run(["sh", fh.name, str(venv)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise EnvironmentProblem(f"the [prune] hook of stack {stack.name} failed on {venv} (exit {proc.returncode}): "
-                                 f"{(proc.stdout + proc.stderr).strip()[-800:]}",
-                                 hint=f"check [prune].paths of stacks/{stack.name}.toml and that {venv} is writable")
+        raise EnvironmentProblem(
+            f"the [prune] hook of stack {stack.name} failed on {venv} (exit {proc.returncode}): "
+            f"{(proc.stdout + proc.stderr).strip()[-800:]}",
+            hint=f"check [prune].paths of stacks/{stack.name}.toml and that {venv} is writable",
+        )
     return proc.stdout

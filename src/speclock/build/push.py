@@ -9,13 +9,13 @@ import ipaddress
 import json
 import sys
 
+from speclock.build import referrers
 from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import read_record
-from speclock.build import referrers
 from speclock.build.registry import RegistryClient, registry_digest, split_registry
-from speclock.build.sbom import push_sbom_referrer
 from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, gpu_host_serve_commands, parse_gpus
+from speclock.build.sbom import push_sbom_referrer
 from speclock.core import dsse
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import read_bytes
@@ -52,15 +52,24 @@ def refusals(record: dict, stack_name: str, builder_name: str) -> list[tuple[str
     verdict = record.get("selfcheck", {}).get("verdict")
     if verdict != "pass":
         reason = "its self-check did not run" if verdict is None else f"its self-check verdict is {verdict!r}"
-        out.append((reason, f"`speclock build-image --stack {stack_name} --builder {builder_name}` (or `invoke "
-                            f"build-image`) runs the image's self-check and records its verdict; fix what it reports "
-                            f"(`speclock run-image --stack {stack_name}` runs the self-check again to look at it)"))
+        out.append(
+            (
+                reason,
+                f"`speclock build-image --stack {stack_name} --builder {builder_name}` (or `invoke "
+                f"build-image`) runs the image's self-check and records its verdict; fix what it reports "
+                f"(`speclock run-image --stack {stack_name}` runs the self-check again to look at it)",
+            )
+        )
     if built_dirty(record):
         revision = (record.get("labels") or {}).get(f"{OCI_PREFIX}.revision", "?")
-        out.append((f"it was built from uncommitted edits (revision {revision}, {LABEL_PREFIX}.dirty=true): its "
-                    "labels name no commit that holds its inputs",
-                    "commit the edits (`git status` lists them) and build again (`speclock build-image "
-                    f"--stack {stack_name} --builder {builder_name}`)"))
+        out.append(
+            (
+                f"it was built from uncommitted edits (revision {revision}, {LABEL_PREFIX}.dirty=true): its "
+                "labels name no commit that holds its inputs",
+                "commit the edits (`git status` lists them) and build again (`speclock build-image "
+                f"--stack {stack_name} --builder {builder_name}`)",
+            )
+        )
     return out
 
 
@@ -73,14 +82,17 @@ def attestation_subjects(data: bytes, source: str) -> tuple[list[str], str]:
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("subject"), list):
-        raise BadInput(f"{source}: the envelope holds no in-toto statement (payloadType {envelope['payloadType']!r})",
-                       hint="give the attestation.intoto.json that `speclock selfcheck --sign-key` wrote")
+        raise BadInput(
+            f"{source}: the envelope holds no in-toto statement (payloadType {envelope['payloadType']!r})",
+            hint="give the attestation.intoto.json that `speclock selfcheck --sign-key` wrote",
+        )
     digests = [str((s.get("digest") or {}).get("sha256")) for s in doc["subject"] if isinstance(s, dict)]
     return digests, str(doc.get("predicateType") or "")
 
 
-def push_attestation_referrer(registry: str, repository: str, digest: str, data: bytes, *, insecure: bool,
-                              source: str = "the attestation") -> dict:
+def push_attestation_referrer(
+    registry: str, repository: str, digest: str, data: bytes, *, insecure: bool, source: str = "the attestation"
+) -> dict:
     """Push a DSSE envelope beside the image manifest `digest` as an OCI referrer (artifactType
     application/vnd.dsse.envelope.v1+json: the bytes are the envelope; its payload's type is in-toto's). Its subject
     must be this image: the manifest's digest, or its config's (the image ID a build's self-check names)."""
@@ -90,20 +102,37 @@ def push_attestation_referrer(registry: str, repository: str, digest: str, data:
     ours = {digest.partition(":")[2], str((manifest.get("config") or {}).get("digest", "")).partition(":")[2]} - {""}
     subjects, predicate_type = attestation_subjects(data, source)
     if not ours & set(subjects):
-        raise BadInput(f"{source}: subject: the attestation is for sha256:{', sha256:'.join(s[:16] for s in subjects)}, "
-                       f"not for the image {reg.name}@{digest} (manifest or config digest)",
-                       hint="attach the attestation of this image's own self-check (run by digest, signed with "
-                            "--sign-key); a host run's attestation names a lock, not an image")
-    pushed = referrers.push_referrer(reg, digest, data, artifact_type=dsse.ENVELOPE_MEDIA_TYPE,
-                                     title="attestation.intoto.json",  # the name selfcheck gives it
-                                     subject=subject, layer_annotations={"in-toto.io/predicate-type": predicate_type})
+        raise BadInput(
+            f"{source}: subject: the attestation is for sha256:{', sha256:'.join(s[:16] for s in subjects)}, "
+            f"not for the image {reg.name}@{digest} (manifest or config digest)",
+            hint="attach the attestation of this image's own self-check (run by digest, signed with "
+            "--sign-key); a host run's attestation names a lock, not an image",
+        )
+    pushed = referrers.push_referrer(
+        reg,
+        digest,
+        data,
+        artifact_type=dsse.ENVELOPE_MEDIA_TYPE,
+        title="attestation.intoto.json",  # the name selfcheck gives it
+        subject=subject,
+        layer_annotations={"in-toto.io/predicate-type": predicate_type},
+    )
     pushed["attestation_digest"] = pushed.pop("blob_digest")
     return pushed
 
 
-def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah", tag: str | None = None,
-               repository: str | None = None, insecure: bool | None = None, force: bool = False,
-               gpus: str = "all", attestation: str | None = None) -> dict:
+def push_image(
+    stack_name: str,
+    registry: str,
+    *,
+    builder_name: str = "buildah",
+    tag: str | None = None,
+    repository: str | None = None,
+    insecure: bool | None = None,
+    force: bool = False,
+    gpus: str = "all",
+    attestation: str | None = None,
+) -> dict:
     record = read_record(stack_name, builder_name, tag)
     # read before pushing: a bad file is exit 2 with nothing pushed
     signed = read_bytes(attestation, what="--attestation file") if attestation else None
@@ -113,22 +142,30 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
     dest = destination(registry, stack_name, record["tag"], repository)
     refused = refusals(record, stack_name, builder_name)
     if refused and not force:
-        raise CheckFailed(f"refusing to push {record['ref']}: " + "; ".join(why for why, _ in refused),
-                          hint="; ".join(fix for _, fix in refused) + "; or pass --force to push it anyway")
+        raise CheckFailed(
+            f"refusing to push {record['ref']}: " + "; ".join(why for why, _ in refused),
+            hint="; ".join(fix for _, fix in refused) + "; or pass --force to push it anyway",
+        )
     builder = get_builder(builder_name)
     insecure = is_loopback(registry) if insecure is None else insecure
     pushed = builder.push(record["ref"], dest, insecure=insecure)
     # What the registry serves for the tag now, read back: the digest to pull and run by.
     digest = registry_digest(dest, insecure=insecure)
     if digest != pushed:
-        raise CheckFailed(f"the registry serves {digest} for {dest}, but the push wrote {pushed}",
-                          hint="another push of the same tag came in between: push again, and pull by the digest "
-                               "this prints")
+        raise CheckFailed(
+            f"the registry serves {digest} for {dest}, but the push wrote {pushed}",
+            hint="another push of the same tag came in between: push again, and pull by the digest this prints",
+        )
     by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
-    result = {"ref": record["ref"], "pushed": dest, "digest": digest, "by_digest": by_digest, "builder": builder_name,
-              "run": gpu_host_commands(by_digest, gpu_selection),
-              "serve": gpu_host_serve_commands(by_digest, DEFAULT_PORT[load_stack(stack_name).engine["name"]],
-                                               gpu_selection)}
+    result = {
+        "ref": record["ref"],
+        "pushed": dest,
+        "digest": digest,
+        "by_digest": by_digest,
+        "builder": builder_name,
+        "run": gpu_host_commands(by_digest, gpu_selection),
+        "serve": gpu_host_serve_commands(by_digest, DEFAULT_PORT[load_stack(stack_name).engine["name"]], gpu_selection),
+    }
     # The SBOM the image holds, beside it as an OCI referrer (images built before SBOMs have none to push).
     if f"{LABEL_PREFIX}.sbom" in (record.get("labels") or {}):
         result["sbom"] = push_sbom_referrer(registry, repository or f"speclock-{stack_name}", digest, insecure=insecure)
@@ -136,8 +173,9 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
         result["sbom"] = None
     result["attestation"] = None
     if signed is not None:
-        result["attestation"] = push_attestation_referrer(registry, repository or f"speclock-{stack_name}", digest, signed,
-                                                          insecure=insecure, source=attestation)
+        result["attestation"] = push_attestation_referrer(
+            registry, repository or f"speclock-{stack_name}", digest, signed, insecure=insecure, source=attestation
+        )
     if refused:
         result["forced"] = [why for why, _ in refused]
     return result
@@ -145,44 +183,67 @@ def push_image(stack_name: str, registry: str, *, builder_name: str = "buildah",
 
 def _cmd_push(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
-    result = push_image(stack.name, args.registry, builder_name=args.builder, tag=args.tag, repository=args.repository,
-                        insecure=True if args.insecure else None, force=args.force, gpus=args.gpus,
-                        attestation=args.attestation)
+    result = push_image(
+        stack.name,
+        args.registry,
+        builder_name=args.builder,
+        tag=args.tag,
+        repository=args.repository,
+        insecure=True if args.insecure else None,
+        force=args.force,
+        gpus=args.gpus,
+        attestation=args.attestation,
+    )
     for why in result.get("forced", []):
         print(f"warning: pushed with --force although {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"pushed {result['pushed']}\n  digest {result['digest']}\n"
-              f"run it on a GPU host (the hardening of `speclock run-image`, by digest):\n"
-              f"  {result['run']['docker']}\n  {result['run']['podman']}\n"
-              f"serve it there (`speclock serve`: the engine's OpenAI API with the drafter, at the stack's serving k):\n"
-              f"  {result['serve']['docker']}\n  {result['serve']['podman']}")
+        print(
+            f"pushed {result['pushed']}\n  digest {result['digest']}\n"
+            f"run it on a GPU host (the hardening of `speclock run-image`, by digest):\n"
+            f"  {result['run']['docker']}\n  {result['run']['podman']}\n"
+            f"serve it there (`speclock serve`: the engine's OpenAI API with the drafter, at the stack's serving k):\n"
+            f"  {result['serve']['docker']}\n  {result['serve']['podman']}"
+        )
         sbom = result["sbom"]
-        print(f"  sbom {sbom['digest']} (referrer of {result['digest']})" if sbom else
-              "  sbom: none (the image was built before speclock put SBOMs into images; rebuild to get one)")
+        print(
+            f"  sbom {sbom['digest']} (referrer of {result['digest']})"
+            if sbom
+            else "  sbom: none (the image was built before speclock put SBOMs into images; rebuild to get one)"
+        )
         if result["attestation"]:
             print(f"  attestation {result['attestation']['digest']} (referrer of {result['digest']})")
     return 0
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("push-image", help="push a built image to an OCI registry and print its digest",
-                       description="Push the last image built for a stack (or --tag) to REGISTRY/speclock-<stack>:<tag>, "
-                                   "print the digest the registry serves (read back with skopeo) and the docker and "
-                                   "podman commands that run it by digest on a GPU host. Refuses an image whose "
-                                   "self-check has not passed, or one built from uncommitted edits, unless --force.")
+    p = sub.add_parser(
+        "push-image",
+        help="push a built image to an OCI registry and print its digest",
+        description="Push the last image built for a stack (or --tag) to REGISTRY/speclock-<stack>:<tag>, "
+        "print the digest the registry serves (read back with skopeo) and the docker and "
+        "podman commands that run it by digest on a GPU host. Refuses an image whose "
+        "self-check has not passed, or one built from uncommitted edits, unless --force.",
+    )
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000")
     p.add_argument("--repository", help="repository name (default speclock-<stack>)")
     p.add_argument("--tag", help="content tag of the build to push (default: the latest build)")
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="whose image store to push from")
     p.add_argument("--insecure", action="store_true", help="plain HTTP / no TLS verification (automatic for loopback)")
-    p.add_argument("--force", action="store_true",
-                   help="push even if the self-check has not passed or the image was built from uncommitted edits")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="push even if the self-check has not passed or the image was built from uncommitted edits",
+    )
     p.add_argument("--gpus", default="all", help=f"GPUs in the printed run commands: {GPUS_HELP} (default all)")
-    p.add_argument("--attestation", metavar="FILE", help="a signed smoke report of this image (attestation.intoto.json "
-                                                         "of `speclock selfcheck --sign-key`) to attach as an OCI referrer; "
-                                                         "its subject must be this image")
+    p.add_argument(
+        "--attestation",
+        metavar="FILE",
+        help="a signed smoke report of this image (attestation.intoto.json "
+        "of `speclock selfcheck --sign-key`) to attach as an OCI referrer; "
+        "its subject must be this image",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable result")
     p.set_defaults(func=_cmd_push)

@@ -20,16 +20,29 @@ TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 BUILDERS = ("buildah", "docker")
 # Keys every build record holds, with their JSON types (run-image, push-image and upgrade read them).
 RECORD_KEYS = {"stack": str, "tag": str, "ref": str, "builder": str, "image_id": str}
-RECORD_OPTIONAL = {"inputs_sha256": str, "lock_sha256": str, "labels": dict, "patches": list, "build_seconds": float,
-                   "total_seconds": float, "no_cache": bool, "built_at": str, "layers": list,
-                   "candidate": bool, "lock_file": str, "selfcheck": dict}
+RECORD_OPTIONAL = {
+    "inputs_sha256": str,
+    "lock_sha256": str,
+    "labels": dict,
+    "patches": list,
+    "build_seconds": float,
+    "total_seconds": float,
+    "no_cache": bool,
+    "built_at": str,
+    "layers": list,
+    "candidate": bool,
+    "lock_file": str,
+    "selfcheck": dict,
+}
 STALE_TEMP_S = 600.0  # a record is written in milliseconds: a temp this old was left by a killed run
 
 
 def check_tag(tag: str, *, what: str = "--tag") -> str:
     if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
-        raise BadInput(f"{what} {tag!r} is not an image tag (letters, digits, '_', '.', '-'; no '/')",
-                       hint="give the content tag a build printed, e.g. from `speclock build-image --json`")
+        raise BadInput(
+            f"{what} {tag!r} is not an image tag (letters, digits, '_', '.', '-'; no '/')",
+            hint="give the content tag a build printed, e.g. from `speclock build-image --json`",
+        )
     return tag
 
 
@@ -42,16 +55,20 @@ def records_dir(stack_name: str) -> Path:
     except OSError as err:
         where = path or os.environ.get("SPECLOCK_CACHE") or "the speclock cache"
         if err.errno in (errno.EEXIST, errno.ENOTDIR):
-            raise BadInput(f"the build records folder {file_where_folder_belongs(where)}",
-                           hint="remove or rename that file, or point SPECLOCK_CACHE at a folder") from None
+            raise BadInput(
+                f"the build records folder {file_where_folder_belongs(where)}",
+                hint="remove or rename that file, or point SPECLOCK_CACHE at a folder",
+            ) from None
         raise os_error(err, where, "create the build records folder") from None
     clean_stale_temps(path, older_than_s=STALE_TEMP_S)
     return path
 
 
 def _record_hint(stack_name: str, builder: str) -> str:
-    return (f"build it again: `speclock build-image --stack {stack_name} --builder {builder}` writes a new record "
-            "over this one (a candidate's: run the same `speclock upgrade` again)")
+    return (
+        f"build it again: `speclock build-image --stack {stack_name} --builder {builder}` writes a new record "
+        "over this one (a candidate's: run the same `speclock upgrade` again)"
+    )
 
 
 def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
@@ -68,15 +85,15 @@ def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: st
         if key in record:
             expect(record[key], kind, f"key {key!r}", path=path, hint=hint)
     if not TAG_RE.fullmatch(record["tag"]):
-        raise BadInput(f"{path}: key 'tag' {record['tag']!r} is not an image tag (a plain name: letters, digits, '_.-')",
-                       hint=hint)
+        raise BadInput(
+            f"{path}: key 'tag' {record['tag']!r} is not an image tag (a plain name: letters, digits, '_.-')", hint=hint
+        )
     if tag is not None and record["tag"] != tag:
         raise BadInput(f"{path}: key 'tag' is {record['tag']!r}, but the file is the record of tag {tag!r}", hint=hint)
     if record["builder"] != builder:
         raise BadInput(f"{path}: key 'builder' is {record['builder']!r}, but the file is a {builder} record", hint=hint)
     if record["stack"] != stack_name:
-        raise BadInput(f"{path}: key 'stack' is {record['stack']!r}, but the file is a record of stack {stack_name!r}",
-                       hint=hint)
+        raise BadInput(f"{path}: key 'stack' is {record['stack']!r}, but the file is a record of stack {stack_name!r}", hint=hint)
     want = f"localhost/speclock-{stack_name}:{record['tag']}"
     if record["ref"] != want:
         raise BadInput(f"{path}: key 'ref' is {record['ref']!r}; a record of stack {stack_name} names {want}", hint=hint)
@@ -117,9 +134,10 @@ def record_path(stack_name: str, builder: str, tag: str | None = None) -> Path:
 def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
     path = record_path(stack_name, builder, tag)
     if not path.exists() and not path.is_symlink():
-        raise BadInput(f"no {builder} build of stack {stack_name}{' with --tag ' + repr(tag) if tag else ''} is recorded "
-                       f"(no {path})",
-                       hint=f"run `speclock build-image --stack {stack_name} --builder {builder}` first")
+        raise BadInput(
+            f"no {builder} build of stack {stack_name}{' with --tag ' + repr(tag) if tag else ''} is recorded (no {path})",
+            hint=f"run `speclock build-image --stack {stack_name} --builder {builder}` first",
+        )
     hint = _record_hint(stack_name, builder)
     record = read_json(path, what="build record", expect=dict, hint=hint)
     return check_record(record, path, stack_name, builder, tag)

@@ -32,17 +32,28 @@ def subject_manifest(reg: RegistryClient, digest: str, *, then: str) -> tuple[st
     """(media type, bytes) of the image manifest `digest`, checked against the digest; `then`: what to push after it."""
     got = reg.manifest(digest)
     if got is None:
-        raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}",
-                       hint=f"push the image first (push-image), then {then}")
+        raise BadInput(
+            f"registry {reg.host} has no manifest {digest} in {reg.name}", hint=f"push the image first (push-image), then {then}"
+        )
     if sha256_digest(got[1]) != digest:
-        raise CheckFailed(f"registry {reg.host} answered other bytes for {reg.name}@{digest}",
-                          hint="the registry's storage is damaged; push the image again")
+        raise CheckFailed(
+            f"registry {reg.host} answered other bytes for {reg.name}@{digest}",
+            hint="the registry's storage is damaged; push the image again",
+        )
     return got
 
 
-def push_referrer(reg: RegistryClient, digest: str, data: bytes, *, artifact_type: str, title: str,
-                  subject: tuple[str, bytes], annotations: dict[str, str] | None = None,
-                  layer_annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def push_referrer(
+    reg: RegistryClient,
+    digest: str,
+    data: bytes,
+    *,
+    artifact_type: str,
+    title: str,
+    subject: tuple[str, bytes],
+    annotations: dict[str, str] | None = None,
+    layer_annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Push `data` as a one-layer artifact manifest (artifactType = the layer's media type) whose subject is the
     manifest `digest` (`subject`: its media type and bytes, from subject_manifest). The same data and annotations
     give the same manifest digest, so pushing again changes nothing.
@@ -50,23 +61,47 @@ def push_referrer(reg: RegistryClient, digest: str, data: bytes, *, artifact_typ
     subject_type, subject_body = subject
     reg.put_blob(EMPTY_JSON)
     blob_digest = reg.put_blob(data)
-    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
-                "config": {"mediaType": OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": len(EMPTY_JSON)},
-                "layers": [{"mediaType": artifact_type, "digest": blob_digest, "size": len(data),
-                            "annotations": {"org.opencontainers.image.title": title, **(layer_annotations or {})}}],
-                "subject": {"mediaType": subject_type, "digest": digest, "size": len(subject_body)},
-                "annotations": dict(annotations or {})}
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": {"mediaType": OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": len(EMPTY_JSON)},
+        "layers": [
+            {
+                "mediaType": artifact_type,
+                "digest": blob_digest,
+                "size": len(data),
+                "annotations": {"org.opencontainers.image.title": title, **(layer_annotations or {})},
+            }
+        ],
+        "subject": {"mediaType": subject_type, "digest": digest, "size": len(subject_body)},
+        "annotations": dict(annotations or {}),
+    }
     body = canonical(manifest)
     ref_digest = sha256_digest(body)
     headers = reg.put_manifest(ref_digest, OCI_MANIFEST, body)
     via = "api"
     if headers.get("OCI-Subject") != digest:
         via = "tag-schema"
-        add_to_fallback_index(reg, digest, {"mediaType": OCI_MANIFEST, "digest": ref_digest, "size": len(body),
-                                            "artifactType": artifact_type,
-                                            **({"annotations": manifest["annotations"]} if manifest["annotations"] else {})})
-    return {"digest": ref_digest, "blob_digest": blob_digest, "size": len(data), "subject": digest, "referrers": via,
-            "repository": f"{reg.host}/{reg.name}"}
+        add_to_fallback_index(
+            reg,
+            digest,
+            {
+                "mediaType": OCI_MANIFEST,
+                "digest": ref_digest,
+                "size": len(body),
+                "artifactType": artifact_type,
+                **({"annotations": manifest["annotations"]} if manifest["annotations"] else {}),
+            },
+        )
+    return {
+        "digest": ref_digest,
+        "blob_digest": blob_digest,
+        "size": len(data),
+        "subject": digest,
+        "referrers": via,
+        "repository": f"{reg.host}/{reg.name}",
+    }
 
 
 def fallback_tag(digest: str) -> str:
@@ -85,8 +120,9 @@ def add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[st
 
 def list_referrers(reg: RegistryClient, digest: str, artifact_type: str) -> list[dict[str, Any]]:
     """The referrers of `digest` of one artifactType: the referrers API, or the tag-schema index where it is missing."""
-    status, headers, body = reg.call("GET", f"/v2/{reg.name}/referrers/{digest}?artifactType="
-                                     + urllib.parse.quote(artifact_type, safe=""), absent_ok=True)
+    status, headers, body = reg.call(
+        "GET", f"/v2/{reg.name}/referrers/{digest}?artifactType=" + urllib.parse.quote(artifact_type, safe=""), absent_ok=True
+    )
     if status == 200 and (headers.get("Content-Type") or "").startswith(OCI_INDEX):
         found = json.loads(body).get("manifests", [])
     else:

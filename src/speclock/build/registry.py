@@ -25,8 +25,10 @@ def registry_digest(dest: str, *, insecure: bool) -> str:
     """The digest of the manifest the registry serves for `dest` (HOST[:PORT]/REPO:TAG), exactly as
     stored: `skopeo inspect --raw` would give its bytes, `{{.Digest}}` their sha256."""
     if not shutil.which("skopeo"):
-        raise EnvironmentProblem("skopeo is not installed (push-image reads the pushed digest with it)",
-                                 hint="apt-get install skopeo (scripts/bootstrap.sh does)")
+        raise EnvironmentProblem(
+            "skopeo is not installed (push-image reads the pushed digest with it)",
+            hint="apt-get install skopeo (scripts/bootstrap.sh does)",
+        )
     cmd = ["skopeo", "inspect", "--format", "{{.Digest}}"]
     if insecure:
         cmd.append("--tls-verify=false")
@@ -34,10 +36,12 @@ def registry_digest(dest: str, *, insecure: bool) -> str:
     proc = subprocess.run([*cmd, f"docker://{dest}"], capture_output=True, text=True)
     digest = proc.stdout.strip()
     if proc.returncode != 0 or not DIGEST_RE.fullmatch(digest):
-        raise EnvironmentProblem(f"skopeo could not read the digest of {dest} from the registry "
-                                 f"(exit {proc.returncode}): {proc.stderr.strip()[-600:]}",
-                                 hint="check the registry address and your login (skopeo reads docker's and "
-                                      "buildah's credentials), and --insecure for a plain-HTTP registry")
+        raise EnvironmentProblem(
+            f"skopeo could not read the digest of {dest} from the registry "
+            f"(exit {proc.returncode}): {proc.stderr.strip()[-600:]}",
+            hint="check the registry address and your login (skopeo reads docker's and "
+            "buildah's credentials), and --insecure for a plain-HTTP registry",
+        )
     return digest
 
 
@@ -45,8 +49,12 @@ def registry_digest(dest: str, *, insecure: bool) -> str:
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-MANIFEST_TYPES = (OCI_MANIFEST, "application/vnd.docker.distribution.manifest.v2+json", OCI_INDEX,
-                  "application/vnd.docker.distribution.manifest.list.v2+json")
+MANIFEST_TYPES = (
+    OCI_MANIFEST,
+    "application/vnd.docker.distribution.manifest.v2+json",
+    OCI_INDEX,
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
 
 
 def split_registry(registry: str, repository: str) -> tuple[str, str]:
@@ -59,9 +67,14 @@ def split_registry(registry: str, repository: str) -> tuple[str, str]:
 
 def auth_for(host: str) -> str | None:
     """'user:password' for `host` from the auth files buildah/podman and docker write (REGISTRY_AUTH_FILE first)."""
-    candidates = [os.environ.get("REGISTRY_AUTH_FILE"),
-                  os.path.join(os.environ.get("XDG_RUNTIME_DIR", ""), "containers", "auth.json") if os.environ.get("XDG_RUNTIME_DIR") else None,
-                  os.path.expanduser("~/.config/containers/auth.json"), os.path.expanduser("~/.docker/config.json")]
+    candidates = [
+        os.environ.get("REGISTRY_AUTH_FILE"),
+        os.path.join(os.environ.get("XDG_RUNTIME_DIR", ""), "containers", "auth.json")
+        if os.environ.get("XDG_RUNTIME_DIR")
+        else None,
+        os.path.expanduser("~/.config/containers/auth.json"),
+        os.path.expanduser("~/.docker/config.json"),
+    ]
     for name in filter(None, candidates):
         try:
             auths = json.loads(Path(name).read_text()).get("auths", {})
@@ -84,8 +97,16 @@ class RegistryClient:
         self.base = f"{'http' if insecure else 'https'}://{self.host}"
         self.token: str | None = None
 
-    def call(self, method: str, path: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,
-             ok=(200,), absent_ok: bool = False) -> tuple[int, Any, bytes]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        ok=(200,),
+        absent_ok: bool = False,
+    ) -> tuple[int, Any, bytes]:
         url = path if path.startswith("http") else self.base + path
         for attempt in range(2):
             req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
@@ -102,14 +123,20 @@ class RegistryClient:
                     return 404, err.headers, body
                 if err.code in ok:
                     return err.code, err.headers, body
-                raise CheckFailed(f"registry {self.host}: {method} {urllib.parse.urlsplit(url).path} answered "
-                                  f"{err.code}: {body[:300].decode('utf-8', 'replace')}",
-                                  hint="check the repository name and that your credentials (buildah/docker login) may push there") from None
+                raise CheckFailed(
+                    f"registry {self.host}: {method} {urllib.parse.urlsplit(url).path} answered "
+                    f"{err.code}: {body[:300].decode('utf-8', 'replace')}",
+                    hint="check the repository name and that your credentials (buildah/docker login) may push there",
+                ) from None
             except (urllib.error.URLError, OSError) as err:
-                raise EnvironmentProblem(f"registry {self.host} is not reachable: {err}",
-                                         hint="start it or check --registry (HOST[:PORT]); loopback registries use plain HTTP") from None
-        raise CheckFailed(f"registry {self.host}: {method} {path} needs credentials that were refused",
-                          hint=f"log in with `buildah login {self.host}` (or docker login)")
+                raise EnvironmentProblem(
+                    f"registry {self.host} is not reachable: {err}",
+                    hint="start it or check --registry (HOST[:PORT]); loopback registries use plain HTTP",
+                ) from None
+        raise CheckFailed(
+            f"registry {self.host}: {method} {path} needs credentials that were refused",
+            hint=f"log in with `buildah login {self.host}` (or docker login)",
+        )
 
     def _login(self, challenge: str) -> bool:
         creds = auth_for(self.host)
@@ -135,8 +162,9 @@ class RegistryClient:
         return bool(token)
 
     def manifest(self, reference: str) -> tuple[str, bytes] | None:
-        status, headers, body = self.call("GET", f"/v2/{self.name}/manifests/{reference}",
-                                          headers={"Accept": ", ".join(MANIFEST_TYPES)}, absent_ok=True)
+        status, headers, body = self.call(
+            "GET", f"/v2/{self.name}/manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)}, absent_ok=True
+        )
         if status == 404:
             return None
         return (headers.get("Content-Type") or "").split(";")[0].strip(), body
@@ -144,8 +172,10 @@ class RegistryClient:
     def blob(self, digest: str) -> bytes:
         body = self.call("GET", f"/v2/{self.name}/blobs/{digest}")[2]
         if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-            raise CheckFailed(f"registry {self.host}: blob {digest} of {self.name} does not match its digest",
-                              hint="the registry's storage is damaged; push the image again")
+            raise CheckFailed(
+                f"registry {self.host}: blob {digest} of {self.name} does not match its digest",
+                hint="the registry's storage is damaged; push the image again",
+            )
         return body
 
     def put_blob(self, data: bytes) -> str:
@@ -155,10 +185,16 @@ class RegistryClient:
         _, headers, _ = self.call("POST", f"/v2/{self.name}/blobs/uploads/", data=b"", ok=(202,))
         location = urllib.parse.urljoin(self.base + "/", headers.get("Location", ""))
         sep = "&" if "?" in location else "?"
-        self.call("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", data=data, ok=(201,),
-                  headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
+        self.call(
+            "PUT",
+            f"{location}{sep}digest={urllib.parse.quote(digest)}",
+            data=data,
+            ok=(201,),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
+        )
         return digest
 
     def put_manifest(self, reference: str, media_type: str, body: bytes):
-        return self.call("PUT", f"/v2/{self.name}/manifests/{reference}", data=body, ok=(201,),
-                         headers={"Content-Type": media_type})[1]
+        return self.call(
+            "PUT", f"/v2/{self.name}/manifests/{reference}", data=body, ok=(201,), headers={"Content-Type": media_type}
+        )[1]

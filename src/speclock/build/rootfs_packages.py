@@ -27,8 +27,12 @@ def parse_dpkg_status(text: str) -> list[dict[str, str]]:
         if not fields.get("Package") or fields.get("Status", "").split()[-1:] != ["installed"]:
             continue
         source = fields.get("Source", "").split(" ")[0] or fields["Package"]
-        pkg = {"name": fields["Package"], "version": fields.get("Version", ""),
-               "arch": fields.get("Architecture", ""), "source": source}
+        pkg = {
+            "name": fields["Package"],
+            "version": fields.get("Version", ""),
+            "arch": fields.get("Architecture", ""),
+            "source": source,
+        }
         out[(pkg["name"], pkg["arch"])] = pkg
     return [out[k] for k in sorted(out)]
 
@@ -44,8 +48,12 @@ def parse_os_release(text: str) -> dict[str, str]:
 
 def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
     """{"os": os-release fields (+ debian_version), "packages": [...]} from a rootfs tarball."""
-    wanted = {"var/lib/dpkg/status": "status", "etc/os-release": "os", "usr/lib/os-release": "os",
-              "etc/debian_version": "debian_version"}
+    wanted = {
+        "var/lib/dpkg/status": "status",
+        "etc/os-release": "os",
+        "usr/lib/os-release": "os",
+        "etc/debian_version": "debian_version",
+    }
     found: dict[str, str] = {}
     try:
         with tarfile.open(tar_path) as tar:
@@ -54,11 +62,15 @@ def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
                 if name in wanted and member.isfile() and wanted[name] not in found:
                     found[wanted[name]] = tar.extractfile(member).read().decode("utf-8", "replace")
     except (OSError, tarfile.TarError) as err:
-        raise CheckFailed(f"cannot read the base rootfs {tar_path}: {err}",
-                          hint="remove it from the cache; the next build or `speclock sbom` rebuilds it") from None
+        raise CheckFailed(
+            f"cannot read the base rootfs {tar_path}: {err}",
+            hint="remove it from the cache; the next build or `speclock sbom` rebuilds it",
+        ) from None
     if "status" not in found:
-        raise CheckFailed(f"the base rootfs {tar_path} has no var/lib/dpkg/status: its Debian packages cannot be listed",
-                          hint="use a debian-rootfs base (mmdebstrap), or base.kind = 'image' in the stack")
+        raise CheckFailed(
+            f"the base rootfs {tar_path} has no var/lib/dpkg/status: its Debian packages cannot be listed",
+            hint="use a debian-rootfs base (mmdebstrap), or base.kind = 'image' in the stack",
+        )
     osr = parse_os_release(found.get("os", ""))
     if "debian_version" in found:
         osr["DEBIAN_VERSION"] = found["debian_version"].strip()

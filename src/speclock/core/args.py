@@ -22,32 +22,52 @@ def _number(text: str, kind: type) -> float | int:
 
 def _bounded(kind: type, ok, allowed: str, name: str, doc: str):
     """A type that parses `kind` and accepts what `ok` allows; the message says what to give."""
+
     def check(text: str):
         value = _number(text, kind)
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{value} is not allowed: give {allowed}")
         return value
+
     check.__name__ = check.__qualname__ = name
     check.__doc__ = doc
     return check
 
 
-positive_int = _bounded(int, lambda v: v >= 1, "an integer of at least 1", "positive_int",
-                        "An integer >= 1 (counts, jobs, epochs).")
-non_negative_int = _bounded(int, lambda v: v >= 0, "an integer of at least 0", "non_negative_int",
-                            "An integer >= 0 (seeds, offsets, optional counts where 0 means none).")
-positive_float = _bounded(float, lambda v: v > 0, "a number above 0", "positive_float",
-                          "A finite number > 0 (minutes, seconds, rates).")
-non_negative_float = _bounded(float, lambda v: v >= 0, "a number of at least 0", "non_negative_float",
-                              "A finite number >= 0 (temperatures, tolerances).")
-probability = _bounded(float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1", "probability",
-                       "A finite number in [0, 1] (rates, fractions, min-p).")
+positive_int = _bounded(
+    int, lambda v: v >= 1, "an integer of at least 1", "positive_int", "An integer >= 1 (counts, jobs, epochs)."
+)
+non_negative_int = _bounded(
+    int,
+    lambda v: v >= 0,
+    "an integer of at least 0",
+    "non_negative_int",
+    "An integer >= 0 (seeds, offsets, optional counts where 0 means none).",
+)
+positive_float = _bounded(
+    float, lambda v: v > 0, "a number above 0", "positive_float", "A finite number > 0 (minutes, seconds, rates)."
+)
+non_negative_float = _bounded(
+    float, lambda v: v >= 0, "a number of at least 0", "non_negative_float", "A finite number >= 0 (temperatures, tolerances)."
+)
+probability = _bounded(
+    float,
+    lambda v: 0.0 <= v <= 1.0,
+    "a number from 0 to 1",
+    "probability",
+    "A finite number in [0, 1] (rates, fractions, min-p).",
+)
 
 
 def int_range(low: int, high: int):
     """An integer in [low, high] (for example k, the number of speculative tokens)."""
-    return _bounded(int, lambda v: low <= v <= high, f"an integer from {low} to {high}", f"int_{low}_{high}",
-                    f"An integer from {low} to {high}.")
+    return _bounded(
+        int,
+        lambda v: low <= v <= high,
+        f"an integer from {low} to {high}",
+        f"int_{low}_{high}",
+        f"An integer from {low} to {high}.",
+    )
 
 
 # The longest EAGLE-3 draft chain any command accepts (stack keys too): per-position acceptance falls

@@ -23,6 +23,7 @@ try:  # optional: only signing and verifying need it; its absence is exit 3 then
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
     _MISSING: ImportError | None = None
 except ImportError as _err:
     _MISSING = _err
@@ -30,8 +31,10 @@ except ImportError as _err:
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 INSTALL = "pip install cryptography (images have it: the lock pins it; a host venv may not)"
-KEYGEN = ("make a key pair with `openssl genpkey -algorithm ed25519 -out key.pem` and "
-          "`openssl pkey -in key.pem -pubout -out key.pub.pem`")
+KEYGEN = (
+    "make a key pair with `openssl genpkey -algorithm ed25519 -out key.pem` and "
+    "`openssl pkey -in key.pem -pubout -out key.pub.pem`"
+)
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -42,10 +45,16 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 def _crypto() -> argparse.Namespace:
     if _MISSING is not None:
-        raise EnvironmentProblem(f"signing and verifying reports needs the `cryptography` package, which does not "
-                                 f"import here ({_MISSING})", hint=INSTALL)
-    return argparse.Namespace(InvalidSignature=InvalidSignature, serialization=serialization,
-                              Ed25519PrivateKey=Ed25519PrivateKey, Ed25519PublicKey=Ed25519PublicKey)
+        raise EnvironmentProblem(
+            f"signing and verifying reports needs the `cryptography` package, which does not import here ({_MISSING})",
+            hint=INSTALL,
+        )
+    return argparse.Namespace(
+        InvalidSignature=InvalidSignature,
+        serialization=serialization,
+        Ed25519PrivateKey=Ed25519PrivateKey,
+        Ed25519PublicKey=Ed25519PublicKey,
+    )
 
 
 def _pem(path: str | Path, option: str) -> bytes:
@@ -58,8 +67,10 @@ def load_private_key(path: str | Path, option: str = "--sign-key"):
     try:
         key = c.serialization.load_pem_private_key(_pem(path, option), password=None)
     except TypeError:
-        raise BadInput(f"{option} {path}: the private key is encrypted", hint="give an unencrypted PEM key "
-                       "(`openssl pkey -in KEY -out plain.pem`), kept where only the signer reads it") from None
+        raise BadInput(
+            f"{option} {path}: the private key is encrypted",
+            hint="give an unencrypted PEM key (`openssl pkey -in KEY -out plain.pem`), kept where only the signer reads it",
+        ) from None
     except (ValueError, c.InvalidSignature) as err:
         raise BadInput(f"{option} {path}: not a PEM private key ({err})", hint=KEYGEN) from None
     if not isinstance(key, c.Ed25519PrivateKey):
@@ -72,8 +83,10 @@ def load_public_key(path: str | Path, option: str = "--verify-key"):
     c = _crypto()
     data = _pem(path, option)
     if b"PRIVATE KEY" in data:
-        raise BadInput(f"{option} {path} holds a private key", hint="give the public key: `openssl pkey -in KEY "
-                                                                     "-pubout -out key.pub.pem`; keep the private one secret")
+        raise BadInput(
+            f"{option} {path} holds a private key",
+            hint="give the public key: `openssl pkey -in KEY -pubout -out key.pub.pem`; keep the private one secret",
+        )
     try:
         key = c.serialization.load_pem_public_key(data)
     except ValueError as err:
@@ -92,8 +105,11 @@ def keyid(public_key) -> str:
 def sign(payload: bytes, payload_type: str, private_key) -> dict[str, Any]:
     """The envelope {payload, payloadType, signatures: [{keyid, sig}]} (standard base64, as the DSSE examples)."""
     sig = private_key.sign(pae(payload_type, payload))
-    return {"payload": base64.b64encode(payload).decode(), "payloadType": payload_type,
-            "signatures": [{"keyid": keyid(private_key.public_key()), "sig": base64.b64encode(sig).decode()}]}
+    return {
+        "payload": base64.b64encode(payload).decode(),
+        "payloadType": payload_type,
+        "signatures": [{"keyid": keyid(private_key.public_key()), "sig": base64.b64encode(sig).decode()}],
+    }
 
 
 def _b64(text: Any, where: str) -> bytes:
@@ -112,16 +128,28 @@ def parse(data: bytes, source: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except ValueError as err:
-        raise BadInput(f"{source}: not JSON ({err})", hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote") from None
+        raise BadInput(
+            f"{source}: not JSON ({err})", hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("payloadType"), str) or "payload" not in doc:
-        raise BadInput(f"{source}: not a DSSE envelope (keys 'payload' and 'payloadType' missing)",
-                       hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote")
+        raise BadInput(
+            f"{source}: not a DSSE envelope (keys 'payload' and 'payloadType' missing)",
+            hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote",
+        )
     sigs = doc.get("signatures")
     if not isinstance(sigs, list) or not sigs or not all(isinstance(s, dict) for s in sigs):
         raise BadInput(f"{source}: key 'signatures' holds no signature", hint="sign the report (selfcheck --sign-key)")
-    return {"payloadType": doc["payloadType"], "payload": _b64(doc["payload"], f"{source}: key 'payload'"),
-            "signatures": [{"keyid": s.get("keyid") if isinstance(s.get("keyid"), str) else "",
-                            "sig": _b64(s.get("sig"), f"{source}: key 'signatures[{i}].sig'")} for i, s in enumerate(sigs)]}
+    return {
+        "payloadType": doc["payloadType"],
+        "payload": _b64(doc["payload"], f"{source}: key 'payload'"),
+        "signatures": [
+            {
+                "keyid": s.get("keyid") if isinstance(s.get("keyid"), str) else "",
+                "sig": _b64(s.get("sig"), f"{source}: key 'signatures[{i}].sig'"),
+            }
+            for i, s in enumerate(sigs)
+        ],
+    }
 
 
 def verify(envelope: dict[str, Any], public_key, source: str) -> None:
@@ -140,5 +168,7 @@ def verify(envelope: dict[str, Any], public_key, source: str) -> None:
         why = f"it was signed by key {', '.join(k[:16] for k in named)}, not by the given key {mine[:16]}"
     else:
         why = f"the signature of key {mine[:16]} does not match the payload (the envelope or its payload was changed)"
-    raise BadInput(f"{source}: signature: {why}",
-                   hint="verify with the public key of the signer; a changed envelope is not to be trusted: sign again")
+    raise BadInput(
+        f"{source}: signature: {why}",
+        hint="verify with the public key of the signer; a changed envelope is not to be trusted: sign again",
+    )

@@ -41,6 +41,7 @@ def note_input(path: str | os.PathLike) -> None:
 
 # --- OS errors -------------------------------------------------------------------------------
 
+
 def file_where_folder_belongs(where: str | os.PathLike) -> str:
     """The one message for a path that must be (or lead through) a folder but meets a file."""
     path = Path(where)
@@ -55,15 +56,20 @@ def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = 
     where = str(path or err.filename or "?")
     code = err.errno
     if code == errno.ENOSPC or code == errno.EDQUOT:
-        return EnvironmentProblem(f"disk full: could not {action} {where}",
-                                  hint=f"free space on the disk that holds {where} (df -h), then run the command again")
+        return EnvironmentProblem(
+            f"disk full: could not {action} {where}",
+            hint=f"free space on the disk that holds {where} (df -h), then run the command again",
+        )
     if code == errno.EROFS:
-        return EnvironmentProblem(f"read-only filesystem: could not {action} {where}",
-                                  hint="the disk that holds it is mounted read-only: point the command at a writable folder "
-                                       "(in an image, /tmp)")
+        return EnvironmentProblem(
+            f"read-only filesystem: could not {action} {where}",
+            hint="the disk that holds it is mounted read-only: point the command at a writable folder (in an image, /tmp)",
+        )
     if code in (errno.EACCES, errno.EPERM):
-        return EnvironmentProblem(f"permission denied: could not {action} {where}",
-                                  hint="run as a user that may write there, or point the command at another folder")
+        return EnvironmentProblem(
+            f"permission denied: could not {action} {where}",
+            hint="run as a user that may write there, or point the command at another folder",
+        )
     if code == errno.EISDIR:
         return BadInput(f"{where} is a directory, where a file belongs", hint="give the path of the file itself")
     if code in (errno.ENOTDIR, errno.EEXIST):
@@ -73,8 +79,9 @@ def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = 
         return BadInput(f"{where} does not exist", hint="check the path")
     if code == errno.ELOOP:
         return BadInput(f"{where}: too many symbolic links (a link loop)", hint="replace the link with the file")
-    return EnvironmentProblem(f"could not {action} {where}: {err.strerror or err}",
-                              hint="check the disk and the file's permissions")
+    return EnvironmentProblem(
+        f"could not {action} {where}: {err.strerror or err}", hint="check the disk and the file's permissions"
+    )
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -84,8 +91,7 @@ def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = 
 MAX_READ_BYTES = 64 << 20
 
 
-def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None,
-               max_bytes: int | None = None) -> bytes:
+def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> bytes:
     path = Path(path)
     note_input(path)
     if path.is_dir():
@@ -97,33 +103,39 @@ def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None 
     try:
         size = path.stat().st_size
         if max_bytes is not None and size > max_bytes:
-            raise BadInput(f"{path}: the {what} is {size / 2**20:.1f} MiB, more than the {max_bytes / 2**20:.0f} MiB "
-                           f"such a file can be", hint=hint or f"give the {what} that speclock wrote")
+            raise BadInput(
+                f"{path}: the {what} is {size / 2**20:.1f} MiB, more than the {max_bytes / 2**20:.0f} MiB such a file can be",
+                hint=hint or f"give the {what} that speclock wrote",
+            )
         return path.read_bytes()
     except OSError as err:
         raise os_error(err, path, f"read the {what}") from None
 
 
-def read_text(path: str | os.PathLike, *, what: str = "file", hint: str | None = None,
-              max_bytes: int | None = MAX_READ_BYTES) -> str:
+def read_text(
+    path: str | os.PathLike, *, what: str = "file", hint: str | None = None, max_bytes: int | None = MAX_READ_BYTES
+) -> str:
     """A UTF-8 text file; a binary or non-UTF-8 file is BadInput naming the line of the first bad byte."""
     data = read_bytes(path, what=what, hint=hint, max_bytes=max_bytes)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise BadInput(f"{path}:{line}: the {what} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r})",
-                       hint=hint or f"give the {what} as UTF-8 text") from None
+        raise BadInput(
+            f"{path}:{line}: the {what} is not UTF-8 text (byte {err.start}: {data[err.start : err.start + 1]!r})",
+            hint=hint or f"give the {what} as UTF-8 text",
+        ) from None
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1
-        raise BadInput(f"{path}:{line}: the {what} holds a NUL byte (a binary file?)",
-                       hint=hint or f"give the {what} as text")
+        raise BadInput(f"{path}:{line}: the {what} holds a NUL byte (a binary file?)", hint=hint or f"give the {what} as text")
     return text
 
 
-def parse_json(text: str, path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict,
-               hint: str | None = None) -> Any:
+def parse_json(
+    text: str, path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict, hint: str | None = None
+) -> Any:
     """Parse JSON text and check its top-level type; NaN and Infinity are refused (not JSON)."""
+
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
 
@@ -132,22 +144,28 @@ def parse_json(text: str, path: str | os.PathLike, *, what: str = "JSON file", e
         if not math.isfinite(value):  # 1e999 parses as inf
             raise ValueError(f"{literal} is not a finite number")
         return value
+
     try:
         data = json.loads(text, parse_constant=no_constants, parse_float=finite_float)
     except json.JSONDecodeError as err:
-        raise BadInput(f"{path}:{err.lineno}:{err.colno}: the {what} is not valid JSON: {err.msg}",
-                       hint=hint or f"fix the {what} or write it again with the command that made it") from None
+        raise BadInput(
+            f"{path}:{err.lineno}:{err.colno}: the {what} is not valid JSON: {err.msg}",
+            hint=hint or f"fix the {what} or write it again with the command that made it",
+        ) from None
     except (ValueError, RecursionError) as err:
-        raise BadInput(f"{path}: the {what} is not valid JSON: {err}",
-                       hint=hint or f"fix the {what} or write it again with the command that made it") from None
+        raise BadInput(
+            f"{path}: the {what} is not valid JSON: {err}",
+            hint=hint or f"fix the {what} or write it again with the command that made it",
+        ) from None
     if not isinstance(data, expect):
-        raise BadInput(f"{path}: the {what} holds a JSON {json_type(data)}, where {_type_names(expect)} belongs",
-                       hint=hint or f"give the {what} that speclock wrote")
+        raise BadInput(
+            f"{path}: the {what} holds a JSON {json_type(data)}, where {_type_names(expect)} belongs",
+            hint=hint or f"give the {what} that speclock wrote",
+        )
     return data
 
 
-def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict,
-              hint: str | None = None) -> Any:
+def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict, hint: str | None = None) -> Any:
     return parse_json(read_text(path, what=what, hint=hint), path, what=what, expect=expect, hint=hint)
 
 
@@ -175,8 +193,9 @@ def _type_names(expect: type | tuple) -> str:
     return " or ".join(_NAMES.get(t, t.__name__) for t in types)
 
 
-def expect(value: Any, types: type | tuple, where: str, *, path: str | os.PathLike, hint: str | None = None,
-           finite: bool = True) -> Any:
+def expect(
+    value: Any, types: type | tuple, where: str, *, path: str | os.PathLike, hint: str | None = None, finite: bool = True
+) -> Any:
     """Check one field's JSON type (bool is never a number here; numbers must be finite)."""
     want = types if isinstance(types, tuple) else (types,)
     ok = isinstance(value, want)
@@ -185,11 +204,15 @@ def expect(value: Any, types: type | tuple, where: str, *, path: str | os.PathLi
     if not ok and float in want and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise BadInput(f"{path}: {where} is {json_type(value)} {short_repr(value)}, where {_type_names(types)} belongs",
-                       hint=hint or "give the file that speclock wrote, unedited")
+        raise BadInput(
+            f"{path}: {where} is {json_type(value)} {short_repr(value)}, where {_type_names(types)} belongs",
+            hint=hint or "give the file that speclock wrote, unedited",
+        )
     if finite and isinstance(value, float) and not math.isfinite(value):
-        raise BadInput(f"{path}: {where} is {value}, where a finite number belongs",
-                       hint=hint or "give the file that speclock wrote, unedited")
+        raise BadInput(
+            f"{path}: {where} is {value}, where a finite number belongs",
+            hint=hint or "give the file that speclock wrote, unedited",
+        )
     return value
 
 
@@ -200,6 +223,7 @@ def short_repr(value: Any) -> str:
 
 # --- confinement -----------------------------------------------------------------------------
 
+
 def confined(root: str | os.PathLike, name: str, *, what: str, source: str | os.PathLike | None = None) -> Path:
     """`root/name`, refused (BadInput) when `name` is absolute, has `..`, or resolves outside `root`."""
     where = f"{source}: " if source else ""
@@ -207,28 +231,34 @@ def confined(root: str | os.PathLike, name: str, *, what: str, source: str | os.
         raise BadInput(f"{where}{what} {name!r} is not a valid name", hint="give a plain relative name")
     parts = Path(name).parts
     if Path(name).is_absolute() or ".." in parts or "\\" in name:
-        raise BadInput(f"{where}{what} {name!r} leaves its folder {root}",
-                       hint=f"a {what} must be a plain name inside {root} (no '/' at the start, no '..')")
+        raise BadInput(
+            f"{where}{what} {name!r} leaves its folder {root}",
+            hint=f"a {what} must be a plain name inside {root} (no '/' at the start, no '..')",
+        )
     root_real = Path(root).resolve()
-    target = (Path(root) / name)
+    target = Path(root) / name
     real = target.resolve()
     if real != root_real and root_real not in real.parents:
-        raise BadInput(f"{where}{what} {name!r} resolves outside {root} (to {real})",
-                       hint=f"keep {what}s inside {root}; remove the symbolic link that leads out")
+        raise BadInput(
+            f"{where}{what} {name!r} resolves outside {root} (to {real})",
+            hint=f"keep {what}s inside {root}; remove the symbolic link that leads out",
+        )
     return target
 
 
 def plain_name(name: Any, *, what: str, source: str | os.PathLike | None = None) -> str:
     """A single path component (a file name from data): no separators, no '..'."""
     where = f"{source}: " if source else ""
-    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
-            or "\x00" in name):
-        raise BadInput(f"{where}{what} {name!r} is not a plain file name",
-                       hint=f"a {what} has no '/' and is not '..'; re-create the file with the command that made it")
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise BadInput(
+            f"{where}{what} {name!r} is not a plain file name",
+            hint=f"a {what} has no '/' and is not '..'; re-create the file with the command that made it",
+        )
     return name
 
 
 # --- writing ---------------------------------------------------------------------------------
+
 
 def fsync_dir(path: str | os.PathLike) -> None:
     try:
@@ -331,8 +361,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def clean_stale_temps(folder: str | os.PathLike, *, prefixes: tuple[str, ...] = (TEMP_PREFIX,),
-                      older_than_s: float = 0.0) -> list[Path]:
+def clean_stale_temps(
+    folder: str | os.PathLike, *, prefixes: tuple[str, ...] = (TEMP_PREFIX,), older_than_s: float = 0.0
+) -> list[Path]:
     """Remove temp files a killed run left in `folder` (not recursive). Returns what was removed."""
     removed = []
     now = time.time()

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-EVERY_S = 10.0          # a download's report interval
-SILENCE_S = 15.0        # how long a builder may print nothing before the first heartbeat line
+EVERY_S = 10.0  # a download's report interval
+SILENCE_S = 15.0  # how long a builder may print nothing before the first heartbeat line
 
 
 def human_bytes(n: float) -> str:
@@ -26,8 +26,15 @@ class ByteHeartbeat:
     """Counts bytes as they come (`add`) and reports at most once every `every_s` seconds:
     `<what>: 312.4 MB of 554.6 MB (56%), 48.2 MB/s`. Quiet for work that ends before the first report."""
 
-    def __init__(self, what: str, total: int | None = None, *, progress: Callable[[str], None] = print,
-                 every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        *,
+        progress: Callable[[str], None] = print,
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.what, self.total, self.progress, self.clock = what, total, progress, clock
         self.every_s = EVERY_S if every_s is None else every_s
         self.done = 0
@@ -61,8 +68,14 @@ class SilenceHeartbeat:
     writers on that disk count too: the line says "the disk holding", not the builder's own bytes).
     `seen()` is called for every output line; use as a context manager around the read loop."""
 
-    def __init__(self, watch: Path | None, *, progress: Callable[[str], None], every_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        watch: Path | None,
+        *,
+        progress: Callable[[str], None],
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.watch = watch if watch is not None and watch.exists() else None
         self.progress, self.clock = progress, clock
         self.every_s = SILENCE_S if every_s is None else every_s
@@ -82,8 +95,11 @@ class SilenceHeartbeat:
         with self._lock:
             quiet = self.clock() - self.quiet_since
             grown = used_bytes(self.watch) - self.used_at_start if self.watch else 0
-        disk = (f"; {human_bytes(grown)} more used on the disk holding {self.watch}, {human_bytes(grown / max(quiet, 1e-9))}/s"
-                if self.watch else "")
+        disk = (
+            f"; {human_bytes(grown)} more used on the disk holding {self.watch}, {human_bytes(grown / max(quiet, 1e-9))}/s"
+            if self.watch
+            else ""
+        )
         return f"(still running, no output for {quiet:.0f} s{disk})"
 
     def _run(self) -> None:
@@ -92,12 +108,13 @@ class SilenceHeartbeat:
             now = self.clock()
             with self._lock:
                 quiet_since = self.quiet_since
-            if now - quiet_since >= self.every_s and (reported is None or reported < quiet_since
-                                                       or now - reported >= self.every_s):
+            if now - quiet_since >= self.every_s and (
+                reported is None or reported < quiet_since or now - reported >= self.every_s
+            ):
                 reported = now
                 self.progress(self.line())
 
-    def __enter__(self) -> "SilenceHeartbeat":
+    def __enter__(self) -> SilenceHeartbeat:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self

@@ -22,8 +22,15 @@ def split_lines(data: bytes) -> list[bytes]:
     return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def read_jsonl(path: str | os.PathLike, check: Callable[[bytes, int], Any], *, what: str = "JSONL file",
-               hint: str | None = None, torn_last: bool = False, bad_last_is_torn: bool = False) -> list[tuple[int, Any]]:
+def read_jsonl(
+    path: str | os.PathLike,
+    check: Callable[[bytes, int], Any],
+    *,
+    what: str = "JSONL file",
+    hint: str | None = None,
+    torn_last: bool = False,
+    bad_last_is_torn: bool = False,
+) -> list[tuple[int, Any]]:
     """[(line number, check(line, line number))] for each non-blank line of `path`.
 
     `check` gets the raw line (bytes, with its newline) and raises BadInput naming `path:lineno`

@@ -22,15 +22,17 @@ def junit_xml(suite: str, cases: list[Case]) -> str:
     """A <testsuites> document with one <testsuite> named `suite`; counts computed from the cases."""
     fails = sum(c.failure is not None for c in cases)
     skipped = sum(c.failure is None and c.skipped is not None for c in cases)
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{fails}" errors="0" '
-           f'skipped="{skipped}">']
+    out = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{fails}" errors="0" skipped="{skipped}">',
+    ]
     for c in cases:
         time = f' time="{c.seconds:.1f}"' if c.seconds is not None else ""
         out.append(f"  <testcase classname={quoteattr(c.classname)} name={quoteattr(c.name)}{time}>")
         if c.failure is not None:
-            out.append(f"    <failure message={quoteattr(c.failure)} type={quoteattr(c.failure_type)}>"
-                       f"{escape(c.failure)}</failure>")
+            out.append(
+                f"    <failure message={quoteattr(c.failure)} type={quoteattr(c.failure_type)}>{escape(c.failure)}</failure>"
+            )
         elif c.skipped is not None:
             out.append(f"    <skipped message={quoteattr(c.skipped)}/>")
         if c.system_out is not None:

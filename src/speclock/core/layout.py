@@ -81,9 +81,10 @@ def cache_dir() -> Path:
     for part in [path, *path.parents]:
         if part.exists() or part.is_symlink():
             if not part.is_dir():
-                raise BadInput(f"the cache folder {path} ({source}) cannot be made: {part} is a file, where a "
-                               "directory belongs",
-                               hint="point SPECLOCK_CACHE at a folder (or a path where one can be made), or move that file")
+                raise BadInput(
+                    f"the cache folder {path} ({source}) cannot be made: {part} is a file, where a directory belongs",
+                    hint="point SPECLOCK_CACHE at a folder (or a path where one can be made), or move that file",
+                )
             break
     try:
         path.mkdir(parents=True, exist_ok=True)

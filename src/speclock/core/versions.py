@@ -48,9 +48,11 @@ def parse_range(text: str, where: str = "version range") -> list[tuple[str, str]
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         op = next((o for o in _OPS if part.startswith(o)), None)
         if op is None:
-            raise BadInput(f"{where}: clause {part!r} has no comparison operator",
-                           hint="write e.g. '>=0.15.0, <0.18.0' (operators: >=, <=, >, <, ==, !=)")
-        ver = part[len(op):].strip()
+            raise BadInput(
+                f"{where}: clause {part!r} has no comparison operator",
+                hint="write e.g. '>=0.15.0, <0.18.0' (operators: >=, <=, >, <, ==, !=)",
+            )
+        ver = part[len(op) :].strip()
         try:
             version_key(ver)
         except ValueError:
@@ -65,8 +67,9 @@ def in_range(version: str, clauses: list[tuple[str, str]]) -> bool:
     have = version_key(version)
     for op, ver in clauses:
         want = version_key(ver)
-        ok = {">=": have >= want, "<=": have <= want, ">": have > want, "<": have < want,
-              "==": have == want, "!=": have != want}[op]
+        ok = {">=": have >= want, "<=": have <= want, ">": have > want, "<": have < want, "==": have == want, "!=": have != want}[
+            op
+        ]
         if not ok:
             return False
     return True

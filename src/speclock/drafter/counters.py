@@ -26,7 +26,7 @@ class SpecCounters:
         self.k = self.k or len(self.accepted_per_position)
 
     @classmethod
-    def from_metrics(cls, m: dict[str, Any]) -> "SpecCounters":
+    def from_metrics(cls, m: dict[str, Any]) -> SpecCounters:
         return cls(m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"], tuple(m["accepted_per_position"]))
 
     def add(self, accepted: int) -> None:
@@ -36,19 +36,21 @@ class SpecCounters:
         self.num_accepted_tokens += accepted
         self.accepted_per_position = tuple(n + (j < accepted) for j, n in enumerate(self.accepted_per_position))
 
-    def _combine(self, other: "SpecCounters", sign: int) -> "SpecCounters":
+    def _combine(self, other: SpecCounters, sign: int) -> SpecCounters:
         n = max(len(self.accepted_per_position), len(other.accepted_per_position))
         a = list(self.accepted_per_position) + [0] * (n - len(self.accepted_per_position))
         b = list(other.accepted_per_position) + [0] * (n - len(other.accepted_per_position))
-        return SpecCounters(self.num_drafts + sign * other.num_drafts,
-                            self.num_draft_tokens + sign * other.num_draft_tokens,
-                            self.num_accepted_tokens + sign * other.num_accepted_tokens,
-                            tuple(x + sign * y for x, y in zip(a, b)))
+        return SpecCounters(
+            self.num_drafts + sign * other.num_drafts,
+            self.num_draft_tokens + sign * other.num_draft_tokens,
+            self.num_accepted_tokens + sign * other.num_accepted_tokens,
+            tuple(x + sign * y for x, y in zip(a, b)),
+        )
 
-    def __sub__(self, before: "SpecCounters") -> "SpecCounters":
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
         return self._combine(before, -1)
 
-    def __add__(self, other: "SpecCounters") -> "SpecCounters":
+    def __add__(self, other: SpecCounters) -> SpecCounters:
         return self._combine(other, 1)
 
     def _rates(self) -> dict[str, Any]:

@@ -20,8 +20,8 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 @dataclass
@@ -39,17 +39,21 @@ class DrafterConfig:
     num_aux: int = 3
 
     @classmethod
-    def from_target(cls, tcfg, draft_vocab_size: int) -> "DrafterConfig":
+    def from_target(cls, tcfg, draft_vocab_size: int) -> DrafterConfig:
         rope = getattr(tcfg, "rope_parameters", None) or {}
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         theta = theta or getattr(tcfg, "rope_theta", 10000.0)
         heads = tcfg.num_attention_heads
         return cls(
-            hidden_size=tcfg.hidden_size, num_attention_heads=heads,
+            hidden_size=tcfg.hidden_size,
+            num_attention_heads=heads,
             num_key_value_heads=getattr(tcfg, "num_key_value_heads", heads),
             head_dim=getattr(tcfg, "head_dim", None) or tcfg.hidden_size // heads,
-            intermediate_size=tcfg.intermediate_size, rms_norm_eps=tcfg.rms_norm_eps,
-            rope_theta=float(theta), vocab_size=tcfg.vocab_size, draft_vocab_size=draft_vocab_size,
+            intermediate_size=tcfg.intermediate_size,
+            rms_norm_eps=tcfg.rms_norm_eps,
+            rope_theta=float(theta),
+            vocab_size=tcfg.vocab_size,
+            draft_vocab_size=draft_vocab_size,
             max_position_embeddings=getattr(tcfg, "max_position_embeddings", 8192),
         )
 
@@ -148,6 +152,7 @@ class MidLayer(nn.Module):
 @dataclass
 class DraftCache:
     """Keys/values of the drafter's attention for one sequence (batch 1): context, then speculative."""
+
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
 
@@ -227,7 +232,7 @@ class Eagle3Drafter(nn.Module):
             return out.transpose(1, 2).reshape(B, T, -1)
 
         for s in range(steps):
-            ids = F.pad(input_ids[:, 1 + s:], (0, 1 + s), value=0)
+            ids = F.pad(input_ids[:, 1 + s :], (0, 1 + s), value=0)
             residual = self.midlayer.ttt_step(self.embed_tokens[ids], hidden, base_pos + s, attend)
             normed = self.norm(residual)
             outputs.append(normed if normed_only else self.lm_head(normed))
@@ -235,8 +240,9 @@ class Eagle3Drafter(nn.Module):
         return outputs
 
     # --- inference: one sequence, incremental ------------------------------------------------
-    def forward_incremental(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                            cache: DraftCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_incremental(
+        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: DraftCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [1,n], hidden [1,n,3H] (target aux, fc applied here) or [1,n,H] (own output),
         positions [n]. Appends n keys to `cache`; returns (draft logits [1,n,Vd], pre-norm [1,n,H])."""
         if hidden.shape[-1] != self.config.hidden_size:

@@ -59,17 +59,22 @@ def _write_folder(gguf_path: Path, tmp: Path, dtype: str) -> None:
     """The converted model, tokenizer and provenance record in `tmp`. The GGUF is read twice (tokenizer, weights
     with their config): every further from_pretrained would parse and dequantize it again."""
     try:
+        import gguf  # noqa: F401  (transformers needs it to read GGUF; fail here with a clear message)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        import gguf  # noqa: F401  (transformers needs it to read GGUF; fail here with a clear message)
     except ImportError as err:
-        raise ConvertError(f"converting a GGUF needs torch, transformers and gguf: {err}", exit_code=3,
-                           hint="run inside the engine venv, or pip install transformers gguf torch safetensors") from err
+        raise ConvertError(
+            f"converting a GGUF needs torch, transformers and gguf: {err}",
+            exit_code=3,
+            hint="run inside the engine venv, or pip install transformers gguf torch safetensors",
+        ) from err
     src_dir, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     if not getattr(tokenizer, "chat_template", None):
-        print(f"warning: {gguf_path} carries no chat template; the converted target cannot be used for chat prompts",
-              file=sys.stderr)
+        print(
+            f"warning: {gguf_path} carries no chat template; the converted target cannot be used for chat prompts",
+            file=sys.stderr,
+        )
     # Dequantized to float32 first, then cast: the same rounding to `dtype` for every tensor. The quantized
     # model cannot be saved (transformers refuses a GGUF-quantized model), so its weights go into a plain one.
     quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
@@ -88,8 +93,9 @@ def _write_folder(gguf_path: Path, tmp: Path, dtype: str) -> None:
     missing, unexpected = model.load_state_dict({k: v.to(target_dtype) for k, v in state.items()}, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ConvertError(f"{gguf_path}: weights do not match the architecture (missing {missing[:5]}, "
-                           f"unexpected {unexpected[:5]})")
+        raise ConvertError(
+            f"{gguf_path}: weights do not match the architecture (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     cfg_path = tmp / "config.json"
@@ -124,8 +130,10 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m speclock.drafter.gguf_convert",
-                                description="Convert a GGUF model into a plain Hugging Face folder (atomic).")
+    p = argparse.ArgumentParser(
+        prog="python -m speclock.drafter.gguf_convert",
+        description="Convert a GGUF model into a plain Hugging Face folder (atomic).",
+    )
     p.add_argument("--gguf", required=True, help="the .gguf file")
     p.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="dtype of the written weights")

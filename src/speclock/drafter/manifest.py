@@ -26,13 +26,17 @@ def check_manifest_matches_target(manifest: dict, target_dir: Path, target_confi
     t = manifest.get("target")
     missing = [k for k in ("name", "sha256", "num_hidden_layers", "hidden_size", "vocab_size") if k not in (t or {})]
     if missing:
-        raise BadInput(f"the drafter manifest has no target {', '.join(missing)} (key 'target')",
-                       hint="export the drafter again with `speclock train export`")
+        raise BadInput(
+            f"the drafter manifest has no target {', '.join(missing)} (key 'target')",
+            hint="export the drafter again with `speclock train export`",
+        )
     sha = target_sha256(target_dir)
     if sha != t["sha256"]:
-        raise CheckFailed(f"the drafter was trained on target {t['name']} (weights sha256 {t['sha256'][:16]}...), "
-                          f"but {target_dir} has weights sha256 {sha[:16]}...",
-                          hint="use the target the drafter was trained on, or retrain the drafter for this target")
+        raise CheckFailed(
+            f"the drafter was trained on target {t['name']} (weights sha256 {t['sha256'][:16]}...), "
+            f"but {target_dir} has weights sha256 {sha[:16]}...",
+            hint="use the target the drafter was trained on, or retrain the drafter for this target",
+        )
     if target_config is not None:
         for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
             if getattr(target_config, key) != t[key]:
@@ -40,8 +44,14 @@ def check_manifest_matches_target(manifest: dict, target_dir: Path, target_confi
 
 
 def reference_key(target_sha: str, drafter_sha: str, prompts: list[str], k: int, max_tokens: int) -> dict:
-    return {"target_sha256": target_sha, "drafter_sha256": drafter_sha, "prompts_sha256": prompts_sha256(prompts),
-            "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}
+    return {
+        "target_sha256": target_sha,
+        "drafter_sha256": drafter_sha,
+        "prompts_sha256": prompts_sha256(prompts),
+        "num_prompts": len(prompts),
+        "k": k,
+        "max_tokens": max_tokens,
+    }
 
 
 def lookup_reference(manifest: dict, key: dict) -> dict | None:
@@ -50,8 +60,12 @@ def lookup_reference(manifest: dict, key: dict) -> dict | None:
     records = manifest.get("reference", [])
     for rec in records if isinstance(records, list) else []:
         # A record of the wrong shape never matches (smoke refuses such a manifest through speclock.drafter.models).
-        if (isinstance(rec, dict) and isinstance(rec.get("key"), dict) and isinstance(rec.get("metrics"), dict)
-                and all(rec["key"].get(f) == key.get(f) for f in fields)):
+        if (
+            isinstance(rec, dict)
+            and isinstance(rec.get("key"), dict)
+            and isinstance(rec.get("metrics"), dict)
+            and all(rec["key"].get(f) == key.get(f) for f in fields)
+        ):
             return rec["metrics"]
     return None
 
@@ -82,8 +96,15 @@ def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Pa
     cfg_path = folder / "config.json"
     hint = "export the drafter again with `speclock train export` (or restore the folder from git)"
     cfg = read_json(cfg_path, what="drafter config", hint=hint)
-    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                "vocab_size", "draft_vocab_size"):
+    for key in (
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "draft_vocab_size",
+    ):
         if key not in cfg:
             raise BadInput(f"{cfg_path}: no key {key!r}", hint=hint)
         if expect(cfg[key], int, f"key {key!r}", path=cfg_path, hint=hint) < 1:
@@ -95,16 +116,25 @@ def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Pa
             raise BadInput(f"{cfg_path}: key {key!r} is {cfg[key]}, where a positive number belongs", hint=hint)
     if "max_position_embeddings" in cfg:
         expect(cfg["max_position_embeddings"], int, "key 'max_position_embeddings'", path=cfg_path, hint=hint)
-    dcfg = DrafterConfig(hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
-                         num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
-                         intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg["rms_norm_eps"],
-                         rope_theta=cfg["rope_theta"], vocab_size=cfg["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
-                         max_position_embeddings=cfg.get("max_position_embeddings", 8192))
+    dcfg = DrafterConfig(
+        hidden_size=cfg["hidden_size"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        intermediate_size=cfg["intermediate_size"],
+        rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"],
+        vocab_size=cfg["vocab_size"],
+        draft_vocab_size=cfg["draft_vocab_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+    )
     drafter = Eagle3Drafter(dcfg)
     tensors = load_file(str(folder / "model.safetensors"))
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)
     if [m for m in missing if m != "embed_tokens"] or unexpected:
-        raise BadInput(f"{folder}/model.safetensors does not match the EAGLE-3 layout (missing {missing}, unexpected {unexpected})")
+        raise BadInput(
+            f"{folder}/model.safetensors does not match the EAGLE-3 layout (missing {missing}, unexpected {unexpected})"
+        )
     dtype = next(target.parameters()).dtype
     drafter = drafter.to(device=device, dtype=dtype)
     drafter.d2t = tensors["d2t"].to(device)

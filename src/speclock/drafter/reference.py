@@ -62,20 +62,30 @@ def greedy_generate(target, prompt_ids: list[int], max_tokens: int, stop: set[in
     return out
 
 
-def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_ids: list[int], k: int,
-                         max_tokens: int, stop: set[int], counters: SpecCounters) -> list[int]:
+def speculative_generate(
+    target,
+    drafter,
+    aux_layers_after: list[int],
+    prompt_ids: list[int],
+    k: int,
+    max_tokens: int,
+    stop: set[int],
+    counters: SpecCounters,
+) -> list[int]:
     """Greedy speculative decoding of one prompt; updates `counters`; returns the new tokens."""
     # heavy, optional (torch, transformers): imported only where it is used
     import torch
     from transformers import DynamicCache
+
     from speclock.drafter.eagle3 import DraftCache
 
     dev = next(target.parameters()).device
     d2t_ids = drafter.draft_to_target_ids()
     tcache, dcache = DynamicCache(), DraftCache()
     with torch.inference_mode():
-        o = target(input_ids=torch.tensor([prompt_ids], device=dev), past_key_values=tcache, use_cache=True,
-                   output_hidden_states=True)
+        o = target(
+            input_ids=torch.tensor([prompt_ids], device=dev), past_key_values=tcache, use_cache=True, output_hidden_states=True
+        )
         aux = _aux(o.hidden_states, aux_layers_after)
         seq = list(prompt_ids)
         first = int(o.logits[0, -1].argmax())
@@ -87,18 +97,23 @@ def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_id
             # 1. drafter context: positions ctx_start..n-1 from target aux states, token at p+1
             dcache.crop(ctx_start)
             pos = torch.arange(ctx_start, n, device=dev)
-            ids = torch.tensor([seq[ctx_start + 1:n + 1]], device=dev)
-            logits, hid = drafter.forward_incremental(ids, aux[:, -(n - ctx_start):], pos, dcache)
+            ids = torch.tensor([seq[ctx_start + 1 : n + 1]], device=dev)
+            logits, hid = drafter.forward_incremental(ids, aux[:, -(n - ctx_start) :], pos, dcache)
             ctx_start = n
             drafts = [int(d2t_ids[int(logits[0, -1].argmax())])]
             g = hid[:, -1:]
             for j in range(1, k):
-                logits, g = drafter.forward_incremental(torch.tensor([[drafts[-1]]], device=dev), g,
-                                                        torch.tensor([n - 1 + j], device=dev), dcache)
+                logits, g = drafter.forward_incremental(
+                    torch.tensor([[drafts[-1]]], device=dev), g, torch.tensor([n - 1 + j], device=dev), dcache
+                )
                 drafts.append(int(d2t_ids[int(logits[0, -1].argmax())]))
             # 2. verification: the target scores [newest token, drafts] at positions n..n+k
-            o = target(input_ids=torch.tensor([[seq[-1]] + drafts], device=dev), past_key_values=tcache,
-                       use_cache=True, output_hidden_states=True)
+            o = target(
+                input_ids=torch.tensor([[seq[-1]] + drafts], device=dev),
+                past_key_values=tcache,
+                use_cache=True,
+                output_hidden_states=True,
+            )
             choice = o.logits[0].argmax(-1).tolist()
             accepted = 0
             while accepted < k and drafts[accepted] == choice[accepted]:
@@ -106,7 +121,7 @@ def speculative_generate(target, drafter, aux_layers_after: list[int], prompt_id
             counters.add(accepted)
             new = drafts[:accepted] + [choice[accepted]]
             _crop(tcache, n + 1 + accepted)
-            aux = _aux(o.hidden_states, aux_layers_after)[:, :accepted + 1]
+            aux = _aux(o.hidden_states, aux_layers_after)[:, : accepted + 1]
             seq.extend(new)
             for tok in new:
                 out.append(tok)
@@ -138,7 +153,6 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-
     target_dir = Path(target_dir)
     read_model_config(target_dir, what="target")  # a missing, binary or misshapen config.json is BadInput, named
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
@@ -147,8 +161,9 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
     return model, tok
 
 
-def run_reference(target, tokenizer, drafter, aux_layers_after: list[int], prompt_ids: list[list[int]], k: int,
-                  max_tokens: int, progress=None) -> ReferenceRun:
+def run_reference(
+    target, tokenizer, drafter, aux_layers_after: list[int], prompt_ids: list[list[int]], k: int, max_tokens: int, progress=None
+) -> ReferenceRun:
     # heavy, optional (torch): imported only where it is used
     import torch
 
@@ -166,8 +181,14 @@ def run_reference(target, tokenizer, drafter, aux_layers_after: list[int], promp
     if dev.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    return ReferenceRun(counters.reference_metrics(), outputs, sum(map(len, outputs)), secs, str(dev),
-                        str(next(target.parameters()).dtype).replace("torch.", ""))
+    return ReferenceRun(
+        counters.reference_metrics(),
+        outputs,
+        sum(map(len, outputs)),
+        secs,
+        str(dev),
+        str(next(target.parameters()).dtype).replace("torch.", ""),
+    )
 
 
 def run_baseline(target, tokenizer, prompt_ids: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:

@@ -134,7 +134,7 @@ def _descendants(root: int | None = None) -> set[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 stat = fh.read().decode("ascii", "replace")
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if fields[0] == "Z":  # a zombie is already gone
                 continue
             children.setdefault(int(fields[1]), []).append(int(entry))
@@ -179,7 +179,7 @@ def kill_processes(pids: set[int], grace_s: float = KILL_GRACE_S) -> None:
             try:
                 with open(f"/proc/{pid}/stat", "rb") as fh:
                     stat = fh.read().decode("ascii", "replace")
-                if stat[stat.rindex(")") + 2:].split()[0] != "Z":
+                if stat[stat.rindex(")") + 2 :].split()[0] != "Z":
                     live.add(pid)
             except (OSError, ValueError, IndexError):
                 continue
@@ -250,10 +250,11 @@ class running:
         # Ctrl-C: the engine gets STOP_GRACE_S to stop itself (in a thread, so a stuck shutdown cannot
         # hold the command), then whatever it started is killed.
         if session is not None:
+
             def stop() -> None:
                 try:
                     session.stop()
-                except BaseException:  # noqa: BLE001 - an engine that fails to stop is killed below
+                except BaseException:
                     pass
 
             t = threading.Thread(target=stop, name="speclock-engine-stop", daemon=True)

@@ -52,8 +52,10 @@ def parse_spec(spec: str) -> tuple[str, str]:
     version = version.strip()
     # The version names a folder that an incomplete install gets removed from: a plain version only.
     if not sep or name not in KNOWN or not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}", version):
-        raise BadInput(f"engine spec {spec!r} is not NAME==VERSION with NAME in {', '.join(KNOWN)} and a plain version",
-                       hint="e.g. vllm==0.33.0 or sglang==0.5.23")
+        raise BadInput(
+            f"engine spec {spec!r} is not NAME==VERSION with NAME in {', '.join(KNOWN)} and a plain version",
+            hint="e.g. vllm==0.33.0 or sglang==0.5.23",
+        )
     return name, version
 
 
@@ -120,13 +122,17 @@ def ensure(spec: str, log=print) -> Path:
         env["SSL_CERT_FILE"] = "/etc/ssl/certs/ca-certificates.crt"  # intercepting proxies
     t0 = time.time()
     log(f"engine env {d}: creating with {_base_python()}")
-    _run(_uv() + ["venv", "--python", _base_python(), str(d)], env=env, what=f"creating the env {d}",
-         stdout=subprocess.DEVNULL)
+    _run(_uv() + ["venv", "--python", _base_python(), str(d)], env=env, what=f"creating the env {d}", stdout=subprocess.DEVNULL)
     cmd = _uv() + ["pip", "install", "--python", str(d / "bin" / "python"), f"{name}=={version}", *EXTRA.get(spec, [])]
     log(f"engine env {d}: {' '.join(cmd[1:])}")
     _run(cmd, env=env, what=f"installing {spec} into {d}")
-    freeze = _run(_uv() + ["pip", "freeze", "--python", str(d / "bin" / "python")], env=env,
-                  what=f"listing the packages of {d}", capture_output=True, text=True).stdout
+    freeze = _run(
+        _uv() + ["pip", "freeze", "--python", str(d / "bin" / "python")],
+        env=env,
+        what=f"listing the packages of {d}",
+        capture_output=True,
+        text=True,
+    ).stdout
     info = {"spec": spec, "installed_s": round(time.time() - t0, 1), "packages": freeze.split()}
     # The marker is written last and atomically (fsynced): it exists only for a complete env.
     atomic_write_json(d / MARKER, info, indent=1)
@@ -139,11 +145,14 @@ def _run(cmd: list[str], *, env: dict, what: str, **kw) -> subprocess.CompletedP
     try:
         proc = subprocess.run(cmd, env=env, **kw)
     except OSError as err:
-        raise EnvironmentProblem(f"{what}: cannot run {cmd[0]}: {err.strerror or err}",
-                                 hint="install uv (pip install uv) in the speclock environment") from None
+        raise EnvironmentProblem(
+            f"{what}: cannot run {cmd[0]}: {err.strerror or err}", hint="install uv (pip install uv) in the speclock environment"
+        ) from None
     if proc.returncode != 0:
-        raise EnvironmentProblem(f"{what} failed (exit {proc.returncode})",
-                                 hint="see the uv output above; the env is left incomplete and is redone on the next run")
+        raise EnvironmentProblem(
+            f"{what} failed (exit {proc.returncode})",
+            hint="see the uv output above; the env is left incomplete and is redone on the next run",
+        )
     return proc
 
 
@@ -159,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m speclock.engines.envs", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m speclock.engines.envs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("ensure", help="install engine envs unless cached; print each python path")
     e.add_argument("specs", nargs="+", help="NAME==VERSION, e.g. vllm==0.33.0")

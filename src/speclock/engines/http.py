@@ -7,7 +7,8 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from speclock.core.errors import EnvironmentProblem
 
@@ -56,13 +57,14 @@ def map_bounded(fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> l
             i, item = nxt
             try:
                 results[i] = fn(item)
-            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
+            except BaseException as err:
                 with lock:
                     errors.append((i, err))
                 return
 
-    threads = [threading.Thread(target=worker, name=f"speclock-request-{n}", daemon=True)
-               for n in range(min(concurrency, len(items)))]
+    threads = [
+        threading.Thread(target=worker, name=f"speclock-request-{n}", daemon=True) for n in range(min(concurrency, len(items)))
+    ]
     for t in threads:
         t.start()
     for t in threads:

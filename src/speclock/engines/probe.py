@@ -100,7 +100,11 @@ def eagle3(engine: str, archs: list[str]) -> dict:
         try:
             cls = resolve(engine, arch)
         except Exception as err:  # an import error inside the model module
-            out[arch] = {"resolved": False, "eagle3": False, "reason": f"{arch}: loading its class failed: {type(err).__name__}: {err}"}
+            out[arch] = {
+                "resolved": False,
+                "eagle3": False,
+                "reason": f"{arch}: loading its class failed: {type(err).__name__}: {err}",
+            }
             continue
         if cls is None:
             out[arch] = {"resolved": False, "eagle3": False, "reason": f"{engine}'s registry does not resolve {arch}"}
@@ -117,10 +121,19 @@ def eagle3(engine: str, archs: list[str]) -> dict:
             ok = hasattr(cls, "set_eagle3_layers_to_capture")
             check = "sglang hasattr(model, 'set_eagle3_layers_to_capture')"
             missing = [] if ok else ["set_eagle3_layers_to_capture"]
-        reason = (f"{check} is True on {where}, the class the engine checks" if ok else
-                  f"{check} is False on {where}, the class the engine checks (missing: {', '.join(missing) or 'interface'})")
-        out[arch] = {"resolved": True, "class": cls.__qualname__, "module": cls.__module__, "eagle3": ok,
-                     "missing": missing, "reason": reason}
+        reason = (
+            f"{check} is True on {where}, the class the engine checks"
+            if ok
+            else f"{check} is False on {where}, the class the engine checks (missing: {', '.join(missing) or 'interface'})"
+        )
+        out[arch] = {
+            "resolved": True,
+            "class": cls.__qualname__,
+            "module": cls.__module__,
+            "eagle3": ok,
+            "missing": missing,
+            "reason": reason,
+        }
     return out
 
 
@@ -155,8 +168,7 @@ def _instance(cls, n_layers: int, inner=None):
         obj = _Stub()
     model = _Stub(layers=[None] * n_layers, start_layer=0, end_layer=n_layers)
     config = _Stub(num_hidden_layers=n_layers)
-    for name, value in (("model", model), ("config", config), ("pp_group", _Stub(is_last_rank=True)),
-                        ("language_model", inner)):
+    for name, value in (("model", model), ("config", config), ("pp_group", _Stub(is_last_rank=True)), ("language_model", inner)):
         if value is not None:
             _force_set(obj, name, value)
     return obj
@@ -229,16 +241,28 @@ def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch:
         if isinstance(stored, _Stub) or stored is None:
             stored = getattr(obj.model, "layers_to_capture", None)
         if isinstance(stored, _Stub) or stored is None:
-            return {"ok": False, "reason": f"{cls.__qualname__}.set_eagle3_layers_to_capture stored no layers_to_capture "
-                                           f"(delegates to an inner model? give the inner architecture)"}
+            return {
+                "ok": False,
+                "reason": f"{cls.__qualname__}.set_eagle3_layers_to_capture stored no layers_to_capture "
+                f"(delegates to an inner model? give the inner architecture)",
+            }
         layer_ids = ids
         # SGLang captures the input of layer i (the output of layer i-1): after i layers.
         after = [int(i) for i in stored]
         convention = "SGLang: layers_to_capture i = input of layer i = after i layers"
     else:
         raise SystemExit(f"unknown engine {engine}")
-    return {"ok": True, "engine": engine, "class": cls.__qualname__, "inner": inner_cls.__qualname__ if inner_cls else None,
-            "config_ids": ids, "source": source, "engine_ids": layer_ids, "after_layers": after, "convention": convention}
+    return {
+        "ok": True,
+        "engine": engine,
+        "class": cls.__qualname__,
+        "inner": inner_cls.__qualname__ if inner_cls else None,
+        "config_ids": ids,
+        "source": source,
+        "engine_ids": layer_ids,
+        "after_layers": after,
+        "convention": convention,
+    }
 
 
 def cuda_info() -> dict:
@@ -277,8 +301,9 @@ def cuda_info() -> dict:
             _, major = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
             _, minor = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
             err, name = drv.cuDeviceGetName(64, dev)
-            out["gpus"].append({"index": i, "name": name.split(b"\0")[0].decode(errors="replace"),
-                                "cc": [int(major), int(minor)]})
+            out["gpus"].append(
+                {"index": i, "name": name.split(b"\0")[0].decode(errors="replace"), "cc": [int(major), int(minor)]}
+            )
     except Exception as err:
         out["init_error"] = f"{type(err).__name__}: {err}"
     return out
@@ -322,15 +347,21 @@ def triton_build() -> dict:
     except md.PackageNotFoundError:
         version = None
     include = _python_include()
-    out = {"installed": True, "version": version, "cc_env": os.environ.get("CC"),
-           "compiler": os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"),
-           "python_include": include, "python_h": os.path.isfile(os.path.join(include, "Python.h")),
-           "python_version": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+    out = {
+        "installed": True,
+        "version": version,
+        "cc_env": os.environ.get("CC"),
+        "compiler": os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"),
+        "python_include": include,
+        "python_h": os.path.isfile(os.path.join(include, "Python.h")),
+        "python_version": f"{sys.version_info[0]}.{sys.version_info[1]}",
+    }
     with tempfile.TemporaryDirectory(prefix="speclock-triton-") as cache:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
         try:
-            proc = subprocess.run([sys.executable, "-c", _TRITON_BUILD, _TRITON_SRC], env=env, capture_output=True,
-                                  text=True, timeout=300)
+            proc = subprocess.run(
+                [sys.executable, "-c", _TRITON_BUILD, _TRITON_SRC], env=env, capture_output=True, text=True, timeout=300
+            )
             text, code = (proc.stdout + proc.stderr).strip(), proc.returncode
         except subprocess.TimeoutExpired:
             text, code = "the build took over 300 s", -1
@@ -410,7 +441,7 @@ def main(argv: list[str]) -> int:
         if "--inner" in rest:
             k = rest.index("--inner")
             inner = rest[k + 1]
-            rest = rest[:k] + rest[k + 2:]
+            rest = rest[:k] + rest[k + 2 :]
         result = capture(rest[0], rest[1], int(rest[2]), rest[3], inner)
     else:
         print(f"unknown action {action}", file=sys.stderr)

@@ -37,15 +37,19 @@ def counter_samples(body: bytes | str, prefix: str, *, server: str, url: str) ->
         # optional (prometheus_client, in every engine's environment): imported only where it is used
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError as err:
-        raise EnvironmentProblem(f"prometheus_client is not importable here ({err}): it reads {server} {url}",
-                                 hint="run speclock in the engine's environment (every engine lock has "
-                                      "prometheus_client), or `pip install prometheus_client`") from None
+        raise EnvironmentProblem(
+            f"prometheus_client is not importable here ({err}): it reads {server} {url}",
+            hint="run speclock in the engine's environment (every engine lock has "
+            "prometheus_client), or `pip install prometheus_client`",
+        ) from None
     try:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError, KeyError) as err:  # what the parser raises on a malformed page
-        raise EnvironmentProblem(f"{server} {url} is not Prometheus text: {err}",
-                                 hint="check that the URL is the engine's own server (its /metrics page)") from None
+        raise EnvironmentProblem(
+            f"{server} {url} is not Prometheus text: {err}",
+            hint="check that the URL is the engine's own server (its /metrics page)",
+        ) from None
     out = []
     for family in families:
         for s in family.samples:
@@ -53,9 +57,10 @@ def counter_samples(body: bytes | str, prefix: str, *, server: str, url: str) ->
                 continue
             value = s.value
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or value != int(value):
-                raise EnvironmentProblem(f"{server} {url}: counter {s.name}{_label_text(s.labels)} is {value!r}, "
-                                         "not a whole count >= 0",
-                                         hint="the server's metrics are not what this engine adapter reads; "
-                                              "check the engine version against the stack's")
-            out.append(CounterSample(s.name[:-len("_total")], dict(s.labels), int(value)))
+                raise EnvironmentProblem(
+                    f"{server} {url}: counter {s.name}{_label_text(s.labels)} is {value!r}, not a whole count >= 0",
+                    hint="the server's metrics are not what this engine adapter reads; "
+                    "check the engine version against the stack's",
+                )
+            out.append(CounterSample(s.name[: -len("_total")], dict(s.labels), int(value)))
     return out

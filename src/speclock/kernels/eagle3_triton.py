@@ -31,9 +31,21 @@ from speclock.core.errors import BadInput
 DEFAULT_CHUNK_BUDGET = 768 << 20  # bytes for one chunk's float32 logits (+ bf16 logit gradient when not in place)
 
 
-def _row_kernel(logits_ptr, probs_ptr, mask_ptr, grad_ptr, loss_ptr, hit_ptr,
-                V, stride_l, stride_p, stride_g,
-                HAS_MASK: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
+def _row_kernel(
+    logits_ptr,
+    probs_ptr,
+    mask_ptr,
+    grad_ptr,
+    loss_ptr,
+    hit_ptr,
+    V,
+    stride_l,
+    stride_p,
+    stride_g,
+    HAS_MASK: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     l_row = logits_ptr + row * stride_l
     p_row = probs_ptr + row * stride_p
@@ -91,8 +103,10 @@ def _kernel(interpret: bool):
     # Triton picks compiler or interpreter from TRITON_INTERPRET when it is imported (its own
     # library functions are decorated then), so the interpreter cannot be chosen per call.
     if interpret and not os.environ.get("TRITON_INTERPRET") == "1":
-        raise BadInput("the Triton loss kernel on CPU tensors needs Triton's interpreter",
-                       hint="set TRITON_INTERPRET=1 before the first import of triton (tests do this in a subprocess)")
+        raise BadInput(
+            "the Triton loss kernel on CPU tensors needs Triton's interpreter",
+            hint="set TRITON_INTERPRET=1 before the first import of triton (tests do this in a subprocess)",
+        )
     return triton.jit(_row_kernel)
 
 
@@ -154,10 +168,22 @@ def _launch_rows(logits, probs, mask_f, grad, loss_rows, hits, interpret):
     kern = _kernel(interpret)
     write_grad = grad is not None
     g = grad if write_grad else logits  # unused pointer when WRITE_GRAD is False
-    kern[(rows,)](logits, probs, mask_f if mask_f is not None else logits, g, loss_rows, hits,
-                  V, logits.stride(0), probs.stride(0), g.stride(0),
-                  HAS_MASK=mask_f is not None, WRITE_GRAD=write_grad, BLOCK_V=block,
-                  **({} if interpret else {"num_warps": 8}))
+    kern[(rows,)](
+        logits,
+        probs,
+        mask_f if mask_f is not None else logits,
+        g,
+        loss_rows,
+        hits,
+        V,
+        logits.stride(0),
+        probs.stride(0),
+        g.stride(0),
+        HAS_MASK=mask_f is not None,
+        WRITE_GRAD=write_grad,
+        BLOCK_V=block,
+        **({} if interpret else {"num_warps": 8}),
+    )
 
 
 class Eagle3LossFunction(torch.autograd.Function):
@@ -189,8 +215,9 @@ class Eagle3LossFunction(torch.autograd.Function):
                 g = logits.view(grad_dtype)[:, :V]
             elif need_grad:
                 g = torch.empty(c1 - c0, V, dtype=grad_dtype, device=dev)
-            _launch_rows(logits, probs[c0:c1], None if mask_f is None else mask_f[c0:c1], g,
-                         loss_rows[c0:c1], hits[c0:c1], interpret)
+            _launch_rows(
+                logits, probs[c0:c1], None if mask_f is None else mask_f[c0:c1], g, loss_rows[c0:c1], hits[c0:c1], interpret
+            )
             del logits
             if need_dh:
                 if g.dtype == hidden.dtype:

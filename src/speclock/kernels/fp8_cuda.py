@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import file_sha256
-from speclock.core.layout import cache_dir, IMAGE
+from speclock.core.layout import IMAGE, cache_dir
 from speclock.kernels import build
 
 _OUT_KIND = {}  # torch dtype -> the out_kind code of speclock_fp8_unpack
@@ -56,7 +56,8 @@ def load_library(device_index: int = 0) -> ctypes.CDLL:
         raise EnvironmentProblem(
             "fp8 kernels need a CUDA GPU, and none is visible (torch.cuda.is_available() is False)",
             hint="run on a GPU host (check the driver and CUDA_VISIBLE_DEVICES), or use a CPU stack: "
-                 "empty gpu.cuda and remove kernels.build")
+            "empty gpu.cuda and remove kernels.build",
+        )
     wanted = _device_archs(torch, device_index)
     seen = []
     for folder in _candidate_dirs():
@@ -80,7 +81,8 @@ def load_library(device_index: int = 0) -> ctypes.CDLL:
         raise EnvironmentProblem(
             f"no fp8 kernel library for this GPU ({wanted[0]}): {where}",
             hint=f"add {wanted[0]} to the stack's gpu.archs and rebuild the image, or set SPECLOCK_KERNELS_DIR "
-                 "to a folder built with `python -m speclock.kernels.build`")
+            "to a folder built with `python -m speclock.kernels.build`",
+        )
     src = file_sha256(build.FP8_SOURCE)[:16]
     arch = wanted[0] if wanted[0] in build.ARCH_MIN_CUDA else wanted[1]
     folder = cache_dir() / "kernels" / f"{src}-{arch}"
@@ -95,17 +97,39 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.speclock_fp8_error_string.restype = ctypes.c_char_p
     lib.speclock_fp8_error_string.argtypes = [ctypes.c_int]
     lib.speclock_fp8_pack_bf16.restype = ctypes.c_int
-    lib.speclock_fp8_pack_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                           ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p]
+    lib.speclock_fp8_pack_bf16.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_longlong,
+        ctypes.c_longlong,
+        ctypes.c_void_p,
+    ]
     lib.speclock_fp8_pack_bf16_variant.restype = ctypes.c_int
-    lib.speclock_fp8_pack_bf16_variant.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                                   ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+    lib.speclock_fp8_pack_bf16_variant.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_longlong,
+        ctypes.c_longlong,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.speclock_fp8_unpack.restype = ctypes.c_int
-    lib.speclock_fp8_unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+    lib.speclock_fp8_unpack.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_longlong,
+        ctypes.c_longlong,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     if lib.speclock_fp8_abi_version() != build.ABI_VERSION:
-        raise EnvironmentProblem(f"{path} has ABI {lib.speclock_fp8_abi_version()}, speclock needs {build.ABI_VERSION}",
-                                 hint="rebuild it with `python -m speclock.kernels.build`")
+        raise EnvironmentProblem(
+            f"{path} has ABI {lib.speclock_fp8_abi_version()}, speclock needs {build.ABI_VERSION}",
+            hint="rebuild it with `python -m speclock.kernels.build`",
+        )
     return lib
 
 
@@ -113,6 +137,7 @@ def _on(device):
     """The device guard only when the tensor is not on the current device (it costs ~10 us a call)."""
     # heavy, optional (torch): imported only where it is used
     import torch
+
     if device.index is None or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(device)
@@ -135,13 +160,22 @@ def pack(x, q=None, scale=None, variant: int = 0):
     T, H = x.shape
     q = torch.empty((T, H), dtype=torch.float8_e4m3fn, device=x.device) if q is None else q
     scale = torch.empty(T, dtype=torch.float32, device=x.device) if scale is None else scale
-    if q.shape != (T, H) or q.dtype != torch.float8_e4m3fn or scale.shape != (T,) or scale.dtype != torch.float32 \
-            or not (q.is_contiguous() and scale.is_contiguous()):
+    if (
+        q.shape != (T, H)
+        or q.dtype != torch.float8_e4m3fn
+        or scale.shape != (T,)
+        or scale.dtype != torch.float32
+        or not (q.is_contiguous() and scale.is_contiguous())
+    ):
         raise BadInput("fp8_pack: out tensors must be contiguous float8_e4m3fn [T, H] and float32 [T]")
     lib = load_library(x.device.index or 0)
     with _on(x.device):
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        _check(lib, lib.speclock_fp8_pack_bf16_variant(x.data_ptr(), q.data_ptr(), scale.data_ptr(), T, H, variant, stream), "fp8_pack")
+        _check(
+            lib,
+            lib.speclock_fp8_pack_bf16_variant(x.data_ptr(), q.data_ptr(), scale.data_ptr(), T, H, variant, stream),
+            "fp8_pack",
+        )
     return q, scale
 
 
@@ -155,7 +189,9 @@ def unpack(q, scale, dtype, out=None):
     if q.dtype == torch.uint8:
         q = q.view(torch.float8_e4m3fn)
     if q.dim() != 2 or q.dtype != torch.float8_e4m3fn or scale.shape != (q.shape[0],):
-        raise BadInput(f"fp8_unpack takes q float8_e4m3fn/uint8 [T, H] and scale [T], got {q.dtype} {list(q.shape)} and {list(scale.shape)}")
+        raise BadInput(
+            f"fp8_unpack takes q float8_e4m3fn/uint8 [T, H] and scale [T], got {q.dtype} {list(q.shape)} and {list(scale.shape)}"
+        )
     q = q.contiguous()
     scale = scale.to(device=q.device, dtype=torch.float32).contiguous()
     T, H = q.shape
@@ -165,6 +201,7 @@ def unpack(q, scale, dtype, out=None):
     lib = load_library(q.device.index or 0)
     with _on(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _check(lib, lib.speclock_fp8_unpack(q.data_ptr(), scale.data_ptr(), y.data_ptr(), T, H, kinds[dtype], stream),
-               "fp8_unpack")
+        _check(
+            lib, lib.speclock_fp8_unpack(q.data_ptr(), scale.data_ptr(), y.data_ptr(), T, H, kinds[dtype], stream), "fp8_unpack"
+        )
     return y

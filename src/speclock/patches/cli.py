@@ -9,11 +9,11 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.versions import version_key
-from speclock.patches.series import (LABEL_KEY, PatchResult, apply_series, check_series, load_series, series_label,
-                                     verify_series)
+from speclock.patches.series import LABEL_KEY, PatchResult, apply_series, check_series, load_series, series_label, verify_series
 from speclock.patches.trees import DirTree, SourceTree, WheelTree, default_site_packages, engine_version_in
 from speclock.patches.wheels import fetch_wheel
 from speclock.spec.stack import DEFAULT_STACK, load_stack
+
 
 def version_arg(text: str) -> str:
     """argparse type: a release version (versions.py syntax), refused at parse time otherwise."""
@@ -31,8 +31,7 @@ def _check_output_path(path: Path, option: str) -> None:
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise BadInput(f"{option} {path}: {parent} is a file, where a directory belongs",
-                               hint="choose another path")
+                raise BadInput(f"{option} {path}: {parent} is a file, where a directory belongs", hint="choose another path")
             break
 
 
@@ -64,8 +63,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
         tree = WheelTree(fetch_wheel(stack.engine["package"], version, log=lambda m: print(m, file=sys.stderr)))
     results = check_series(patches, tree, version)
     if args.json:
-        print(json.dumps({"stack": stack.name, "engine_version": version, "source": tree.label,
-                          "patches": [r.as_json() for r in results]}, indent=2))
+        print(
+            json.dumps(
+                {"stack": stack.name, "engine_version": version, "source": tree.label, "patches": [r.as_json() for r in results]},
+                indent=2,
+            )
+        )
     else:
         _print_check(results, version, tree.label)
     return 1 if any(r.state == "conflict" for r in results) else 0
@@ -87,10 +90,12 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         _check_output_path(Path(args.record), "--record")
     site = Path(args.site_packages) if args.site_packages else default_site_packages(args.python)
     print(f"applying {len(stack.patch_series)} patch(es) of stack {stack.name} to {site}")
-    rec = apply_series(stack, site, python=args.python, record=Path(args.record) if args.record else None,
-                       run_probes=not args.no_runtime_probes)
-    _print_record(rec, args.json, lambda patch, pr: f"  {patch}: probe {pr['probe']}: "
-                                                    f"{'pass' if pr['passed'] else 'FAIL'} ({pr['reason']})")
+    rec = apply_series(
+        stack, site, python=args.python, record=Path(args.record) if args.record else None, run_probes=not args.no_runtime_probes
+    )
+    _print_record(
+        rec, args.json, lambda patch, pr: f"  {patch}: probe {pr['probe']}: {'pass' if pr['passed'] else 'FAIL'} ({pr['reason']})"
+    )
     if not args.json:
         print(f"label {LABEL_KEY}={rec['label']}")
     return 0
@@ -102,8 +107,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not site.is_dir():
         raise BadInput(f"--site-packages {site} is not a directory", hint="give the engine's site-packages folder")
     rec = verify_series(stack, site, python=args.python, run_probes=not args.no_runtime_probes)
-    _print_record(rec, args.json,
-                  lambda patch, pr: f"{'PASS' if pr['passed'] else 'FAIL'}  {patch}: {pr['probe']}: {pr['reason']}")
+    _print_record(
+        rec, args.json, lambda patch, pr: f"{'PASS' if pr['passed'] else 'FAIL'}  {patch}: {pr['probe']}: {pr['reason']}"
+    )
     if not rec["ok"]:
         raise CheckFailed(f"{len(rec['failures'])} patch probe(s) failed", hint="rebuild the image; a patch did not take effect")
     return 0
@@ -116,23 +122,32 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("patches", help="check, apply and verify engine patch series",
-                       description="Engine patch series: lifecycle check against any release, "
-                                   "all-or-nothing apply at image build, probes that prove the effect.")
+    p = sub.add_parser(
+        "patches",
+        help="check, apply and verify engine patch series",
+        description="Engine patch series: lifecycle check against any release, "
+        "all-or-nothing apply at image build, probes that prove the effect.",
+    )
     ps = p.add_subparsers(dest="patches_command", metavar="ACTION", required=True)
-    c = ps.add_parser("check", help="for each patch: applies / already-applied / upstream (retirable) / conflict",
-                      description="Check the stack's series against an engine release: its wheel is downloaded "
-                                  "into the cache (no install) unless --site-packages names an installed engine. "
-                                  "Exit 1 when a patch conflicts.")
+    c = ps.add_parser(
+        "check",
+        help="for each patch: applies / already-applied / upstream (retirable) / conflict",
+        description="Check the stack's series against an engine release: its wheel is downloaded "
+        "into the cache (no install) unless --site-packages names an installed engine. "
+        "Exit 1 when a patch conflicts.",
+    )
     c.add_argument("--stack", default=DEFAULT_STACK)
     c.add_argument("--engine-version", type=version_arg, help="release to check against (default: the stack's pin)")
     c.add_argument("--site-packages", help="check an installed engine instead of a downloaded wheel")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_check)
-    a = ps.add_parser("apply", help="apply the series to an installed engine (all or nothing) and verify it",
-                      description="Apply at image build: checks versions and every hunk first, writes nothing "
-                                  "unless all apply, then runs every probe. Exit 1 on conflict or failed probe, "
-                                  "2 when a patch's Versions excludes the pinned engine.")
+    a = ps.add_parser(
+        "apply",
+        help="apply the series to an installed engine (all or nothing) and verify it",
+        description="Apply at image build: checks versions and every hunk first, writes nothing "
+        "unless all apply, then runs every probe. Exit 1 on conflict or failed probe, "
+        "2 when a patch's Versions excludes the pinned engine.",
+    )
     a.add_argument("--stack", required=True)
     a.add_argument("--site-packages", help="engine site-packages (default: that of --python)")
     a.add_argument("--python", help="the engine's python, for runtime probes (default: this one)")

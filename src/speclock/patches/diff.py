@@ -48,6 +48,7 @@ _HUNK = re.compile(r"@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@(
 
 # ---------------------------------------------------------------- parsing
 
+
 @dataclass
 class Hunk:
     old_start: int
@@ -103,8 +104,19 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REL_PATH = re.compile(r"[A-Za-z0-9_+@=,~-][A-Za-z0-9_.+@=,~-]*(?:/[A-Za-z0-9_.+@=,~-]+)*")
 # Lines a `git diff` may put between files; anything else between files is refused.
 _GIT_LINES = ("diff --git ", "index ")
-_UNSUPPORTED_GIT = ("new file mode", "deleted file mode", "old mode", "new mode", "similarity index", "rename from",
-                    "rename to", "copy from", "copy to", "Binary files", "GIT binary patch")
+_UNSUPPORTED_GIT = (
+    "new file mode",
+    "deleted file mode",
+    "old mode",
+    "new mode",
+    "similarity index",
+    "rename from",
+    "rename to",
+    "copy from",
+    "copy to",
+    "Binary files",
+    "GIT binary patch",
+)
 
 
 def _strip_prefix(path: str) -> str:
@@ -144,13 +156,19 @@ def parse_patch(path: Path) -> Patch:
         return BadInput(f"{path}:{lineno}: {problem}", hint=hint)
 
     if "\r" in text:
-        raise bad(text.count("\n", 0, text.index("\r")) + 1, "carriage return in the patch (CRLF line endings)",
-                  "convert the patch to LF line endings (dos2unix), or " + _REGEN)
+        raise bad(
+            text.count("\n", 0, text.index("\r")) + 1,
+            "carriage return in the patch (CRLF line endings)",
+            "convert the patch to LF line endings (dos2unix), or " + _REGEN,
+        )
     if not lines[0].startswith(HEADER_MAGIC):
-        raise bad(1, f"malformed patch header: the first line must be '{HEADER_MAGIC} 1'",
-                  "start the file with the speclock header (see docs/patches.md)")
-    if lines[0][len(HEADER_MAGIC):].strip() != "1":
-        raise bad(1, f"unsupported header version {lines[0][len(HEADER_MAGIC):].strip()!r}", "use 'speclock-patch: 1'")
+        raise bad(
+            1,
+            f"malformed patch header: the first line must be '{HEADER_MAGIC} 1'",
+            "start the file with the speclock header (see docs/patches.md)",
+        )
+    if lines[0][len(HEADER_MAGIC) :].strip() != "1":
+        raise bad(1, f"unsupported header version {lines[0][len(HEADER_MAGIC) :].strip()!r}", "use 'speclock-patch: 1'")
     header: dict[str, list[str]] = {}
     key_line: dict[str, int] = {}
     probes: list[tuple[int, list[str]]] = []
@@ -167,8 +185,11 @@ def parse_patch(path: Path) -> Patch:
             key, sep, value = line.partition(":")
             key = key.strip().lower()
             if not sep or key not in KNOWN_KEYS:
-                raise bad(i + 1, f"malformed patch header line {line!r}",
-                          f"header lines are 'Key: value' with Key one of {', '.join(k.title() for k in KNOWN_KEYS)}")
+                raise bad(
+                    i + 1,
+                    f"malformed patch header line {line!r}",
+                    f"header lines are 'Key: value' with Key one of {', '.join(k.title() for k in KNOWN_KEYS)}",
+                )
             if key != "probe" and key in header:
                 raise bad(i + 1, f"'{key.title()}:' is given twice", f"keep one '{key.title()}:' line")
             header.setdefault(key, []).append(value.strip())
@@ -179,16 +200,27 @@ def parse_patch(path: Path) -> Patch:
         i += 1
     for key in REQUIRED_KEYS:
         if not header.get(key) or not header[key][0]:
-            raise bad(1, f"malformed patch header: '{key.title()}:' is missing",
-                      "every patch needs Title, Engine, Versions, Why and at least one Probe")
+            raise bad(
+                1,
+                f"malformed patch header: '{key.title()}:' is missing",
+                "every patch needs Title, Engine, Versions, Why and at least one Probe",
+            )
     for lineno, probe in probes:
         _check_probe(probe, lambda problem, hint, n=lineno: bad(n, problem, hint))
     clauses = parse_range(header["versions"][0], where=f"{path}:{key_line['versions']}: Versions")
     files = _parse_diff(lines, i, bad)
-    return Patch(path=path, sha256=hashlib.sha256(data).hexdigest(), title=header["title"][0],
-                 engine=header["engine"][0], versions=header["versions"][0], version_clauses=clauses,
-                 why=header["why"][0], upstream=(header.get("upstream") or [""])[0],
-                 probes=[p for _, p in probes], files=files)
+    return Patch(
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+        title=header["title"][0],
+        engine=header["engine"][0],
+        versions=header["versions"][0],
+        version_clauses=clauses,
+        why=header["why"][0],
+        upstream=(header.get("upstream") or [""])[0],
+        probes=[p for _, p in probes],
+        files=files,
+    )
 
 
 def _check_probe(probe: list[str], bad) -> None:
@@ -204,7 +236,9 @@ def _check_probe(probe: list[str], bad) -> None:
     if kind in STATIC_PROBES:
         why = bad_rel_path(args[0])
         if why:
-            raise bad(f"Probe: {kind} FILE is {why}", "name a file inside the engine package, e.g. vllm/model_executor/models/x.py")
+            raise bad(
+                f"Probe: {kind} FILE is {why}", "name a file inside the engine package, e.g. vllm/model_executor/models/x.py"
+            )
         names = args[1:] if kind == "class-has" else args[1:2]  # list-admits VALUEs are free text
     else:
         names = args
@@ -229,8 +263,11 @@ def _parse_diff(lines: list[str], i: int, bad) -> list[FileDiff]:
             i += 1
             continue
         if line.startswith(_UNSUPPORTED_GIT):
-            raise bad(i + 1, f"unsupported git diff line {line!r}: patches only edit text files that exist",
-                      "leave file creation, deletion, renames, mode changes and binary files out of the patch")
+            raise bad(
+                i + 1,
+                f"unsupported git diff line {line!r}: patches only edit text files that exist",
+                "leave file creation, deletion, renames, mode changes and binary files out of the patch",
+            )
         if line.startswith("--- "):
             close_file()
             if i + 1 >= n or not lines[i + 1].startswith("+++ "):
@@ -257,13 +294,12 @@ def _parse_diff(lines: list[str], i: int, bad) -> list[FileDiff]:
         if not line:
             if not any(lines[i:n]):
                 break  # blank lines at the very end
-            raise bad(i + 1, "blank line between hunks (a hunk's line counts are too small, or the patch was edited)",
-                      _REGEN)
+            raise bad(i + 1, "blank line between hunks (a hunk's line counts are too small, or the patch was edited)", _REGEN)
         if line[0] in " +-":
-            raise bad(i + 1, f"hunk line {line!r} outside any hunk: the previous hunk's line counts are too small",
-                      _REGEN)
-        raise bad(i + 1, f"unexpected line {line!r} in the diff (trailing garbage?)",
-                  "a patch ends after its last hunk; " + _REGEN)
+            raise bad(i + 1, f"hunk line {line!r} outside any hunk: the previous hunk's line counts are too small", _REGEN)
+        raise bad(
+            i + 1, f"unexpected line {line!r} in the diff (trailing garbage?)", "a patch ends after its last hunk; " + _REGEN
+        )
     close_file()
     if not files:
         raise bad(i + 1, "no unified diff after the header", "append the output of `diff -u` (--- a/FILE, +++ b/FILE, @@ hunks)")
@@ -282,8 +318,9 @@ def _parse_hunk(lines: list[str], i: int, n: int, m: re.Match, diff: FileDiff, b
     seen_old = seen_new = 0
 
     def counts() -> str:
-        return (f"hunk {hunk.header!r} (line {start + 1}) has {seen_old}/{seen_new} lines, header says "
-                f"{old_len}/{new_len} (old/new)")
+        return (
+            f"hunk {hunk.header!r} (line {start + 1}) has {seen_old}/{seen_new} lines, header says {old_len}/{new_len} (old/new)"
+        )
 
     while seen_old < old_len or seen_new < new_len:
         if i >= n:
@@ -310,6 +347,7 @@ def _parse_hunk(lines: list[str], i: int, n: int, m: re.Match, diff: FileDiff, b
 
 # ---------------------------------------------------------------- applying hunks
 
+
 @dataclass
 class HunkFailure:
     file: str
@@ -321,8 +359,10 @@ class HunkFailure:
 
     def describe(self) -> str:
         lines = "\n".join(f"      {line}" for line in self.upstream_excerpt) or "      (file ends before this line)"
-        return (f"{self.file} hunk {self.hunk_index} {self.header} does not match at line {self.expected_line}:\n"
-                f"    patch expects: {self.first_mismatch!r}\n    upstream code there now:\n{lines}")
+        return (
+            f"{self.file} hunk {self.hunk_index} {self.header} does not match at line {self.expected_line}:\n"
+            f"    patch expects: {self.first_mismatch!r}\n    upstream code there now:\n{lines}"
+        )
 
 
 def _find(lines: list[str], block: list[str], expected: int, lower: int) -> int | None:
@@ -331,8 +371,8 @@ def _find(lines: list[str], block: list[str], expected: int, lower: int) -> int 
         return max(lower, min(expected, len(lines)))
     n, m = len(lines), len(block)
     for delta in range(0, n + 1):
-        for pos in ((expected + delta, expected - delta) if delta else (expected,)):
-            if lower <= pos <= n - m and lines[pos:pos + m] == block:
+        for pos in (expected + delta, expected - delta) if delta else (expected,):
+            if lower <= pos <= n - m and lines[pos : pos + m] == block:
                 return pos
         if expected - delta < lower and expected + delta > n - m:
             break
@@ -352,11 +392,13 @@ def apply_hunks(text: str, diff: FileDiff, reverse: bool = False) -> tuple[str |
         expected = max(0, start + offset)
         pos = _find(lines, old, expected, lower)
         if pos is None:
-            mismatch = next((want for k, want in enumerate(old)
-                             if expected + k >= len(lines) or lines[expected + k] != want), old[0] if old else "")
-            excerpt = lines[expected:expected + max(len(old), 3) + 2]
+            mismatch = next(
+                (want for k, want in enumerate(old) if expected + k >= len(lines) or lines[expected + k] != want),
+                old[0] if old else "",
+            )
+            excerpt = lines[expected : expected + max(len(old), 3) + 2]
             return None, HunkFailure(diff.path, idx, hunk.header, expected + 1, mismatch, excerpt)
-        lines[pos:pos + len(old)] = new
+        lines[pos : pos + len(old)] = new
         offset = pos - start + len(new) - len(old)
         lower = pos + len(new)
     out = "\n".join(lines)

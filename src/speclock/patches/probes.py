@@ -20,6 +20,7 @@ from speclock.patches.trees import SourceTree
 
 # ---------------------------------------------------------------- static probes
 
+
 def _class_node(tree: ast.AST, cls: str) -> ast.ClassDef | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == cls:
@@ -86,11 +87,13 @@ def run_static_probe(probe: list[str], tree: SourceTree) -> tuple[bool, str]:
 
 
 def run_static_probes(patch: Patch, tree: SourceTree) -> list[dict]:
-    return [dict(probe=" ".join(p), passed=ok, reason=why)
-            for p in patch.static_probes for ok, why in [run_static_probe(p, tree)]]
+    return [
+        dict(probe=" ".join(p), passed=ok, reason=why) for p in patch.static_probes for ok, why in [run_static_probe(p, tree)]
+    ]
 
 
 # ---------------------------------------------------------------- runtime probes
+
 
 def run_runtime_probes(patch: Patch, engine: str, python: str | None = None, site_packages: Path | None = None) -> list[dict]:
     """Run the patch's runtime probes in the engine's Python (a subprocess, so imports are fresh)."""
@@ -100,13 +103,19 @@ def run_runtime_probes(patch: Patch, engine: str, python: str | None = None, sit
             res = eagle3_probe(engine, probe[1:], python=python, site_packages=site_packages)
             for arch in probe[1:]:
                 r = res[arch]
-                out.append(dict(probe=f"eagle3-supported {arch}", passed=bool(r.get("resolved") and r.get("eagle3")),
-                                reason=r.get("reason", "")))
+                out.append(
+                    dict(
+                        probe=f"eagle3-supported {arch}",
+                        passed=bool(r.get("resolved") and r.get("eagle3")),
+                        reason=r.get("reason", ""),
+                    )
+                )
     return out
 
 
-def engine_subprocess(args: list[str], python: str | None = None, site_packages: Path | None = None,
-                      timeout: int = 300) -> subprocess.CompletedProcess:
+def engine_subprocess(
+    args: list[str], python: str | None = None, site_packages: Path | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """Run `python -m speclock.engines.probe ARGS` in the engine's Python; `site_packages` first on its path."""
     py = python or sys.executable
     env = dict(os.environ)
@@ -117,10 +126,14 @@ def engine_subprocess(args: list[str], python: str | None = None, site_packages:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
-        return subprocess.run([py, "-m", "speclock.engines.probe", *args], env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [py, "-m", "speclock.engines.probe", *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
     except FileNotFoundError:
-        raise EnvironmentProblem(f"engine python {py} does not exist",
-                                 hint="install the engine env (python -m speclock.engines.envs ensure NAME==VERSION)") from None
+        raise EnvironmentProblem(
+            f"engine python {py} does not exist",
+            hint="install the engine env (python -m speclock.engines.envs ensure NAME==VERSION)",
+        ) from None
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"engine probe {' '.join(args[:2])} in {py} took over {timeout} s") from None
 
@@ -134,8 +147,9 @@ def last_json(proc: subprocess.CompletedProcess, what: str):
         raise EnvironmentProblem(f"{what} failed: {tail}", hint="run `speclock doctor` for the engine-import check") from None
 
 
-def eagle3_probe(engine: str, archs: list[str], python: str | None = None, site_packages: Path | None = None,
-                 timeout: int = 300) -> dict:
+def eagle3_probe(
+    engine: str, archs: list[str], python: str | None = None, site_packages: Path | None = None, timeout: int = 300
+) -> dict:
     """{arch: {resolved, class, module, eagle3, reason}} from the engine's own registry and EAGLE-3 check."""
     proc = engine_subprocess(["eagle3", engine, *archs], python, site_packages, timeout)
     what = f"importing {engine} in {python or sys.executable}"

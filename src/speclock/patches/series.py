@@ -34,6 +34,7 @@ LABEL_KEY = "io.speclock.patches"
 
 # ---------------------------------------------------------------- lifecycle
 
+
 @dataclass
 class PatchResult:
     patch: Patch
@@ -45,13 +46,29 @@ class PatchResult:
     new_texts: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict:
-        return {"patch": self.patch.name, "sha256": self.patch.sha256, "title": self.patch.title,
-                "versions": self.patch.versions, "in_range": self.in_range, "state": self.state,
-                "retirable": self.state == "upstream", "reason": self.reason,
-                "upstream": self.patch.upstream,
-                "conflicts": [dict(file=f.file, hunk=f.hunk_index, header=f.header, line=f.expected_line,
-                                   expected=f.first_mismatch, upstream_code=f.upstream_excerpt) for f in self.failures],
-                "probes_before": self.probes_before}
+        return {
+            "patch": self.patch.name,
+            "sha256": self.patch.sha256,
+            "title": self.patch.title,
+            "versions": self.patch.versions,
+            "in_range": self.in_range,
+            "state": self.state,
+            "retirable": self.state == "upstream",
+            "reason": self.reason,
+            "upstream": self.patch.upstream,
+            "conflicts": [
+                dict(
+                    file=f.file,
+                    hunk=f.hunk_index,
+                    header=f.header,
+                    line=f.expected_line,
+                    expected=f.first_mismatch,
+                    upstream_code=f.upstream_excerpt,
+                )
+                for f in self.failures
+            ],
+            "probes_before": self.probes_before,
+        }
 
 
 def check_patch(patch: Patch, tree: Overlay, version: str) -> PatchResult:
@@ -62,8 +79,16 @@ def check_patch(patch: Patch, tree: Overlay, version: str) -> PatchResult:
     missing = [f.path for f in patch.files if tree.read(f.path) is None]
     if missing:
         if probes and all(p["passed"] for p in probes):
-            return PatchResult(patch, "upstream", ok_range, f"{missing[0]} is gone, and the change is already present: "
-                               + "; ".join(p["reason"] for p in probes) + " -> skip it; the patch is retirable", [], probes)
+            return PatchResult(
+                patch,
+                "upstream",
+                ok_range,
+                f"{missing[0]} is gone, and the change is already present: "
+                + "; ".join(p["reason"] for p in probes)
+                + " -> skip it; the patch is retirable",
+                [],
+                probes,
+            )
         return PatchResult(patch, "conflict", ok_range, f"file {missing[0]} is not in this release", [], probes)
     reverse_ok = True
     for fd in patch.files:
@@ -82,9 +107,16 @@ def check_patch(patch: Patch, tree: Overlay, version: str) -> PatchResult:
         note = " (note: its probes already pass without it, so they cannot prove it)" if probes_pass else ""
         return PatchResult(patch, "applies", ok_range, "every hunk applies with exact context" + note, [], probes, forward)
     if probes_pass:
-        return PatchResult(patch, "upstream", ok_range,
-                           "hunks no longer match, and the change is already present: "
-                           + "; ".join(p["reason"] for p in probes) + " -> skip it; the patch is retirable", failures, probes)
+        return PatchResult(
+            patch,
+            "upstream",
+            ok_range,
+            "hunks no longer match, and the change is already present: "
+            + "; ".join(p["reason"] for p in probes)
+            + " -> skip it; the patch is retirable",
+            failures,
+            probes,
+        )
     return PatchResult(patch, "conflict", ok_range, failures[0].describe(), failures, probes)
 
 
@@ -100,6 +132,7 @@ def check_series(patches: list[Patch], tree: SourceTree, version: str) -> list[P
 
 
 # ---------------------------------------------------------------- the stack's series
+
 
 def patches_root() -> Path:
     if os.environ.get("SPECLOCK_PATCHES_DIR"):  # tests and out-of-tree series
@@ -117,8 +150,10 @@ def series_paths(stack: Stack, root: Path | None = None) -> list[Path]:
     for name in stack.patch_series:
         # A plain file name, or plain names joined by '/' (patches/vllm/faults/... holds the example faults).
         if not isinstance(name, str) or not name or name.startswith("/"):
-            raise BadInput(f"{where}: entry {name!r} is not a patch file name under {base}",
-                           hint=f"list file names of {base}, e.g. '0001-fix.patch'")
+            raise BadInput(
+                f"{where}: entry {name!r} is not a patch file name under {base}",
+                hint=f"list file names of {base}, e.g. '0001-fix.patch'",
+            )
         for part in name.split("/"):
             plain_name(part, what=f"entry {name!r}: part", source=where)
         path = confined(base, name, what=f"entry {name!r} of patches.series", source=stack.path)
@@ -134,40 +169,51 @@ def load_series(stack: Stack, root: Path | None = None) -> list[Patch]:
     out = []
     for name, path in zip(stack.patch_series, series_paths(stack, root)):
         if not path.is_file():
-            raise BadInput(f"{stack.path}: key 'patches.series': entry {name!r}: {path} "
-                           f"{'is not a file' if path.exists() else 'does not exist'}",
-                           hint=f"patches for {stack.engine['name']} live in {base}")
+            raise BadInput(
+                f"{stack.path}: key 'patches.series': entry {name!r}: {path} "
+                f"{'is not a file' if path.exists() else 'does not exist'}",
+                hint=f"patches for {stack.engine['name']} live in {base}",
+            )
         patch = parse_patch(path)
         if patch.engine != stack.engine["name"]:
-            raise BadInput(f"{path}: Engine is {patch.engine!r}, stack {stack.name} uses {stack.engine['name']!r}",
-                           hint="list only patches for the stack's engine")
+            raise BadInput(
+                f"{path}: Engine is {patch.engine!r}, stack {stack.name} uses {stack.engine['name']!r}",
+                hint="list only patches for the stack's engine",
+            )
         out.append(patch)
     return out
 
 
 # ---------------------------------------------------------------- apply (image build)
 
-def apply_series(stack: Stack, site_packages: Path, python: str | None = None, record: Path | None = None,
-                 run_probes: bool = True, log=print) -> dict:
+
+def apply_series(
+    stack: Stack, site_packages: Path, python: str | None = None, record: Path | None = None, run_probes: bool = True, log=print
+) -> dict:
     """Apply the stack's series to an installed engine, all or nothing; verify; write a JSON record."""
     site_packages = Path(site_packages)
     patches = load_series(stack)
     dist = stack.engine["package"]
     version = engine_version_in(site_packages, dist)
     if version != stack.engine["version"]:
-        raise BadInput(f"{site_packages} has {dist} {version}, stack {stack.name} pins {stack.engine['version']}",
-                       hint="install the pinned engine, or fix the stack")
+        raise BadInput(
+            f"{site_packages} has {dist} {version}, stack {stack.name} pins {stack.engine['version']}",
+            hint="install the pinned engine, or fix the stack",
+        )
     for p in patches:
         if not in_range(version, p.version_clauses):
-            raise BadInput(f"{p.path}: Versions '{p.versions}' excludes the pinned {dist} {version}",
-                           hint="drop the patch from the stack's [patches] series, or widen its range after checking "
-                                f"`speclock patches check --stack {stack.name}`")
+            raise BadInput(
+                f"{p.path}: Versions '{p.versions}' excludes the pinned {dist} {version}",
+                hint="drop the patch from the stack's [patches] series, or widen its range after checking "
+                f"`speclock patches check --stack {stack.name}`",
+            )
     results = check_series(patches, DirTree(site_packages), version)
     bad = [r for r in results if r.state == "conflict"]
     if bad:
-        raise CheckFailed("patch series does not apply; nothing was changed:\n  "
-                          + "\n  ".join(f"{r.patch.name}: {r.reason}" for r in bad),
-                          hint="refresh the patch against this release, or retire it if the change is upstream")
+        raise CheckFailed(
+            "patch series does not apply; nothing was changed:\n  " + "\n  ".join(f"{r.patch.name}: {r.reason}" for r in bad),
+            hint="refresh the patch against this release, or retire it if the change is upstream",
+        )
     # Every new file content is computed; write them all, restoring originals if anything fails.
     final: dict[str, str] = {}
     for r in results:
@@ -175,15 +221,25 @@ def apply_series(stack: Stack, site_packages: Path, python: str | None = None, r
     # Every target's folder must resolve inside site-packages (no '..', no linked folder leading out) before any
     # write. The file itself may be a symbolic link (a linked copy of an engine tree): the atomic write replaces
     # the link with a new file and never writes through it.
-    targets = {rel: confined(site_packages, str(Path(rel).parent), what="patch target folder", source=", ".join(
-        r.patch.name for r in results if rel in r.new_texts)) / Path(rel).name for rel in final}
+    targets = {
+        rel: confined(
+            site_packages,
+            str(Path(rel).parent),
+            what="patch target folder",
+            source=", ".join(r.patch.name for r in results if rel in r.new_texts),
+        )
+        / Path(rel).name
+        for rel in final
+    }
     for rel, text in final.items():
         try:
             compile(text, rel, "exec") if rel.endswith(".py") else None
         except (SyntaxError, ValueError) as err:
-            raise CheckFailed(f"patched {rel} is not valid Python (line {getattr(err, 'lineno', '?')}: "
-                              f"{getattr(err, 'msg', err)}); nothing was changed",
-                              hint="fix the patch: its result must compile") from None
+            raise CheckFailed(
+                f"patched {rel} is not valid Python (line {getattr(err, 'lineno', '?')}: "
+                f"{getattr(err, 'msg', err)}); nothing was changed",
+                hint="fix the patch: its result must compile",
+            ) from None
     originals: dict[Path, tuple[bytes, int]] = {}
     try:
         for rel, text in final.items():
@@ -201,13 +257,22 @@ def apply_series(stack: Stack, site_packages: Path, python: str | None = None, r
         raise
     for r in results:
         log(f"  {r.patch.name}: {'applied' if r.state == 'applies' else r.state}")
-    rec = verify_series(stack, site_packages, python=python, run_probes=run_probes, patches=patches, version=version,
-                        states={r.patch.name: r.state for r in results})
+    rec = verify_series(
+        stack,
+        site_packages,
+        python=python,
+        run_probes=run_probes,
+        patches=patches,
+        version=version,
+        states={r.patch.name: r.state for r in results},
+    )
     if record:
         atomic_write_json(Path(record), rec, sort_keys=True)
     if not rec["ok"]:
-        raise CheckFailed("patches were written but a probe failed:\n  " + "\n  ".join(rec["failures"]),
-                          hint="fail the image build; the probe says which change did not take effect")
+        raise CheckFailed(
+            "patches were written but a probe failed:\n  " + "\n  ".join(rec["failures"]),
+            hint="fail the image build; the probe says which change did not take effect",
+        )
     return rec
 
 
@@ -220,14 +285,23 @@ def _refresh_bytecode(source: Path) -> None:
         if source.suffix == ".py":
             py_compile.compile(str(source), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
     except py_compile.PyCompileError as err:
-        raise CheckFailed(f"{source} does not compile after patching: {err.msg.strip().splitlines()[-1]}",
-                          hint="fix the patch: its result must compile") from None
+        raise CheckFailed(
+            f"{source} does not compile after patching: {err.msg.strip().splitlines()[-1]}",
+            hint="fix the patch: its result must compile",
+        ) from None
     except OSError as err:
         raise os_error(err, cache, "refresh the bytecode of") from None
 
 
-def verify_series(stack: Stack, site_packages: Path, python: str | None = None, run_probes: bool = True,
-                  patches: list[Patch] | None = None, version: str | None = None, states: dict | None = None) -> dict:
+def verify_series(
+    stack: Stack,
+    site_packages: Path,
+    python: str | None = None,
+    run_probes: bool = True,
+    patches: list[Patch] | None = None,
+    version: str | None = None,
+    states: dict | None = None,
+) -> dict:
     """Run every patch's probes against the installed engine; a record of what holds."""
     patches = patches if patches is not None else load_series(stack)
     version = version or installed_version(site_packages, stack.engine["package"]) or "?"
@@ -239,8 +313,14 @@ def verify_series(stack: Stack, site_packages: Path, python: str | None = None, 
         runtime_all = []
         if archs:
             res = eagle3_probe(stack.engine["name"], archs, python=python, site_packages=site_packages)
-            runtime_all = [dict(probe=f"eagle3-supported {a}", passed=bool(res[a].get("resolved") and res[a].get("eagle3")),
-                                reason=res[a].get("reason", "")) for a in archs]
+            runtime_all = [
+                dict(
+                    probe=f"eagle3-supported {a}",
+                    passed=bool(res[a].get("resolved") and res[a].get("eagle3")),
+                    reason=res[a].get("reason", ""),
+                )
+                for a in archs
+            ]
     for p in patches:
         probes = run_static_probes(p, tree)
         wanted = {f"eagle3-supported {a}" for probe in p.runtime_probes for a in probe[1:]}
@@ -249,13 +329,29 @@ def verify_series(stack: Stack, site_packages: Path, python: str | None = None, 
             if not pr["passed"]:
                 failures.append(f"{p.name}: probe '{pr['probe']}' failed: {pr['reason']}")
         state = (states or {}).get(p.name)
-        entries.append({"patch": p.name, "sha256": p.sha256, "title": p.title, "versions": p.versions,
-                        "upstream": p.upstream, "state": {"applies": "applied"}.get(state, state),
-                        "probes": probes, "ok": all(pr["passed"] for pr in probes)})
+        entries.append(
+            {
+                "patch": p.name,
+                "sha256": p.sha256,
+                "title": p.title,
+                "versions": p.versions,
+                "upstream": p.upstream,
+                "state": {"applies": "applied"}.get(state, state),
+                "probes": probes,
+                "ok": all(pr["passed"] for pr in probes),
+            }
+        )
     _, label = series_label(patches)
-    return {"schema": RECORD_SCHEMA, "stack": stack.name, "engine": {"name": stack.engine["name"],
-            "package": stack.engine["package"], "version": version}, "site_packages": str(site_packages),
-            "patches": entries, "label": label, "ok": not failures, "failures": failures}
+    return {
+        "schema": RECORD_SCHEMA,
+        "stack": stack.name,
+        "engine": {"name": stack.engine["name"], "package": stack.engine["package"], "version": version},
+        "site_packages": str(site_packages),
+        "patches": entries,
+        "label": label,
+        "ok": not failures,
+        "failures": failures,
+    }
 
 
 def series_label(patches: list[Patch]) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from speclock.core.names import normalize
 from speclock.core.versions import version_key
 from speclock.patches.diff import bad_rel_path
 
+
 class SourceTree:
     """Files of an engine package: a site-packages folder or a wheel that was only downloaded."""
 
@@ -44,8 +45,10 @@ class WheelTree(SourceTree):
             self.zip = zipfile.ZipFile(wheel)
             self.names = set(self.zip.namelist())
         except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as err:
-            raise EnvironmentProblem(f"{wheel} is not a readable wheel (zip): {err}",
-                                     hint=f"delete {wheel} and run the command again to download it afresh") from None
+            raise EnvironmentProblem(
+                f"{wheel} is not a readable wheel (zip): {err}",
+                hint=f"delete {wheel} and run the command again to download it afresh",
+            ) from None
         except OSError as err:
             raise os_error(err, wheel, "read the wheel") from None
 
@@ -55,8 +58,10 @@ class WheelTree(SourceTree):
         try:
             data = self.zip.read(rel)
         except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as err:
-            raise EnvironmentProblem(f"{self.label}: member {rel} cannot be read: {err}",
-                                     hint=f"delete {self.label} and run the command again to download it afresh") from None
+            raise EnvironmentProblem(
+                f"{self.label}: member {rel} cannot be read: {err}",
+                hint=f"delete {self.label} and run the command again to download it afresh",
+            ) from None
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -93,16 +98,18 @@ def engine_version_in(site_packages: Path, dist: str) -> str:
     try:
         version_key(version)
     except ValueError:
-        raise EnvironmentProblem(f"{dist} in {site_packages} has version {version!r}, which is not a release version",
-                                 hint="reinstall the engine") from None
+        raise EnvironmentProblem(
+            f"{dist} in {site_packages} has version {version!r}, which is not a release version", hint="reinstall the engine"
+        ) from None
     return version
 
 
 def default_site_packages(python: str | None = None) -> Path:
     py = python or sys.executable
     try:
-        proc = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, timeout=120
+        )
     except OSError as err:
         raise BadInput(f"--python {py} cannot be run: {err.strerror or err}", hint="give the engine's python") from None
     except subprocess.TimeoutExpired:

@@ -86,11 +86,14 @@ def _open(url: str, what: str, accept: str = "*/*"):
         return urllib.request.urlopen(req, timeout=60, context=_ssl_context() if parsed.scheme == "https" else None)
     except urllib.error.HTTPError as err:
         if err.code in (404, 410):
-            raise BadInput(f"{what}: not found at {url} (HTTP {err.code})",
-                           hint="check the package name and version (pip index versions NAME) and the index URL") from None
+            raise BadInput(
+                f"{what}: not found at {url} (HTTP {err.code})",
+                hint="check the package name and version (pip index versions NAME) and the index URL",
+            ) from None
         if err.code < 500:
-            raise EnvironmentProblem(f"{what}: {url} answered HTTP {err.code} {err.reason}",
-                                     hint="check access to the index (credentials, proxy)") from None
+            raise EnvironmentProblem(
+                f"{what}: {url} answered HTTP {err.code} {err.reason}", hint="check access to the index (credentials, proxy)"
+            ) from None
         raise _Transient(f"{url} answered HTTP {err.code}") from None
     except urllib.error.URLError as err:
         if isinstance(err.reason, (FileNotFoundError, NotADirectoryError)):
@@ -109,8 +112,10 @@ def _retrying(fn, what: str):
             last = err
             if attempt + 1 < _TRIES:
                 time.sleep(_RETRY_PAUSE_S * (attempt + 1))
-    raise EnvironmentProblem(f"{what}: {last} (tried {_TRIES} times)",
-                             hint="check network access to the index (and PIP_CERT/SSL_CERT_FILE behind a proxy)")
+    raise EnvironmentProblem(
+        f"{what}: {last} (tried {_TRIES} times)",
+        hint="check network access to the index (and PIP_CERT/SSL_CERT_FILE behind a proxy)",
+    )
 
 
 def locked_wheels(package: str, version: str, locks: Path | None = None) -> list[WheelSource]:
@@ -123,9 +128,13 @@ def locked_wheels(package: str, version: str, locks: Path | None = None) -> list
             continue  # not this command's input: the lock's own reader reports a broken lock
         pkgs = data.get("packages") if isinstance(data, dict) else None
         for pkg in pkgs if isinstance(pkgs, list) else []:
-            if (isinstance(pkg, dict) and all(isinstance(pkg.get(k), str) for k in ("filename", "url", "sha256"))
-                    and wheel_matches(pkg["filename"], package, version) and _SHA256.fullmatch(pkg["sha256"])
-                    and pkg["url"].startswith("https://")):
+            if (
+                isinstance(pkg, dict)
+                and all(isinstance(pkg.get(k), str) for k in ("filename", "url", "sha256"))
+                and wheel_matches(pkg["filename"], package, version)
+                and _SHA256.fullmatch(pkg["sha256"])
+                and pkg["url"].startswith("https://")
+            ):
                 out.append(WheelSource(pkg["filename"], pkg["url"], pkg["sha256"], f"lock {lock.name}"))
     return out
 
@@ -167,11 +176,19 @@ def index_wheels(package: str, version: str) -> list[WheelSource]:
         frag = urllib.parse.parse_qs(fragment).get("sha256", [""])[0]
         sha = (sha or frag).lower()
         if wheel_matches(filename, package, version):
-            out.append(WheelSource(filename, base, sha if _SHA256.fullmatch(sha) else "",
-                                   f"index {page}" if sha else "computed at download (the index gave no hash)"))
+            out.append(
+                WheelSource(
+                    filename,
+                    base,
+                    sha if _SHA256.fullmatch(sha) else "",
+                    f"index {page}" if sha else "computed at download (the index gave no hash)",
+                )
+            )
     if not out:
-        raise BadInput(f"{package}=={version} is not a released version with a wheel at {page}",
-                       hint=f"list releases with: pip index versions {package}")
+        raise BadInput(
+            f"{package}=={version} is not a released version with a wheel at {page}",
+            hint=f"list releases with: pip index versions {package}",
+        )
     return out
 
 
@@ -181,17 +198,22 @@ def _rank(sources: list[WheelSource]) -> list[WheelSource]:
         # optional (packaging, not a speclock dependency): imported only where it is used
         from packaging.tags import sys_tags
         from packaging.utils import parse_wheel_filename
+
         order = {str(t): n for n, t in enumerate(sys_tags())}
 
         def key(s: WheelSource) -> tuple:
             try:
-                return (min((order.get(str(t), 1 << 30) for t in parse_wheel_filename(s.filename)[3]), default=1 << 30),
-                        s.filename)
+                return (
+                    min((order.get(str(t), 1 << 30) for t in parse_wheel_filename(s.filename)[3]), default=1 << 30),
+                    s.filename,
+                )
             except Exception:
                 return (1 << 30, s.filename)
     except ImportError:
+
         def key(s: WheelSource) -> tuple:
             return (0 if "x86_64" in s.filename or "none-any" in s.filename else 1, s.filename)
+
     return sorted(sources, key=key)
 
 

@@ -111,11 +111,15 @@ def _built_rootfs(rec: dict[str, Any], *, progress=print) -> tuple[Path, str]:
     if sha:
         return out, sha
     if not shutil.which("mmdebstrap"):
-        raise EnvironmentProblem("mmdebstrap is not installed; it builds the Debian base root filesystem",
-                                 hint="apt-get install mmdebstrap (as root), or use base.kind = 'image' in the stack")
+        raise EnvironmentProblem(
+            "mmdebstrap is not installed; it builds the Debian base root filesystem",
+            hint="apt-get install mmdebstrap (as root), or use base.kind = 'image' in the stack",
+        )
     if os.geteuid() != 0:
-        raise EnvironmentProblem("building the Debian base needs root (mmdebstrap --mode=root)",
-                                 hint="run as root, or use base.kind = 'image' in the stack")
+        raise EnvironmentProblem(
+            "building the Debian base needs root (mmdebstrap --mode=root)",
+            hint="run as root, or use base.kind = 'image' in the stack",
+        )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -123,13 +127,17 @@ def _built_rootfs(rec: dict[str, Any], *, progress=print) -> tuple[Path, str]:
     _clean_partials(out.parent)
     tmp = _partial_name(out, os.getpid())
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(rec["source_date_epoch"]))
-    progress(f"building base rootfs: Debian {rec['suite']} {rec['variant']} + {', '.join(rec['packages']) or 'nothing'} (mmdebstrap, ~20-60 s)")
+    progress(
+        f"building base rootfs: Debian {rec['suite']} {rec['variant']} + {', '.join(rec['packages']) or 'nothing'} (mmdebstrap, ~20-60 s)"
+    )
     started = time.monotonic()
     try:
         proc = subprocess.run(recipe_command(rec, tmp), env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise EnvironmentProblem(f"mmdebstrap failed:\n{proc.stderr.strip()[-1500:]}",
-                                     hint=f"check that the mirror {rec['mirror']} is reachable and the packages exist in {rec['suite']}")
+            raise EnvironmentProblem(
+                f"mmdebstrap failed:\n{proc.stderr.strip()[-1500:]}",
+                hint=f"check that the mirror {rec['mirror']} is reachable and the packages exist in {rec['suite']}",
+            )
         try:  # mmdebstrap wrote the file itself: record its hash, then publish it under its name
             sha = file_sha256(tmp)
             atomic_write_text(_sidecar(out), sha + "\n")
@@ -142,20 +150,27 @@ def _built_rootfs(rec: dict[str, Any], *, progress=print) -> tuple[Path, str]:
     return out, sha
 
 
-def lock_base(stack: Stack, *, previous_epoch: int | None = None, extra_packages: list[str] | None = None,
-              progress=print) -> dict[str, Any]:
+def lock_base(
+    stack: Stack, *, previous_epoch: int | None = None, extra_packages: list[str] | None = None, progress=print
+) -> dict[str, Any]:
     """The lock's `base` entry: the recipe and the sha256 of the tarball it produces (or the image ref).
 
     `extra_packages`: the kernel builder base (`kernel_base` in the lock) is the same recipe plus these."""
     if stack.base["kind"] == "image":
         return {"kind": "image", "ref": stack.base["ref"]}
     # A fixed epoch (midnight UTC of the lock day) makes the tarball byte-identical across rebuilds.
-    today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     epoch = previous_epoch or int(today.timestamp())
     rec = recipe(stack, epoch, extra_packages)
     tar, sha = _built_rootfs(rec, progress=progress)
-    return {"kind": "debian-rootfs", "recipe": rec, "command": " ".join(recipe_command(rec, Path("base.tar"))),
-            "sha256": sha, "size": tar.stat().st_size, "source_date_epoch": epoch}
+    return {
+        "kind": "debian-rootfs",
+        "recipe": rec,
+        "command": " ".join(recipe_command(rec, Path("base.tar"))),
+        "sha256": sha,
+        "size": tar.stat().st_size,
+        "source_date_epoch": epoch,
+    }
 
 
 def verified_rootfs(base: dict[str, Any], *, progress=print) -> Path:
@@ -176,4 +191,5 @@ def verified_rootfs(base: dict[str, Any], *, progress=print) -> Path:
     raise CheckFailed(
         f"the base rootfs built from the locked recipe has sha256 {actual[:16]}..., the lock says {base['sha256'][:16]}... "
         f"(the Debian mirror has moved on since the lock was made; the odd tarball is kept at {bad})",
-        hint="re-lock (`invoke lock`) to take the mirror's current state, and review the change")
+        hint="re-lock (`invoke lock`) to take the mirror's current state, and review the change",
+    )

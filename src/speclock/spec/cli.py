@@ -58,13 +58,24 @@ def _cmd_lock(args: argparse.Namespace) -> int:
         # the stack against its lock, then the lock's URLs, then its pylock against it: all exit 1
         diffs = check_lock(stack, doc) + portability_problems(doc, stack.name) + pylock_drift(path, doc)
         if args.json:
-            print(json.dumps({"stack": stack.name, "lock": str(path), "pylock": str(pylock_path(path)),
-                              "in_sync": not diffs, "differences": diffs}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "stack": stack.name,
+                        "lock": str(path),
+                        "pylock": str(pylock_path(path)),
+                        "in_sync": not diffs,
+                        "differences": diffs,
+                    },
+                    indent=2,
+                )
+            )
         if diffs:
-            raise CheckFailed(f"{path} is out of date with {stack.path}, or not portable, or its pylock differs:\n  "
-                              + "\n  ".join(diffs),
-                              hint=f"run `invoke lock --stack {stack.name}` (or `speclock lock --stack {stack.name} "
-                                   "--no-resolve` where only URLs, the pylock, [prune] or python.build_only differ) and commit both files")
+            raise CheckFailed(
+                f"{path} is out of date with {stack.path}, or not portable, or its pylock differs:\n  " + "\n  ".join(diffs),
+                hint=f"run `invoke lock --stack {stack.name}` (or `speclock lock --stack {stack.name} "
+                "--no-resolve` where only URLs, the pylock, [prune] or python.build_only differ) and commit both files",
+            )
         if not args.json:
             print(f"{path} and {pylock_path(path).name} are in sync with {stack.path}")
         return 0
@@ -74,31 +85,41 @@ def _cmd_lock(args: argparse.Namespace) -> int:
         doc = resolve_lock(stack, progress=progress)
     pylock = write_lock_files(path, doc)
     if args.json:
-        print(json.dumps({"stack": stack.name, "lock": str(path), "pylock": str(pylock),
-                          "lock_sha256": doc["lock_sha256"]}, indent=2))
+        print(
+            json.dumps(
+                {"stack": stack.name, "lock": str(path), "pylock": str(pylock), "lock_sha256": doc["lock_sha256"]}, indent=2
+            )
+        )
     else:
         print(f"wrote {path} and {pylock.name}: {lock_summary(doc)}")
     return 0
 
 
 def _add_lock_command(sub) -> None:
-    p = sub.add_parser("lock", help="resolve a stack to exact wheels and a base digest (writes locks/<stack>.lock "
-                                    "and locks/pylock.<stack>.toml)",
-                       description="Resolve every Python package of a stack to an exact version and sha256 with pip's "
-                                   "resolver (for the image's Python and platform, and each host target's), record the "
-                                   "base rootfs recipe and its digest, and write locks/<stack>.lock with its PEP 751 copy "
-                                   "locks/pylock.<stack>.toml (both or neither). Every URL is an index's: a wheel taken "
-                                   "from a local folder keeps that copy as mirror_url. --check only compares (exit 1 on "
-                                   "drift, a file:// URL, or a pylock that differs or is missing).")
+    p = sub.add_parser(
+        "lock",
+        help="resolve a stack to exact wheels and a base digest (writes locks/<stack>.lock and locks/pylock.<stack>.toml)",
+        description="Resolve every Python package of a stack to an exact version and sha256 with pip's "
+        "resolver (for the image's Python and platform, and each host target's), record the "
+        "base rootfs recipe and its digest, and write locks/<stack>.lock with its PEP 751 copy "
+        "locks/pylock.<stack>.toml (both or neither). Every URL is an index's: a wheel taken "
+        "from a local folder keeps that copy as mirror_url. --check only compares (exit 1 on "
+        "drift, a file:// URL, or a pylock that differs or is missing).",
+    )
     p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name or path (default {DEFAULT_STACK})")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true",
-                   help="exit 1 if the stack and its lock disagree, the lock has a file:// URL, or its pylock differs; "
-                        "write nothing")
-    mode.add_argument("--no-resolve", action="store_true",
-                   help="keep the existing lock's versions and sha256: replace file:// URLs with their index URLs "
-                        "(the local copy kept as mirror_url), carry a [prune] or python.build_only change (only the data "
-                        "wheels are resolved again) and write the pylock")
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the stack and its lock disagree, the lock has a file:// URL, or its pylock differs; write nothing",
+    )
+    mode.add_argument(
+        "--no-resolve",
+        action="store_true",
+        help="keep the existing lock's versions and sha256: replace file:// URLs with their index URLs "
+        "(the local copy kept as mirror_url), carry a [prune] or python.build_only change (only the data "
+        "wheels are resolved again) and write the pylock",
+    )
     p.add_argument("--lock", metavar="PATH", help="the lock file to check or write (default locks/<stack>.lock)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_lock)

@@ -71,8 +71,10 @@ def split_target(key: str, *, source: str = "python.host_targets") -> tuple[str,
     if not m:
         raise BadInput(f"{source}: {str(key)[:80]!r} is not a target '<python>-<machine>'", hint="e.g. '3.12-x86_64'")
     if m[2] not in MACHINE_PLATFORMS:
-        raise BadInput(f"{source}: machine {m[2]!r} of target {key!r} has no wheel platform tags in speclock",
-                       hint=f"known machines: {', '.join(MACHINE_PLATFORMS)} (speclock.spec.lock.MACHINE_PLATFORMS)")
+        raise BadInput(
+            f"{source}: machine {m[2]!r} of target {key!r} has no wheel platform tags in speclock",
+            hint=f"known machines: {', '.join(MACHINE_PLATFORMS)} (speclock.spec.lock.MACHINE_PLATFORMS)",
+        )
     return m[1], m[2]
 
 
@@ -100,10 +102,17 @@ def lock_targets(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every target of a read lock: {'image': {...}, '3.12-x86_64': {...}}, each with python, machine,
     platforms, packages, excluded, assets (the image's from the top-level keys)."""
     py = doc.get("python") or {}
-    out = {IMAGE_TARGET: {"python": py.get("version", ""), "machine": image_machine(doc),
-                          "platforms": list(py.get("platforms") or []), "packages": doc["packages"],
-                          "excluded": doc.get("excluded", []), "assets": doc["assets"],
-                          "pruned": doc.get("pruned", [])}}
+    out = {
+        IMAGE_TARGET: {
+            "python": py.get("version", ""),
+            "machine": image_machine(doc),
+            "platforms": list(py.get("platforms") or []),
+            "packages": doc["packages"],
+            "excluded": doc.get("excluded", []),
+            "assets": doc["assets"],
+            "pruned": doc.get("pruned", []),
+        }
+    }
     for key, target in (doc.get("targets") or {}).items():
         out[key] = {"excluded": [], "assets": [], "pruned": [], **target}
     return out
@@ -120,9 +129,11 @@ def lock_target(doc: dict[str, Any], key: str) -> dict[str, Any]:
     """One target of a read lock by key ('image' or '3.12-x86_64'); BadInput naming the targets it has."""
     targets = lock_targets(doc)
     if key not in targets:
-        raise BadInput(f"the lock of stack {doc['stack']} has no target {key!r}; it has: {target_names(doc)}",
-                       hint=f"add '{key}' to python.host_targets in stacks/{doc['stack']}.toml and run "
-                            f"`speclock lock --stack {doc['stack']}`")
+        raise BadInput(
+            f"the lock of stack {doc['stack']} has no target {key!r}; it has: {target_names(doc)}",
+            hint=f"add '{key}' to python.host_targets in stacks/{doc['stack']}.toml and run "
+            f"`speclock lock --stack {doc['stack']}`",
+        )
     return targets[key]
 
 
@@ -132,8 +143,16 @@ def target_lock(doc: dict[str, Any], key: str) -> dict[str, Any]:
     it comes from. A valid lock of its own (re-hashed), so every lock reader takes it as it is."""
     t = lock_target(doc, key)
     out = {k: v for k, v in doc.items() if k not in ("targets", "lock_sha256")}
-    out.update({"python": {"version": t["python"], "platforms": t["platforms"]}, "packages": t["packages"],
-                "excluded": t["excluded"], "assets": t["assets"], "target": key, "lock_from": doc["lock_sha256"]})
+    out.update(
+        {
+            "python": {"version": t["python"], "platforms": t["platforms"]},
+            "packages": t["packages"],
+            "excluded": t["excluded"],
+            "assets": t["assets"],
+            "target": key,
+            "lock_from": doc["lock_sha256"],
+        }
+    )
     if t["pruned"] or "pruned" in doc:
         out["pruned"] = t["pruned"]
     return finish_lock(out)
@@ -168,14 +187,30 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
     doc = read_json(path, what="lock file", expect=dict, hint=RELOCK)
     if doc.get("schema") != LOCK_SCHEMA:
         raise BadInput(f"{path}: schema is {str(doc.get('schema'))[:80]!r}, expected {LOCK_SCHEMA!r}", hint=RELOCK)
-    for key, types in (("stack", str), ("stack_sha256", str), ("packages", list), ("assets", list),
-                       ("base", dict), ("lock_sha256", str)):
+    for key, types in (
+        ("stack", str),
+        ("stack_sha256", str),
+        ("packages", list),
+        ("assets", list),
+        ("base", dict),
+        ("lock_sha256", str),
+    ):
         if key not in doc:
             raise BadInput(f"{path}: key '{key}' is missing", hint=RELOCK)
         expect(doc[key], types, key, path=path, hint=RELOCK)
-    for key, types in (("excluded", list), ("stack_data", dict), ("python", dict), ("resolver", dict),
-                       ("kernel_base", dict), ("source_date_epoch", int), ("targets", dict), ("target", str),
-                       ("lock_from", str), ("prune", dict), ("pruned", list)):
+    for key, types in (
+        ("excluded", list),
+        ("stack_data", dict),
+        ("python", dict),
+        ("resolver", dict),
+        ("kernel_base", dict),
+        ("source_date_epoch", int),
+        ("targets", dict),
+        ("target", str),
+        ("lock_from", str),
+        ("prune", dict),
+        ("pruned", list),
+    ):
         if key in doc:
             expect(doc[key], types, key, path=path, hint=RELOCK)
     plain_name(doc["stack"], what="stack", source=path)
@@ -191,8 +226,7 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
     # The hash first (it names corruption and hand edits as such), then what a recomputed hash cannot hide.
     expected = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
     if expected != doc["lock_sha256"]:
-        raise BadInput(f"{path}: content does not match its lock_sha256 (edited by hand, or corrupted)",
-                       hint=RELOCK)
+        raise BadInput(f"{path}: content does not match its lock_sha256 (edited by hand, or corrupted)", hint=RELOCK)
     hosts, declared = allowed_sources(path, stack)
     for _key, entry, where in _all_entries(doc, path):
         check_entry(entry, where, path, hosts, declared)
@@ -244,10 +278,12 @@ def local_entries(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def portability_problems(doc: dict[str, Any], stack_name: str) -> list[str]:
     """What `lock --check` says of file:// URLs: one line per entry, naming it and the fix."""
-    return [f"{where}.url {entry['url']} is a file on the machine that made the lock, which no other machine has; "
-            f"run `speclock lock --stack {stack_name} --no-resolve` to record the URL of the index that serves it "
-            "(the local copy stays as mirror_url), or lock again where its index is reachable"
-            for where, entry in local_entries(doc)]
+    return [
+        f"{where}.url {entry['url']} is a file on the machine that made the lock, which no other machine has; "
+        f"run `speclock lock --stack {stack_name} --no-resolve` to record the URL of the index that serves it "
+        "(the local copy stays as mirror_url), or lock again where its index is reachable"
+        for where, entry in local_entries(doc)
+    ]
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -295,8 +331,11 @@ def prune_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
     """The lock's prune record and pruned lists against the stack's [prune] (empty = in sync)."""
     want = prune_record(stack)
     have = doc.get("prune") or {"packages": [], "paths": []}
-    out = [f"prune.{key}: lock has {have.get(key, [])!r}, stack says {want[key]!r}"
-           for key in ("packages", "paths") if have.get(key, []) != want[key]]
+    out = [
+        f"prune.{key}: lock has {have.get(key, [])!r}, stack says {want[key]!r}"
+        for key in ("packages", "paths")
+        if have.get(key, []) != want[key]
+    ]
     for tkey, target in lock_targets(doc).items():
         installed = {normalize(e["name"]) for e in target["packages"]}
         pruned = {normalize(e["name"]) for e in target["pruned"]}
@@ -320,6 +359,7 @@ def lock_summary(doc: dict[str, Any]) -> str:
     hosts = doc.get("targets") or {}
     extra = "".join(f", host target {k}: {len(t['packages'])} packages" for k, t in hosts.items())
     pruned = f" ({len(doc['pruned'])} pruned)" if doc.get("pruned") else ""
-    return (f"{doc['stack']}: {total} packages{pruned}, {len(doc['assets'])} data wheels{extra}, "
-            f"base {doc['base'].get('sha256', doc['base'].get('ref', ''))[:19]}, lock {doc['lock_sha256'][:12]}")
-
+    return (
+        f"{doc['stack']}: {total} packages{pruned}, {len(doc['assets'])} data wheels{extra}, "
+        f"base {doc['base'].get('sha256', doc['base'].get('ref', ''))[:19]}, lock {doc['lock_sha256'][:12]}"
+    )

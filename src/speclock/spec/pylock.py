@@ -76,9 +76,15 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
 
 def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The pylock.toml content of a (read) lock, as a dict in the key order PEP 751 lists them."""
-    targets = {key: {**t, "python": _text(t["python"]), "machine": _text(t["machine"]),
-                     "platforms": [p for p in t["platforms"] if isinstance(p, str)] if isinstance(t["platforms"], list) else []}
-               for key, t in lock_targets(doc).items()}
+    targets = {
+        key: {
+            **t,
+            "python": _text(t["python"]),
+            "machine": _text(t["machine"]),
+            "platforms": [p for p in t["platforms"] if isinstance(p, str)] if isinstance(t["platforms"], list) else [],
+        }
+        for key, t in lock_targets(doc).items()
+    }
     markers = {key: environment_marker(t["python"], t["machine"]) for key, t in targets.items()}
     # (name, version) -> the targets that lock it, and its wheels by file name
     groups: dict[tuple[str, str], dict[str, Any]] = {}
@@ -88,13 +94,17 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
             group["targets"].append(key)
             have = group["wheels"].setdefault(entry["filename"], entry)
             if (have["sha256"], have["url"]) != (entry["sha256"], entry["url"]):
-                raise BadInput(f"the lock of stack {doc['stack']} names {entry['filename']} twice with another url or "
-                               f"sha256 (targets {', '.join(group['targets'])})",
-                               hint=f"re-create it with `speclock lock --stack {doc['stack']}`")
+                raise BadInput(
+                    f"the lock of stack {doc['stack']} names {entry['filename']} twice with another url or "
+                    f"sha256 (targets {', '.join(group['targets'])})",
+                    hint=f"re-create it with `speclock lock --stack {doc['stack']}`",
+                )
     _refuse_ambiguous(doc, targets, markers)
     all_keys = set(targets)
     packages = []
-    for (name, version), group in sorted(groups.items(), key=lambda kv: (kv[0][0], min(list(targets).index(k) for k in kv[1]["targets"]))):
+    for (name, version), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], min(list(targets).index(k) for k in kv[1]["targets"]))
+    ):
         package: dict[str, Any] = {"name": name, "version": version}
         if set(group["targets"]) != all_keys:
             own = list(dict.fromkeys(markers[k] for k in group["targets"]))
@@ -102,19 +112,30 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
         package["wheels"] = [_wheel(group["wheels"][f]) for f in sorted(group["wheels"])]
         packages.append(package)
     pythons = sorted({t["python"] for t in targets.values() if len(_version_key(t["python"])) >= 2}, key=_version_key)
-    tool: dict[str, Any] = {"schema": PYLOCK_SCHEMA, "stack": doc["stack"], "stack-sha256": doc["stack_sha256"],
-                            "lock-sha256": doc["lock_sha256"], "base": doc["base"]}
+    tool: dict[str, Any] = {
+        "schema": PYLOCK_SCHEMA,
+        "stack": doc["stack"],
+        "stack-sha256": doc["stack_sha256"],
+        "lock-sha256": doc["lock_sha256"],
+        "base": doc["base"],
+    }
     if "kernel_base" in doc:
         tool["kernel-base"] = doc["kernel_base"]
     if "source_date_epoch" in doc:
         tool["source-date-epoch"] = doc["source_date_epoch"]
-    tool["targets"] = {key: {"python": t["python"], "machine": t["machine"], "marker": markers[key],
-                             "platforms": list(t["platforms"]),
-                             "excluded": [_plain(e) for e in t.get("excluded", [])],
-                             "assets": [_plain(e) for e in t.get("assets", [])],
-                             # [prune].packages: resolved, never installed (only locks of stacks that prune)
-                             **({"pruned": [_plain(e) for e in t["pruned"]]} if t.get("pruned") else {})}
-                       for key, t in targets.items()}
+    tool["targets"] = {
+        key: {
+            "python": t["python"],
+            "machine": t["machine"],
+            "marker": markers[key],
+            "platforms": list(t["platforms"]),
+            "excluded": [_plain(e) for e in t.get("excluded", [])],
+            "assets": [_plain(e) for e in t.get("assets", [])],
+            # [prune].packages: resolved, never installed (only locks of stacks that prune)
+            **({"pruned": [_plain(e) for e in t["pruned"]]} if t.get("pruned") else {}),
+        }
+        for key, t in targets.items()
+    }
     if "prune" in doc:
         tool["prune"] = doc["prune"]
     out: dict[str, Any] = {"lock-version": PYLOCK_VERSION, "environments": list(dict.fromkeys(markers.values()))}
@@ -142,7 +163,8 @@ def _refuse_ambiguous(doc: dict[str, Any], targets: dict[str, dict[str, Any]], m
                     f"({marker}) but lock {name} {theirs.get(name, '(none)')} and {mine.get(name, '(none)')}; "
                     "pylock.toml cannot tell them apart",
                     hint="give the host target another Python or machine than the image's, or drop it from "
-                         "python.host_targets (the image's target already covers that environment)")
+                    "python.host_targets (the image's target already covers that environment)",
+                )
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -150,10 +172,14 @@ def render(doc: dict[str, Any]) -> str:
     try:
         import tomli_w  # optional: only `lock` writes TOML; speclock itself needs the standard library only
     except ImportError:
-        raise EnvironmentProblem("writing pylock.toml needs the tomli_w package, which this Python lacks",
-                                 hint="pip install -r scripts/requirements-host.txt (it pins tomli-w)") from None
-    header = ("# PEP 751 lock file made by speclock from the lock next to it (same wheels, URLs and sha256); do not edit:\n"
-              "# run `speclock lock` to re-create both. speclock's own data is under [tool.speclock].\n")
+        raise EnvironmentProblem(
+            "writing pylock.toml needs the tomli_w package, which this Python lacks",
+            hint="pip install -r scripts/requirements-host.txt (it pins tomli-w)",
+        ) from None
+    header = (
+        "# PEP 751 lock file made by speclock from the lock next to it (same wheels, URLs and sha256); do not edit:\n"
+        "# run `speclock lock` to re-create both. speclock's own data is under [tool.speclock].\n"
+    )
     return header + tomli_w.dumps(doc)
 
 
@@ -195,8 +221,9 @@ def read_pylock(path: str | os.PathLike) -> dict[str, Any]:
     except FileNotFoundError:
         raise BadInput(f"no pylock file {path}", hint="run `speclock lock --stack NAME --no-resolve` to write it") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise BadInput(f"{path}: not a readable TOML file ({err})",
-                       hint="re-create it with `speclock lock --stack NAME --no-resolve`") from None
+        raise BadInput(
+            f"{path}: not a readable TOML file ({err})", hint="re-create it with `speclock lock --stack NAME --no-resolve`"
+        ) from None
 
 
 def _label(package: Any, i: int) -> str:
@@ -266,8 +293,10 @@ def pylock_drift(lock_file: str | os.PathLike, doc: dict[str, Any]) -> list[str]
             if other.get("url") != wheel["url"]:
                 out.append(f"{label}: wheel {filename}: url is {other.get('url')!r}, the lock gives {wheel['url']!r}")
             if other.get("hashes") != wheel["hashes"]:
-                out.append(f"{label}: wheel {filename}: hashes are {other.get('hashes')!r}, the lock gives sha256 "
-                           f"{wheel['hashes']['sha256']!r}")
+                out.append(
+                    f"{label}: wheel {filename}: hashes are {other.get('hashes')!r}, the lock gives sha256 "
+                    f"{wheel['hashes']['sha256']!r}"
+                )
         for filename in got_wheels.keys() - want_wheels.keys():
             out.append(f"{label}: wheel {filename} is in the pylock, not in the lock")
         extra = {k: v for k, v in got.items() if k not in ("name", "version", "marker", "wheels")}
@@ -292,4 +321,3 @@ def offline_pylock(pylock: dict[str, Any], wheel_files: dict[str, str | os.PathL
             wheels.append({**wheel, "path": str(Path(local).resolve())} if local else dict(wheel))
         out["packages"].append({**package, "wheels": wheels})
     return out
-

@@ -23,8 +23,7 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
 from speclock.core.names import normalize
 from speclock.spec import baseimage
-from speclock.spec.lock import (LOCK_SCHEMA, finish_lock, local_entries, lock_path, machine_platforms, prune_record,
-                                split_target)
+from speclock.spec.lock import LOCK_SCHEMA, finish_lock, local_entries, lock_path, machine_platforms, prune_record, split_target
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack, pinned_view
 
@@ -53,16 +52,42 @@ def _index_reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _pip_report(requirements: list[str], stack: Stack, *, no_deps: bool, extra_index: str | None,
-                python: str | None = None, platforms: list[str] | None = None) -> list[dict[str, Any]]:
+def _pip_report(
+    requirements: list[str],
+    stack: Stack,
+    *,
+    no_deps: bool,
+    extra_index: str | None,
+    python: str | None = None,
+    platforms: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """Run pip's resolver for a target's interpreter and platform (default: the image's); return the report's
     install list."""
     pyver = python or stack.python["version"]
     platforms = platforms or platform_tags(stack)
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-           "--only-binary=:all:", "--python-version", pyver, "--implementation", "cp",
-           "--abi", f"cp{pyver.replace('.', '')}", "--abi", "abi3", "--abi", "none",
-           "--disable-pip-version-check", "--retries", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--ignore-installed",
+        "--only-binary=:all:",
+        "--python-version",
+        pyver,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{pyver.replace('.', '')}",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        "--disable-pip-version-check",
+        "--retries",
+        "2",
+    ]
     for tag in platforms:
         cmd += ["--platform", tag]
     if no_deps:
@@ -78,12 +103,14 @@ def _pip_report(requirements: list[str], stack: Stack, *, no_deps: bool, extra_i
             missing = re.search(r"No matching distribution found for (\S+)", err)
             if missing:
                 raise BadInput(
-                    f"stack {stack.path}: the resolver found no wheel for {missing[1]} "
-                    f"(Python {pyver}, {platforms[0]}).",
+                    f"stack {stack.path}: the resolver found no wheel for {missing[1]} (Python {pyver}, {platforms[0]}).",
                     hint="check the version in the stack (engine.version, torch.version, python.extra): "
-                         f"`pip index versions {missing[1].split('=')[0].split('<')[0].split('>')[0]}` lists what exists")
-            raise EnvironmentProblem(f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
-                                     hint="check network access to the package index (and PIP_CERT behind a proxy)")
+                    f"`pip index versions {missing[1].split('=')[0].split('<')[0].split('>')[0]}` lists what exists",
+                )
+            raise EnvironmentProblem(
+                f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
+                hint="check network access to the package index (and PIP_CERT behind a proxy)",
+            )
         return json.loads(report.read_text())["install"]
 
 
@@ -105,8 +132,9 @@ def _entry(item: dict[str, Any]) -> dict[str, Any]:
 
 def _pypi_url(entry: dict[str, Any]) -> str | None:
     """The PyPI URL of a wheel that the resolver took from a local mirror (same bytes, same sha256)."""
-    req = urllib.request.Request(f"https://pypi.org/simple/{entry['name']}/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    req = urllib.request.Request(
+        f"https://pypi.org/simple/{entry['name']}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             files = json.load(resp).get("files", [])
@@ -152,8 +180,9 @@ def _index_url(index: str, entry: dict[str, Any]) -> str | None:
     return None
 
 
-def portable_url(entry: dict[str, Any], *, index: str | None, index_reachable: bool,
-                 torch_name: str = "torch") -> tuple[str | None, str]:
+def portable_url(
+    entry: dict[str, Any], *, index: str | None, index_reachable: bool, torch_name: str = "torch"
+) -> tuple[str | None, str]:
     """(https URL, how it was found) for a wheel the resolver took from a local folder or mirror (file://).
 
     torch comes from the index the stack names for it (torch.index): its URL there, read from the index's simple
@@ -175,8 +204,7 @@ def portable_url(entry: dict[str, Any], *, index: str | None, index_reachable: b
     return None, "not on PyPI" + (f" nor on {index}" if index else "")
 
 
-def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None = None,
-                   index_reachable: bool = False) -> None:
+def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None = None, index_reachable: bool = False) -> None:
     """Record an index URL for every wheel found in a local folder or mirror (file://), keeping the local copy as
     mirror_url (fetch uses it where it exists), so the lock works on machines without that folder. A wheel no index
     is known to serve keeps its file:// url: `require_portable` refuses the lock, `lock --check` fails on it."""
@@ -193,8 +221,10 @@ def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None
                 progress(f"  {entry['filename']}: {url} ({how})")
         else:
             kept.append(f"{entry['filename']} ({how})")
-    progress(f"  {len(local) - len(kept)} wheels from a local folder or mirror mapped to their index URLs"
-             + (f"; no index URL found for: {', '.join(kept)}" if kept else ""))
+    progress(
+        f"  {len(local) - len(kept)} wheels from a local folder or mirror mapped to their index URLs"
+        + (f"; no index URL found for: {', '.join(kept)}" if kept else "")
+    )
 
 
 def require_portable(stack: Stack, doc: dict[str, Any]) -> None:
@@ -206,7 +236,8 @@ def require_portable(stack: Stack, doc: dict[str, Any]) -> None:
             f"stack {stack.name}: {len(names)} locked wheel(s) come from a local folder and no index is known to serve "
             f"them: {', '.join(names)}; a lock with file:// URLs works only on the machine that made it",
             hint="check network access to pypi.org (and to the stack's torch.index), or name the index that serves "
-                 "them in the stack (torch.index); then lock again")
+            "them in the stack (torch.index); then lock again",
+        )
 
 
 def portable_lock(stack: Stack, doc: dict[str, Any], *, progress=print) -> dict[str, Any]:
@@ -263,24 +294,38 @@ def _carry_unresolved(stack: Stack, doc: dict[str, Any], progress) -> None:
     if prunes:
         doc["prune"] = prune_record(stack)
     if old.get("prune") != stack.data.get("prune"):
-        progress(f"  [prune] carried over without resolving: {', '.join(sorted(want)) or 'no packages'} pruned, "
-                 f"{len(stack.prune['paths'])} path glob(s)")
+        progress(
+            f"  [prune] carried over without resolving: {', '.join(sorted(want)) or 'no packages'} pruned, "
+            f"{len(stack.prune['paths'])} path glob(s)"
+        )
     if (old.get("python") or {}).get("build_only") != stack.python["build_only"]:
         for key, holder in [("image", doc), *(doc.get("targets") or {}).items()]:
             python = holder["python"] if holder is not doc else stack.python["version"]
             platforms = holder["platforms"] if holder is not doc else platform_tags(stack)
             progress(f"  python.build_only changed: resolving {len(stack.assets())} data wheels for {key} (no dependencies)")
-            assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None,
-                                                             python=python, platforms=platforms)),
-                            key=lambda e: e["name"])
+            assets = sorted(
+                (
+                    _entry(i)
+                    for i in _pip_report(
+                        stack.assets(), stack, no_deps=True, extra_index=None, python=python, platforms=platforms
+                    )
+                ),
+                key=lambda e: e["name"],
+            )
             holder["assets"] = assets
     doc["stack_sha256"], doc["stack_data"] = stack.source_sha256, stack.data
 
 
 # PyPI wheels that together make nvcc (compiler, cicc, crt and runtime headers, CCCL headers, static
 # cudart) plus cuobjdump to check the cubins: what the kernel builder stage installs, hash-checked.
-KERNEL_TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl",
-                    "nvidia-cuda-cuobjdump")
+KERNEL_TOOLCHAIN = (
+    "nvidia-cuda-nvcc",
+    "nvidia-nvvm",
+    "nvidia-cuda-crt",
+    "nvidia-cuda-runtime",
+    "nvidia-cuda-cccl",
+    "nvidia-cuda-cuobjdump",
+)
 
 
 def kernel_toolchain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -295,31 +340,41 @@ def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
     missing = [n for n in KERNEL_TOOLCHAIN if n not in have]
     if missing:
         major = (stack.gpu["cuda"] or "13").split(".")[0]
-        raise BadInput(f"{stack.path}: kernels.build needs the nvcc toolchain wheels in the lock, and {', '.join(missing)} "
-                       "are not among the resolved packages",
-                       hint=f"add exact pins of CUDA {major}.x to python.build_only, e.g. "
-                            + ", ".join(f"'{n}==<version>'" for n in missing) + " (`pip index versions NAME` lists them)")
+        raise BadInput(
+            f"{stack.path}: kernels.build needs the nvcc toolchain wheels in the lock, and {', '.join(missing)} "
+            "are not among the resolved packages",
+            hint=f"add exact pins of CUDA {major}.x to python.build_only, e.g. "
+            + ", ".join(f"'{n}==<version>'" for n in missing)
+            + " (`pip index versions NAME` lists them)",
+        )
     nvcc_major = have["nvidia-cuda-nvcc"]["version"].split(".")[0]
     if stack.gpu["cuda"] and nvcc_major != stack.gpu["cuda"].split(".")[0]:
-        raise BadInput(f"{stack.path}: the locked nvidia-cuda-nvcc is {have['nvidia-cuda-nvcc']['version']}, "
-                       f"another major release than gpu.cuda = {stack.gpu['cuda']}",
-                       hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda")
+        raise BadInput(
+            f"{stack.path}: the locked nvidia-cuda-nvcc is {have['nvidia-cuda-nvcc']['version']}, "
+            f"another major release than gpu.cuda = {stack.gpu['cuda']}",
+            hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda",
+        )
 
 
-def split_pruned(stack: Stack, packages: list[dict[str, Any]], *, where: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_pruned(
+    stack: Stack, packages: list[dict[str, Any]], *, where: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(kept, pruned) of a target's resolved packages by the stack's [prune].packages; BadInput naming the key when a
     pruned package is not among them (a stale entry would prune nothing and hide that)."""
     want = set(prune_record(stack)["packages"])
     names = {normalize(p["name"]) for p in packages}
     stale = sorted(want - names)
     if stale:
-        raise BadInput(f"{stack.path}: [prune].packages names {', '.join(stale)}, which {where} does not resolve to",
-                       hint="remove it from [prune].packages (the engine no longer requires it), or check the spelling")
+        raise BadInput(
+            f"{stack.path}: [prune].packages names {', '.join(stale)}, which {where} does not resolve to",
+            hint="remove it from [prune].packages (the engine no longer requires it), or check the spelling",
+        )
     return [p for p in packages if normalize(p["name"]) not in want], [p for p in packages if normalize(p["name"]) in want]
 
 
-def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str | None,
-                 progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def _resolve_set(
+    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip.
     `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
     progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
@@ -334,15 +389,20 @@ def _resolve_set(stack: Stack, *, python: str, platforms: list[str], index: str 
     assets = []
     if stack.assets():
         progress(f"resolving {len(stack.assets())} data wheels (model, prompts) for Python {python}")
-        assets = sorted((_entry(i) for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None,
-                                                         python=python, platforms=platforms)),
-                        key=lambda e: e["name"])
+        assets = sorted(
+            (
+                _entry(i)
+                for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None, python=python, platforms=platforms)
+            ),
+            key=lambda e: e["name"],
+        )
         _portable_urls(assets, progress, **mapping)
     return installed, [p for p in packages if p["name"] in excluded], assets
 
 
-def _pruned_set(stack: Stack, *, python: str, platforms: list[str], index: str | None,
-                progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def _pruned_set(
+    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(installed, excluded, assets, pruned) of one target: `_resolve_set` with the [prune].packages split off the
     install set (resolved, so the lock knows them, but neither downloaded nor installed)."""
     resolved, excluded, assets = _resolve_set(stack, python=python, platforms=platforms, index=index, progress=progress)
@@ -356,8 +416,9 @@ def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
     progress(f"host target {key}:")
-    installed, excluded, assets, pruned = _pruned_set(stack, python=doc["python"], platforms=doc["platforms"],
-                                                      index=index, progress=progress)
+    installed, excluded, assets, pruned = _pruned_set(
+        stack, python=doc["python"], platforms=doc["platforms"], index=index, progress=progress
+    )
     return {**doc, "packages": installed, "excluded": excluded, "assets": assets, **({"pruned": pruned} if pruned else {})}
 
 
@@ -372,8 +433,9 @@ def torch_index(stack: Stack, progress=print) -> str | None:
 def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     """Resolve the stack to a complete lock document (not yet written)."""
     index = torch_index(stack, progress)
-    installed, excluded, assets, pruned = _pruned_set(stack, python=stack.python["version"],
-                                                      platforms=platform_tags(stack), index=index, progress=progress)
+    installed, excluded, assets, pruned = _pruned_set(
+        stack, python=stack.python["version"], platforms=platform_tags(stack), index=index, progress=progress
+    )
     targets = {key: resolve_target(stack, key, index=index, progress=progress) for key in stack.python["host_targets"]}
     previous = lock_path(stack)
     epoch = None
@@ -389,8 +451,9 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
     if stack.kernels:
         check_kernel_toolchain(stack, installed + assets)
         progress(f"kernel builder base: the base plus {', '.join(stack.data['kernels']['builder_packages']) or 'nothing'}")
-        kernel_base = baseimage.lock_base(stack, previous_epoch=epoch, progress=progress,
-                                          extra_packages=stack.data["kernels"]["builder_packages"])
+        kernel_base = baseimage.lock_base(
+            stack, previous_epoch=epoch, progress=progress, extra_packages=stack.data["kernels"]["builder_packages"]
+        )
     doc: dict[str, Any] = {
         "schema": LOCK_SCHEMA,
         "stack": stack.name,

@@ -126,8 +126,10 @@ def stack_path(name_or_path: str | os.PathLike, root: Path | None = None) -> Pat
     if isinstance(name_or_path, os.PathLike) or "/" in text or os.sep in text or text.endswith(".toml"):
         path = Path(text)
         if not path.exists():
-            raise BadInput(f"no stack file {path}", hint=f"give an existing stack file, or a stack name; known stacks: "
-                                                         f"{', '.join(known_stacks(root)) or 'none'}")
+            raise BadInput(
+                f"no stack file {path}",
+                hint=f"give an existing stack file, or a stack name; known stacks: {', '.join(known_stacks(root)) or 'none'}",
+            )
         return path
     return _named_path(text, root)
 
@@ -135,9 +137,11 @@ def stack_path(name_or_path: str | os.PathLike, root: Path | None = None) -> Pat
 def _named_path(name: Any, root: Path | None, source: str | None = None) -> Path:
     where = f"{source}: " if source else ""
     if not isinstance(name, str) or not STACK_NAME.match(name):
-        raise BadInput(f"{where}stack name {files.short_repr(name)} is not a plain stack name",
-                       hint="a stack name is a file name in stacks/ without .toml (letters, digits, '.', '_', '-'); "
-                            "a stack elsewhere is given as a path to its .toml file")
+        raise BadInput(
+            f"{where}stack name {files.short_repr(name)} is not a plain stack name",
+            hint="a stack name is a file name in stacks/ without .toml (letters, digits, '.', '_', '-'); "
+            "a stack elsewhere is given as a path to its .toml file",
+        )
     path = files.confined(stacks_dir(root), f"{name}.toml", what="stack", source=source)
     if not path.exists():
         raise BadInput(f"{where}no stack file {path}", hint=f"known stacks: {', '.join(known_stacks(root)) or 'none'}")
@@ -178,10 +182,22 @@ def _load(path: Path) -> Stack:
 
 # Keys that never change what a lock resolves (how the smoke test runs and judges, which drafter
 # folder is copied): editing them needs no re-lock.
-UNPINNED = ("description", "draft", "smoke.thresholds", "smoke.num_prompts", "smoke.max_tokens",
-            "smoke.num_speculative_tokens", "smoke.profile", "smoke.profiles", "smoke.attention_backends",
-            "smoke.attention_backend_setting", "smoke.speed_prompts", "smoke.speed_max_tokens", "smoke.speed_repeats",
-            "serve.num_speculative_tokens")
+UNPINNED = (
+    "description",
+    "draft",
+    "smoke.thresholds",
+    "smoke.num_prompts",
+    "smoke.max_tokens",
+    "smoke.num_speculative_tokens",
+    "smoke.profile",
+    "smoke.profiles",
+    "smoke.attention_backends",
+    "smoke.attention_backend_setting",
+    "smoke.speed_prompts",
+    "smoke.speed_max_tokens",
+    "smoke.speed_repeats",
+    "serve.num_speculative_tokens",
+)
 
 
 def pinned_view(data: Any) -> Any:

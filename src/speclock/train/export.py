@@ -93,7 +93,9 @@ def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         save_file(drafter_tensors(drafter), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(drafter_config_json(drafter.config, target_config, layer_ids), indent=2) + "\n")
+        (tmp / "config.json").write_text(
+            json.dumps(drafter_config_json(drafter.config, target_config, layer_ids), indent=2) + "\n"
+        )
         m = dict(manifest)
         m["drafter_sha256"] = drafter_sha256(tmp)
         (tmp / DRAFT_MANIFEST).write_text(json.dumps(m, indent=2) + "\n")
@@ -127,8 +129,17 @@ def _clean_swap_leftovers(out_dir: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
 
 
-def build_manifest(*, target_name: str, target_sha: str, target_config, aux_layers_after: list[int], draft_vocab_size: int,
-                   data: dict, training: dict, reference: list | None = None) -> dict:
+def build_manifest(
+    *,
+    target_name: str,
+    target_sha: str,
+    target_config,
+    aux_layers_after: list[int],
+    draft_vocab_size: int,
+    data: dict,
+    training: dict,
+    reference: list | None = None,
+) -> dict:
     return {
         "schema": MANIFEST_SCHEMA,
         "target": {

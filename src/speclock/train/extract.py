@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from speclock.core.errors import BadInput
-from speclock.core.files import atomic_write_text, clean_stale_temps, confined, publish, read_json, TEMP_PREFIX
+from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, publish, read_json
 from speclock.kernels import fp8_pack, fp8_unpack
 
 SCHEMA = "speclock.hidden/v1"
@@ -41,8 +41,10 @@ def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
         raise BadInput(f"EAGLE-3 takes three aux layers, got {layers}")
     for k in layers:
         if not 1 <= k <= num_layers - 1:
-            raise BadInput(f"aux layer {k} is outside the target (valid: 1..{num_layers - 1}, 'hidden state after k "
-                           f"decoder layers' of a {num_layers}-layer target; 0 cannot be expressed in SGLang's convention)")
+            raise BadInput(
+                f"aux layer {k} is outside the target (valid: 1..{num_layers - 1}, 'hidden state after k "
+                f"decoder layers' of a {num_layers}-layer target; 0 cannot be expressed in SGLang's convention)"
+            )
     if sorted(set(layers)) != list(layers):
         raise BadInput(f"aux layers must be distinct and increasing, got {layers}")
     return list(layers)
@@ -65,12 +67,16 @@ def _store_keys(store: str) -> list[str]:
 def check_index_matches(index: dict, where: Path, target_sha: str, layers: list[int], store: str) -> None:
     """A rerun must extend a store made for the same target, layers and store kind."""
     if index["target_sha256"] != target_sha or index["aux_layers_after"] != layers:
-        raise BadInput(f"{where}/index.json was made for another target or other layers "
-                       f"({index['target_sha256'][:12]}, {index['aux_layers_after']})",
-                       hint="use a fresh --work folder, or delete the hidden-state folder")
+        raise BadInput(
+            f"{where}/index.json was made for another target or other layers "
+            f"({index['target_sha256'][:12]}, {index['aux_layers_after']})",
+            hint="use a fresh --work folder, or delete the hidden-state folder",
+        )
     if index.get("store", "bf16") != store:
-        raise BadInput(f"{where}/index.json holds a {index.get('store', 'bf16')} store, this run asks for {store}",
-                       hint="pass the same --hidden-store as the first run, or use a fresh --work folder")
+        raise BadInput(
+            f"{where}/index.json holds a {index.get('store', 'bf16')} store, this run asks for {store}",
+            hint="pass the same --hidden-store as the first run, or use a fresh --work folder",
+        )
 
 
 _FP8_BACKEND: dict[str, str] = {}  # device type -> the fp8 backend that works there (chosen once)
@@ -89,7 +95,7 @@ def fp8_backend(x, log=print) -> str:
             try:
                 fp8_pack(torch.ones(1, x.shape[-1], dtype=torch.bfloat16, device=x.device), backend="cuda")
                 _FP8_BACKEND[kind] = "cuda"
-            except Exception as err:  # noqa: BLE001 - any build/load failure falls back to the reference
+            except Exception as err:
                 log(f"fp8: CUDA kernel unavailable ({str(err).splitlines()[0]}); using the PyTorch reference (same bits)")
         log(f"fp8: packing/unpacking hidden states with the {_FP8_BACKEND[kind]} backend")
     return _FP8_BACKEND[kind]
@@ -119,16 +125,26 @@ def load_index(out_dir: Path) -> dict | None:
     if idx.get("schema") != SCHEMA:
         raise BadInput(f"{p}: not a speclock hidden-state index (key 'schema' is {idx.get('schema')!r})", hint=hint)
     if not isinstance(idx.get("shards"), list) or not all(
-            isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("ids"), list)
-            for sh in idx["shards"]):
+        isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("ids"), list) for sh in idx["shards"]
+    ):
         raise BadInput(f"{p}: key 'shards' is not a list of {{file, ids}} objects", hint=hint)
     for sh in idx["shards"]:  # shard names come from data: each must stay inside this folder (N-rank runs use parts/...)
         confined(out_dir, sh["file"], what="shard file", source=p)
     return idx
 
 
-def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_layers_after: list[int], target_sha: str,
-                          max_len: int, batch_tokens: int, shard_tokens: int, log=print, store: str = "bf16") -> dict:
+def extract_hidden_states(
+    target,
+    responses: list[dict],
+    out_dir: Path,
+    aux_layers_after: list[int],
+    target_sha: str,
+    max_len: int,
+    batch_tokens: int,
+    shard_tokens: int,
+    log=print,
+    store: str = "bf16",
+) -> dict:
     """Prefill every (prompt, response) not yet extracted; returns the index."""
     # heavy, optional (torch, safetensors): imported only where it is used
     import torch
@@ -142,12 +158,23 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
     clean_stale_temps(out_dir)  # shards a killed run was writing
     index = load_index(out_dir)
     if index is None:
-        index = {"schema": SCHEMA, "target_sha256": target_sha, "aux_layers_after": aux_layers_after,
-                 "hidden_size": cfg.hidden_size, "store": store,
-                 "dtype": {"bf16": "bfloat16", "fp8": "aux: float8_e4m3fn + float32 scale per token and layer; final: bfloat16",
-                           "fp8-all": "float8_e4m3fn + float32 scale per token and layer"}[store],
-                 "max_len": max_len, "bytes_per_token": bytes_per_token(cfg.hidden_size, store), "shards": [],
-                 "tokens": 0, "sequences": 0}
+        index = {
+            "schema": SCHEMA,
+            "target_sha256": target_sha,
+            "aux_layers_after": aux_layers_after,
+            "hidden_size": cfg.hidden_size,
+            "store": store,
+            "dtype": {
+                "bf16": "bfloat16",
+                "fp8": "aux: float8_e4m3fn + float32 scale per token and layer; final: bfloat16",
+                "fp8-all": "float8_e4m3fn + float32 scale per token and layer",
+            }[store],
+            "max_len": max_len,
+            "bytes_per_token": bytes_per_token(cfg.hidden_size, store),
+            "shards": [],
+            "tokens": 0,
+            "sequences": 0,
+        }
     else:
         check_index_matches(index, out_dir, target_sha, aux_layers_after, store)
     keys = _store_keys(store)
@@ -202,8 +229,8 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
             lens = []
             for j, r in enumerate(seqs):
                 full = (r["prompt_ids"] + r["response_ids"])[:width]
-                ids[j, :len(full)] = torch.tensor(full)
-                mask[j, :len(full)] = 1
+                ids[j, : len(full)] = torch.tensor(full)
+                mask[j, : len(full)] = 1
                 lens.append(len(full))
             o = target.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True)
             hs = o.hidden_states
@@ -220,7 +247,7 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
             for j, r in enumerate(seqs):
                 n = lens[j]
                 lm = torch.zeros(n, dtype=torch.uint8)
-                lm[len(r["prompt_ids"]):] = 1
+                lm[len(r["prompt_ids"]) :] = 1
                 pending["ids"].append(r["id"])
                 pending["input_ids"].append(ids[j, :n])
                 pending["loss_mask"].append(lm)
@@ -236,8 +263,10 @@ def extract_hidden_states(target, responses: list[dict], out_dir: Path, aux_laye
     dt = time.perf_counter() - t0
     index["last_run"] = {"new_tokens": new_tokens, "seconds": round(dt, 3), "tok_s": round(new_tokens / dt, 1) if dt else None}
     _write_json_atomic(out_dir / "index.json", index)
-    log(f"extract: done, {index['sequences']} sequences, {index['tokens']} tokens "
-        f"({index['bytes_per_token']} bytes/token, {index['tokens'] * index['bytes_per_token'] / 1e9:.2f} GB)")
+    log(
+        f"extract: done, {index['sequences']} sequences, {index['tokens']} tokens "
+        f"({index['bytes_per_token']} bytes/token, {index['tokens'] * index['bytes_per_token'] / 1e9:.2f} GB)"
+    )
     return index
 
 
@@ -274,10 +303,10 @@ def gather_states(data: dict, name: str, spans: list[tuple[int, int]]):
     import torch
 
     if name in data:  # stored in bf16
-        return torch.cat([data[name][s:s + n] for s, n in spans])
+        return torch.cat([data[name][s : s + n] for s, n in spans])
 
-    q = torch.cat([data[name + "_q"][s:s + n] for s, n in spans])
-    scale = torch.cat([data[name + "_scale"][s:s + n] for s, n in spans])
+    q = torch.cat([data[name + "_q"][s : s + n] for s, n in spans])
+    scale = torch.cat([data[name + "_scale"][s : s + n] for s, n in spans])
     rows_q = q.view(-1, data["index"]["hidden_size"])
     rows = fp8_unpack(rows_q, scale.reshape(-1), torch.bfloat16, backend=fp8_backend(rows_q))
     return rows.view(q.shape[0], -1)

@@ -30,13 +30,24 @@ def _rms(x, w, eps):
 class StaticLlamaGenerator:
     name = "static"
 
-    def __init__(self, model, tokenizer, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
-                 use_cuda_graph: bool | None = None, temperature: float = 0.0, min_p: float = 0.0,
-                 stop_ids: list[int] | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        use_cuda_graph: bool | None = None,
+        temperature: float = 0.0,
+        min_p: float = 0.0,
+        stop_ids: list[int] | None = None,
+    ):
         cfg = model.config
         if getattr(cfg, "model_type", "") != "llama" or getattr(cfg, "attention_bias", False):
-            raise BadInput(f"the static generator supports Llama-style targets, not {cfg.model_type!r}",
-                           hint="use --generator transformers or openai")
+            raise BadInput(
+                f"the static generator supports Llama-style targets, not {cfg.model_type!r}",
+                hint="use --generator transformers or openai",
+            )
         self.cfg, self.tok = cfg, tokenizer
         if temperature < 0 or not 0 <= min_p < 1:
             raise BadInput(f"temperature must be >= 0 and min_p in [0, 1) (got {temperature}, {min_p})")
@@ -60,16 +71,31 @@ class StaticLlamaGenerator:
         self.layers = []
         for i in range(self.nl):
             pre = f"model.layers.{i}."
-            self.layers.append((
-                p[pre + "input_layernorm.weight"],
-                torch.cat([p[pre + "self_attn.q_proj.weight"], p[pre + "self_attn.k_proj.weight"], p[pre + "self_attn.v_proj.weight"]]),
-                p[pre + "self_attn.o_proj.weight"],
-                p[pre + "post_attention_layernorm.weight"],
-                torch.cat([p[pre + "mlp.gate_proj.weight"], p[pre + "mlp.up_proj.weight"]]),
-                p[pre + "mlp.down_proj.weight"],
-            ))
-        self.stop = sorted({int(x) for x in _as_list(getattr(model.generation_config, "eos_token_id", None))
-                            + _as_list(cfg.eos_token_id) + _as_list(tokenizer.eos_token_id) + list(stop_ids or [])})
+            self.layers.append(
+                (
+                    p[pre + "input_layernorm.weight"],
+                    torch.cat(
+                        [
+                            p[pre + "self_attn.q_proj.weight"],
+                            p[pre + "self_attn.k_proj.weight"],
+                            p[pre + "self_attn.v_proj.weight"],
+                        ]
+                    ),
+                    p[pre + "self_attn.o_proj.weight"],
+                    p[pre + "post_attention_layernorm.weight"],
+                    torch.cat([p[pre + "mlp.gate_proj.weight"], p[pre + "mlp.up_proj.weight"]]),
+                    p[pre + "mlp.down_proj.weight"],
+                )
+            )
+        self.stop = sorted(
+            {
+                int(x)
+                for x in _as_list(getattr(model.generation_config, "eos_token_id", None))
+                + _as_list(cfg.eos_token_id)
+                + _as_list(tokenizer.eos_token_id)
+                + list(stop_ids or [])
+            }
+        )
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop[0]
         inv = 1.0 / (self.theta ** (torch.arange(0, self.d, 2, device=self.dev, dtype=torch.float32) / self.d))
         freqs = torch.arange(self.L, device=self.dev, dtype=torch.float32)[:, None] * inv
@@ -105,7 +131,9 @@ class StaticLlamaGenerator:
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         else:
             rep = self.h // self.kvh
-            attn = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1), attn_mask=mask)
+            attn = F.scaled_dot_product_attention(
+                q, keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1), attn_mask=mask
+            )
         x = x + attn.transpose(1, 2).reshape(B, T, -1) @ wo.t()
         gu = _rms(x, ln2, self.eps) @ wgu.t()
         g, u = gu.chunk(2, dim=-1)
@@ -162,7 +190,7 @@ class StaticLlamaGenerator:
     def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         out: list[list[int]] = []
         for s in range(0, len(prompt_ids), self.B):
-            out.extend(self._generate_batch(prompt_ids[s:s + self.B]))
+            out.extend(self._generate_batch(prompt_ids[s : s + self.B]))
         return out
 
     def _generate_batch(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -173,7 +201,7 @@ class StaticLlamaGenerator:
         P = max(map(len, rows))
         ids = torch.full((self.B, P), self.pad, dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, P - len(r):] = torch.tensor(r)
+            ids[i, P - len(r) :] = torch.tensor(r)
         ids = ids.to(self.dev)
         pad_len = torch.tensor([P - len(r) for r in rows], device=self.dev)
         self.kc.zero_()

@@ -58,9 +58,14 @@ def build_draft_vocab(input_ids, loss_mask, vocab_size: int, draft_vocab_size: i
     counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-12
     top = counts.topk(draft_vocab_size).indices.sort().values
     covered = float(counts[top].clamp(min=0).sum() / counts.clamp(min=0).sum())
-    return top, {"response_tokens": int(resp.numel()), "distinct_response_tokens": int((torch.bincount(resp, minlength=vocab_size) > 0).sum()),
-                 "coverage_of_response_tokens": round(float(torch.bincount(resp, minlength=vocab_size)[top].sum()) / max(1, resp.numel()), 5),
-                 "coverage_weighted": round(covered, 5)}
+    return top, {
+        "response_tokens": int(resp.numel()),
+        "distinct_response_tokens": int((torch.bincount(resp, minlength=vocab_size) > 0).sum()),
+        "coverage_of_response_tokens": round(
+            float(torch.bincount(resp, minlength=vocab_size)[top].sum()) / max(1, resp.numel()), 5
+        ),
+        "coverage_weighted": round(covered, 5),
+    }
 
 
 def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
@@ -88,14 +93,30 @@ def load_checkpoint(path: Path, device: str) -> dict:
     hint = "delete it (or pass --no-resume) and run `speclock train fit` again"
     try:
         saved = torch.load(path, map_location=device, weights_only=False)
-    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, AttributeError, ImportError, KeyError,
-            IndexError, TypeError, UnicodeDecodeError) as err:
-        raise BadInput(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})",
-                       hint=hint) from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        RuntimeError,
+        ValueError,
+        AttributeError,
+        ImportError,
+        KeyError,
+        IndexError,
+        TypeError,
+        UnicodeDecodeError,
+    ) as err:
+        raise BadInput(
+            f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})",
+            hint=hint,
+        ) from None
     except OSError as err:
         raise os_error(err, path, "read the checkpoint") from None
-    if not isinstance(saved, dict) or not all(k in saved for k in ("drafter", "fit_config", "vocab")) \
-            or not isinstance(saved["fit_config"], dict) or "draft_vocab_size" not in saved["fit_config"]:
+    if (
+        not isinstance(saved, dict)
+        or not all(k in saved for k in ("drafter", "fit_config", "vocab"))
+        or not isinstance(saved["fit_config"], dict)
+        or "draft_vocab_size" not in saved["fit_config"]
+    ):
         raise BadInput(f"{path}: not a speclock checkpoint (keys drafter, fit_config, vocab)", hint=hint)
     return saved
 
@@ -103,14 +124,16 @@ def load_checkpoint(path: Path, device: str) -> dict:
 def split_holdout(num_sequences: int, holdout: int, seed: int) -> tuple[list[int], list[int]]:
     """(training ids, held-out ids): a seeded draw of `holdout` sequences, the rest in order."""
     if holdout < 0 or (holdout and holdout >= num_sequences):
-        raise BadInput(f"holdout of {holdout} sequences leaves nothing to train on ({num_sequences} sequences)",
-                       hint="pass a smaller --holdout")
+        raise BadInput(
+            f"holdout of {holdout} sequences leaves nothing to train on ({num_sequences} sequences)",
+            hint="pass a smaller --holdout",
+        )
     held = sorted(random.Random(seed * 7919 + 1).sample(range(num_sequences), holdout)) if holdout else []
     hs = set(held)
     return [i for i in range(num_sequences) if i not in hs], held
 
 
-def evaluate_holdout(drafter, target_head, data: dict, ids: list[int], cfg: "FitConfig", device: str) -> list[float]:
+def evaluate_holdout(drafter, target_head, data: dict, ids: list[int], cfg: FitConfig, device: str) -> list[float]:
     """Teacher-forced TTT accuracy per step on held-out sequences (mean over their batches)."""
     # heavy, optional (torch): imported only where it is used
     import torch
@@ -160,10 +183,10 @@ def _collate(data, idxs, max_len, device):
     fin_rows = gather_states(data, "final", spans).to(device)
     at = 0
     for j, (s, n) in enumerate(spans):
-        ids[j, :n] = data["input_ids"][s:s + n].to(device)
-        lm[j, :n] = data["loss_mask"][s:s + n].to(device).bool()
-        aux[j, :n] = aux_rows[at:at + n]
-        fin[j, :n] = fin_rows[at:at + n]
+        ids[j, :n] = data["input_ids"][s : s + n].to(device)
+        lm[j, :n] = data["loss_mask"][s : s + n].to(device).bool()
+        aux[j, :n] = aux_rows[at : at + n]
+        fin[j, :n] = fin_rows[at : at + n]
         at += n
     return ids, lm, aux, fin, sum(n for _, n in spans)
 
@@ -189,7 +212,7 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
         tp = tl[..., d2t_ids].float().softmax(-1)
         in_vocab = drafter.t2d[t_arg]
         del tl
-        counts = torch.stack([(lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]).sum() for s in range(steps)])
+        counts = torch.stack([(lm[:, 2 + s :] & in_vocab[:, 1 + s : T - 1]).sum() for s in range(steps)])
         if reduce_counts is not None:
             counts = reduce_counts(counts)
     outs = drafter.ttt_forward(ids, aux.to(drafter.fc.weight.dtype), steps, normed_only=bool(fused))
@@ -199,21 +222,21 @@ def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=
         n = T - 2 - s
         if n <= 0:
             break
-        mask = lm[:, 2 + s:] & in_vocab[:, 1 + s:T - 1]
+        mask = lm[:, 2 + s :] & in_vocab[:, 1 + s : T - 1]
         if fused:
-            loss_s, acc = _fused_step(drafter, logits[:, :n][mask], tp[:, 1 + s:T - 1][mask], fused)
-            total = total + (0.8 ** s) * loss_s
+            loss_s, acc = _fused_step(drafter, logits[:, :n][mask], tp[:, 1 + s : T - 1][mask], fused)
+            total = total + (0.8**s) * loss_s
             accs.append(acc)
             losses.append(float(loss_s.detach()))
             continue
         logp = logits[:, :n].float().log_softmax(-1)
-        ce = -(tp[:, 1 + s:T - 1] * logp).sum(-1)
+        ce = -(tp[:, 1 + s : T - 1] * logp).sum(-1)
         cnt = counts[s].clamp(min=1)
         loss_s = (ce * mask).sum() / cnt
-        total = total + (0.8 ** s) * loss_s
+        total = total + (0.8**s) * loss_s
         with torch.no_grad():
             pred = d2t_ids[logits[:, :n].argmax(-1)]
-            acc = ((pred == t_arg[:, 1 + s:T - 1]) & mask).sum() / cnt
+            acc = ((pred == t_arg[:, 1 + s : T - 1]) & mask).sum() / cnt
         accs.append(float(acc))
         losses.append(float(loss_s.detach()))
     return total, accs, losses
@@ -246,12 +269,12 @@ def data_consistency(ids, lm, fin, target_head) -> float:
         return float(((pred == ids[:, 1:]) & mask).sum() / mask.sum().clamp(min=1))
 
 
-def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True,
-                  dist=None):
+def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True, dist=None):
     """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary).
     `dist` (speclock.train.distributed.DistContext): this process's share of a torchrun run."""
     # heavy, optional (torch): imported only where it is used
     import torch
+
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter, count_parameters
 
     torch.manual_seed(cfg.seed)
@@ -262,11 +285,14 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     tcfg = target.config
     dcfg = DrafterConfig.from_target(tcfg, cfg.draft_vocab_size)
     drafter = Eagle3Drafter(dcfg).to(device)
-    vocab, vocab_stats = build_draft_vocab(data["input_ids"].cpu(), data["loss_mask"].cpu(), tcfg.vocab_size, cfg.draft_vocab_size)
+    vocab, vocab_stats = build_draft_vocab(
+        data["input_ids"].cpu(), data["loss_mask"].cpu(), tcfg.vocab_size, cfg.draft_vocab_size
+    )
     drafter.set_vocab(vocab.to(device))
     head = target.get_output_embeddings().weight.detach()
-    drafter.init_from_target(target.get_input_embeddings().weight.detach().to(device), head.to(device),
-                             target.model.norm.weight.detach().to(device))
+    drafter.init_from_target(
+        target.get_input_embeddings().weight.detach().to(device), head.to(device), target.model.norm.weight.detach().to(device)
+    )
     if dist:
         drafter = dist.shard_drafter(drafter)
     use_amp = device.startswith("cuda")
@@ -275,39 +301,54 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     train_ids, held_ids = split_holdout(len(data["spans"]), cfg.holdout_sequences, cfg.seed)
     train_spans = [data["spans"][i] for i in train_ids]
-    epochs_batches = [[[train_ids[j] for j in b] for b in batches_for_epoch(train_spans, cfg.max_len, cfg.batch_tokens, cfg.seed, e)]
-                      for e in range(cfg.epochs)]
+    epochs_batches = [
+        [[train_ids[j] for j in b] for b in batches_for_epoch(train_spans, cfg.max_len, cfg.batch_tokens, cfg.seed, e)]
+        for e in range(cfg.epochs)
+    ]
     schedule_steps = sum(map(len, epochs_batches))  # the LR schedule ignores stop conditions, so resume = no stop
     total_steps = min(schedule_steps, cfg.max_steps) if cfg.max_steps else schedule_steps
     state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
     if resume and ckpt.exists():
         saved = load_checkpoint(ckpt, device)
         if _settings(saved["fit_config"]) != _settings(asdict(cfg)) or saved["vocab"] != vocab.tolist():
-            raise BadInput(f"{ckpt} was written with other settings or data", hint="use a fresh --work folder, or pass --no-resume")
+            raise BadInput(
+                f"{ckpt} was written with other settings or data", hint="use a fresh --work folder, or pass --no-resume"
+            )
         if dist:
             dist.load_checkpoint(drafter, opt, saved)
         else:
             drafter.load_state_dict(saved["drafter"], strict=False)
             if saved.get("optimizer_keys") == "fqn":  # written by a torchrun run
-
                 saved["optimizer"] = optimizer_state_by_position(saved["optimizer"], drafter)
             opt.load_state_dict(saved["optimizer"])
         state = saved["state"]
         log(f"fit: resumed at epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
-    log(f"fit: {count_parameters(drafter) / 1e6:.2f}M trainable parameters, draft vocab {cfg.draft_vocab_size} "
+    log(
+        f"fit: {count_parameters(drafter) / 1e6:.2f}M trainable parameters, draft vocab {cfg.draft_vocab_size} "
         f"(covers {vocab_stats['coverage_of_response_tokens']:.1%} of response tokens), {total_steps} steps, "
-        f"{'bf16 autocast' if use_amp else 'float32'} on {device}{', fused Triton loss' if fused else ''}")
+        f"{'bf16 autocast' if use_amp else 'float32'} on {device}{', fused Triton loss' if fused else ''}"
+    )
 
     def save():
         if dist:
             return dist.save_checkpoint(drafter, opt, ckpt, {"state": state, "fit_config": asdict(cfg), "vocab": vocab.tolist()})
         with atomic_output(ckpt, binary=True) as fh:  # a kill mid-save leaves the previous checkpoint
-            torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": state,
-                        "fit_config": asdict(cfg), "vocab": vocab.tolist()}, fh)
+            torch.save(
+                {
+                    "drafter": drafter.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "state": state,
+                    "fit_config": asdict(cfg),
+                    "vocab": vocab.tolist(),
+                },
+                fh,
+            )
 
     probe = [b for e in epochs_batches[:1] for b in e[:4]]
-    consistency = [data_consistency(*_collate(data, b, cfg.max_len, device)[:2], _collate(data, b, cfg.max_len, device)[3], target_head)
-                   for b in probe]
+    consistency = [
+        data_consistency(*_collate(data, b, cfg.max_len, device)[:2], _collate(data, b, cfg.max_len, device)[3], target_head)
+        for b in probe
+    ]
     data_check = round(sum(consistency) / max(1, len(consistency)), 4)
     log(f"fit: data check: {data_check:.1%} of response tokens equal the target's greedy choice (first batches)")
     window = {"loss": [], "acc": []}
@@ -317,6 +358,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     def _elapsed():  # rank 0's clock in distributed runs: every rank must stop at the same step
         e = time.perf_counter() - t_start
         return dist.from_rank0(e) if dist else e
+
     while state["epoch"] < cfg.epochs and not stop:
         batches = epochs_batches[state["epoch"]]
         while state["batch"] < len(batches):
@@ -337,8 +379,17 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                     progress = max(progress, _elapsed() / cfg.time_budget_s)
                 g["lr"] = _lr_at(state["step"], progress, cfg)
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_amp):
-                loss, accs, losses = ttt_loss(drafter, target_head, ids, lm, aux, fin, cfg.ttt_steps,
-                                              reduce_counts=dist.all_reduce_sum if dist else None, fused=fused)
+                loss, accs, losses = ttt_loss(
+                    drafter,
+                    target_head,
+                    ids,
+                    lm,
+                    aux,
+                    fin,
+                    cfg.ttt_steps,
+                    reduce_counts=dist.all_reduce_sum if dist else None,
+                    fused=fused,
+                )
             opt.zero_grad(set_to_none=True)
             (loss * dist.grad_scale if dist else loss).backward()
             if dist:
@@ -356,14 +407,23 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                 now = time.perf_counter()
                 state["seconds"] += now - t_last
                 t_last = now
-                acc_mean = [round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
-                            for i in range(cfg.ttt_steps)]
-                rec = {"step": state["step"], "epoch": state["epoch"], "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
-                       "acc_per_step": acc_mean, "tokens": state["tokens"],
-                       "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1)}
+                acc_mean = [
+                    round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
+                    for i in range(cfg.ttt_steps)
+                ]
+                rec = {
+                    "step": state["step"],
+                    "epoch": state["epoch"],
+                    "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
+                    "acc_per_step": acc_mean,
+                    "tokens": state["tokens"],
+                    "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
+                }
                 state["history"].append(rec)
-                log(f"fit: step {rec['step']}/{total_steps} epoch {rec['epoch']} loss {rec['loss']} acc {acc_mean[:3]} "
-                    f"{rec['train_tok_s']:.0f} tok/s")
+                log(
+                    f"fit: step {rec['step']}/{total_steps} epoch {rec['epoch']} loss {rec['loss']} acc {acc_mean[:3]} "
+                    f"{rec['train_tok_s']:.0f} tok/s"
+                )
                 window = {"loss": [], "acc": []}
             if state["step"] % cfg.checkpoint_every == 0:
                 save()
@@ -375,10 +435,19 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                 state["history"].append({"step": state["step"], "epoch": state["epoch"], "holdout_acc_per_step": held})
                 log(f"fit: epoch {state['epoch']} done; held-out accuracy per step {held[:3]}")
     if window["loss"]:
-        acc_mean = [round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
-                    for i in range(cfg.ttt_steps)]
-        state["history"].append({"step": state["step"], "epoch": state["epoch"], "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
-                                 "acc_per_step": acc_mean, "tokens": state["tokens"]})
+        acc_mean = [
+            round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
+            for i in range(cfg.ttt_steps)
+        ]
+        state["history"].append(
+            {
+                "step": state["step"],
+                "epoch": state["epoch"],
+                "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
+                "acc_per_step": acc_mean,
+                "tokens": state["tokens"],
+            }
+        )
     state["seconds"] += time.perf_counter() - t_last
     save()
     # Every rank scores the held-out set: under FSDP2 each forward is a collective.
@@ -389,13 +458,26 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         log(f"fit: held-out accuracy per step at the end {held_final[:3]}")
     train_hist = [h for h in state["history"] if "loss" in h]
     last = train_hist[-1] if train_hist else {}
-    summary = {"steps": state["step"], "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "lr": cfg.lr,
-               "batch_tokens": cfg.batch_tokens, "tokens_seen": state["tokens"], "seconds": round(state["seconds"], 2),
-               "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
-               "final_loss": last.get("loss"), "final_acc_per_step": last.get("acc_per_step"),
-               "precision": "bf16-autocast" if use_amp else "float32", "device": device, "vocab": vocab_stats,
-               "data_greedy_consistency": data_check,
-               "holdout": {"sequences": len(held_ids), "tokens": sum(data["spans"][i][1] for i in held_ids),
-                           "acc_per_step": held_final} if held_ids else None}
-    atomic_write_text(ckpt_dir / "fit-summary.json", json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n")
+    summary = {
+        "steps": state["step"],
+        "epochs": cfg.epochs,
+        "ttt_steps": cfg.ttt_steps,
+        "lr": cfg.lr,
+        "batch_tokens": cfg.batch_tokens,
+        "tokens_seen": state["tokens"],
+        "seconds": round(state["seconds"], 2),
+        "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
+        "final_loss": last.get("loss"),
+        "final_acc_per_step": last.get("acc_per_step"),
+        "precision": "bf16-autocast" if use_amp else "float32",
+        "device": device,
+        "vocab": vocab_stats,
+        "data_greedy_consistency": data_check,
+        "holdout": {"sequences": len(held_ids), "tokens": sum(data["spans"][i][1] for i in held_ids), "acc_per_step": held_final}
+        if held_ids
+        else None,
+    }
+    atomic_write_text(
+        ckpt_dir / "fit-summary.json", json.dumps({"summary": summary, "history": state["history"]}, indent=1) + "\n"
+    )
     return drafter, summary

@@ -27,13 +27,22 @@ def _reference_worker(job: dict) -> dict:
 
     def progress(done: int, total: int, m: dict) -> None:
         if done % every == 0 or done == total:
-            log(f"reference worker {job.get('worker', 0)}: {done}/{total} prompts, "
-                f"mean acceptance length so far {m['mean_acceptance_length']:.3f}")
+            log(
+                f"reference worker {job.get('worker', 0)}: {done}/{total} prompts, "
+                f"mean acceptance length so far {m['mean_acceptance_length']:.3f}"
+            )
 
-    run = run_reference(model, tok, drafter, manifest["aux_layers_after"], job["ids"], job["k"], job["max_tokens"],
-                        progress=progress)
-    return {"metrics": run.metrics, "outputs": run.outputs, "tokens": run.tokens, "seconds": run.seconds,
-            "device": run.device, "dtype": run.dtype}
+    run = run_reference(
+        model, tok, drafter, manifest["aux_layers_after"], job["ids"], job["k"], job["max_tokens"], progress=progress
+    )
+    return {
+        "metrics": run.metrics,
+        "outputs": run.outputs,
+        "tokens": run.tokens,
+        "seconds": run.seconds,
+        "device": run.device,
+        "dtype": run.dtype,
+    }
 
 
 def _merge_counters(parts: list[dict], k: int) -> dict:
@@ -43,9 +52,19 @@ def _merge_counters(parts: list[dict], k: int) -> dict:
     return total.reference_metrics()
 
 
-def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens_list: list[int],
-                    record: bool, prompts_file: str | None = None, dtype: str | None = None, workers: int = 1,
-                    also_record_in: list[Path] | None = None) -> list[dict]:
+def stage_reference(
+    target_dir: Path,
+    drafter_dir: Path,
+    device: str,
+    n_prompts: int,
+    k: int,
+    max_tokens_list: list[int],
+    record: bool,
+    prompts_file: str | None = None,
+    dtype: str | None = None,
+    workers: int = 1,
+    also_record_in: list[Path] | None = None,
+) -> list[dict]:
     """Run the reference decoder on MT-Bench (or a prompt file); optionally record into the manifest(s).
 
     With workers > 1 the prompts are split over that many processes (batch 1 each; the counters
@@ -64,8 +83,19 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
     results = []
     for mt in max_tokens_list:
         log(f"reference: {len(ids)} prompts, k={k}, max_tokens={mt}, {device} {dtype}, {workers} worker(s)")
-        jobs = [{"target_dir": str(target_dir), "drafter_dir": str(drafter_dir), "device": device, "dtype": dtype,
-                 "ids": ids[w::workers], "k": k, "max_tokens": mt, "worker": w} for w in range(workers)]
+        jobs = [
+            {
+                "target_dir": str(target_dir),
+                "drafter_dir": str(drafter_dir),
+                "device": device,
+                "dtype": dtype,
+                "ids": ids[w::workers],
+                "k": k,
+                "max_tokens": mt,
+                "worker": w,
+            }
+            for w in range(workers)
+        ]
         jobs = [j for j in jobs if j["ids"]]
         for j in jobs:  # the CPU's threads shared among the workers (one worker keeps them all)
             j["threads"] = max(1, (os.cpu_count() or 1) // len(jobs))
@@ -76,21 +106,39 @@ def stage_reference(target_dir: Path, drafter_dir: Path, device: str, n_prompts:
                 parts = pool.map(_reference_worker, jobs)
         metrics = _merge_counters(parts, k)
         tokens = sum(p["tokens"] for p in parts)
-        res = {"key": reference_key(tsha, dsha, texts, k, mt), "metrics": metrics,
-               "run": {"device": parts[0]["device"], "dtype": parts[0]["dtype"], "workers": len(jobs), "tokens": tokens,
-                       "seconds_max_worker": round(max(p["seconds"] for p in parts), 2)}}
+        res = {
+            "key": reference_key(tsha, dsha, texts, k, mt),
+            "metrics": metrics,
+            "run": {
+                "device": parts[0]["device"],
+                "dtype": parts[0]["dtype"],
+                "workers": len(jobs),
+                "tokens": tokens,
+                "seconds_max_worker": round(max(p["seconds"] for p in parts), 2),
+            },
+        }
         if record:
             for folder in [drafter_dir] + list(also_record_in or []):
                 if (Path(folder) / "speclock-manifest.json").exists():
                     record_reference(folder, res["key"], metrics, {"run": res["run"]})
-        log(f"reference: max_tokens={mt}: mean acceptance length {metrics['mean_acceptance_length']:.3f}, "
-            f"per position {[round(x, 3) for x in metrics['per_position_rate']]}")
+        log(
+            f"reference: max_tokens={mt}: mean acceptance length {metrics['mean_acceptance_length']:.3f}, "
+            f"per position {[round(x, 3) for x in metrics['per_position_rate']]}"
+        )
         results.append(res)
     return results
 
 
-def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: int, k: int, max_tokens: int,
-                  dtype: str | None = None, prompts_file: str | None = None) -> dict:
+def measure_speed(
+    target_dir: Path,
+    drafter_dir: Path,
+    device: str,
+    n_prompts: int,
+    k: int,
+    max_tokens: int,
+    dtype: str | None = None,
+    prompts_file: str | None = None,
+) -> dict:
     """Batch-1 tokens/s of the reference decoder with and without the drafter, on the same prompts."""
     model, tok = load_target(target_dir, device, dtype)
     drafter, manifest = load_drafter(drafter_dir, model, device)
@@ -99,12 +147,24 @@ def measure_speed(target_dir: Path, drafter_dir: Path, device: str, n_prompts: i
     spec = run_reference(model, tok, drafter, manifest["aux_layers_after"], ids, k, max_tokens)
     outs, secs = run_baseline(model, tok, ids, max_tokens)
     base_tok = sum(map(len, outs))
-    res = {"prompts": n_prompts, "k": k, "max_tokens": max_tokens, "device": spec.device, "dtype": spec.dtype,
-           "spec_tokens": spec.tokens, "spec_seconds": round(spec.seconds, 2), "spec_tok_s": round(spec.tokens / spec.seconds, 2),
-           "baseline_tokens": base_tok, "baseline_seconds": round(secs, 2), "baseline_tok_s": round(base_tok / secs, 2),
-           "speedup": round((spec.tokens / spec.seconds) / (base_tok / secs), 3),
-           "mismatched_prompts": sum(1 for a, b in zip(outs, spec.outputs) if a != b),
-           "mean_acceptance_length": spec.metrics["mean_acceptance_length"]}
-    log(f"speed: spec {res['spec_tok_s']} tok/s, baseline {res['baseline_tok_s']} tok/s, speedup {res['speedup']}x, "
-        f"{res['mismatched_prompts']} mismatched prompts")
+    res = {
+        "prompts": n_prompts,
+        "k": k,
+        "max_tokens": max_tokens,
+        "device": spec.device,
+        "dtype": spec.dtype,
+        "spec_tokens": spec.tokens,
+        "spec_seconds": round(spec.seconds, 2),
+        "spec_tok_s": round(spec.tokens / spec.seconds, 2),
+        "baseline_tokens": base_tok,
+        "baseline_seconds": round(secs, 2),
+        "baseline_tok_s": round(base_tok / secs, 2),
+        "speedup": round((spec.tokens / spec.seconds) / (base_tok / secs), 3),
+        "mismatched_prompts": sum(1 for a, b in zip(outs, spec.outputs) if a != b),
+        "mean_acceptance_length": spec.metrics["mean_acceptance_length"],
+    }
+    log(
+        f"speed: spec {res['spec_tok_s']} tok/s, baseline {res['baseline_tok_s']} tok/s, speedup {res['speedup']}x, "
+        f"{res['mismatched_prompts']} mismatched prompts"
+    )
     return res

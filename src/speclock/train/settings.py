@@ -49,11 +49,33 @@ class Settings:
 
 
 def quick_settings(work: Path, **kw) -> Settings:
-    fit = FitConfig(epochs=2, ttt_steps=3, lr=1e-3, warmup_steps=2, batch_tokens=1024, max_len=160,
-                    draft_vocab_size=1024, checkpoint_every=5, max_steps=12)
-    base = Settings(work=work, num_prompts=12, max_prompt_tokens=96, max_new_tokens=24, generator="transformers",
-                    gen_batch=6, extract_batch_tokens=1024, shard_tokens=600, hidden_store="bf16", fit=fit, device="cpu",
-                    ref_prompts=3, ref_k=3, ref_max_tokens=[16])
+    fit = FitConfig(
+        epochs=2,
+        ttt_steps=3,
+        lr=1e-3,
+        warmup_steps=2,
+        batch_tokens=1024,
+        max_len=160,
+        draft_vocab_size=1024,
+        checkpoint_every=5,
+        max_steps=12,
+    )
+    base = Settings(
+        work=work,
+        num_prompts=12,
+        max_prompt_tokens=96,
+        max_new_tokens=24,
+        generator="transformers",
+        gen_batch=6,
+        extract_batch_tokens=1024,
+        shard_tokens=600,
+        hidden_store="bf16",
+        fit=fit,
+        device="cpu",
+        ref_prompts=3,
+        ref_k=3,
+        ref_max_tokens=[16],
+    )
     return replace(base, **kw)
 
 

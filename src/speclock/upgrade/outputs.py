@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.files import atomic_write_text
-from speclock.core.junit import Case, junit_xml as write_junit
+from speclock.core.junit import Case
+from speclock.core.junit import junit_xml as write_junit
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock import lock_path
 from speclock.spec.stack import Stack
@@ -51,7 +52,9 @@ def summary_markdown(res: UpgradeResult) -> str:
     lines += ["", "### Steps", "", "| step | result | time | detail |", "|---|---|---|---|"]
     for s in res.steps:
         mark = {"pass": "pass", "fail": "**FAIL**", "skipped": "skipped"}[s.status]
-        lines.append(f"| {s.name} | {mark} | {s.seconds:.0f} s | {s.detail.replace('|', '/').splitlines()[0] if s.detail else ''} |")
+        lines.append(
+            f"| {s.name} | {mark} | {s.seconds:.0f} s | {s.detail.replace('|', '/').splitlines()[0] if s.detail else ''} |"
+        )
     patches = next(s for s in res.steps if s.name == "patches").data.get("results")
     if patches is not None:
         lines += ["", "### Patches", ""]
@@ -64,11 +67,22 @@ def summary_markdown(res: UpgradeResult) -> str:
                 lines.append(f"| {p['patch']} | {state} | {p['reason'].splitlines()[0].replace('|', '/')} |")
     b, a = j["before"], j["after"]
     if b or a:
-        lines += ["", "### Acceptance and speed", "", f"baseline: `{_display_path(res.baseline)}`", "",
-                  "| metric | before | after | change |", "|---|---|---|---|"]
-        for key, label in [("mean_acceptance_length", "mean acceptance length"), ("acceptance_rate", "acceptance rate"),
-                           ("speedup", "speedup (spec / plain tok/s)"), ("spec_tok_s", "spec tok/s"),
-                           ("baseline_tok_s", "plain tok/s")]:
+        lines += [
+            "",
+            "### Acceptance and speed",
+            "",
+            f"baseline: `{_display_path(res.baseline)}`",
+            "",
+            "| metric | before | after | change |",
+            "|---|---|---|---|",
+        ]
+        for key, label in [
+            ("mean_acceptance_length", "mean acceptance length"),
+            ("acceptance_rate", "acceptance rate"),
+            ("speedup", "speedup (spec / plain tok/s)"),
+            ("spec_tok_s", "spec tok/s"),
+            ("baseline_tok_s", "plain tok/s"),
+        ]:
             bv, av = (b or {}).get(key), (a or {}).get(key)
             lines.append(f"| {label} | {_cell(bv)} | {_cell(av)} | {_delta(bv, av)} |")
         npos = max(len((b or {}).get("per_position") or []), len((a or {}).get("per_position") or []))
@@ -77,11 +91,18 @@ def summary_markdown(res: UpgradeResult) -> str:
             av = ((a or {}).get("per_position") or [None] * npos)[i] if i < len((a or {}).get("per_position") or []) else None
             lines.append(f"| accepted at position {i + 1} | {_cell(bv)} | {_cell(av)} | {_delta(bv, av)} |")
         lines.append(f"| lossless (spec == plain) | {(b or {}).get('lossless', 'n/a')} | {(a or {}).get('lossless', 'n/a')} | |")
-        lines.append(f"| aux layers configured / captured | {(b or {}).get('aux_layer_ids')} / {(b or {}).get('captured_layers')} "
-                     f"| {(a or {}).get('aux_layer_ids')} / {(a or {}).get('captured_layers')} | |")
+        lines.append(
+            f"| aux layers configured / captured | {(b or {}).get('aux_layer_ids')} / {(b or {}).get('captured_layers')} "
+            f"| {(a or {}).get('aux_layer_ids')} / {(a or {}).get('captured_layers')} | |"
+        )
     if res.gate_checks:
-        lines += ["", "### Gate (candidate against the current baseline)", "", "| check | result | value | limit |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "### Gate (candidate against the current baseline)",
+            "",
+            "| check | result | value | limit |",
+            "|---|---|---|---|",
+        ]
         for ch in res.gate_checks:
             lines.append(f"| {ch['name']} | {'pass' if ch['ok'] else '**FAIL**'} | {_cell(ch['value'])} | {ch['limit']} |")
     lines += _soak_lines(res.soak())
@@ -98,17 +119,28 @@ def _soak_lines(soak: dict[str, Any] | None) -> list[str]:
     if soak["status"] == "skipped":
         return lines + [f"Not run: {soak['detail']} (`--soak-s {asked:g}`)."]
     drift = soak.get("drift") or {}
-    lines.append(f"`--soak-s {asked:g}`, drift limit {soak.get('max_drift', 0):.0%}: "
-                 f"**{'pass' if soak['status'] == 'pass' else 'FAIL'}**"
-                 + (f"; worst drop of mean acceptance length {drift['worst_drop']:.1%}, last {drift['last_drop']:.1%}"
-                    if "worst_drop" in drift else "") + f". Outputs: `{soak.get('outputs', '-')}`")
+    lines.append(
+        f"`--soak-s {asked:g}`, drift limit {soak.get('max_drift', 0):.0%}: "
+        f"**{'pass' if soak['status'] == 'pass' else 'FAIL'}**"
+        + (
+            f"; worst drop of mean acceptance length {drift['worst_drop']:.1%}, last {drift['last_drop']:.1%}"
+            if "worst_drop" in drift
+            else ""
+        )
+        + f". Outputs: `{soak.get('outputs', '-')}`"
+    )
     if soak.get("windows"):
-        lines += ["", "| window | start s | mean acc. length | acceptance rate | tok/s | outputs same | ties / mismatches |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| window | start s | mean acc. length | acceptance rate | tok/s | outputs same | ties / mismatches |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for i, w in enumerate(soak["windows"]):
-            lines.append(f"| {i + 1} | {_cell(w.get('t_start_s'))} | {_cell(w.get('mean_acceptance_length'))} "
-                         f"| {_cell(w.get('acceptance_rate'))} | {_cell(w.get('tok_s'))} "
-                         f"| {'yes' if w.get('outputs_same') else 'no'} | {w.get('numeric_ties')} / {w.get('mismatches')} |")
+            lines.append(
+                f"| {i + 1} | {_cell(w.get('t_start_s'))} | {_cell(w.get('mean_acceptance_length'))} "
+                f"| {_cell(w.get('acceptance_rate'))} | {_cell(w.get('tok_s'))} "
+                f"| {'yes' if w.get('outputs_same') else 'no'} | {w.get('numeric_ties')} / {w.get('mismatches')} |"
+            )
     if soak["status"] == "fail":
         lines += ["", f"Why: {soak['detail']}"]
     return lines
@@ -130,14 +162,29 @@ def _current_lock_sha(stack: Stack) -> str:
 
 def junit_xml(res: UpgradeResult) -> str:
     """One test case per step and per gate check, so CI shows which part of the upgrade failed."""
-    cases = [Case(f"speclock.upgrade.{s.name}", s.name, seconds=s.seconds, failure=s.detail if s.status == "fail" else None,
-                  failure_type="upgrade", skipped=(s.detail or "an earlier step failed") if s.status == "skipped" else None)
-             for s in res.steps]
+    cases = [
+        Case(
+            f"speclock.upgrade.{s.name}",
+            s.name,
+            seconds=s.seconds,
+            failure=s.detail if s.status == "fail" else None,
+            failure_type="upgrade",
+            skipped=(s.detail or "an earlier step failed") if s.status == "skipped" else None,
+        )
+        for s in res.steps
+    ]
     for ch in res.gate_checks:
         value = f"{_cell(ch['value'])} (limit {ch['limit']})"
         reason = f"{ch['name']}: {ch['detail'] or value}"
-        cases.append(Case(f"speclock.upgrade.gate.{ch['kind']}", ch["name"], seconds=0.0,
-                          failure=None if ch["ok"] else reason, failure_type="upgrade"))
+        cases.append(
+            Case(
+                f"speclock.upgrade.gate.{ch['kind']}",
+                ch["name"],
+                seconds=0.0,
+                failure=None if ch["ok"] else reason,
+                failure_type="upgrade",
+            )
+        )
     return write_junit(f"speclock.upgrade.{res.candidate.stack.name}", cases)
 
 

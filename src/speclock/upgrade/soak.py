@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from speclock.build.builders import ensure_in_docker
 from speclock.build.run import run_image
@@ -30,14 +31,25 @@ Runner = Callable[[list[str], Path], int]
 
 def soak_command(soak_s: float, max_drift: float) -> list[str]:
     """`speclock soak` arguments for the image (its stack, models and prompts are the image's own)."""
-    return ["soak", "--minutes", f"{soak_s / 60:.6g}", "--max-drift", f"{max_drift:g}",
-            "--num-prompts", str(SOAK_PROMPTS), "--out", "/out"]
+    return [
+        "soak",
+        "--minutes",
+        f"{soak_s / 60:.6g}",
+        "--max-drift",
+        f"{max_drift:g}",
+        "--num-prompts",
+        str(SOAK_PROMPTS),
+        "--out",
+        "/out",
+    ]
 
 
 def image_runner(record: dict[str, Any]) -> Runner:
     """Runs the command in the built image, hardened (speclock run-image's settings); the image's log goes to stderr."""
+
     def run(args: list[str], out: Path) -> int:
         return run_image(ensure_in_docker(record), args, out_dir=out, stdout=2).returncode
+
     return run
 
 
@@ -73,11 +85,30 @@ def read_soak(path: Path) -> dict[str, Any]:
 
 def soak_summary(doc: dict[str, Any]) -> dict[str, Any]:
     """What upgrade.json and summary.md show of a soak: per window and the drift."""
-    return {"verdict": doc["verdict"], "seconds": doc["seconds"], "max_drift": doc.get("max_drift"),
-            "prompts": doc.get("prompts"), "max_tokens": doc.get("max_tokens"), "drift": doc["drift"],
-            "windows": [{k: w.get(k) for k in ("t_start_s", "mean_acceptance_length", "acceptance_rate", "tok_s",
-                                                "outputs_same", "numeric_ties", "mismatches")} for w in doc["windows"]],
-            "failures": doc["failures"]}
+    return {
+        "verdict": doc["verdict"],
+        "seconds": doc["seconds"],
+        "max_drift": doc.get("max_drift"),
+        "prompts": doc.get("prompts"),
+        "max_tokens": doc.get("max_tokens"),
+        "drift": doc["drift"],
+        "windows": [
+            {
+                k: w.get(k)
+                for k in (
+                    "t_start_s",
+                    "mean_acceptance_length",
+                    "acceptance_rate",
+                    "tok_s",
+                    "outputs_same",
+                    "numeric_ties",
+                    "mismatches",
+                )
+            }
+            for w in doc["windows"]
+        ],
+        "failures": doc["failures"],
+    }
 
 
 def run_soak_step(step, runner: Runner, out: Path, *, soak_s: float, max_drift: float, progress=print) -> None:
@@ -108,9 +139,11 @@ def run_soak_step(step, runner: Runner, out: Path, *, soak_s: float, max_drift: 
         first = windows[0]["mean_acceptance_length"] if windows else 0.0
         worst = windows[int(drift.get("worst_window") or 0)]["mean_acceptance_length"] if windows else 0.0
         step.status = "pass"
-        step.detail = (f"{len(windows)} windows in {doc['seconds']:.0f} s on one engine: mean acceptance length "
-                       f"{first:.3f} in the first, {worst:.3f} at worst ({drift['worst_drop']:.1%} lower, "
-                       f"limit {max_drift:.0%})")
+        step.detail = (
+            f"{len(windows)} windows in {doc['seconds']:.0f} s on one engine: mean acceptance length "
+            f"{first:.3f} in the first, {worst:.3f} at worst ({drift['worst_drop']:.1%} lower, "
+            f"limit {max_drift:.0%})"
+        )
     else:
         step.status = "fail"
         step.detail = "; ".join(doc["failures"]) or f"the soak exited {code} with verdict {doc['verdict']}"

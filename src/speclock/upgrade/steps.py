@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from speclock.build import records, wheelhouse
 from speclock.build.builders import get_builder
@@ -23,11 +24,11 @@ from speclock.spec.lock import check_lock, read_lock, write_lock
 from speclock.spec.resolve import resolve_lock
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import Candidate
-from speclock.upgrade.soak import DEFAULT_SOAK_S, image_runner, run_soak_step, Runner
-from speclock.verify.soak import DEFAULT_MAX_DRIFT
+from speclock.upgrade.soak import DEFAULT_SOAK_S, Runner, image_runner, run_soak_step
 from speclock.verify.gate import baseline_path, run_gate
 from speclock.verify.profiles import report_profile
 from speclock.verify.report import load_report
+from speclock.verify.soak import DEFAULT_MAX_DRIFT
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
 
@@ -42,8 +43,7 @@ class Step:
 
 
 def default_baseline(stack: Stack, root: Path | None = None, profile: str = "quick") -> Path:
-    return baseline_path((root or REPO_ROOT) / "baselines", stack.name, stack.engine["package"], stack.engine["version"],
-                         profile)
+    return baseline_path((root or REPO_ROOT) / "baselines", stack.name, stack.engine["package"], stack.engine["version"], profile)
 
 
 def choose_profile(stack: Stack, requested: str, baseline: Path | None) -> str:
@@ -52,8 +52,10 @@ def choose_profile(stack: Stack, requested: str, baseline: Path | None) -> str:
     if baseline is not None:
         got = report_profile(load_report(baseline))
         if requested not in ("auto", got):
-            raise BadInput(f"--profile {requested}, but the --baseline {baseline} was measured with profile {got}",
-                           hint=f"pass --profile {got}, or a baseline of profile {requested}")
+            raise BadInput(
+                f"--profile {requested}, but the --baseline {baseline} was measured with profile {got}",
+                hint=f"pass --profile {got}, or a baseline of profile {requested}",
+            )
         return got
     if requested != "auto":
         return requested
@@ -63,12 +65,14 @@ def choose_profile(stack: Stack, requested: str, baseline: Path | None) -> str:
 def require_baseline(stack: Stack, baseline: Path | None, profile: str = "quick") -> Path:
     path = baseline or default_baseline(stack, profile=profile)
     if not path.is_file():
-        raise BadInput(f"no baseline report for the current lock of stack {stack.name} "
-                       f"({stack.engine['package']} {stack.engine['version']}): {path} does not exist",
-                       hint=f"an upgrade is judged against the current image's measured acceptance: run "
-                            f"`speclock smoke --stack {stack.name} --profile {profile}` in the current image (build-image's "
-                            f"self-check writes a quick report.json) and commit that report as {path}, or pass "
-                            f"--baseline REPORT")
+        raise BadInput(
+            f"no baseline report for the current lock of stack {stack.name} "
+            f"({stack.engine['package']} {stack.engine['version']}): {path} does not exist",
+            hint=f"an upgrade is judged against the current image's measured acceptance: run "
+            f"`speclock smoke --stack {stack.name} --profile {profile}` in the current image (build-image's "
+            f"self-check writes a quick report.json) and commit that report as {path}, or pass "
+            f"--baseline REPORT",
+        )
 
     load_report(path)  # a broken baseline is bad input too, before any build starts
     return path
@@ -172,7 +176,8 @@ class UpgradeResult:
     @property
     def ok(self) -> bool:
         return all(s.status in ("pass", "skipped") for s in self.steps) and any(
-            s.name == "gate" and s.status == "pass" for s in self.steps)
+            s.name == "gate" and s.status == "pass" for s in self.steps
+        )
 
     def failures(self) -> list[str]:
         out = []
@@ -183,13 +188,22 @@ class UpgradeResult:
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
-        return {"schema": UPGRADE_SCHEMA, "stack": c.stack.name, "verdict": "pass" if self.ok else "fail",
-                "changes": {k: {"before": b, "after": a} for k, (b, a) in c.changes.items()},
-                "candidate": {"folder": str(c.folder), "stack": str(c.stack.path), "lock": str(c.lock_file)},
-                "baseline": str(self.baseline), "image": self.image,
-                "steps": [dataclasses.asdict(s) for s in self.steps],
-                "before": metrics_of(self.before), "after": metrics_of(self.after),
-                "gate_checks": self.gate_checks, "soak": self.soak(), "failures": self.failures(), "promoted": self.promoted}
+        return {
+            "schema": UPGRADE_SCHEMA,
+            "stack": c.stack.name,
+            "verdict": "pass" if self.ok else "fail",
+            "changes": {k: {"before": b, "after": a} for k, (b, a) in c.changes.items()},
+            "candidate": {"folder": str(c.folder), "stack": str(c.stack.path), "lock": str(c.lock_file)},
+            "baseline": str(self.baseline),
+            "image": self.image,
+            "steps": [dataclasses.asdict(s) for s in self.steps],
+            "before": metrics_of(self.before),
+            "after": metrics_of(self.after),
+            "gate_checks": self.gate_checks,
+            "soak": self.soak(),
+            "failures": self.failures(),
+            "promoted": self.promoted,
+        }
 
     def soak(self) -> dict[str, Any] | None:
         """The soak step's result (asked seconds, drift limit, windows, drift, verdict), or None without the step."""
@@ -203,15 +217,20 @@ def metrics_of(report: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     m, tp = report["metrics"], report["throughput"]
     drafts = m["num_drafts"]
-    return {"engine": f"{report['engine'].get('package') or report['engine']['name']} {report['engine']['version']}",
-            "image": report.get("image", {}).get("ref"),
-            "mean_acceptance_length": m["mean_acceptance_length"], "acceptance_rate": m["acceptance_rate"],
-            "per_position": [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]],
-            "num_drafts": drafts, "speedup": tp.get("speedup"), "spec_tok_s": tp.get("spec_tok_s"),
-            "baseline_tok_s": tp.get("baseline_tok_s"),
-            "lossless": f"{report['lossless']['checked'] - report['lossless']['mismatches']}/{report['lossless']['checked']}",
-            "captured_layers": (report.get("draft") or {}).get("captured_layers"),
-            "aux_layer_ids": (report.get("draft") or {}).get("aux_layer_ids")}
+    return {
+        "engine": f"{report['engine'].get('package') or report['engine']['name']} {report['engine']['version']}",
+        "image": report.get("image", {}).get("ref"),
+        "mean_acceptance_length": m["mean_acceptance_length"],
+        "acceptance_rate": m["acceptance_rate"],
+        "per_position": [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]],
+        "num_drafts": drafts,
+        "speedup": tp.get("speedup"),
+        "spec_tok_s": tp.get("spec_tok_s"),
+        "baseline_tok_s": tp.get("baseline_tok_s"),
+        "lossless": f"{report['lossless']['checked'] - report['lossless']['mismatches']}/{report['lossless']['checked']}",
+        "captured_layers": (report.get("draft") or {}).get("captured_layers"),
+        "aux_layer_ids": (report.get("draft") or {}).get("aux_layer_ids"),
+    }
 
 
 def _timed(step: Step, fn: Callable[[], Any]) -> Any:
@@ -222,10 +241,21 @@ def _timed(step: Step, fn: Callable[[], Any]) -> Any:
         step.seconds = round(step.seconds + time.monotonic() - t0, 1)
 
 
-def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah", relock: bool = False,
-                rebuild: bool = False, rerun_selfcheck: bool = False, lock_doc: dict[str, Any] | None = None,
-                soak_s: float = DEFAULT_SOAK_S, soak_max_drift: float = DEFAULT_MAX_DRIFT,
-                soak_runner: Runner | None = None, profile: str = "quick", progress=print) -> UpgradeResult:
+def run_upgrade(
+    cand: Candidate,
+    baseline: Path,
+    *,
+    builder_name: str = "buildah",
+    relock: bool = False,
+    rebuild: bool = False,
+    rerun_selfcheck: bool = False,
+    lock_doc: dict[str, Any] | None = None,
+    soak_s: float = DEFAULT_SOAK_S,
+    soak_max_drift: float = DEFAULT_MAX_DRIFT,
+    soak_runner: Runner | None = None,
+    profile: str = "quick",
+    progress=print,
+) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
     except bad input and environment problems found before anything was built. The soak runs in the
     candidate image (`soak_runner` runs its command elsewhere) only after everything else passed."""
@@ -283,8 +313,11 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         steps["doctor"].detail = f"{len(checks)} checks passed" + (f" (warnings: {', '.join(warns)})" if warns else "")
     else:
         steps["doctor"].status = "fail"
-        steps["doctor"].detail = ("; ".join(f"{c.get('name')}: {c.get('reason')}" for c in failed)
-                                  or str(doctor.get("error") or "") or f"no doctor result; see {outputs}")
+        steps["doctor"].detail = (
+            "; ".join(f"{c.get('name')}: {c.get('reason')}" for c in failed)
+            or str(doctor.get("error") or "")
+            or f"no doctor result; see {outputs}"
+        )
     steps["doctor"].data = {"checks": [{k: c.get(k) for k in ("name", "status", "reason")} for c in checks]}
     report_path = outputs / "report.json"
     if report_path.is_file():
@@ -292,8 +325,10 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         run = result.after.get("run") or {"completed": True}
         if run.get("completed"):
             steps["smoke"].status = "pass"
-            steps["smoke"].detail = (f"{result.after['prompts']['count']} prompts x {result.after.get('max_tokens')} tokens "
-                                     f"ran with and without the drafter")
+            steps["smoke"].detail = (
+                f"{result.after['prompts']['count']} prompts x {result.after.get('max_tokens')} tokens "
+                f"ran with and without the drafter"
+            )
         else:
             steps["smoke"].status = "fail"
             steps["smoke"].detail = f"the engine run did not complete: {run.get('error')}"
@@ -306,8 +341,16 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         return result
 
     progress(f"[5/6] gate: candidate report against the current baseline {baseline}")
-    gate = _timed(steps["gate"], lambda: run_gate(report_path, baseline=str(baseline), stack=str(cand.stack.path),
-                                                  junit=cand.out / "gate-junit.xml", md=cand.out / "gate.md"))
+    gate = _timed(
+        steps["gate"],
+        lambda: run_gate(
+            report_path,
+            baseline=str(baseline),
+            stack=str(cand.stack.path),
+            junit=cand.out / "gate-junit.xml",
+            md=cand.out / "gate.md",
+        ),
+    )
     result.gate_checks = gate.to_json()["checks"]
     steps["gate"].status = "pass" if gate.ok else "fail"
     steps["gate"].detail = "every check passed" if gate.ok else "; ".join(gate.to_json()["failures"])
@@ -316,8 +359,17 @@ def run_upgrade(cand: Candidate, baseline: Path, *, builder_name: str = "buildah
         steps["soak"].detail = "an earlier step failed"
         steps["soak"].data = {"soak_s": soak_s, "max_drift": soak_max_drift}
         return result
-    progress(f"[6/6] soak: acceptance over {soak_s:g} s on one engine in the candidate image" if soak_s > 0
-             else "[6/6] soak: skipped (--soak-s 0)")
-    run_soak_step(steps["soak"], soak_runner or image_runner(record), cand.out / "soak", soak_s=soak_s,
-                  max_drift=soak_max_drift, progress=progress)
+    progress(
+        f"[6/6] soak: acceptance over {soak_s:g} s on one engine in the candidate image"
+        if soak_s > 0
+        else "[6/6] soak: skipped (--soak-s 0)"
+    )
+    run_soak_step(
+        steps["soak"],
+        soak_runner or image_runner(record),
+        cand.out / "soak",
+        soak_s=soak_s,
+        max_drift=soak_max_drift,
+        progress=progress,
+    )
     return result

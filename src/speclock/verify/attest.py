@@ -45,11 +45,12 @@ def host_name(report: dict[str, Any], host: str | None = None) -> str:
 def subject_for(report: dict[str, Any], lock_sha256: str | None, host: str | None = None) -> dict[str, Any]:
     digest = image_digest(report)
     if digest:
-        return {"name": (report.get("image") or {}).get("ref") or f"speclock-{report['stack']}",
-                "digest": {"sha256": digest}}
+        return {"name": (report.get("image") or {}).get("ref") or f"speclock-{report['stack']}", "digest": {"sha256": digest}}
     if not lock_sha256:
-        raise BadInput(f"the report of stack {report['stack']} names no image digest and no lock was found to name it by",
-                       hint=f"run where the stack's lock is (locks/{report['stack']}.lock, or the image's lock.json)")
+        raise BadInput(
+            f"the report of stack {report['stack']} names no image digest and no lock was found to name it by",
+            hint=f"run where the stack's lock is (locks/{report['stack']}.lock, or the image's lock.json)",
+        )
     return {"name": host_name(report, host), "digest": {"sha256": lock_sha256}}
 
 
@@ -61,8 +62,9 @@ def _canonical(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def sign_report(report_path: Path, private_key, *, lock_sha256: str | None, dest: Path | None = None,
-                host: str | None = None) -> dict[str, Any]:
+def sign_report(
+    report_path: Path, private_key, *, lock_sha256: str | None, dest: Path | None = None, host: str | None = None
+) -> dict[str, Any]:
     """Sign report.json's content as it is on disk; write the envelope (default: beside it). Returns what was written."""
     report = read_json(report_path, what="report file")
     subject = subject_for(report, lock_sha256, host)
@@ -95,15 +97,18 @@ def _statement_of(envelope: dict[str, Any], source: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
         raise BadInput(f"{source}: the payload is not an in-toto Statement v1 (key '_type')", hint=_SIGN_HINT)
     if doc.get("predicateType") != PREDICATE_TYPE:
-        raise BadInput(f"{source}: predicateType is {doc.get('predicateType')!r}, not {PREDICATE_TYPE} (a smoke report)",
-                       hint="give the attestation of a smoke report")
+        raise BadInput(
+            f"{source}: predicateType is {doc.get('predicateType')!r}, not {PREDICATE_TYPE} (a smoke report)",
+            hint="give the attestation of a smoke report",
+        )
     if not isinstance(doc.get("subject"), list) or not all(isinstance(s, dict) for s in doc["subject"]):
         raise BadInput(f"{source}: key 'subject' is not a list of subjects", hint=_SIGN_HINT)
     return doc
 
 
-def check_subject(report: dict[str, Any], subjects: list[dict[str, Any]], source: str, report_source: str,
-                  lock_sha256) -> dict[str, Any]:
+def check_subject(
+    report: dict[str, Any], subjects: list[dict[str, Any]], source: str, report_source: str, lock_sha256
+) -> dict[str, Any]:
     """The subject that names what the report names; BadInput naming both otherwise. `lock_sha256`: a callable,
     asked only for a report without an image digest."""
     named = ", ".join(f"{s.get('name')}@sha256:{str((s.get('digest') or {}).get('sha256'))[:16]}" for s in subjects)
@@ -113,17 +118,24 @@ def check_subject(report: dict[str, Any], subjects: list[dict[str, Any]], source
         want = f"image {ref}@sha256:{digest[:16]}"
         match = [s for s in subjects if (s.get("digest") or {}).get("sha256") == digest]
         if match and match[0].get("name") != ref:
-            raise BadInput(f"{source}: subject: the attestation names {match[0].get('name')!r}, the report {report_source} "
-                           f"names image {ref!r} (key 'image.ref')", hint=_SIGN_HINT)
+            raise BadInput(
+                f"{source}: subject: the attestation names {match[0].get('name')!r}, the report {report_source} "
+                f"names image {ref!r} (key 'image.ref')",
+                hint=_SIGN_HINT,
+            )
     else:
         lock = lock_sha256()
         want = f"{host_name(report, '<host>')} with lock sha256:{lock[:16]}"
-        match = [s for s in subjects if (s.get("digest") or {}).get("sha256") == lock
-                 and str(s.get("name", "")).startswith(f"host-env:{report['stack']}@")]
+        match = [
+            s
+            for s in subjects
+            if (s.get("digest") or {}).get("sha256") == lock and str(s.get("name", "")).startswith(f"host-env:{report['stack']}@")
+        ]
     if not match:
-        raise BadInput(f"{source}: subject: the attestation is for {named or 'nothing'}, but the report {report_source} "
-                       f"names {want}", hint="a report is valid only for the image (or lock) it was measured on: "
-                                             "gate the report with its own attestation")
+        raise BadInput(
+            f"{source}: subject: the attestation is for {named or 'nothing'}, but the report {report_source} names {want}",
+            hint="a report is valid only for the image (or lock) it was measured on: gate the report with its own attestation",
+        )
     return match[0]
 
 
@@ -133,8 +145,10 @@ def verify_report(report_path: Path, key_path: str | Path, *, envelope_path: Pat
     envelope_path = Path(envelope_path) if envelope_path else Path(report_path).parent / ATTESTATION_FILE
     source = str(envelope_path)
     if not envelope_path.is_file():
-        raise BadInput(f"--verify-key: no attestation {envelope_path} for the report {report_path}",
-                       hint="sign the report (`speclock selfcheck --sign-key KEY`), or pass --attestation FILE")
+        raise BadInput(
+            f"--verify-key: no attestation {envelope_path} for the report {report_path}",
+            hint="sign the report (`speclock selfcheck --sign-key KEY`), or pass --attestation FILE",
+        )
     key = dsse.load_public_key(key_path)
     envelope = dsse.parse(read_bytes(envelope_path, what="attestation"), source)
     dsse.verify(envelope, key, source)  # first: nothing in an unverified payload is trusted
@@ -142,7 +156,9 @@ def verify_report(report_path: Path, key_path: str | Path, *, envelope_path: Pat
     report = read_json(report_path, what="report file")
     if _canonical(doc.get("predicate")) != _canonical(report):
         key_at = first_difference(doc.get("predicate"), report)
-        raise BadInput(f"{source}: predicate: the report {report_path} is not the one that was signed (key '{key_at}' "
-                       "differs)", hint="gate the report exactly as it was signed; an edited report needs a new run")
+        raise BadInput(
+            f"{source}: predicate: the report {report_path} is not the one that was signed (key '{key_at}' differs)",
+            hint="gate the report exactly as it was signed; an edited report needs a new run",
+        )
     subject = check_subject(report, doc["subject"], source, str(report_path), lock_sha256)
     return {"file": source, "keyid": dsse.keyid(key), "subject": subject}

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from speclock.core.junit import Case, junit_xml as write_junit
+from speclock.core.junit import Case
+from speclock.core.junit import junit_xml as write_junit
 
 
 @dataclass(frozen=True)
@@ -71,25 +72,36 @@ def junit_xml(checks: list[Check], suite: str = "speclock.gate") -> str:
     cases = []
     for c in checks:
         out = f"value {fmt(c.value)}, limit {c.limit}" + (f"; WARN: {c.detail}" if c.warn else "")
-        cases.append(Case(f"{suite}.{c.kind}", c.name, failure=None if c.ok else c.reason(), failure_type=c.kind,
-                          # CI shows a skipped case: the check could not judge
-                          skipped="WARN: " + c.detail if c.warn else None, system_out=out))
+        cases.append(
+            Case(
+                f"{suite}.{c.kind}",
+                c.name,
+                failure=None if c.ok else c.reason(),
+                failure_type=c.kind,
+                # CI shows a skipped case: the check could not judge
+                skipped="WARN: " + c.detail if c.warn else None,
+                system_out=out,
+            )
+        )
     return write_junit(suite, cases)
 
 
-def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str | None,
-             warnings: list[str] | None = None) -> str:
+def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str | None, warnings: list[str] | None = None) -> str:
     ok = all(c.ok for c in checks)
     warnings = warnings if warnings is not None else [c.detail for c in checks if c.warn]
     m, tp = report["metrics"], report["throughput"]
-    lines = [f"### speclock gate: {'PASS' if ok else 'FAIL'}{' with WARN' if warnings else ''}: {report['stack']} on "
-             f"{report['engine']['name']} {report['engine']['version']}",
-             ""]
+    lines = [
+        f"### speclock gate: {'PASS' if ok else 'FAIL'}{' with WARN' if warnings else ''}: {report['stack']} on "
+        f"{report['engine']['name']} {report['engine']['version']}",
+        "",
+    ]
     lines += [f"> **WARN**: {w}" for w in warnings] + ([""] if warnings else [])
-    lines += [f"mean acceptance length **{m['mean_acceptance_length']:.3f}**, acceptance rate {m['acceptance_rate']:.3f}, "
-              f"speedup {fmt(tp.get('speedup'))}{' at batch 1' if tp.get('measured_at') == 'batch 1' else ''}, "
-              f"lossless {report['lossless']['checked'] - report['lossless']['mismatches']}"
-              f"/{report['lossless']['checked']}; baseline: {baseline_source or 'none'}"]
+    lines += [
+        f"mean acceptance length **{m['mean_acceptance_length']:.3f}**, acceptance rate {m['acceptance_rate']:.3f}, "
+        f"speedup {fmt(tp.get('speedup'))}{' at batch 1' if tp.get('measured_at') == 'batch 1' else ''}, "
+        f"lossless {report['lossless']['checked'] - report['lossless']['mismatches']}"
+        f"/{report['lossless']['checked']}; baseline: {baseline_source or 'none'}"
+    ]
     if tp.get("note"):
         lines += ["", f"> {tp['note']}"]
     lines += ["", "| check | result | value | limit |", "|---|---|---|---|"]

@@ -46,8 +46,10 @@ _TK_ARCH = re.compile(rb"-arch[ =](sm_\d+[af]?)")
 KERNEL_PACKAGES = ["flashinfer", "flashinfer_cubin", "flashinfer_jit_cache*", "deep_gemm", "triton", "torch/lib"]
 ENGINE_LIBRARIES = {
     "vllm": {"packages": ["vllm", *KERNEL_PACKAGES], "only": {}},
-    "sglang": {"packages": ["sgl_kernel", *KERNEL_PACKAGES],
-               "only": {"sgl_kernel/sm90/": lambda cc: cc == (9, 0), "sgl_kernel/sm100/": lambda cc: cc != (9, 0)}},
+    "sglang": {
+        "packages": ["sgl_kernel", *KERNEL_PACKAGES],
+        "only": {"sgl_kernel/sm90/": lambda cc: cc == (9, 0), "sgl_kernel/sm100/": lambda cc: cc != (9, 0)},
+    },
 }
 # Packages that ship loose cubins (read as one library per package: the union of their archs).
 CUBIN_PACKAGES = ("flashinfer_cubin",)
@@ -68,6 +70,7 @@ def device_cc(target: str) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- cuobjdump
+
 
 def _cuobjdump_in(root: Path) -> Path | None:
     for cand in sorted(root.glob("nvidia/cu*/bin/cuobjdump")) + sorted(root.glob("nvidia/cuda_cuobjdump/bin/cuobjdump")):
@@ -104,14 +107,19 @@ def find_cuobjdump(extra_roots: list[Path] | None = None, download: bool = True)
             wheel.unlink(missing_ok=True)
     have = [w for w in have if w.is_file()]
     if not have:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", CUOBJDUMP_PACKAGE, "-d", str(wheels)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", CUOBJDUMP_PACKAGE, "-d", str(wheels)],
+            capture_output=True,
+            text=True,
+        )
         have = sorted(wheels.glob("nvidia_cuda_cuobjdump-*.whl"))
         for wheel in have:
             record_cached_wheel(wheel)
         if proc.returncode != 0 or not have:
-            raise EnvironmentProblem(f"cannot download {CUOBJDUMP_PACKAGE}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}",
-                                     hint=f"install it (pip install {CUOBJDUMP_PACKAGE}) or set SPECLOCK_CUOBJDUMP")
+            raise EnvironmentProblem(
+                f"cannot download {CUOBJDUMP_PACKAGE}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}",
+                hint=f"install it (pip install {CUOBJDUMP_PACKAGE}) or set SPECLOCK_CUOBJDUMP",
+            )
     # Unpacked into a temp folder renamed into place (a folder: speclock.core.files writes files), removed
     # on any failure, Ctrl-C included, so a killed run never leaves a half-unpacked tool behind.
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f"{TEMP_PREFIX}cuobjdump."))
@@ -121,8 +129,9 @@ def find_cuobjdump(extra_roots: list[Path] | None = None, download: bool = True)
                 z.extractall(tmp)
         except (zipfile.BadZipFile, EOFError) as err:
             have[-1].unlink(missing_ok=True)  # a damaged download: fetched again next time
-            raise EnvironmentProblem(f"{have[-1]} is not a whole wheel ({err}); removed",
-                                     hint="run the command again to download it again") from None
+            raise EnvironmentProblem(
+                f"{have[-1]} is not a whole wheel ({err}); removed", hint="run the command again to download it again"
+            ) from None
         found = _cuobjdump_in(tmp)
         if not found:
             raise EnvironmentProblem(f"{have[-1].name} holds no cuobjdump binary")
@@ -152,7 +161,9 @@ def _run_list(tool: Path, flag: str, lib: Path) -> list[str]:
     proc = subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     if proc.returncode != 0 and "does not contain device code" not in out and "No " not in out:
-        raise EnvironmentProblem(f"cuobjdump {flag} {lib} failed: {out.strip().splitlines()[-1] if out.strip() else proc.returncode}")
+        raise EnvironmentProblem(
+            f"cuobjdump {flag} {lib} failed: {out.strip().splitlines()[-1] if out.strip() else proc.returncode}"
+        )
     regex = _ELF_LINE if flag == "--list-elf" else _PTX_LINE
     return regex.findall(out)
 
@@ -226,6 +237,7 @@ def _sort_key(arch: str):
 
 
 # ---------------------------------------------------------------- coverage
+
 
 def coverage(inv: Inventory, target: str) -> dict:
     """How `target` (a GPU arch, e.g. sm_100) is served by a library: exact / compatible / ptx / missing."""
@@ -309,15 +321,25 @@ def parse_known_gaps(entries: list[str]) -> dict[tuple[str, str], str]:
         head, _, reason = e.partition(" ")
         lib, sep, arch = head.rpartition(":")
         if not sep or not lib:
-            raise BadInput(f"gpu.known_gaps entry {e!r} is not 'library:arch reason'",
-                           hint="e.g. 'vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so:sm_100 FA3 is Hopper-only'")
+            raise BadInput(
+                f"gpu.known_gaps entry {e!r} is not 'library:arch reason'",
+                hint="e.g. 'vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so:sm_100 FA3 is Hopper-only'",
+            )
         parse_arch(arch)
         out[(lib, arch)] = reason.strip() or "accepted in the stack"
     return out
 
 
-def coverage_table(libs: list[Path], root: Path, targets: list[str], engine: str = "", known_gaps: dict | None = None,
-                   tool: Path | None = None, log=None, off_path=None) -> list[dict]:
+def coverage_table(
+    libs: list[Path],
+    root: Path,
+    targets: list[str],
+    engine: str = "",
+    known_gaps: dict | None = None,
+    tool: Path | None = None,
+    log=None,
+    off_path=None,
+) -> list[dict]:
     """One row per library with device code: per target arch, how it is served; accepted gaps marked.
     `off_path(library, arch)` gives the reason the serving path never loads that library's code on that arch
     (the stack's settings pick another kernel there), or None; such a cell is n/a with the reason."""
@@ -344,8 +366,15 @@ def coverage_table(libs: list[Path], root: Path, targets: list[str], engine: str
             if cell["kind"] == "missing" and gap:
                 cell = {"kind": "accepted-gap", "via": None, "reason": gap}
             cells[t] = cell
-        rows.append({"library": rel, "sass": inv.sass, "ptx": inv.ptx, "targets": cells,
-                     "ok": all(c["kind"] != "missing" for c in cells.values())})
+        rows.append(
+            {
+                "library": rel,
+                "sass": inv.sass,
+                "ptx": inv.ptx,
+                "targets": cells,
+                "ok": all(c["kind"] != "missing" for c in cells.values()),
+            }
+        )
     return rows
 
 

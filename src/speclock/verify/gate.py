@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core import files
-from speclock.verify import attest
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.layout import IMAGE, in_image, REPO_ROOT
+from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
-from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning  # noqa: F401 - the gate's outputs, re-exported
+from speclock.verify import attest
+from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning
 from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import BUILTIN, Profile, report_profile, resolve_profile
 from speclock.verify.report import dotted_get, load_report
@@ -39,9 +39,11 @@ from speclock.verify.speed import speed_checks
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
 IDENTITY = ("reference.key.drafter_sha256", "reference.key.target_sha256", "reference.key.prompts_sha256")
-_BASELINE_HINT = ("compare against a baseline of the same stack, engine, k, prompts, max_tokens and drafter "
-                  "(baselines/<stack>/<engine package>-<version>.json); record a new one by checking a passing "
-                  "report by hand and copying it there")
+_BASELINE_HINT = (
+    "compare against a baseline of the same stack, engine, k, prompts, max_tokens and drafter "
+    "(baselines/<stack>/<engine package>-<version>.json); record a new one by checking a passing "
+    "report by hand and copying it there"
+)
 
 
 def _rel_drop(base: float, cur: float) -> float:
@@ -55,30 +57,39 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
     (reference.key.prompts_sha256), not by prompts.source: the same file has one path on the host and
     another inside an image.
     """
+
     def refuse(message: str) -> BadInput:
         return BadInput(message, hint=_BASELINE_HINT)
 
     m = baseline["metrics"]
     if m["num_drafts"] <= 0 or m["mean_acceptance_length"] <= 0:
-        raise refuse(f"{source}: key 'metrics.num_drafts': the baseline never drafted ({m['num_drafts']} drafts, mean "
-                     f"acceptance length {m['mean_acceptance_length']}): nothing to compare report {report_source} against")
+        raise refuse(
+            f"{source}: key 'metrics.num_drafts': the baseline never drafted ({m['num_drafts']} drafts, mean "
+            f"acceptance length {m['mean_acceptance_length']}): nothing to compare report {report_source} against"
+        )
     if (baseline.get("run") or {}).get("completed") is False:
-        raise refuse(f"{source}: key 'run.completed': the baseline's engine run did not complete; it cannot be the "
-                     f"baseline of report {report_source}")
+        raise refuse(
+            f"{source}: key 'run.completed': the baseline's engine run did not complete; it cannot be the "
+            f"baseline of report {report_source}"
+        )
     mine_prof, theirs_prof = report_profile(report), report_profile(baseline)
     if mine_prof != theirs_prof:
-        raise BadInput(f"{source}: the baseline was measured with smoke profile {theirs_prof!r}, the report {report_source} "
-                       f"with profile {mine_prof!r} (key 'profile'; a report without it is {'quick'!r})",
-                       hint=f"gate against a {mine_prof} baseline (baselines/<stack>/<engine package>-<version>"
-                            f"{'' if mine_prof == 'quick' else '.' + mine_prof}.json), or run `speclock smoke --profile "
-                            f"{theirs_prof}` to compare with this one")
+        raise BadInput(
+            f"{source}: the baseline was measured with smoke profile {theirs_prof!r}, the report {report_source} "
+            f"with profile {mine_prof!r} (key 'profile'; a report without it is {'quick'!r})",
+            hint=f"gate against a {mine_prof} baseline (baselines/<stack>/<engine package>-<version>"
+            f"{'' if mine_prof == 'quick' else '.' + mine_prof}.json), or run `speclock smoke --profile "
+            f"{theirs_prof}` to compare with this one",
+        )
     mine_t, theirs_t = _temperature(report), _temperature(baseline)
     if mine_t != theirs_t:
         raise refuse(f"{source}: baseline key 'profile.temperature' is {theirs_t}, the report {report_source} has {mine_t}")
     mine_b, theirs_b = _backend_names(report), _backend_names(baseline)
     if mine_b != theirs_b:
-        raise refuse(f"{source}: the baseline measured attention backends {theirs_b or ['the default']}, the report "
-                     f"{report_source} {mine_b or ['the default']} (key 'attention_backends')")
+        raise refuse(
+            f"{source}: the baseline measured attention backends {theirs_b or ['the default']}, the report "
+            f"{report_source} {mine_b or ['the default']} (key 'attention_backends')"
+        )
     for key in ("stack", "engine.name", "num_speculative_tokens", "prompts.count", "max_tokens", "target.arch"):
         mine_found, mine = dotted_get(report, key)
         theirs_found, theirs = dotted_get(baseline, key)
@@ -95,14 +106,18 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
         theirs_found, theirs = dotted_get(baseline, key)
         for found, where in ((mine_found, report_source), (theirs_found, source)):
             if not found:
-                raise BadInput(f"{where}: key '{key}' is missing: without it baseline {source} cannot be matched to "
-                               f"report {report_source} (which drafter, target and prompts were measured?)",
-                               hint="use reports written by `speclock smoke` (it records reference.key); a report "
-                                    "without it can only be gated with --baseline none")
+                raise BadInput(
+                    f"{where}: key '{key}' is missing: without it baseline {source} cannot be matched to "
+                    f"report {report_source} (which drafter, target and prompts were measured?)",
+                    hint="use reports written by `speclock smoke` (it records reference.key); a report "
+                    "without it can only be gated with --baseline none",
+                )
         if mine != theirs:
             what = key.rsplit(".", 1)[1].replace("_sha256", "")
-            raise refuse(f"{source}: the baseline was measured with {what} {str(theirs)[:12]}, the report "
-                         f"{report_source} with {str(mine)[:12]} (key '{key}')")
+            raise refuse(
+                f"{source}: the baseline was measured with {what} {str(theirs)[:12]}, the report "
+                f"{report_source} with {str(mine)[:12]} (key '{key}')"
+            )
 
 
 def _temperature(report: dict[str, Any]) -> float:
@@ -126,8 +141,9 @@ def _drift(base: float, cur: float) -> float:
     return 0.0 if cur == base else float("inf")
 
 
-def drift_checks(metrics: dict[str, Any], base_metrics: dict[str, Any], profile: Profile, thresholds: dict[str, Any],
-                 label: str = "") -> list[Check]:
+def drift_checks(
+    metrics: dict[str, Any], base_metrics: dict[str, Any], profile: Profile, thresholds: dict[str, Any], label: str = ""
+) -> list[Check]:
     """Mean acceptance length and each position's acceptance rate against the baseline's, by relative drift.
 
     A drop beyond the tolerance fails. A rise beyond it fails too where losslessness is not proven token by
@@ -139,7 +155,9 @@ def drift_checks(metrics: dict[str, Any], base_metrics: dict[str, Any], profile:
     mean_tol = profile.max_mean_drift if profile.max_mean_drift is not None else thresholds.get("max_relative_drop", 0.05)
     pairs = []
     if profile.two_sided or label:  # a one-sided top-level mean is the "acceptance length vs baseline" check
-        pairs.append(("mean acceptance length", base_metrics["mean_acceptance_length"], metrics["mean_acceptance_length"], mean_tol))
+        pairs.append(
+            ("mean acceptance length", base_metrics["mean_acceptance_length"], metrics["mean_acceptance_length"], mean_tol)
+        )
     if profile.position_drift:
         k = len(metrics["accepted_per_position"])
         for i, (b, c) in enumerate(zip(_rates(base_metrics), _rates(metrics))):
@@ -149,34 +167,70 @@ def drift_checks(metrics: dict[str, Any], base_metrics: dict[str, Any], profile:
         ok = d >= -tol and (not profile.two_sided or d <= tol)
         side = "two-sided" if profile.two_sided else "drop"
         why = "; a rise is suspect where losslessness is not proven token by token" if d > 0 else ""
-        detail = "" if ok else (f"{cur:.3f} vs baseline {base:.3f}: {'rose' if d > 0 else 'dropped'} {abs(d):.1%} "
-                                f"(limit {tol:.1%}, {side}{why})")
-        checks.append(Check(f"{what} vs baseline{label} ({profile.name})", ok, round(d, 4) if d != float("inf") else None,
-                            f"{'|drift|' if profile.two_sided else 'drop'} <= {tol:.1%}", "regression", detail))
+        detail = (
+            ""
+            if ok
+            else (
+                f"{cur:.3f} vs baseline {base:.3f}: {'rose' if d > 0 else 'dropped'} {abs(d):.1%} (limit {tol:.1%}, {side}{why})"
+            )
+        )
+        checks.append(
+            Check(
+                f"{what} vs baseline{label} ({profile.name})",
+                ok,
+                round(d, 4) if d != float("inf") else None,
+                f"{'|drift|' if profile.two_sided else 'drop'} <= {tol:.1%}",
+                "regression",
+                detail,
+            )
+        )
     return checks
 
 
 def _builtin_profile(report: dict[str, Any]) -> Profile:
     """The report's profile with speclock's built-in tolerances (a caller without a stack at hand)."""
     name = report_profile(report)
-    tol = {k: (tuple(v) if isinstance(v, list) else v) for k, v in BUILTIN[name].items()
-           if k in ("max_mean_drift", "max_position_drift", "two_sided", "position_drift")}
+    tol = {
+        k: (tuple(v) if isinstance(v, list) else v)
+        for k, v in BUILTIN[name].items()
+        if k in ("max_mean_drift", "max_position_drift", "two_sided", "position_drift")
+    }
     return Profile(name=name, num_prompts=0, max_tokens=0, temperature=_temperature(report), seeds=(0,), **tol)
 
 
-def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None = None,
-             profile: Profile | None = None, baseline_source: str = "the baseline") -> list[Check]:
+def evaluate(
+    report: dict[str, Any],
+    thresholds: dict[str, Any],
+    baseline: dict[str, Any] | None = None,
+    profile: Profile | None = None,
+    baseline_source: str = "the baseline",
+) -> list[Check]:
     """Every check the report must pass; a failed check's `kind` says where the fault most likely is.
 
     `profile` gives the drift tolerances against the baseline (default: the built-in values of the report's profile)."""
     m, ll = report["metrics"], report["lossless"]
     run = report.get("run") or {"completed": True, "error": None}
-    checks = [Check("engine run completed", bool(run.get("completed")), run.get("completed"), "true", "engine",
-                    "" if run.get("completed") else f"the engine failed: {run.get('error')}")]
+    checks = [
+        Check(
+            "engine run completed",
+            bool(run.get("completed")),
+            run.get("completed"),
+            "true",
+            "engine",
+            "" if run.get("completed") else f"the engine failed: {run.get('error')}",
+        )
+    ]
     if not (_temperature(report) > 0 and ll.get("mode") == "sampled"):  # sampled: see profiles.py (not token by token)
-        checks.append(Check("lossless (spec == plain, token for token, up to numeric ties)",
-                            ll["checked"] > 0 and ll["mismatches"] == 0, f"{ll['mismatches']}/{ll['checked']} differ",
-                            "0 differ", "lossless", "" if ll["checked"] else "no outputs were compared"))
+        checks.append(
+            Check(
+                "lossless (spec == plain, token for token, up to numeric ties)",
+                ll["checked"] > 0 and ll["mismatches"] == 0,
+                f"{ll['mismatches']}/{ll['checked']} differ",
+                "0 differ",
+                "lossless",
+                "" if ll["checked"] else "no outputs were compared",
+            )
+        )
     k = report["num_speculative_tokens"]
     mal = m["mean_acceptance_length"]
     floor = thresholds.get("min_mean_acceptance_length", 1.0)
@@ -190,25 +244,42 @@ def evaluate(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[
     if ref.get("gap") is not None:
         limit = thresholds.get("max_reference_gap", 0.15)
         rm = ref["metrics"]["mean_acceptance_length"]
-        checks.append(Check("engine vs reference acceptance (integration)", ref["gap"] <= limit, ref["gap"], f"<= {limit}",
-                            "integration", "" if ref["gap"] <= limit else
-                            f"engine mean acceptance length {mal:.3f} vs reference {rm:.3f} on the same drafter and prompts "
-                            f"(gap {ref['gap']:.3f} > {limit}): the engine integration is broken (e.g. wrong aux layers "
-                            f"captured), not the drafter"))
+        checks.append(
+            Check(
+                "engine vs reference acceptance (integration)",
+                ref["gap"] <= limit,
+                ref["gap"],
+                f"<= {limit}",
+                "integration",
+                ""
+                if ref["gap"] <= limit
+                else f"engine mean acceptance length {mal:.3f} vs reference {rm:.3f} on the same drafter and prompts "
+                f"(gap {ref['gap']:.3f} > {limit}): the engine integration is broken (e.g. wrong aux layers "
+                f"captured), not the drafter",
+            )
+        )
     if baseline is not None:
         profile = profile or _builtin_profile(report)
         limit = thresholds.get("max_relative_drop", 0.05)
         if not profile.two_sided:  # two-sided profiles check the mean both ways in drift_checks
             base_mal = baseline["metrics"]["mean_acceptance_length"]
             drop = _rel_drop(base_mal, mal)
-            checks.append(Check(f"acceptance length vs baseline ({baseline['engine']['version']})", drop <= limit, drop,
-                                f"<= {limit} relative drop", "regression",
-                                "" if drop <= limit else f"{mal:.3f} vs baseline {base_mal:.3f}: dropped {drop:.1%} (limit {limit:.0%})"))
+            checks.append(
+                Check(
+                    f"acceptance length vs baseline ({baseline['engine']['version']})",
+                    drop <= limit,
+                    drop,
+                    f"<= {limit} relative drop",
+                    "regression",
+                    "" if drop <= limit else f"{mal:.3f} vs baseline {base_mal:.3f}: dropped {drop:.1%} (limit {limit:.0%})",
+                )
+            )
         checks += drift_checks(m, baseline["metrics"], profile, thresholds)
         base_backends = {b["backend"]: b for b in baseline.get("attention_backends") or []}
         for b in (report.get("attention_backends") or [])[1:]:  # the first backend is the top-level metrics
-            checks += drift_checks(b["metrics"], base_backends[b["backend"]]["metrics"], profile, thresholds,
-                                   f", attention backend {b['backend']}")
+            checks += drift_checks(
+                b["metrics"], base_backends[b["backend"]]["metrics"], profile, thresholds, f", attention backend {b['backend']}"
+            )
     return checks + speed_checks(report, thresholds, baseline, baseline_source)
 
 
@@ -250,16 +321,20 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
         try:
             stack_file = IMAGE.stack_file
         except StopIteration:
-            raise EnvironmentProblem(f"no stack file in {IMAGE.root / 'stacks'}",
-                                     hint="run the gate in an image speclock built, or pass --stack") from None
+            raise EnvironmentProblem(
+                f"no stack file in {IMAGE.root / 'stacks'}", hint="run the gate in an image speclock built, or pass --stack"
+            ) from None
         stack = load_stack(stack_file)
         lock, required = IMAGE.lock_file, True
     else:
         stack = load_stack_named(report["stack"], source=f"{report_source}: key 'stack'")
         lock, required = lock_beside(stack)
     if stack.name != report["stack"]:
-        raise BadInput(f"{report_source}: the report is for stack {report['stack']!r}, the thresholds are from "
-                       f"{stack.name!r} ({stack.path})", hint="pass the report's own stack with --stack")
+        raise BadInput(
+            f"{report_source}: the report is for stack {report['stack']!r}, the thresholds are from "
+            f"{stack.name!r} ({stack.path})",
+            hint="pass the report's own stack with --stack",
+        )
     check_engine_matches(report, stack, lock if (required or lock.is_file()) else None, report_source)
     check_against_stack(report, stack, report_source)  # ran on the stack's kind of machine, in its image
     return stack
@@ -268,11 +343,15 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
 def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, report_source: str = "the report") -> None:
     """The report's engine (name, package, version) is the one the stack pins, and the one its lock resolved."""
     eng, pinned = report["engine"], stack.engine
-    hint = ("gate a report with the stack it was measured on: a report relabelled to another stack is refused, "
-            "and a report of another engine version needs that version's stack and lock")
-    pairs = [("engine.name", eng["name"], pinned["name"]),
-             ("engine.package", eng.get("package", pinned["package"]), pinned["package"]),
-             ("engine.version", eng["version"], pinned["version"])]
+    hint = (
+        "gate a report with the stack it was measured on: a report relabelled to another stack is refused, "
+        "and a report of another engine version needs that version's stack and lock"
+    )
+    pairs = [
+        ("engine.name", eng["name"], pinned["name"]),
+        ("engine.package", eng.get("package", pinned["package"]), pinned["package"]),
+        ("engine.version", eng["version"], pinned["version"]),
+    ]
     # smoke writes an empty version when the engine is not installed; such a run never completes, so the
     # gate fails it ("engine run completed") and an empty version can never pass.
     not_installed = eng["version"] == "" and (report.get("run") or {}).get("completed") is False
@@ -280,22 +359,30 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
         pairs.pop()
     for key, mine, theirs in pairs:
         if mine != theirs:
-            raise BadInput(f"{report_source}: key '{key}' is {mine!r}, but stack {stack.name} ({stack.path}) pins "
-                           f"{theirs!r}", hint=hint)
+            raise BadInput(
+                f"{report_source}: key '{key}' is {mine!r}, but stack {stack.name} ({stack.path}) pins {theirs!r}", hint=hint
+            )
     if lock is None or not_installed:
         return
 
     doc = read_lock(lock, stack=stack)  # the stack adds its own index host to the allowed ones
     if doc.get("stack") != stack.name:
-        raise BadInput(f"{lock}: key 'stack' is {files.short_repr(doc.get('stack'))}, not the stack {stack.name}",
-                       hint=f"re-create the lock with `invoke lock --stack {stack.name}`")
+        raise BadInput(
+            f"{lock}: key 'stack' is {files.short_repr(doc.get('stack'))}, not the stack {stack.name}",
+            hint=f"re-create the lock with `invoke lock --stack {stack.name}`",
+        )
     versions = [p["version"] for p in doc["packages"] if normalize(p["name"]) == normalize(pinned["package"])]
     if not versions:
-        raise BadInput(f"{lock}: the engine package {pinned['package']} is not in the lock",
-                       hint=f"re-create the lock with `invoke lock --stack {stack.name}`")
+        raise BadInput(
+            f"{lock}: the engine package {pinned['package']} is not in the lock",
+            hint=f"re-create the lock with `invoke lock --stack {stack.name}`",
+        )
     if eng["version"] not in versions:
-        raise BadInput(f"{report_source}: key 'engine.version' is {eng['version']!r}, but the lock {lock} resolved "
-                       f"{pinned['package']}=={versions[0]}", hint=hint)
+        raise BadInput(
+            f"{report_source}: key 'engine.version' is {eng['version']!r}, but the lock {lock} resolved "
+            f"{pinned['package']}=={versions[0]}",
+            hint=hint,
+        )
 
 
 def thresholds_for(report: dict[str, Any], stack_arg: str | None) -> tuple[dict[str, Any], str]:
@@ -312,8 +399,13 @@ class GateResult:
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": "pass" if self.ok else "fail", "baseline": self.baseline, "warnings": list(self.warnings),
-                "checks": [dict(asdict(c), status=c.status) for c in self.checks], "failures": failures_of(self.checks)}
+        return {
+            "verdict": "pass" if self.ok else "fail",
+            "baseline": self.baseline,
+            "warnings": list(self.warnings),
+            "checks": [dict(asdict(c), status=c.status) for c in self.checks],
+            "failures": failures_of(self.checks),
+        }
 
 
 def _stored_baseline(stack, baselines_dir: Path | None, profile: str = "quick") -> tuple[Path | None, str]:
@@ -327,8 +419,15 @@ def _stored_baseline(stack, baselines_dir: Path | None, profile: str = "quick") 
     return None, f"no stored {profile}-profile baseline {path} for {stack.engine['package']} {stack.engine['version']}"
 
 
-def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | None = None,
-             baselines_dir: Path | None = None, junit: Path | None = None, md: Path | None = None) -> GateResult:
+def run_gate(
+    report_path: Path,
+    *,
+    baseline: str | None = "auto",
+    stack: str | None = None,
+    baselines_dir: Path | None = None,
+    junit: Path | None = None,
+    md: Path | None = None,
+) -> GateResult:
     """Gate one report; write JUnit/Markdown when asked. Raises BadInput for bad reports, stacks or baselines.
 
     Nothing is written until every input has been read and checked.
@@ -339,17 +438,21 @@ def run_gate(report_path: Path, *, baseline: str | None = "auto", stack: str | N
     thresholds = dict(st.thresholds)
     profile = resolve_profile(st, report_profile(report), source=f"{report_src}: key 'profile.name'")
     if baselines_dir is not None and not Path(baselines_dir).is_dir():
-        raise BadInput(f"--baselines-dir {baselines_dir}: {'not a folder' if Path(baselines_dir).exists() else 'no such folder'}",
-                       hint="give the folder that holds <stack>/<engine package>-<version>.json (the repo's baselines/), "
-                            "or leave --baselines-dir out")
+        raise BadInput(
+            f"--baselines-dir {baselines_dir}: {'not a folder' if Path(baselines_dir).exists() else 'no such folder'}",
+            hint="give the folder that holds <stack>/<engine package>-<version>.json (the repo's baselines/), "
+            "or leave --baselines-dir out",
+        )
     base_doc, base_src, warnings = None, None, []
     if baseline is None or baseline == "none":
         warnings.append("no baseline (--baseline none): the regression check against a baseline was skipped")
     elif baseline == "auto":
         found, why = _stored_baseline(st, Path(baselines_dir) if baselines_dir else None, profile.name)
         if found is None:
-            warnings.append(f"no baseline: {why}; the regression check against a baseline was skipped "
-                            "(record one by checking a passing report and copying it there, or pass --baseline REPORT)")
+            warnings.append(
+                f"no baseline: {why}; the regression check against a baseline was skipped "
+                "(record one by checking a passing report and copying it there, or pass --baseline REPORT)"
+            )
         else:
             base_src = str(found)
     else:
@@ -373,19 +476,33 @@ def verify_origin(report_path: Path, key: str, *, attestation: str | None, stack
     """--verify-key: the report is the one the key's holder signed, for the image (or lock) it names (attest.py)."""
     st = resolve_stack(load_report(report_path), stack, str(report_path))
     lock, _ = lock_beside(st)
-    return attest.verify_report(report_path, key, envelope_path=Path(attestation) if attestation else None,
-                                lock_sha256=lambda: attest.lock_identity(lock, st))
+    return attest.verify_report(
+        report_path,
+        key,
+        envelope_path=Path(attestation) if attestation else None,
+        lock_sha256=lambda: attest.lock_identity(lock, st),
+    )
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
     if args.attestation and not args.verify_key:
-        raise BadInput("--attestation needs --verify-key (the public key to check it with)",
-                       hint="pass --verify-key PUBLIC.pem, or leave --attestation out")
-    origin = verify_origin(Path(args.report), args.verify_key, attestation=args.attestation,
-                           stack=args.stack) if args.verify_key else None
-    result = run_gate(Path(args.report), baseline=args.baseline, stack=args.stack,
-                      baselines_dir=Path(args.baselines_dir) if args.baselines_dir else None,
-                      junit=Path(args.junit) if args.junit else None, md=Path(args.markdown) if args.markdown else None)
+        raise BadInput(
+            "--attestation needs --verify-key (the public key to check it with)",
+            hint="pass --verify-key PUBLIC.pem, or leave --attestation out",
+        )
+    origin = (
+        verify_origin(Path(args.report), args.verify_key, attestation=args.attestation, stack=args.stack)
+        if args.verify_key
+        else None
+    )
+    result = run_gate(
+        Path(args.report),
+        baseline=args.baseline,
+        stack=args.stack,
+        baselines_dir=Path(args.baselines_dir) if args.baselines_dir else None,
+        junit=Path(args.junit) if args.junit else None,
+        md=Path(args.markdown) if args.markdown else None,
+    )
     if args.json:
         print(json.dumps(dict(result.to_json(), **({"attestation": origin} if origin else {})), indent=2))
         for w in result.warnings:
@@ -404,27 +521,39 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("gate", help="pass/fail a smoke report against the stack's thresholds and a baseline",
-                       description="Check a smoke report (speclock.smoke/v1) against the thresholds of its stack "
-                                   "([smoke.thresholds]) and, when one is given or stored, a baseline report of the same "
-                                   "smoke profile (quick, full or sampled; a report without one is quick): mean acceptance "
-                                   "length and each draft position's rate may not drift beyond the profile's tolerance "
-                                   "([smoke.profiles]; both ways in the sampled profile). A baseline of another profile is "
-                                   "exit 2. No baseline is a WARN (the regression check is skipped). "
-                                   "Exit 0 pass, 1 fail, 2 bad report/stack/baseline.")
+    p = sub.add_parser(
+        "gate",
+        help="pass/fail a smoke report against the stack's thresholds and a baseline",
+        description="Check a smoke report (speclock.smoke/v1) against the thresholds of its stack "
+        "([smoke.thresholds]) and, when one is given or stored, a baseline report of the same "
+        "smoke profile (quick, full or sampled; a report without one is quick): mean acceptance "
+        "length and each draft position's rate may not drift beyond the profile's tolerance "
+        "([smoke.profiles]; both ways in the sampled profile). A baseline of another profile is "
+        "exit 2. No baseline is a WARN (the regression check is skipped). "
+        "Exit 0 pass, 1 fail, 2 bad report/stack/baseline.",
+    )
     p.add_argument("report", help="report.json written by `speclock smoke`")
-    p.add_argument("--baseline", default="auto",
-                   help="baseline report; 'auto' (default) = baselines/<stack>/<engine package>-<version>[.<profile>].json "
-                        "(no suffix for quick) if stored "
-                        "(else WARN); 'none' = skip (WARN); a path that does not exist is an error")
+    p.add_argument(
+        "--baseline",
+        default="auto",
+        help="baseline report; 'auto' (default) = baselines/<stack>/<engine package>-<version>[.<profile>].json "
+        "(no suffix for quick) if stored "
+        "(else WARN); 'none' = skip (WARN); a path that does not exist is an error",
+    )
     p.add_argument("--baselines-dir", help="where 'auto' looks (default: the repo's baselines/, or the image's); must exist")
-    p.add_argument("--stack", help="stack name (stacks/<name>.toml) or path to a .toml file for the thresholds "
-                                   "(default: the report's stack)")
+    p.add_argument(
+        "--stack", help="stack name (stacks/<name>.toml) or path to a .toml file for the thresholds (default: the report's stack)"
+    )
     p.add_argument("--junit", help="write JUnit XML here (one test case per check)")
     p.add_argument("--markdown", help="write a Markdown summary here (for a CI comment)")
-    p.add_argument("--verify-key", metavar="PUBKEY", help="PEM Ed25519 public key: first check the report's signed "
-                                                          "attestation (beside it, or --attestation); any mismatch is exit 2")
-    p.add_argument("--attestation", metavar="FILE", help=f"the DSSE envelope to check (default: {attest.ATTESTATION_FILE} "
-                                                         "beside the report)")
+    p.add_argument(
+        "--verify-key",
+        metavar="PUBKEY",
+        help="PEM Ed25519 public key: first check the report's signed "
+        "attestation (beside it, or --attestation); any mismatch is exit 2",
+    )
+    p.add_argument(
+        "--attestation", metavar="FILE", help=f"the DSSE envelope to check (default: {attest.ATTESTATION_FILE} beside the report)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_gate)

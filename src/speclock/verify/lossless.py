@@ -18,8 +18,9 @@ counts, and the report says so.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # float32 logit margin under which two tokens count as tied for a bf16 engine. bf16 keeps 8
 # mantissa bits: a logit near 20 is rounded by ~0.08 per operation, and 30 layers of residual
@@ -37,19 +38,20 @@ def divergences(plain: list[list[int]], spec: list[list[int]]) -> list[dict[str,
     for i, (a, b) in enumerate(zip(plain, spec)):
         if a != b:
             pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            out.append({"prompt": i, "position": pos, "plain": a[pos:pos + 4], "spec": b[pos:pos + 4]})
+            out.append({"prompt": i, "position": pos, "plain": a[pos : pos + 4], "spec": b[pos : pos + 4]})
     return out
 
 
-def compare(plain: list[list[int]], spec: list[list[int]], prompt_ids: list[list[int]] | None = None,
-            judge: Judge | None = None) -> dict[str, Any]:
+def compare(
+    plain: list[list[int]], spec: list[list[int]], prompt_ids: list[list[int]] | None = None, judge: Judge | None = None
+) -> dict[str, Any]:
     """The report's `lossless` section: mismatches (what the gate fails on) and numeric ties."""
     diffs = divergences(plain, spec)
     ties, real = [], []
     for d in diffs:
         a, b = d["plain"][:1], d["spec"][:1]
         if judge is not None and prompt_ids is not None and a and b:
-            prefix = prompt_ids[d["prompt"]] + plain[d["prompt"]][:d["position"]]
+            prefix = prompt_ids[d["prompt"]] + plain[d["prompt"]][: d["position"]]
             d.update(judge(prefix, a[0], b[0]))
             if d["tie"]:
                 ties.append(d)
@@ -57,10 +59,14 @@ def compare(plain: list[list[int]], spec: list[list[int]], prompt_ids: list[list
         real.append(d)
     missing = abs(len(plain) - len(spec))  # a prompt with no output at all in one run
     # A prompt missing from one run counts as checked and mismatched (so mismatches <= checked holds).
-    return {"checked": max(len(plain), len(spec)), "mismatches": len(real) + missing, "numeric_ties": len(ties),
-            "tie_check": ("float32 target logits: tie when both tokens are within %.2f of the best" % TIE_MARGIN)
-                         if judge else "off",
-            "first_mismatches": real[:5], "first_ties": ties[:5]}
+    return {
+        "checked": max(len(plain), len(spec)),
+        "mismatches": len(real) + missing,
+        "numeric_ties": len(ties),
+        "tie_check": ("float32 target logits: tie when both tokens are within %.2f of the best" % TIE_MARGIN) if judge else "off",
+        "first_mismatches": real[:5],
+        "first_ties": ties[:5],
+    }
 
 
 def weights_bytes(target_dir: Path) -> int:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from speclock.core.errors import BadInput
 
@@ -42,35 +43,48 @@ def check_counters_bounded(report: dict[str, Any], bad: Bad) -> None:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or count <= 0:
         return
     passes = _passes(report)
-    metrics = [("metrics", report["metrics"])] + [(f"attention_backends[{i}].metrics", b["metrics"])
-                                                  for i, b in enumerate(report.get("attention_backends") or [])
-                                                  if isinstance(b, dict) and isinstance(b.get("metrics"), dict)]
+    metrics = [("metrics", report["metrics"])] + [
+        (f"attention_backends[{i}].metrics", b["metrics"])
+        for i, b in enumerate(report.get("attention_backends") or [])
+        if isinstance(b, dict) and isinstance(b.get("metrics"), dict)
+    ]
     for where, m in metrics:
         steps, accepted = m["num_drafts"], m["num_accepted_tokens"]
         most_steps = count * max_tokens * passes
         if steps > most_steps:
-            raise bad(f"{where}.num_drafts", f"{steps} draft steps, but {count} prompts x {max_tokens} tokens"
-                                             f"{f' x {passes} seeds' if passes > 1 else ''} allow at most {most_steps} "
-                                             "(each step emits at least one token)")
+            raise bad(
+                f"{where}.num_drafts",
+                f"{steps} draft steps, but {count} prompts x {max_tokens} tokens"
+                f"{f' x {passes} seeds' if passes > 1 else ''} allow at most {most_steps} "
+                "(each step emits at least one token)",
+            )
         most_tokens = count * (max_tokens + k) * passes
         if steps + accepted > most_tokens:
-            raise bad(f"{where}.num_accepted_tokens", f"{steps} steps + {accepted} accepted tokens emit more than the "
-                                                      f"{most_tokens} tokens {count} prompts x (max_tokens {max_tokens} "
-                                                      f"+ k {k}) can hold")
+            raise bad(
+                f"{where}.num_accepted_tokens",
+                f"{steps} steps + {accepted} accepted tokens emit more than the "
+                f"{most_tokens} tokens {count} prompts x (max_tokens {max_tokens} "
+                f"+ k {k}) can hold",
+            )
         per_pos = m["accepted_per_position"]
         for i in range(1, len(per_pos)):
             if per_pos[i] > per_pos[i - 1]:
-                raise bad(f"{where}.accepted_per_position[{i}]",
-                          f"{per_pos[i]} acceptances at position {i + 1} exceed the {per_pos[i - 1]} at position {i}: in "
-                          "a chain draft a token is accepted only after the one before it")
+                raise bad(
+                    f"{where}.accepted_per_position[{i}]",
+                    f"{per_pos[i]} acceptances at position {i + 1} exceed the {per_pos[i - 1]} at position {i}: in "
+                    "a chain draft a token is accepted only after the one before it",
+                )
 
 
 def check_profile_evidence(report: dict[str, Any], bad: Bad) -> None:
     profile = report.get("profile") if isinstance(report.get("profile"), dict) else {}
     if profile.get("name") == "sampled" and (report["lossless"].get("mismatches") or 0) > 0:
-        raise bad("profile.name", f"'sampled', but lossless.mismatches is {report['lossless']['mismatches']}: a sampled "
-                                  "run compares no outputs token for token, so these come from a greedy run, whose "
-                                  "lossless check a relabelled profile would skip")
+        raise bad(
+            "profile.name",
+            f"'sampled', but lossless.mismatches is {report['lossless']['mismatches']}: a sampled "
+            "run compares no outputs token for token, so these come from a greedy run, whose "
+            "lossless check a relabelled profile would skip",
+        )
 
 
 def check_speedup_is_its_ratio(report: dict[str, Any], bad: Bad) -> None:
@@ -81,8 +95,7 @@ def check_speedup_is_its_ratio(report: dict[str, Any], bad: Bad) -> None:
     want = spec / base
     # tok/s are written to 2 decimals and the speedup to 4: a few 1e-4 of rounding, never more
     if not math.isclose(speedup, want, rel_tol=5e-3, abs_tol=2e-3):
-        raise bad("throughput.speedup", f"{speedup} is not throughput.spec_tok_s / baseline_tok_s = {spec} / {base} "
-                                        f"= {want:.4f}")
+        raise bad("throughput.speedup", f"{speedup} is not throughput.spec_tok_s / baseline_tok_s = {spec} / {base} = {want:.4f}")
 
 
 def check_without_stack(report: dict[str, Any], bad: Bad) -> None:
@@ -94,15 +107,22 @@ def check_without_stack(report: dict[str, Any], bad: Bad) -> None:
 def check_against_stack(report: dict[str, Any], stack, report_source: str = "the report") -> None:
     """The report ran where its stack runs: on a GPU of the stack's archs for a GPU stack, on no GPU for a CPU stack;
     and in an image of that stack, where it names one."""
+
     def bad(key: str, problem: str) -> BadInput:
-        return BadInput(f"{report_source}: key '{key}': {problem}",
-                        hint=f"judge a report with the stack it ran with (`--stack`); a report of stack {stack.name} "
-                             "comes from `speclock smoke` in that stack's image or host environment")
+        return BadInput(
+            f"{report_source}: key '{key}': {problem}",
+            hint=f"judge a report with the stack it ran with (`--stack`); a report of stack {stack.name} "
+            "comes from `speclock smoke` in that stack's image or host environment",
+        )
+
     gpu = report.get("gpu") if isinstance(report.get("gpu"), dict) else {}
     completed = bool((report.get("run") or {}).get("completed"))
     if stack.is_gpu and completed and not gpu.get("name"):
-        raise bad("gpu.name", f"missing, but stack {stack.name} runs on a GPU ({', '.join(stack.gpu['archs'])}): smoke "
-                              "records the GPU it ran on, so this report came from a run without one")
+        raise bad(
+            "gpu.name",
+            f"missing, but stack {stack.name} runs on a GPU ({', '.join(stack.gpu['archs'])}): smoke "
+            "records the GPU it ran on, so this report came from a run without one",
+        )
     if not stack.is_gpu and gpu.get("name"):
         raise bad("gpu.name", f"{gpu['name']!r}, but stack {stack.name} is a CPU stack")
     arch = gpu.get("arch")

@@ -37,14 +37,39 @@ LEGACY_PROFILE = "quick"  # what a report without a `profile` key was (64 tokens
 # rounding; the sampled tolerance comes from the spread over seeds and runs (docs/smoke.md). max_mean_drift None:
 # the mean's drop limit is smoke.thresholds.max_relative_drop (one-sided), as before profiles existed.
 BUILTIN: dict[str, dict[str, Any]] = {
-    "quick": {"num_prompts": None, "max_tokens": None, "temperature": 0.0, "seeds": [0],
-              "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True, "per_request_seed": True},
-    "full": {"num_prompts": None, "max_tokens": 256, "temperature": 0.0, "seeds": [0],
-             "max_mean_drift": None, "max_position_drift": 0.05, "two_sided": False, "position_drift": True,
-             "per_request_seed": True},
-    "sampled": {"num_prompts": None, "max_tokens": None, "temperature": 1.0, "seeds": [0, 1, 2],
-                "max_mean_drift": 0.05, "max_position_drift": 0.10, "two_sided": True, "position_drift": True,
-                "per_request_seed": True},
+    "quick": {
+        "num_prompts": None,
+        "max_tokens": None,
+        "temperature": 0.0,
+        "seeds": [0],
+        "max_mean_drift": None,
+        "max_position_drift": 0.05,
+        "two_sided": False,
+        "position_drift": True,
+        "per_request_seed": True,
+    },
+    "full": {
+        "num_prompts": None,
+        "max_tokens": 256,
+        "temperature": 0.0,
+        "seeds": [0],
+        "max_mean_drift": None,
+        "max_position_drift": 0.05,
+        "two_sided": False,
+        "position_drift": True,
+        "per_request_seed": True,
+    },
+    "sampled": {
+        "num_prompts": None,
+        "max_tokens": None,
+        "temperature": 1.0,
+        "seeds": [0, 1, 2],
+        "max_mean_drift": 0.05,
+        "max_position_drift": 0.10,
+        "two_sided": True,
+        "position_drift": True,
+        "per_request_seed": True,
+    },
 }
 _KEY_HELP = {
     "num_prompts": "a positive integer (default: smoke.num_prompts)",
@@ -56,7 +81,7 @@ _KEY_HELP = {
     "two_sided": "true or false: a rise beyond the tolerance fails too",
     "position_drift": "true or false: check each draft position against the baseline",
     "per_request_seed": "true or false: pass each seed to the engine per request (false: the passes are independent "
-                        "draws from the engine's own seeded generator, for engines that crash on seeded requests)",
+    "draws from the engine's own seeded generator, for engines that crash on seeded requests)",
 }
 
 
@@ -104,8 +129,12 @@ def _check_value(key: str, value: Any, where: str, hint: str) -> Any:
             raise bad()
         value = float(value)
     elif key == "seeds":
-        if (not isinstance(value, list) or not value or len(set(map(repr, value))) != len(value)
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
+        if (
+            not isinstance(value, list)
+            or not value
+            or len(set(map(repr, value))) != len(value)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+        ):
             raise bad()
         value = tuple(value)
     elif key == "max_mean_drift":
@@ -147,12 +176,16 @@ def resolve_profile(stack, name: str | None = None, *, source: str = "--profile"
     values["num_prompts"] = values["num_prompts"] or stack.smoke["num_prompts"]
     values["max_tokens"] = values["max_tokens"] or stack.smoke["max_tokens"]
     if (name == "sampled") != (values["temperature"] > 0):
-        raise BadInput(f"{where}.temperature': {values['temperature']} in profile {name}",
-                       hint="the sampled profile samples (temperature > 0); quick and full are greedy (0)")
+        raise BadInput(
+            f"{where}.temperature': {values['temperature']} in profile {name}",
+            hint="the sampled profile samples (temperature > 0); quick and full are greedy (0)",
+        )
     k = stack.smoke["num_speculative_tokens"]
     if isinstance(values["max_position_drift"], tuple) and len(values["max_position_drift"]) != k:
-        raise BadInput(f"{where}.max_position_drift': {len(values['max_position_drift'])} tolerances for k = {k}",
-                       hint="give one number, or one per draft position")
+        raise BadInput(
+            f"{where}.max_position_drift': {len(values['max_position_drift'])} tolerances for k = {k}",
+            hint="give one number, or one per draft position",
+        )
     if len(values["seeds"]) > 1 and not values["temperature"]:
         raise BadInput(f"{where}.seeds': several seeds in a greedy profile repeat the same run", hint="use one seed")
     return Profile(name=name, **values)
@@ -169,8 +202,23 @@ def report_profile(report: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- statistics over seeds
 
 # Two-sided 95% Student t quantiles by degrees of freedom (n - 1); more than 30 seeds use the normal 1.96.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+_T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+}
 
 
 def t95(df: int) -> float:
@@ -186,14 +234,22 @@ def spread(values: list[float]) -> dict[str, Any]:
     mean = statistics.fmean(values) if values else 0.0
     sd = statistics.stdev(values) if n > 1 else 0.0
     half = t95(n - 1) * sd / math.sqrt(n) if n > 1 else None
-    return {"n": n, "mean": round(mean, 6), "stdev": round(sd, 6), "min": round(min(values), 6) if values else None,
-            "max": round(max(values), 6) if values else None,
-            "ci95": [round(mean - half, 6), round(mean + half, 6)] if half is not None else None}
+    return {
+        "n": n,
+        "mean": round(mean, 6),
+        "stdev": round(sd, 6),
+        "min": round(min(values), 6) if values else None,
+        "max": round(max(values), 6) if values else None,
+        "ci95": [round(mean - half, 6), round(mean + half, 6)] if half is not None else None,
+    }
 
 
 def per_seed_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """Spread over seeds of the mean acceptance length and of each position's acceptance rate."""
     k = max((len(s["acceptance_per_position"]) for s in per_seed), default=0)
-    return {"mean_acceptance_length": spread([s["mean_acceptance_length"] for s in per_seed]),
-            "acceptance_per_position": [spread([s["acceptance_per_position"][i] for s in per_seed
-                                                if i < len(s["acceptance_per_position"])]) for i in range(k)]}
+    return {
+        "mean_acceptance_length": spread([s["mean_acceptance_length"] for s in per_seed]),
+        "acceptance_per_position": [
+            spread([s["acceptance_per_position"][i] for s in per_seed if i < len(s["acceptance_per_position"])]) for i in range(k)
+        ],
+    }

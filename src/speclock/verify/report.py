@@ -14,7 +14,7 @@ from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
-from speclock.verify.checks import fmt_number  # noqa: F401 - also read from here (upgrade/outputs.py)
+from speclock.verify.checks import fmt_number
 from speclock.verify.plausibility import check_without_stack
 from speclock.verify.profiles import PROFILES
 from speclock.verify.speed import check_batch1
@@ -117,7 +117,7 @@ OPTIONAL: dict[str, tuple] = {
     "gpu.cuda": (str,),
     "warnings": (list,),
 }
-_INT_LIMIT = 2 ** 63  # counters are 64-bit in every engine; a larger integer is no measurement
+_INT_LIMIT = 2**63  # counters are 64-bit in every engine; a larger integer is no measurement
 # Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
 _TOLERANCE = 5e-4
 _HINT = "a report written by `speclock smoke` (schema speclock.smoke/v1), unedited; see docs/smoke.md"
@@ -140,8 +140,10 @@ def _type_names(types: tuple) -> str:
 def _check_type(source: str, key: str, value: Any, types: tuple) -> None:
     ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
     if not ok:
-        raise BadInput(f"{source}: key '{key}': expected {_type_names(types)}, got {files.json_type(value)} "
-                       f"{files.short_repr(value)}", hint=_HINT)
+        raise BadInput(
+            f"{source}: key '{key}': expected {_type_names(types)}, got {files.json_type(value)} {files.short_repr(value)}",
+            hint=_HINT,
+        )
     if isinstance(value, float) and not math.isfinite(value):
         raise BadInput(f"{source}: key '{key}': {value} is not a finite number", hint=_HINT)
 
@@ -224,9 +226,14 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
         if name not in PROFILES:
             raise bad("profile.name", f"{files.short_repr(name)} is not one of {', '.join(PROFILES)}")
         if (name == "sampled") != (temp > 0):
-            raise bad("profile.temperature", f"{temp} in profile {name} (sampled samples at temperature > 0; quick and full are greedy)")
+            raise bad(
+                "profile.temperature", f"{temp} in profile {name} (sampled samples at temperature > 0; quick and full are greedy)"
+            )
     if data["lossless"].get("mode", "greedy") != "greedy" and not (data["lossless"]["mode"] == "sampled" and temp > 0):
-        raise bad("lossless.mode", f"{files.short_repr(data['lossless']['mode'])} in a greedy run: greedy outputs are compared token for token")
+        raise bad(
+            "lossless.mode",
+            f"{files.short_repr(data['lossless']['mode'])} in a greedy run: greedy outputs are compared token for token",
+        )
     sampled = data.get("sampled")
     if name == "sampled" and data.get("run", {}).get("completed", True) and not isinstance(sampled, dict):
         raise bad("sampled", "missing: a completed sampled-profile run reports its counters per seed")
@@ -236,15 +243,29 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
         for i, seed in enumerate(per_seed):
             if not isinstance(seed, dict):
                 raise bad(f"sampled.per_seed[{i}]", "expected an object of counters")
-            _check_metrics(seed, k, lambda key, problem, i=i: bad(f"sampled.per_seed[{i}].{key.removeprefix('metrics.')}", problem))
+            _check_metrics(
+                seed, k, lambda key, problem, i=i: bad(f"sampled.per_seed[{i}].{key.removeprefix('metrics.')}", problem)
+            )
             totals[0] += seed["num_drafts"]
             totals[1] += seed["num_draft_tokens"]
             totals[2] += seed["num_accepted_tokens"]
             totals[3] = [a + b for a, b in zip(totals[3], seed["accepted_per_position"] + [0] * k)]
         m = data["metrics"]
-        if per_seed and [m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"], list(m["accepted_per_position"]) + [0] * (k - len(m["accepted_per_position"]))] != totals:
-            raise bad("sampled.per_seed", "the per-seed counters do not add up to metrics (num_drafts, num_draft_tokens, "
-                                          "num_accepted_tokens, accepted_per_position)")
+        if (
+            per_seed
+            and [
+                m["num_drafts"],
+                m["num_draft_tokens"],
+                m["num_accepted_tokens"],
+                list(m["accepted_per_position"]) + [0] * (k - len(m["accepted_per_position"])),
+            ]
+            != totals
+        ):
+            raise bad(
+                "sampled.per_seed",
+                "the per-seed counters do not add up to metrics (num_drafts, num_draft_tokens, "
+                "num_accepted_tokens, accepted_per_position)",
+            )
     backends = data.get("attention_backends")
     if backends is not None:
         names = []
@@ -259,8 +280,14 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
             raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
 
 
-_COUNTER_TYPES = {"num_drafts": (int,), "num_draft_tokens": (int,), "num_accepted_tokens": (int,),
-                  "accepted_per_position": (list,), "acceptance_rate": _NUM, "mean_acceptance_length": _NUM}
+_COUNTER_TYPES = {
+    "num_drafts": (int,),
+    "num_draft_tokens": (int,),
+    "num_accepted_tokens": (int,),
+    "accepted_per_position": (list,),
+    "acceptance_rate": _NUM,
+    "mean_acceptance_length": _NUM,
+}
 
 
 def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
@@ -271,7 +298,12 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         if m[key] < 0:
             raise bad(f"metrics.{key}", f"negative ({m[key]})")
-    drafts, tokens, accepted, per_pos = m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"], m["accepted_per_position"]
+    drafts, tokens, accepted, per_pos = (
+        m["num_drafts"],
+        m["num_draft_tokens"],
+        m["num_accepted_tokens"],
+        m["accepted_per_position"],
+    )
     for i, v in enumerate(per_pos):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise bad(f"metrics.accepted_per_position[{i}]", f"expected a count, got {files.short_repr(v)}")
@@ -288,22 +320,35 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
         raise bad("metrics.accepted_per_position", f"sums to {sum(per_pos)}, num_accepted_tokens is {accepted}")
     rate = accepted / tokens if tokens else 0.0
     if not 0.0 <= m["acceptance_rate"] <= 1.0 or not _close(m["acceptance_rate"], rate):
-        raise bad("metrics.acceptance_rate", f"{files.short_repr(m['acceptance_rate'])} is not num_accepted_tokens / num_draft_tokens "
-                                             f"= {accepted}/{tokens} = {rate:.6f}")
+        raise bad(
+            "metrics.acceptance_rate",
+            f"{files.short_repr(m['acceptance_rate'])} is not num_accepted_tokens / num_draft_tokens "
+            f"= {accepted}/{tokens} = {rate:.6f}",
+        )
     mal = 1.0 + accepted / drafts if drafts else 1.0
     if not _close(m["mean_acceptance_length"], mal):
-        raise bad("metrics.mean_acceptance_length", f"{files.short_repr(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
-                                                    f"num_drafts = 1 + {accepted}/{drafts} = {mal:.6f}")
+        raise bad(
+            "metrics.mean_acceptance_length",
+            f"{files.short_repr(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
+            f"num_drafts = 1 + {accepted}/{drafts} = {mal:.6f}",
+        )
     rates = m.get("acceptance_per_position")
     if rates is not None:
         if len(rates) != len(per_pos):
             raise bad("metrics.acceptance_per_position", f"{len(rates)} rates for {len(per_pos)} positions")
         for i, (r, a) in enumerate(zip(rates, per_pos)):
             want = a / drafts if drafts else 0.0
-            if (isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0
-                    or not _close(r, want)):
-                raise bad(f"metrics.acceptance_per_position[{i}]", f"{files.short_repr(r)} is not accepted_per_position / "
-                                                                   f"num_drafts = {a}/{drafts}")
+            if (
+                isinstance(r, bool)
+                or not isinstance(r, (int, float))
+                or not math.isfinite(r)
+                or not 0.0 <= r <= 1.0
+                or not _close(r, want)
+            ):
+                raise bad(
+                    f"metrics.acceptance_per_position[{i}]",
+                    f"{files.short_repr(r)} is not accepted_per_position / num_drafts = {a}/{drafts}",
+                )
 
 
 def _check_lossless(ll: dict[str, Any], count: int, bad) -> None:
@@ -315,8 +360,10 @@ def _check_lossless(ll: dict[str, Any], count: int, bad) -> None:
     if ll["mismatches"] > ll["checked"]:
         raise bad("lossless.mismatches", f"{ll['mismatches']} exceeds lossless.checked {ll['checked']}")
     if ll.get("numeric_ties", 0) + ll["mismatches"] > ll["checked"]:
-        raise bad("lossless.numeric_ties", f"{ll['numeric_ties']} ties + {ll['mismatches']} mismatches exceed "
-                                           f"lossless.checked {ll['checked']}")
+        raise bad(
+            "lossless.numeric_ties",
+            f"{ll['numeric_ties']} ties + {ll['mismatches']} mismatches exceed lossless.checked {ll['checked']}",
+        )
 
 
 def _check_reference(data: dict[str, Any], bad) -> None:
@@ -343,9 +390,11 @@ def _check_reference(data: dict[str, Any], bad) -> None:
             value = key.get(name)
             if value is not None and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
                 raise bad(f"reference.key.{name}", f"{files.short_repr(value)} is not a sha256 (64 hex digits)")
-        for name, mine, label in (("k", data["num_speculative_tokens"], "num_speculative_tokens"),
-                                  ("max_tokens", data.get("max_tokens"), "max_tokens"),
-                                  ("num_prompts", data["prompts"]["count"], "prompts.count")):
+        for name, mine, label in (
+            ("k", data["num_speculative_tokens"], "num_speculative_tokens"),
+            ("max_tokens", data.get("max_tokens"), "max_tokens"),
+            ("num_prompts", data["prompts"]["count"], "prompts.count"),
+        ):
             if name in key and mine is not None and key[name] != mine:
                 raise bad(f"reference.key.{name}", f"{key[name]} differs from the report's {label} {mine}")
 
@@ -373,29 +422,47 @@ def _profile_line(report: dict[str, Any]) -> str:
     mal = (sampled.get("spread") or {}).get("mean_acceptance_length") or {}
     ci = mal.get("ci95")
     per_seed = ", ".join(fmt_number(s.get("mean_acceptance_length")) for s in sampled.get("per_seed") or [])
-    return (line + f", temperature {sampled.get('temperature')}): mean acceptance length per seed {per_seed}"
-            + (f"; 95% CI {fmt_number(ci[0])}-{fmt_number(ci[1])}" if ci else ""))
+    return (
+        line
+        + f", temperature {sampled.get('temperature')}): mean acceptance length per seed {per_seed}"
+        + (f"; 95% CI {fmt_number(ci[0])}-{fmt_number(ci[1])}" if ci else "")
+    )
 
 
 def _speed_rows(report: dict[str, Any], t: dict[str, Any]) -> list[tuple[str, str]]:
     """Batch 1 (the judged speedup: median, interval, spread) and all prompts at once; an older report's one figure."""
     b1, conc = t.get("batch1"), t.get("concurrent")
     if not isinstance(b1, dict) and not isinstance(conc, dict):
-        return [("tok/s plain -> spec", f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  "
-                                        f"(speedup {fmt_number(t['speedup'], 2)})")]
+        return [
+            (
+                "tok/s plain -> spec",
+                f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  "
+                f"(speedup {fmt_number(t['speedup'], 2)})",
+            )
+        ]
     rows = []
     if isinstance(b1, dict):
-        rows.append(("tok/s at batch 1", f"plain {fmt_number(b1['plain_tok_s_median'], 1)} -> spec "
-                                         f"{fmt_number(b1['spec_tok_s_median'], 1)}  (speedup {fmt_number(b1['speedup'], 2)}, "
-                                         f"interval {fmt_number(b1['speedup_low'], 2)}-{fmt_number(b1['speedup_high'], 2)}, "
-                                         f"{b1['prompts']} prompts x {b1['max_tokens']} tokens, median of {b1['repeats']}; "
-                                         f"plain before {b1['plain_before_tok_s']}, after {b1['plain_after_tok_s']})"))
+        rows.append(
+            (
+                "tok/s at batch 1",
+                f"plain {fmt_number(b1['plain_tok_s_median'], 1)} -> spec "
+                f"{fmt_number(b1['spec_tok_s_median'], 1)}  (speedup {fmt_number(b1['speedup'], 2)}, "
+                f"interval {fmt_number(b1['speedup_low'], 2)}-{fmt_number(b1['speedup_high'], 2)}, "
+                f"{b1['prompts']} prompts x {b1['max_tokens']} tokens, median of {b1['repeats']}; "
+                f"plain before {b1['plain_before_tok_s']}, after {b1['plain_after_tok_s']})",
+            )
+        )
     else:
         rows.append(("tok/s at batch 1", "not measured (smoke.speed_repeats = 0)"))
     if isinstance(conc, dict):
-        rows.append((f"tok/s, {conc.get('requests', '?')} at once", f"plain {fmt_number(conc.get('baseline_tok_s'), 1)} -> spec "
-                                                                    f"{fmt_number(conc.get('spec_tok_s'), 1)}  "
-                                                                    f"(speedup {fmt_number(conc.get('speedup'), 2)})"))
+        rows.append(
+            (
+                f"tok/s, {conc.get('requests', '?')} at once",
+                f"plain {fmt_number(conc.get('baseline_tok_s'), 1)} -> spec "
+                f"{fmt_number(conc.get('spec_tok_s'), 1)}  "
+                f"(speedup {fmt_number(conc.get('speedup'), 2)})",
+            )
+        )
     gpu = report.get("gpu") or {}
     if gpu.get("name"):
         rows.append(("gpu", f"{gpu['name']}, driver {gpu.get('driver') or '?'}, CUDA {gpu.get('cuda') or '?'}"))
@@ -412,16 +479,25 @@ def human_table(report: dict[str, Any]) -> str:
     rows = [
         ("stack", report["stack"]),
         ("engine", f"{report['engine']['name']} {report['engine']['version']}"),
-        ("draft", f"{report['draft']['path']}  aux layers {report['draft']['aux_layer_ids']} "
-                  f"captured {report['draft']['captured_layers']}"),
+        (
+            "draft",
+            f"{report['draft']['path']}  aux layers {report['draft']['aux_layer_ids']} "
+            f"captured {report['draft']['captured_layers']}",
+        ),
         ("prompts", f"{report['prompts']['count']} from {report['prompts']['source']}, k={report['num_speculative_tokens']}"),
-        ("lossless", f"{ll['checked'] - ll['mismatches'] - ll.get('numeric_ties', 0)}/{ll['checked']} identical, "
-                     f"{ll.get('numeric_ties', 0)} part at numeric ties, {ll['mismatches']} mismatched"),
+        (
+            "lossless",
+            f"{ll['checked'] - ll['mismatches'] - ll.get('numeric_ties', 0)}/{ll['checked']} identical, "
+            f"{ll.get('numeric_ties', 0)} part at numeric ties, {ll['mismatches']} mismatched",
+        ),
         ("mean acceptance length", fmt_number(m["mean_acceptance_length"])),
         ("acceptance rate", fmt_number(m["acceptance_rate"])),
         ("acceptance per position", per_pos),
         *([("profile", _profile_line(report))] if report.get("profile") else []),
-        ("reference acceptance length", fmt_number((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else "")),
+        (
+            "reference acceptance length",
+            fmt_number((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else ""),
+        ),
         ("reference gap", fmt_number(ref.get("gap"))),
         *_speed_rows(report, t),
         ("verdict", report["verdict"].upper() + (" with WARN" if report.get("warnings") else "")),

@@ -29,11 +29,11 @@ from speclock.core import dsse
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import atomic_write_text, os_error, read_json
 from speclock.spec.stack import load_stack
-from speclock.verify.doctor import build_context, DOCTOR_SCHEMA, DoctorOptions, run_doctor
 from speclock.verify import attest
+from speclock.verify.doctor import DOCTOR_SCHEMA, DoctorOptions, build_context, run_doctor
 from speclock.verify.gate import lock_beside, resolve_stack, run_gate, table
 from speclock.verify.report import human_table
-from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
+from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
 from speclock.verify.smoke.run import run_smoke
 
 
@@ -58,8 +58,13 @@ def run_doctor_stage(opts: SmokeOptions) -> tuple[int, dict[str, Any]]:
     rows = [asdict(c) for c in checks]
     failed = [r["name"] for r in rows if r.get("status") == "fail"]
     code = 3 if ctx.python is None else (1 if failed else 0)
-    return code, {"schema": DOCTOR_SCHEMA, "checks": rows, "failed": failed, "verdict": "fail" if code else "pass",
-                  "error": f"failed checks: {', '.join(failed)}" if failed else None}
+    return code, {
+        "schema": DOCTOR_SCHEMA,
+        "checks": rows,
+        "failed": failed,
+        "verdict": "fail" if code else "pass",
+        "error": f"failed checks: {', '.join(failed)}" if failed else None,
+    }
 
 
 def gpu_visible() -> bool:
@@ -119,8 +124,12 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         _log("smoke")
         report, smoke_code = run_smoke(inp)
         print(human_table(report))
-        summary["stages"]["smoke"] = {"exit_code": smoke_code, "verdict": report["verdict"], "failures": report["failures"],
-                                      "warnings": report.get("warnings") or []}  # e.g. a batch-1 speedup too spread to judge
+        summary["stages"]["smoke"] = {
+            "exit_code": smoke_code,
+            "verdict": report["verdict"],
+            "failures": report["failures"],
+            "warnings": report.get("warnings") or [],
+        }  # e.g. a batch-1 speedup too spread to judge
     except SpeclockError as err:
         smoke_code = err.exit_code
         summary["stages"]["smoke"] = {"exit_code": smoke_code, "error": str(err)}
@@ -130,11 +139,16 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     if report_path.is_file():
         _log("gate")
         try:
-            result = run_gate(report_path, baseline=opts.baseline, stack=opts.smoke.stack, junit=out / "junit.xml", md=out / "summary.md")
+            result = run_gate(
+                report_path, baseline=opts.baseline, stack=opts.smoke.stack, junit=out / "junit.xml", md=out / "summary.md"
+            )
             atomic_write_text(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
             print(table(result.checks))
-            summary["stages"]["gate"] = {"exit_code": 0 if result.ok else 1, "baseline": result.baseline,
-                                         "warnings": result.warnings}
+            summary["stages"]["gate"] = {
+                "exit_code": 0 if result.ok else 1,
+                "baseline": result.baseline,
+                "warnings": result.warnings,
+            }
             for w in result.warnings:
                 _log(f"gate: WARN: {w}")
             codes.append(0 if result.ok else 1)
@@ -157,8 +171,10 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
     warned = bool((summary["stages"].get("gate") or {}).get("warnings") or (summary["stages"].get("smoke") or {}).get("warnings"))
     summary["warnings"] = warned
-    print(f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke {smoke_code}"
-          f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}")
+    print(
+        f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke {smoke_code}"
+        f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}"
+    )
     return final
 
 
@@ -178,9 +194,11 @@ def selfcheck_in_env(env_dir: str, opts: SmokeOptions, baseline: str, sign_key: 
     ENV sets; a --stack must be the environment's own."""
     record = read_record(Path(env_dir))
     if opts.stack and load_stack(opts.stack).name != record["stack"]:
-        raise BadInput(f"--stack {opts.stack}: the environment {env_dir} is stack {record['stack']}'s",
-                       hint=f"leave out --stack (the environment's stack is used), or build one with `speclock host-env "
-                            f"--stack {opts.stack} --dest DIR`")
+        raise BadInput(
+            f"--stack {opts.stack}: the environment {env_dir} is stack {record['stack']}'s",
+            hint=f"leave out --stack (the environment's stack is used), or build one with `speclock host-env "
+            f"--stack {opts.stack} --dest DIR`",
+        )
     signing = ["--sign-key", str(Path(sign_key).absolute())] if sign_key else []
     cmd = env_command(Path(env_dir), ["selfcheck", *env_args(replace(opts, stack=None), baseline), *signing])
     _log(f"running in the host environment {env_dir} (stack {record['stack']}, target {record['target']}): {' '.join(cmd)}")
@@ -194,14 +212,29 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("selfcheck", help="doctor + smoke + gate: the image's default command",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "selfcheck",
+        help="doctor + smoke + gate: the image's default command",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_smoke_arguments(p)
-    p.add_argument("--baseline", default="auto", help="baseline report for the gate ('auto' = the stored one for this "
-                                                      "stack and engine version, 'none' = skip)")
-    p.add_argument("--env", metavar="DIR", help="run inside the host environment DIR made by `speclock host-env` (its "
-                                                "stack, lock, target and prompts, as in an image)")
-    p.add_argument("--sign-key", metavar="KEY", help="PEM Ed25519 private key: sign report.json as an in-toto statement "
-                                                     f"in a DSSE envelope, {attest.ATTESTATION_FILE} beside it "
-                                                     "(`speclock gate --verify-key` checks it; docs/attestation.md)")
+    p.add_argument(
+        "--baseline",
+        default="auto",
+        help="baseline report for the gate ('auto' = the stored one for this stack and engine version, 'none' = skip)",
+    )
+    p.add_argument(
+        "--env",
+        metavar="DIR",
+        help="run inside the host environment DIR made by `speclock host-env` (its "
+        "stack, lock, target and prompts, as in an image)",
+    )
+    p.add_argument(
+        "--sign-key",
+        metavar="KEY",
+        help="PEM Ed25519 private key: sign report.json as an in-toto statement "
+        f"in a DSSE envelope, {attest.ATTESTATION_FILE} beside it "
+        "(`speclock gate --verify-key` checks it; docs/attestation.md)",
+    )
     p.set_defaults(func=_cmd_selfcheck)

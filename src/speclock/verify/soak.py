@@ -30,7 +30,7 @@ from speclock.core.files import atomic_write_text, os_error
 from speclock.engines import EngineConfig, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
-from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
+from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
 from speclock.verify.smoke.run import visible_arch
 
 SOAK_SCHEMA = "speclock.soak/v1"
@@ -70,39 +70,54 @@ def judge(windows: list[dict[str, Any]], max_drift: float, *, min_windows: int =
         failures.append(f"only {len(windows)} window(s) ran; a drift needs at least {min_windows} (raise --minutes)")
     bad = [i + 1 for i, w in enumerate(windows) if w.get("mismatches")]
     if bad:
-        failures.append(f"greedy outputs changed beyond numeric ties in window(s) {bad} (same prompts, same engine): "
-                        f"state that builds up in the engine changes what it generates; see first_mismatches in soak.json")
+        failures.append(
+            f"greedy outputs changed beyond numeric ties in window(s) {bad} (same prompts, same engine): "
+            f"state that builds up in the engine changes what it generates; see first_mismatches in soak.json"
+        )
     d = drift_of(windows)
     if d["worst_drop"] > max_drift:
         w = windows[d["worst_window"]]
-        failures.append(f"acceptance drifted: window {d['worst_window'] + 1} (at {w['t_start_s']:.0f} s) has mean acceptance "
-                        f"length {w['mean_acceptance_length']:.3f} vs {windows[0]['mean_acceptance_length']:.3f} in the "
-                        f"first window: {d['worst_drop']:.1%} lower (limit {max_drift:.0%})")
+        failures.append(
+            f"acceptance drifted: window {d['worst_window'] + 1} (at {w['t_start_s']:.0f} s) has mean acceptance "
+            f"length {w['mean_acceptance_length']:.3f} vs {windows[0]['mean_acceptance_length']:.3f} in the "
+            f"first window: {d['worst_drop']:.1%} lower (limit {max_drift:.0%})"
+        )
     return not failures, failures
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = [f"### speclock soak: {doc['verdict'].upper()}: {doc['stack']} on {doc['engine']} "
-             f"({len(doc['windows'])} windows in {doc['seconds']:.0f} s)", "",
-             f"drift of mean acceptance length: worst {doc['drift']['worst_drop']:.1%}, last {doc['drift']['last_drop']:.1%} "
-             f"(limit {doc['max_drift']:.0%}); outputs identical to the first window: "
-             f"{sum(w['outputs_same'] for w in doc['windows'])}/{len(doc['windows'])}; prompts parting at numeric ties / "
-             f"real mismatches: {sum(w.get('numeric_ties', 0) for w in doc['windows'])} / "
-             f"{sum(w.get('mismatches', 0) for w in doc['windows'])}", "",
-             "| window | start s | mean acc. length | acceptance rate | per position | tok/s | outputs same | ties / mismatches |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### speclock soak: {doc['verdict'].upper()}: {doc['stack']} on {doc['engine']} "
+        f"({len(doc['windows'])} windows in {doc['seconds']:.0f} s)",
+        "",
+        f"drift of mean acceptance length: worst {doc['drift']['worst_drop']:.1%}, last {doc['drift']['last_drop']:.1%} "
+        f"(limit {doc['max_drift']:.0%}); outputs identical to the first window: "
+        f"{sum(w['outputs_same'] for w in doc['windows'])}/{len(doc['windows'])}; prompts parting at numeric ties / "
+        f"real mismatches: {sum(w.get('numeric_ties', 0) for w in doc['windows'])} / "
+        f"{sum(w.get('mismatches', 0) for w in doc['windows'])}",
+        "",
+        "| window | start s | mean acc. length | acceptance rate | per position | tok/s | outputs same | ties / mismatches |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for i, w in enumerate(doc["windows"]):
         pos = ", ".join(f"{r:.3f}" for r in w["per_position"])
-        lines.append(f"| {i + 1} | {w['t_start_s']:.0f} | {w['mean_acceptance_length']:.3f} | {w['acceptance_rate']:.3f} "
-                     f"| {pos} | {w['tok_s']:.1f} | {'yes' if w['outputs_same'] else 'NO'} "
-                     f"| {w.get('numeric_ties', 0)} / {w.get('mismatches', 0)} |")
+        lines.append(
+            f"| {i + 1} | {w['t_start_s']:.0f} | {w['mean_acceptance_length']:.3f} | {w['acceptance_rate']:.3f} "
+            f"| {pos} | {w['tok_s']:.1f} | {'yes' if w['outputs_same'] else 'NO'} "
+            f"| {w.get('numeric_ties', 0)} / {w.get('mismatches', 0)} |"
+        )
     if doc["failures"]:
         lines += ["", "Failures:"] + [f"- {f}" for f in doc["failures"]]
     return "\n".join(lines) + "\n"
 
 
-def _judge_divergences(inp, windows: list[dict[str, Any]], first: list[list[int]] | None,
-                       differing: dict[int, list[list[int]]], prompt_ids: list[list[int]]) -> None:
+def _judge_divergences(
+    inp,
+    windows: list[dict[str, Any]],
+    first: list[list[int]] | None,
+    differing: dict[int, list[list[int]]],
+    prompt_ids: list[list[int]],
+) -> None:
     """Each window's `numeric_ties` and `mismatches` against the first window (speclock.verify.lossless)."""
     judge_fn = lossless.float32_judge(inp.target, log=_log) if differing else None
     for i, w in enumerate(windows):
@@ -116,8 +131,9 @@ def soak_engine_config(inp, arch: str | None = None) -> EngineConfig:
     """The drafted engine as smoke starts it: the GPU arch's settings (gpu.arch_settings) and engine.env."""
     arch = visible_arch(inp.stack) if arch is None else arch
     env = inp.stack.engine_env
-    return EngineConfig(inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env,
-                        concurrency=inp.concurrency)
+    return EngineConfig(
+        inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env, concurrency=inp.concurrency
+    )
 
 
 def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
@@ -125,7 +141,7 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     # heavy, optional (transformers): imported only where it is used
     from transformers import AutoTokenizer
 
-    texts = load_prompts(inp.prompts_file)[:inp.num_prompts]  # all of them when the file holds fewer (as smoke)
+    texts = load_prompts(inp.prompts_file)[: inp.num_prompts]  # all of them when the file holds fewer (as smoke)
     tokenizer = AutoTokenizer.from_pretrained(str(inp.target))
     prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
     engine = get_engine(inp.stack.engine["name"])
@@ -136,19 +152,31 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     started = time.perf_counter()
     # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
     with running(engine, config) as session:
-        _log(f"{engine.NAME} with drafter ready in {time.perf_counter() - t0:.1f} s; soaking for {minutes} min "
-             f"({len(prompt_ids)} prompts x {inp.max_tokens} tokens per window)")
+        _log(
+            f"{engine.NAME} with drafter ready in {time.perf_counter() - t0:.1f} s; soaking for {minutes} min "
+            f"({len(prompt_ids)} prompts x {inp.max_tokens} tokens per window)"
+        )
         started = time.perf_counter()
         error, first_outputs = _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, differing, started)
     _judge_divergences(inp, windows, first_outputs, differing, prompt_ids)
     ok, failures = judge(windows, max_drift)
     if error:
         ok, failures = False, [f"the engine failed after {len(windows)} window(s): {error}"] + failures
-    return {"schema": SOAK_SCHEMA, "stack": inp.stack.name,
-            "engine": f"{inp.stack.engine['package']} {package_version(inp.stack.engine['package']) or '?'}",
-            "minutes": minutes, "max_drift": max_drift, "seconds": round(time.perf_counter() - started, 1),
-            "prompts": len(prompt_ids), "max_tokens": inp.max_tokens, "num_speculative_tokens": inp.k,
-            "windows": windows, "drift": drift_of(windows), "verdict": "pass" if ok else "fail", "failures": failures}
+    return {
+        "schema": SOAK_SCHEMA,
+        "stack": inp.stack.name,
+        "engine": f"{inp.stack.engine['package']} {package_version(inp.stack.engine['package']) or '?'}",
+        "minutes": minutes,
+        "max_drift": max_drift,
+        "seconds": round(time.perf_counter() - started, 1),
+        "prompts": len(prompt_ids),
+        "max_tokens": inp.max_tokens,
+        "num_speculative_tokens": inp.k,
+        "windows": windows,
+        "drift": drift_of(windows),
+        "verdict": "pass" if ok else "fail",
+        "failures": failures,
+    }
 
 
 def _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, differing, started):
@@ -165,11 +193,18 @@ def _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, diffe
             m = (session.counters() - before).metrics()
             first_outputs = first_outputs if first_outputs is not None else outputs
             drafts = m["num_drafts"]
-            windows.append({"t_start_s": round(t1 - started, 1), "seconds": round(seconds, 2),
-                            "mean_acceptance_length": m["mean_acceptance_length"], "acceptance_rate": m["acceptance_rate"],
-                            "per_position": [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]],
-                            "num_drafts": drafts, "tok_s": round(sum(map(len, outputs)) / seconds, 2),
-                            "outputs_same": outputs == first_outputs})
+            windows.append(
+                {
+                    "t_start_s": round(t1 - started, 1),
+                    "seconds": round(seconds, 2),
+                    "mean_acceptance_length": m["mean_acceptance_length"],
+                    "acceptance_rate": m["acceptance_rate"],
+                    "per_position": [a / drafts if drafts else 0.0 for a in m["accepted_per_position"]],
+                    "num_drafts": drafts,
+                    "tok_s": round(sum(map(len, outputs)) / seconds, 2),
+                    "outputs_same": outputs == first_outputs,
+                }
+            )
             if outputs != first_outputs:
                 differing[len(windows) - 1] = outputs
             w = windows[-1]
@@ -201,11 +236,19 @@ def _cmd_soak(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("soak", help="repeat the smoke test's drafted run on one engine for N minutes; gate on drift",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "soak",
+        help="repeat the smoke test's drafted run on one engine for N minutes; gate on drift",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_smoke_arguments(p)
     p.add_argument("--minutes", type=positive_float, default=10.0, help="how long to keep generating (default 10)")
-    p.add_argument("--max-drift", type=drift_limit, default=DEFAULT_MAX_DRIFT,
-                   help=f"largest allowed relative drop of mean acceptance length from the first window (default {DEFAULT_MAX_DRIFT:g})")
+    p.add_argument(
+        "--max-drift",
+        type=drift_limit,
+        default=DEFAULT_MAX_DRIFT,
+        help=f"largest allowed relative drop of mean acceptance length from the first window (default {DEFAULT_MAX_DRIFT:g})",
+    )
     p.add_argument("--max-windows", type=positive_int, help="stop after this many windows even if time is left")
     p.set_defaults(func=_cmd_soak)

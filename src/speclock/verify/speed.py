@@ -26,18 +26,26 @@ from typing import Any
 
 from speclock.verify.checks import Check, warning
 
-CPU_NOTE = ("measured on a CPU: with many requests at once verifying k + 1 tokens per step costs a CPU nearly k + 1 "
-            "decode steps, so the concurrent speedup (throughput.concurrent) below 1 is expected there; one request at "
-            "a time drafting pays on a CPU too (cpu-vllm: 1.1-1.5x measured, docs/smoke.md), with a wide spread on a busy "
-            "machine; min_speedup judges batch 1 only")
+CPU_NOTE = (
+    "measured on a CPU: with many requests at once verifying k + 1 tokens per step costs a CPU nearly k + 1 "
+    "decode steps, so the concurrent speedup (throughput.concurrent) below 1 is expected there; one request at "
+    "a time drafting pays on a CPU too (cpu-vllm: 1.1-1.5x measured, docs/smoke.md), with a wide spread on a busy "
+    "machine; min_speedup judges batch 1 only"
+)
 
 
 def tok_s(runs: list[tuple[int, float]]) -> list[float]:
     return [round(tokens / seconds, 2) if seconds > 0 else 0.0 for tokens, seconds in runs]
 
 
-def summarize_batch1(before: list[tuple[int, float]], spec: list[tuple[int, float]], after: list[tuple[int, float]],
-                     *, prompts: int, max_tokens: int) -> dict[str, Any]:
+def summarize_batch1(
+    before: list[tuple[int, float]],
+    spec: list[tuple[int, float]],
+    after: list[tuple[int, float]],
+    *,
+    prompts: int,
+    max_tokens: int,
+) -> dict[str, Any]:
     """The report's `throughput.batch1` from (tokens, seconds) per repeat of each engine run."""
     b, s, a = tok_s(before), tok_s(spec), tok_s(after)
     plain = statistics.median(b + a)
@@ -45,17 +53,34 @@ def summarize_batch1(before: list[tuple[int, float]], spec: list[tuple[int, floa
     speedup = spec_med / plain if plain else 0.0
     bounds = [spec_med / x if x else 0.0 for x in (statistics.median(b), statistics.median(a))] + [speedup]
     low, high = min(bounds), max(bounds)
-    return {"prompts": prompts, "max_tokens": max_tokens, "repeats": len(s),
-            "plain_before_tok_s": b, "spec_tok_s": s, "plain_after_tok_s": a,
-            "plain_tok_s_median": round(plain, 2), "spec_tok_s_median": round(spec_med, 2),
-            "speedup": round(speedup, 4), "speedup_low": round(low, 4), "speedup_high": round(high, 4),
-            "spread": round((high - low) / speedup, 4) if speedup else None}
+    return {
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "repeats": len(s),
+        "plain_before_tok_s": b,
+        "spec_tok_s": s,
+        "plain_after_tok_s": a,
+        "plain_tok_s_median": round(plain, 2),
+        "spec_tok_s_median": round(spec_med, 2),
+        "speedup": round(speedup, 4),
+        "speedup_low": round(low, 4),
+        "speedup_high": round(high, 4),
+        "spread": round((high - low) / speedup, 4) if speedup else None,
+    }
 
 
 _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
-    "prompts": (int,), "max_tokens": (int,), "repeats": (int,), "plain_before_tok_s": (list,), "spec_tok_s": (list,),
-    "plain_after_tok_s": (list,), "speedup": (int, float), "speedup_low": (int, float), "speedup_high": (int, float),
-    "spread": (int, float, type(None))}
+    "prompts": (int,),
+    "max_tokens": (int,),
+    "repeats": (int,),
+    "plain_before_tok_s": (list,),
+    "spec_tok_s": (list,),
+    "plain_after_tok_s": (list,),
+    "speedup": (int, float),
+    "speedup_low": (int, float),
+    "speedup_high": (int, float),
+    "spread": (int, float, type(None)),
+}
 
 
 def check_batch1(data: dict[str, Any], bad) -> None:
@@ -76,18 +101,31 @@ def check_batch1(data: dict[str, Any], bad) -> None:
     runs = {}
     for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
         values = b1[key]
-        if not values or len(values) != b1["repeats"] or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
-            raise bad(f"throughput.batch1.{key}", f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, "
-                                                  f"got {repr(values)[:80]}")
+        if (
+            not values
+            or len(values) != b1["repeats"]
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values)
+        ):
+            raise bad(
+                f"throughput.batch1.{key}",
+                f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, got {repr(values)[:80]}",
+            )
         runs[key] = [(v, 1.0) for v in values]
-    want = summarize_batch1(runs["plain_before_tok_s"], runs["spec_tok_s"], runs["plain_after_tok_s"],
-                            prompts=b1["prompts"], max_tokens=b1["max_tokens"])
+    want = summarize_batch1(
+        runs["plain_before_tok_s"],
+        runs["spec_tok_s"],
+        runs["plain_after_tok_s"],
+        prompts=b1["prompts"],
+        max_tokens=b1["max_tokens"],
+    )
     for key in ("speedup", "speedup_low", "speedup_high", "spread"):
         if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=5e-4)):
-            raise bad(f"throughput.batch1.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; "
-                                                  "speclock.verify.speed)")
-    if tp.get("measured_at") == "batch 1" and (tp["speedup"] is None or not math.isclose(tp["speedup"], b1["speedup"], rel_tol=1e-9, abs_tol=5e-4)):
+            raise bad(
+                f"throughput.batch1.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)"
+            )
+    if tp.get("measured_at") == "batch 1" and (
+        tp["speedup"] is None or not math.isclose(tp["speedup"], b1["speedup"], rel_tol=1e-9, abs_tol=5e-4)
+    ):
         raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
 
 
@@ -98,13 +136,16 @@ def batch1_of(report: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _interval(b1: dict[str, Any]) -> str:
-    return (f"{b1['speedup']:.3f} (interval {b1['speedup_low']:.3f}-{b1['speedup_high']:.3f}, spread "
-            f"{b1['spread'] or 0:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
-            f"{b1['prompts']} prompts x {b1['max_tokens']} tokens x {b1['repeats']} repeats)")
+    return (
+        f"{b1['speedup']:.3f} (interval {b1['speedup_low']:.3f}-{b1['speedup_high']:.3f}, spread "
+        f"{b1['spread'] or 0:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
+        f"{b1['prompts']} prompts x {b1['max_tokens']} tokens x {b1['repeats']} repeats)"
+    )
 
 
-def speed_checks(report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None,
-                 baseline_source: str = "the baseline") -> list[Check]:
+def speed_checks(
+    report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None, baseline_source: str = "the baseline"
+) -> list[Check]:
     """The batch-1 speedup against smoke.thresholds.min_speedup, and against the baseline's (max_speedup_drop)."""
     checks: list[Check] = []
     b1 = batch1_of(report)
@@ -113,21 +154,44 @@ def speed_checks(report: dict[str, Any], thresholds: dict[str, Any], baseline: d
     if floor:
         limit = f">= {floor} (smoke.thresholds.min_speedup)"
         if b1 is None:
-            checks.append(Check(name, False, None, limit, "speed",
-                                "not measured (the report has no throughput.batch1: smoke ran with smoke.speed_repeats = 0 "
-                                "or --speed-repeats 0, or before speclock measured speed); smoke.thresholds.min_speedup "
-                                f"asks for >= {floor}: run `speclock smoke` with speed_repeats >= 1"))
+            checks.append(
+                Check(
+                    name,
+                    False,
+                    None,
+                    limit,
+                    "speed",
+                    "not measured (the report has no throughput.batch1: smoke ran with smoke.speed_repeats = 0 "
+                    "or --speed-repeats 0, or before speclock measured speed); smoke.thresholds.min_speedup "
+                    f"asks for >= {floor}: run `speclock smoke` with speed_repeats >= 1",
+                )
+            )
         elif b1["speedup_low"] >= floor:
             checks.append(Check(name, True, b1["speedup"], limit, "speed"))
         elif b1["speedup_high"] < floor:
-            checks.append(Check(name, False, b1["speedup"], limit, "speed",
-                                f"{_interval(b1)} is below smoke.thresholds.min_speedup {floor}: the drafter does not pay "
-                                "for itself at batch 1"))
+            checks.append(
+                Check(
+                    name,
+                    False,
+                    b1["speedup"],
+                    limit,
+                    "speed",
+                    f"{_interval(b1)} is below smoke.thresholds.min_speedup {floor}: the drafter does not pay "
+                    "for itself at batch 1",
+                )
+            )
         else:
-            checks.append(warning(name, b1["speedup"], limit, "speed",
-                                  f"{_interval(b1)} straddles smoke.thresholds.min_speedup {floor}: the spread is too wide "
-                                  "to judge (a busy machine?); run smoke again on a quiet one, or with more "
-                                  "smoke.speed_repeats / speed_prompts"))
+            checks.append(
+                warning(
+                    name,
+                    b1["speedup"],
+                    limit,
+                    "speed",
+                    f"{_interval(b1)} straddles smoke.thresholds.min_speedup {floor}: the spread is too wide "
+                    "to judge (a busy machine?); run smoke again on a quiet one, or with more "
+                    "smoke.speed_repeats / speed_prompts",
+                )
+            )
     limit_drop = thresholds.get("max_speedup_drop", 0.0)
     if baseline is None or not limit_drop or b1 is None:
         return checks
@@ -135,18 +199,32 @@ def speed_checks(report: dict[str, Any], thresholds: dict[str, Any], baseline: d
     limit = f"<= {limit_drop} relative drop (smoke.thresholds.max_speedup_drop)"
     base = batch1_of(baseline)
     if base is None:
-        checks.append(warning(name, None, limit, "regression",
-                              f"no speed baseline: {baseline_source} has no throughput.batch1 (recorded before smoke "
-                              "measured speed at batch 1); record a new baseline to compare speed"))
+        checks.append(
+            warning(
+                name,
+                None,
+                limit,
+                "regression",
+                f"no speed baseline: {baseline_source} has no throughput.batch1 (recorded before smoke "
+                "measured speed at batch 1); record a new baseline to compare speed",
+            )
+        )
         return checks
     unlike = [f"{key} {base[key]} vs {b1[key]}" for key in ("prompts", "max_tokens") if base.get(key) != b1.get(key)]
     gpu_now, gpu_then = (report.get("gpu") or {}).get("name"), (baseline.get("gpu") or {}).get("name")
     if gpu_now != gpu_then:
         unlike.append(f"GPU {gpu_then or 'none'} vs {gpu_now or 'none'}")
     if unlike:
-        checks.append(warning(name, None, limit, "regression",
-                              f"no comparable speed baseline: {baseline_source} measured speed otherwise "
-                              f"({'; '.join(unlike)}); record a baseline with this run's settings"))
+        checks.append(
+            warning(
+                name,
+                None,
+                limit,
+                "regression",
+                f"no comparable speed baseline: {baseline_source} measured speed otherwise "
+                f"({'; '.join(unlike)}); record a baseline with this run's settings",
+            )
+        )
         return checks
     ref = base["speedup"]
     drop = (ref - b1["speedup"]) / ref if ref else 0.0
@@ -156,10 +234,25 @@ def speed_checks(report: dict[str, Any], thresholds: dict[str, Any], baseline: d
     if drop_high <= limit_drop:
         checks.append(Check(name, True, round(drop, 4), limit, "regression"))
     elif drop_low > limit_drop:
-        checks.append(Check(name, False, round(drop, 4), limit, "regression",
-                            f"{what}, beyond smoke.thresholds.max_speedup_drop {limit_drop:.0%}"))
+        checks.append(
+            Check(
+                name,
+                False,
+                round(drop, 4),
+                limit,
+                "regression",
+                f"{what}, beyond smoke.thresholds.max_speedup_drop {limit_drop:.0%}",
+            )
+        )
     else:
-        checks.append(warning(name, round(drop, 4), limit, "regression",
-                              f"{what}; over the interval the drop is {drop_low:.1%}-{drop_high:.1%}, across "
-                              f"smoke.thresholds.max_speedup_drop {limit_drop:.0%}: the spread is too wide to judge"))
+        checks.append(
+            warning(
+                name,
+                round(drop, 4),
+                limit,
+                "regression",
+                f"{what}; over the interval the drop is {drop_low:.1%}-{drop_high:.1%}, across "
+                f"smoke.thresholds.max_speedup_drop {limit_drop:.0%}: the spread is too wide to judge",
+            )
+        )
     return checks

@@ -21,8 +21,18 @@ class Builder(Protocol):
 
     def image_exists(self, ref: str) -> bool: ...
 
-    def build(self, *, containerfile: Path, context: Path, tag: str, build_args: dict[str, str],
-              labels: dict[str, str], target: str | None, no_cache: bool, timestamp: int) -> str:
+    def build(
+        self,
+        *,
+        containerfile: Path,
+        context: Path,
+        tag: str,
+        build_args: dict[str, str],
+        labels: dict[str, str],
+        target: str | None,
+        no_cache: bool,
+        timestamp: int,
+    ) -> str:
         """Build and tag; stream progress to stdout; return the local image id."""
 
     def image_id(self, ref: str) -> str: ...

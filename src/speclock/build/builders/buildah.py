@@ -38,12 +38,15 @@ class Buildah:
 
     def check_available(self) -> str:
         if not shutil.which("buildah"):
-            raise EnvironmentProblem("buildah is not installed",
-                                     hint="apt-get install buildah (Debian/Ubuntu), or use --builder docker")
+            raise EnvironmentProblem(
+                "buildah is not installed", hint="apt-get install buildah (Debian/Ubuntu), or use --builder docker"
+            )
         proc = capture(self._cmd("version", "--json"))
         if proc.returncode != 0:
-            raise EnvironmentProblem(f"buildah does not work here: {proc.stderr.strip()[-500:]}",
-                                     hint="run as root or configure rootless buildah (subuid/subgid), or use --builder docker")
+            raise EnvironmentProblem(
+                f"buildah does not work here: {proc.stderr.strip()[-500:]}",
+                hint="run as root or configure rootless buildah (subuid/subgid), or use --builder docker",
+            )
         return json.loads(proc.stdout).get("version", "?")
 
     def image_exists(self, ref: str) -> bool:
@@ -57,8 +60,22 @@ class Buildah:
                 containerfile = labelled
             # --force-rm: a failed step's working container (a venv step's holds 2+ GB) is removed too; without
             # it every failed build (a full disk, most often) left one behind and made the next failure likelier.
-            cmd = self._cmd("build", "--format", "oci", "--layers", "--force-rm", "--network", "none",
-                            "--identity-label=false", "--timestamp", str(timestamp), "-f", str(containerfile), "-t", tag)
+            cmd = self._cmd(
+                "build",
+                "--format",
+                "oci",
+                "--layers",
+                "--force-rm",
+                "--network",
+                "none",
+                "--identity-label=false",
+                "--timestamp",
+                str(timestamp),
+                "-f",
+                str(containerfile),
+                "-t",
+                tag,
+            )
             if no_cache:
                 cmd.append("--no-cache")
             cache_repo = os.environ.get("SPECLOCK_BUILDAH_CACHE_REPO")
@@ -110,9 +127,11 @@ class Buildah:
                 cmd.append("--tls-verify=false")
             rc, tail = stream(cmd + [ref, f"docker://{dest}"])
             if rc != 0:
-                raise EnvironmentProblem(f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
-                                         hint="check the registry address, that it runs, your login (buildah login), "
-                                              "and --insecure for a plain-HTTP registry")
+                raise EnvironmentProblem(
+                    f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
+                    hint="check the registry address, that it runs, your login (buildah login), "
+                    "and --insecure for a plain-HTTP registry",
+                )
             digest = Path(dfile.name).read_text().strip()
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise EnvironmentProblem(f"buildah reported no digest for {dest}")

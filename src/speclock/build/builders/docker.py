@@ -39,8 +39,10 @@ class Docker:
             raise EnvironmentProblem("docker is not installed", hint="apt-get install docker.io, or use --builder buildah")
         proc = capture([cli, "version", "--format", "{{.Server.Version}}"], env=self._env())
         if proc.returncode != 0 or not proc.stdout.strip():
-            raise EnvironmentProblem(f"the docker daemon is not reachable: {proc.stderr.strip()[-300:]}",
-                                     hint="start dockerd (e.g. `setsid dockerd >/tmp/dockerd.log 2>&1 &`) or use --builder buildah")
+            raise EnvironmentProblem(
+                f"the docker daemon is not reachable: {proc.stderr.strip()[-300:]}",
+                hint="start dockerd (e.g. `setsid dockerd >/tmp/dockerd.log 2>&1 &`) or use --builder buildah",
+            )
         return proc.stdout.strip()
 
     def image_exists(self, ref: str) -> bool:
@@ -92,9 +94,11 @@ class Docker:
             raise CheckFailed(f"could not tag {ref} as {dest}")
         rc, tail = stream([cli, "push", dest])
         if rc != 0:
-            raise EnvironmentProblem(f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
-                                     hint="check the registry address, that it runs, and `docker login`; "
-                                          "plain-HTTP registries other than 127.0.0.0/8 need dockerd's insecure-registries")
+            raise EnvironmentProblem(
+                f"the registry refused the push of {dest} (exit {rc}):\n{tail[-1500:]}",
+                hint="check the registry address, that it runs, and `docker login`; "
+                "plain-HTTP registries other than 127.0.0.0/8 need dockerd's insecure-registries",
+            )
         # the registry's own answer, not a line of docker's log
         return registry_digest(dest, insecure=insecure)
 

@@ -34,13 +34,21 @@ def sglang_off_path(ctx: Context):
         backends = sglang_attention_backends(ctx, arch)
         if library.startswith("sgl_kernel/flash_ops") and "fa3" not in backends:
             # srt/layers/attention/flashattention_backend.py (fa3) -> jit_kernel/flash_attention_v3.py -> sgl_kernel.flash_attn
-            return f"FA3 (flash_ops) serves only the fa3 attention backend; on {arch} this stack runs {', '.join(sorted(backends))}"
-        if library.startswith("sgl_kernel/flashmla_ops") and target and not target.startswith(MLA_ARCH_PREFIXES) \
-                and not any("mla" in b for b in backends):
+            return (
+                f"FA3 (flash_ops) serves only the fa3 attention backend; on {arch} this stack runs {', '.join(sorted(backends))}"
+            )
+        if (
+            library.startswith("sgl_kernel/flashmla_ops")
+            and target
+            and not target.startswith(MLA_ARCH_PREFIXES)
+            and not any("mla" in b for b in backends)
+        ):
             return f"FlashMLA serves only MLA attention; the target {target} is not MLA"
         if Path(library).name == "flashinfer_cubin" and arch not in flashinfer_archs:
-            return (f"FlashInfer's cubins serve its TRT-LLM-gen kernels, which this stack does not run on {arch} "
-                    f"(attention {', '.join(sorted(backends))}; sampling_backend {ctx.stack.engine_settings_for(arch).get('sampling_backend', 'default')})")
+            return (
+                f"FlashInfer's cubins serve its TRT-LLM-gen kernels, which this stack does not run on {arch} "
+                f"(attention {', '.join(sorted(backends))}; sampling_backend {ctx.stack.engine_settings_for(arch).get('sampling_backend', 'default')})"
+            )
         return None
 
     return rule
@@ -58,14 +66,20 @@ def check_gpu_archs(ctx: Context) -> Check:
     tool = cuda_arch.find_cuobjdump(extra_roots=[ctx.site_packages])
     gaps = cuda_arch.parse_known_gaps(ctx.stack.gpu["known_gaps"])
     off = sglang_off_path(ctx) if ctx.stack.engine["name"] == "sglang" else None
-    rows = cuda_arch.coverage_table(libs, ctx.site_packages, targets, engine=ctx.stack.engine["name"], known_gaps=gaps, tool=tool,
-                                    off_path=off)
+    rows = cuda_arch.coverage_table(
+        libs, ctx.site_packages, targets, engine=ctx.stack.engine["name"], known_gaps=gaps, tool=tool, off_path=off
+    )
     missing = [f"{r['library']}:{t}" for r in rows for t, c in r["targets"].items() if c["kind"] == "missing"]
     table = cuda_arch.format_table(rows, targets)
     detail = {"targets": targets, "rows": rows, "table": table, "cuobjdump": str(tool)}
     if missing:
-        return Check("gpu-archs", "fail", f"{len(missing)} library/arch pair(s) have no SASS or usable PTX: {', '.join(missing[:4])}"
-                                          + (" ..." if len(missing) > 4 else ""), detail)
+        return Check(
+            "gpu-archs",
+            "fail",
+            f"{len(missing)} library/arch pair(s) have no SASS or usable PTX: {', '.join(missing[:4])}"
+            + (" ..." if len(missing) > 4 else ""),
+            detail,
+        )
     return Check("gpu-archs", "pass", f"{len(rows)} libraries have code for {', '.join(targets)}", detail)
 
 
@@ -86,16 +100,31 @@ def check_cuda(ctx: Context) -> Check:
     if not rt:
         return Check("cuda-driver", "fail", f"the CUDA runtime library does not load: {r.get('runtime_error', 'unknown')}", r)
     if not r.get("driver"):
-        return Check("cuda-driver", "skip", f"no NVIDIA driver (CPU machine): CUDA runtime {_cuda_release(rt)} "
-                                            "not matched against a driver; run doctor on the GPU host", r)
+        return Check(
+            "cuda-driver",
+            "skip",
+            f"no NVIDIA driver (CPU machine): CUDA runtime {_cuda_release(rt)} "
+            "not matched against a driver; run doctor on the GPU host",
+            r,
+        )
     drv = r["driver"]
     if drv // 1000 < rt // 1000:
-        return Check("cuda-driver", "fail", f"driver supports CUDA {_cuda_release(drv)}, runtime is {_cuda_release(rt)}: "
-                                            "a newer major than the driver, kernels will not load", r)
+        return Check(
+            "cuda-driver",
+            "fail",
+            f"driver supports CUDA {_cuda_release(drv)}, runtime is {_cuda_release(rt)}: "
+            "a newer major than the driver, kernels will not load",
+            r,
+        )
     notes = []
     status = "pass"
     if drv < rt:
-        status, notes = "warn", [f"driver CUDA {_cuda_release(drv)} < runtime {_cuda_release(rt)} (minor-version compatibility only; PTX JIT may fail)"]
+        status, notes = (
+            "warn",
+            [
+                f"driver CUDA {_cuda_release(drv)} < runtime {_cuda_release(rt)} (minor-version compatibility only; PTX JIT may fail)"
+            ],
+        )
     stack_ccs = {cuda_arch.device_cc(t) for t in ctx.stack.gpu["archs"]}
     for g in r["gpus"]:
         cc = tuple(g["cc"])
@@ -103,8 +132,12 @@ def check_cuda(ctx: Context) -> Check:
             status = "fail"
             notes.append(f"GPU {g['index']} {g['name']} is sm_{cc[0]}{cc[1]}, not in the stack's gpu.archs")
     gpus = ", ".join(f"{g['name']} (sm_{g['cc'][0]}{g['cc'][1]})" for g in r["gpus"]) or "no GPU visible"
-    return Check("cuda-driver", status, f"runtime {_cuda_release(rt)}, driver {_cuda_release(drv)}; {gpus}"
-                 + ("; " + "; ".join(notes) if notes else ""), r)
+    return Check(
+        "cuda-driver",
+        status,
+        f"runtime {_cuda_release(rt)}, driver {_cuda_release(drv)}; {gpus}" + ("; " + "; ".join(notes) if notes else ""),
+        r,
+    )
 
 
 class GpuArchs:

@@ -12,8 +12,12 @@ def check_aux_layers(ctx: Context, facts: dict, manifest: dict | None) -> Check:
     if not ctx.draft_dir or not ctx.draft_dir.is_dir():
         return Check(name, "warn", f"no drafter folder at {ctx.draft_dir}: aux-layers could not run")
     if manifest is None:
-        return Check(name, "warn", f"drafter {ctx.draft_dir} has no {DRAFT_MANIFEST}: aux-layers could not run "
-                                   "(it compares the engine's layers with the manifest's aux_layers_after)")
+        return Check(
+            name,
+            "warn",
+            f"drafter {ctx.draft_dir} has no {DRAFT_MANIFEST}: aux-layers could not run "
+            "(it compares the engine's layers with the manifest's aux_layers_after)",
+        )
     if not (ctx.draft_dir / "config.json").is_file():
         return Check(name, "fail", f"drafter {ctx.draft_dir} has no config.json")
     read_model_config(ctx.draft_dir, what="drafter")  # its ids go to the engine: their types are checked first
@@ -21,7 +25,9 @@ def check_aux_layers(ctx: Context, facts: dict, manifest: dict | None) -> Check:
         return Check(name, "warn", "target architecture or layer count unknown: aux-layers could not run")
     a = ctx.engine_answers.get("capture")
     if not a or not a["ok"]:
-        return Check(name, "fail", f"the engine could not say which layers it captures: {(a or {}).get('error', ctx.python_note)}")
+        return Check(
+            name, "fail", f"the engine could not say which layers it captures: {(a or {}).get('error', ctx.python_note)}"
+        )
     r = a["result"]
     if not r.get("ok"):
         return Check(name, "fail", r["reason"], r)
@@ -30,12 +36,22 @@ def check_aux_layers(ctx: Context, facts: dict, manifest: dict | None) -> Check:
     engine = ctx.stack.engine["name"]
     detail = dict(r, manifest_aux_layers_after=want, engine=engine)
     if got == want:
-        return Check(name, "pass", f"{engine} feeds the drafter the hidden states after layers {got} "
-                                   f"(ids {r['engine_ids']} from the {r['source']}), as trained", detail)
+        return Check(
+            name,
+            "pass",
+            f"{engine} feeds the drafter the hidden states after layers {got} "
+            f"(ids {r['engine_ids']} from the {r['source']}), as trained",
+            detail,
+        )
     shift = {g - w for g, w in zip(got, want)} if len(got) == len(want) else set()
-    hint = f" (off by {shift.pop():+d}: {engine}'s convention differs from the one the drafter was written for)" if len(shift) == 1 else ""
-    return Check(name, "fail", f"{engine} will feed the hidden states after layers {got}, "
-                               f"the drafter was trained on {want}{hint}", detail)
+    hint = (
+        f" (off by {shift.pop():+d}: {engine}'s convention differs from the one the drafter was written for)"
+        if len(shift) == 1
+        else ""
+    )
+    return Check(
+        name, "fail", f"{engine} will feed the hidden states after layers {got}, the drafter was trained on {want}{hint}", detail
+    )
 
 
 class AuxLayers:
@@ -44,7 +60,12 @@ class AuxLayers:
 
     def questions(self, ctx: Context) -> dict[str, list]:
         facts, config = ctx.facts, (ctx.draft_dir / "config.json" if ctx.draft_dir else None)
-        if ctx.manifest is None or not facts.get("arch") or not facts.get("num_hidden_layers") or not (config and config.is_file()):
+        if (
+            ctx.manifest is None
+            or not facts.get("arch")
+            or not facts.get("num_hidden_layers")
+            or not (config and config.is_file())
+        ):
             return {}
         args = [ctx.stack.engine["name"], facts["arch"], int(facts["num_hidden_layers"]), str(config)]
         if facts.get("inner") and facts["inner"] != facts["arch"]:

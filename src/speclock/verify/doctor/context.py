@@ -12,22 +12,32 @@ from pathlib import Path
 from typing import Protocol
 
 from speclock.core.errors import BadInput
-from speclock.core.layout import IMAGE, in_image, REPO_ROOT
-from speclock.drafter.models import (config_architecture, read_drafter_manifest, read_model_config, require_model_folder,
-                                     stack_model_path)
-from speclock.engines import envs as engine_envs, package_version
+from speclock.core.layout import IMAGE, REPO_ROOT, in_image
+from speclock.drafter.models import (
+    config_architecture,
+    read_drafter_manifest,
+    read_model_config,
+    require_model_folder,
+    stack_model_path,
+)
+from speclock.engines import envs as engine_envs
+from speclock.engines import package_version
 from speclock.patches.probes import engine_subprocess, last_json
 from speclock.patches.trees import default_site_packages
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 # Language-model class inside multimodal wrappers, by the text config's model_type.
-INNER_BY_MODEL_TYPE = {"deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
-                       "deepseek_v2": "DeepseekV2ForCausalLM"}
+INNER_BY_MODEL_TYPE = {
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+}
 
 
 @dataclass(frozen=True)
 class DoctorOptions:
     """`speclock doctor`'s options (the CLI builds them from its flags; selfcheck builds its own)."""
+
     stack: str | None = None
     python: str | None = None
     site_packages: str | None = None
@@ -65,6 +75,7 @@ class Context:
 class DoctorCheck(Protocol):
     """One doctor check: its name, whether it needs the engine's Python, the engine questions it needs
     asked (all checks' questions go to the engine in one subprocess), and the check itself."""
+
     name: str
     needs_engine: bool
 
@@ -74,6 +85,7 @@ class DoctorCheck(Protocol):
 
 
 # ---------------------------------------------------------------- context
+
 
 def resolve_python(stack: Stack, python: str | None) -> tuple[str | None, str]:
     """The engine's Python: --python, this one (if it has the pinned engine), or a cached engine env."""
@@ -87,8 +99,9 @@ def resolve_python(stack: Stack, python: str | None) -> tuple[str | None, str]:
         py = engine_envs.env_python(spec)
         if py:
             return str(py), f"cached engine env {py.parent.parent}"
-        return None, (f"{dist} {version} is neither in this Python nor in a cached env; "
-                      f"run: python -m speclock.engines.envs ensure {spec}")
+        return None, (
+            f"{dist} {version} is neither in this Python nor in a cached env; run: python -m speclock.engines.envs ensure {spec}"
+        )
     return None, f"{dist} {version} is not installed in this Python ({sys.executable}); pass --python"
 
 
@@ -132,7 +145,9 @@ def build_context(opts: DoctorOptions) -> Context:
         read_model_config(draft, what="drafter", option="--draft")
         read_drafter_manifest(draft)  # checked when present; `speclock doctor --draft` also requires it (runner)
     if opts.python and not Path(opts.python).is_file() and not shutil.which(opts.python):
-        raise BadInput(f"--python {opts.python}: no Python executable there", hint="give the engine's python (a path or a command on PATH)")
+        raise BadInput(
+            f"--python {opts.python}: no Python executable there", hint="give the engine's python (a path or a command on PATH)"
+        )
     python, note = resolve_python(stack, opts.python)
     site = None
     if opts.site_packages and not Path(opts.site_packages).is_dir():
@@ -143,6 +158,7 @@ def build_context(opts: DoctorOptions) -> Context:
 
 
 # ---------------------------------------------------------------- target and drafter facts
+
 
 def load_manifest(draft_dir: Path | None) -> dict | None:
     """The drafter's manifest, checked (speclock.drafter.models.read_drafter_manifest); None when there is none."""
@@ -174,6 +190,7 @@ def target_facts(ctx: Context, manifest: dict | None) -> dict:
 
 
 # ---------------------------------------------------------------- engine questions (one subprocess)
+
 
 def ask_engine(ctx: Context, request: dict, timeout: int = 240) -> dict:
     env = ctx.stack.engine_env

@@ -9,8 +9,12 @@ from speclock.verify.doctor.context import Check, Context
 def check_eagle3(ctx: Context, facts: dict) -> Check:
     arch = facts["arch"]
     if not arch:
-        return Check("eagle3-target", "warn", "target architecture unknown (no target config.json, no drafter manifest): "
-                                              "eagle3-target could not run; pass --target or --arch")
+        return Check(
+            "eagle3-target",
+            "warn",
+            "target architecture unknown (no target config.json, no drafter manifest): "
+            "eagle3-target could not run; pass --target or --arch",
+        )
     a = ctx.engine_answers.get("eagle3")
     if not a or not a["ok"]:
         return Check("eagle3-target", "fail", f"could not ask the engine: {(a or {}).get('error', ctx.python_note)}")

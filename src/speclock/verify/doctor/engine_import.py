@@ -16,7 +16,9 @@ def check_import(ctx: Context) -> Check:
     r = a["result"]
     pinned = ctx.stack.engine["version"]
     if r["version"] != pinned:
-        return Check("engine-import", "fail", f"{ctx.stack.engine['name']} {r['version']} imports, but the stack pins {pinned}", r)
+        return Check(
+            "engine-import", "fail", f"{ctx.stack.engine['name']} {r['version']} imports, but the stack pins {pinned}", r
+        )
     return Check("engine-import", "pass", f"{ctx.stack.engine['name']} {r['version']} imports from {Path(r['file']).parent}", r)
 
 

@@ -63,8 +63,13 @@ def flashinfer_needs(ctx: Context, fi_installed: bool) -> dict[str, str]:
                 reasons.append("SGLang's default attention on sm_100/sm_103 is trtllm_mha (FlashInfer's kernels)")
             if engine["name"] == "sglang" and major not in (9, 10) and fi_installed:
                 reasons.append("SGLang's default attention there is flashinfer (installed)")
-        if (engine["name"] == "vllm" and fi_installed and env.get("VLLM_USE_FLASHINFER_SAMPLER") != "0"
-                and major >= 8 and _version_at_least(engine["version"], "0.26.0")):
+        if (
+            engine["name"] == "vllm"
+            and fi_installed
+            and env.get("VLLM_USE_FLASHINFER_SAMPLER") != "0"
+            and major >= 8
+            and _version_at_least(engine["version"], "0.26.0")
+        ):
             reasons.append("vLLM's top-k/top-p sampler runs FlashInfer (VLLM_USE_FLASHINFER_SAMPLER is not 0)")
         if reasons:
             out[arch] = "; ".join(reasons)
@@ -97,8 +102,11 @@ def kernel_wheels(site: Path | None, dists: dict[str, str], tool=None) -> dict[s
                     sass.update(inv.sass)
                     ptx.update(inv.ptx)
         key = cuda_arch._sort_key
-        out[JIT] = {"version": have[JIT], "providers": providers,
-                    "inventory": cuda_arch.Inventory("", sorted(sass, key=key), sorted(ptx, key=key))}
+        out[JIT] = {
+            "version": have[JIT],
+            "providers": providers,
+            "inventory": cuda_arch.Inventory("", sorted(sass, key=key), sorted(ptx, key=key)),
+        }
     return out
 
 
@@ -110,15 +118,22 @@ def decide(ctx: Context, needs: dict[str, str], fi_version: str | None, wheels: 
     """The verdict from what the engine needs and what the kernel wheels hold (no I/O: tested with fakes)."""
     if not needs:
         why = "flashinfer is not installed and" if not fi_version else f"flashinfer {fi_version} is installed, but"
-        return Check("flashinfer-kernels", "skip", f"{why} the engine runs no FlashInfer kernel on "
-                                                   f"{', '.join(ctx.stack.gpu['archs'])} with this stack's settings")
+        return Check(
+            "flashinfer-kernels",
+            "skip",
+            f"{why} the engine runs no FlashInfer kernel on {', '.join(ctx.stack.gpu['archs'])} with this stack's settings",
+        )
     cuda = (ctx.stack.gpu.get("cuda") or "").replace(".", "")
     if not fi_version:
-        return Check("flashinfer-kernels", "fail",
-                     "flashinfer-python is not installed, but the engine runs FlashInfer: "
-                     + "; ".join(f"{a}: {r}" for a, r in needs.items())
-                     + "; lock flashinfer-python with its kernels (flashinfer-cubin, python.extra), or set another "
-                       "attention_backend in gpu.arch_settings", {"needs": needs})
+        return Check(
+            "flashinfer-kernels",
+            "fail",
+            "flashinfer-python is not installed, but the engine runs FlashInfer: "
+            + "; ".join(f"{a}: {r}" for a, r in needs.items())
+            + "; lock flashinfer-python with its kernels (flashinfer-cubin, python.extra), or set another "
+            "attention_backend in gpu.arch_settings",
+            {"needs": needs},
+        )
     notes, usable = [], {}
     for wheel, info in wheels.items():
         if _matches(wheel, info["version"], fi_version):
@@ -133,21 +148,34 @@ def decide(ctx: Context, needs: dict[str, str], fi_version: str | None, wheels: 
         cells[arch] = {"why": why, "covered_by": {w: c["via"] for w, c in ok.items()}}
         if not ok:
             missing.append(arch)
-    detail = {"flashinfer": fi_version, "needs": needs, "archs": cells,
-              "wheels": {w: {"version": i["version"], "sass": i["inventory"].sass, "ptx": i["inventory"].ptx}
-                         for w, i in wheels.items()}}
+    detail = {
+        "flashinfer": fi_version,
+        "needs": needs,
+        "archs": cells,
+        "wheels": {
+            w: {"version": i["version"], "sass": i["inventory"].sass, "ptx": i["inventory"].ptx} for w, i in wheels.items()
+        },
+    }
     if missing:
         jit = f"{JIT}=={fi_version}+cu{cuda}" if cuda else f"{JIT}=={fi_version}+cuXYZ"
         reasons = "; ".join(f"{a}: {needs[a]}" for a in missing)
-        return Check("flashinfer-kernels", "fail",
-                     f"no precompiled FlashInfer kernels for {', '.join(missing)} ({reasons})"
-                     + (f"; {'; '.join(notes)}" if notes else "")
-                     + f"; lock flashinfer-cubin=={fi_version} (python.extra), and {jit} for archs its cubins lack "
-                       f"(FlashInfer publishes both on {KERNELS_INDEX}; `flashinfer download-kernels --dry-run` "
-                       "prints the exact requirements)", detail)
+        return Check(
+            "flashinfer-kernels",
+            "fail",
+            f"no precompiled FlashInfer kernels for {', '.join(missing)} ({reasons})"
+            + (f"; {'; '.join(notes)}" if notes else "")
+            + f"; lock flashinfer-cubin=={fi_version} (python.extra), and {jit} for archs its cubins lack "
+            f"(FlashInfer publishes both on {KERNELS_INDEX}; `flashinfer download-kernels --dry-run` "
+            "prints the exact requirements)",
+            detail,
+        )
     covered = ", ".join(f"{a} ({'/'.join(f'{w} {v}' for w, v in c['covered_by'].items())})" for a, c in cells.items())
-    return Check("flashinfer-kernels", "pass", f"flashinfer {fi_version}: precompiled kernels for {covered}"
-                 + (f"; {'; '.join(notes)}" if notes else ""), detail)
+    return Check(
+        "flashinfer-kernels",
+        "pass",
+        f"flashinfer {fi_version}: precompiled kernels for {covered}" + (f"; {'; '.join(notes)}" if notes else ""),
+        detail,
+    )
 
 
 def check_flashinfer_kernels(ctx: Context) -> Check:
@@ -155,7 +183,11 @@ def check_flashinfer_kernels(ctx: Context) -> Check:
         return Check("flashinfer-kernels", "skip", "CPU stack: FlashInfer runs only on the GPU path")
     a = ctx.engine_answers.get("dists")
     if not a or not a["ok"]:
-        return Check("flashinfer-kernels", "fail", f"could not list the engine Python's packages: {(a or {}).get('error', ctx.python_note)}")
+        return Check(
+            "flashinfer-kernels",
+            "fail",
+            f"could not list the engine Python's packages: {(a or {}).get('error', ctx.python_note)}",
+        )
     dists = {normalize(k): v for k, v in a["result"].items()}
     fi_version = dists.get("flashinfer-python") or dists.get("flashinfer")
     needs = flashinfer_needs(ctx, bool(fi_version))

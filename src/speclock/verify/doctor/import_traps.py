@@ -26,9 +26,15 @@ TRAPS: tuple[ImportTrap, ...] = (
     # flashinfer_sampler_supported(), which imports vllm.v1.attention.backends.flashinfer (a top-level
     # `from flashinfer import ...`) unless VLLM_USE_FLASHINFER_SAMPLER is "0" (envs.py: default True) in
     # 0.26.0 and 0.33.0; in 0.17.1 the sampler was opt-in (default None). Measured on an H200 with 0.26.0.
-    ImportTrap("vllm", ">=0.26.0", "flashinfer-python", True, (("VLLM_USE_FLASHINFER_SAMPLER", "0"),),
-               "vLLM's sampler (TopKTopPSampler, topk_topp_sampler.py) imports flashinfer at engine start "
-               "unless VLLM_USE_FLASHINFER_SAMPLER=0"),
+    ImportTrap(
+        "vllm",
+        ">=0.26.0",
+        "flashinfer-python",
+        True,
+        (("VLLM_USE_FLASHINFER_SAMPLER", "0"),),
+        "vLLM's sampler (TopKTopPSampler, topk_topp_sampler.py) imports flashinfer at engine start "
+        "unless VLLM_USE_FLASHINFER_SAMPLER=0",
+    ),
 )
 
 
@@ -59,15 +65,24 @@ def check_import_traps(ctx: Context, traps: tuple[ImportTrap, ...] = TRAPS) -> C
         return Check("import-traps", "pass", f"no known import trap for {engine['name']}")
     a = ctx.engine_answers.get("dists")
     if not a or not a["ok"]:
-        return Check("import-traps", "fail", f"could not list the engine Python's packages: {(a or {}).get('error', ctx.python_note)}")
+        return Check(
+            "import-traps", "fail", f"could not list the engine Python's packages: {(a or {}).get('error', ctx.python_note)}"
+        )
     installed = {normalize(k) for k in a["result"]}
     sprung = [t for t in mine if springs(t, ctx, installed)]
     if sprung:
-        parts = [f"{engine['package']} {engine['version']}: {t.what}, and {t.missing} is not installed; set "
-                 f"{_toml_env(t.env)} in stacks/{ctx.stack.name}.toml (or lock {t.missing})" for t in sprung]
+        parts = [
+            f"{engine['package']} {engine['version']}: {t.what}, and {t.missing} is not installed; set "
+            f"{_toml_env(t.env)} in stacks/{ctx.stack.name}.toml (or lock {t.missing})"
+            for t in sprung
+        ]
         return Check("import-traps", "fail", "; ".join(parts), {"traps": [t.what for t in sprung]})
-    return Check("import-traps", "pass", f"{len(mine)} known import trap(s) of {engine['name']} checked: none applies "
-                                         "(version, GPU path, package installed or engine.env set)")
+    return Check(
+        "import-traps",
+        "pass",
+        f"{len(mine)} known import trap(s) of {engine['name']} checked: none applies "
+        "(version, GPU path, package installed or engine.env set)",
+    )
 
 
 class ImportTraps:

@@ -35,7 +35,7 @@ CXX_PACKAGE = "g++"
 
 # Run by the engine's Python: tvm_ffi's own CUDA_HOME search and build, on SGLang's RoPE source (argv: site, arch
 # as "9.0", build dir). Prints one JSON line.
-PROBE = r'''
+PROBE = r"""
 import json, os, shutil, sys, time
 site, arch, build = sys.argv[1:4]
 out = {"installed": False}
@@ -75,7 +75,7 @@ except Exception as err:
     out["built"] = os.path.isfile(os.path.join(build, "speclock_sglang_jit_probe.so"))
 out["seconds"] = round(time.time() - t0, 1)
 print(json.dumps(out))
-'''
+"""
 
 
 def jit_kernel_dir(ctx: Context) -> Path | None:
@@ -88,8 +88,13 @@ def engine_sys_path(ctx: Context, env: dict[str, str]) -> list[Path]:
     adapter looks for the CUDA wheels when the engine starts."""
     run_env = dict(env, PYTHONPATH=os.pathsep.join([str(ctx.site_packages), *filter(None, [env.get("PYTHONPATH")])]))
     try:
-        proc = subprocess.run([str(ctx.python), "-c", "import json, sys; print(json.dumps(sys.path))"], env=run_env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [str(ctx.python), "-c", "import json, sys; print(json.dumps(sys.path))"],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         paths = json.loads((proc.stdout.strip().splitlines() or ["[]"])[-1])
     except (OSError, subprocess.SubprocessError, ValueError):
         paths = []
@@ -114,8 +119,13 @@ def ask_build(ctx: Context, env: dict[str, str], arch: str, timeout: int = 300) 
         run_env = dict(env, TVM_FFI_CACHE_DIR=str(Path(tmp) / "cache"))
         run_env["PYTHONPATH"] = os.pathsep.join([str(ctx.site_packages), *filter(None, [env.get("PYTHONPATH")])])
         try:
-            proc = subprocess.run([str(ctx.python), "-c", PROBE, str(ctx.site_packages), _jit_arch(arch), str(Path(tmp) / "build")],
-                                  env=run_env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                [str(ctx.python), "-c", PROBE, str(ctx.site_packages), _jit_arch(arch), str(Path(tmp) / "build")],
+                env=run_env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return {"installed": True, "built": False, "output_tail": [f"the build took over {timeout} s"]}
         except OSError as err:
@@ -137,27 +147,37 @@ def diagnose(ctx: Context, r: dict, env: dict[str, str]) -> tuple[str, str]:
     nvcc = r.get("nvcc")
     if not r.get("cuda_home") or (nvcc and not Path(nvcc).is_file()) or "nvcc: not found" in tail:
         where = r.get("cuda_home_error") or f"no nvcc at {nvcc}"
-        return (f"{where} (CUDA_HOME={env.get('CUDA_HOME') or env.get('CUDA_PATH') or 'unset'}, no nvcc on PATH, "
-                "and the engine's site-packages has no nvidia/cu*/bin/nvcc)",
-                f"lock the CUDA {major} compiler wheels ({', '.join(CUDA_WHEELS)}) in python.extra of {_stack_file(ctx)} "
-                "(speclock's SGLang adapter points CUDA_HOME at them), or set engine.env CUDA_HOME to a CUDA toolkit")
+        return (
+            f"{where} (CUDA_HOME={env.get('CUDA_HOME') or env.get('CUDA_PATH') or 'unset'}, no nvcc on PATH, "
+            "and the engine's site-packages has no nvidia/cu*/bin/nvcc)",
+            f"lock the CUDA {major} compiler wheels ({', '.join(CUDA_WHEELS)}) in python.extra of {_stack_file(ctx)} "
+            "(speclock's SGLang adapter points CUDA_HOME at them), or set engine.env CUDA_HOME to a CUDA toolkit",
+        )
     if "nv/target" in tail or "cuda/std" in tail:
-        return ("CUDA headers are missing (cuda_fp16.h includes <nv/target> from CCCL)",
-                f"move nvidia-cuda-cccl from python.build_only to python.extra in {_stack_file(ctx)} and re-lock")
+        return (
+            "CUDA headers are missing (cuda_fp16.h includes <nv/target> from CCCL)",
+            f"move nvidia-cuda-cccl from python.build_only to python.extra in {_stack_file(ctx)} and re-lock",
+        )
     missing = re.search(r"fatal error: ([\w./-]+\.h): No such file", tail)
     if missing and missing[1] != "Python.h":
-        return (f"the CUDA header {missing[1]} is missing from CUDA_HOME {r.get('cuda_home')}",
-                f"lock the CUDA {major} wheel that ships it (cuda_runtime.h: nvidia-cuda-runtime) where the engine's "
-                "Python imports it (the adapter merges every nvidia/cu* tree on its path)")
-    if ("cc1plus" in tail or "c++: not found" in tail or "gcc: not found" in tail or "g++" in tail
-            or not r.get("cxx")):
+        return (
+            f"the CUDA header {missing[1]} is missing from CUDA_HOME {r.get('cuda_home')}",
+            f"lock the CUDA {major} wheel that ships it (cuda_runtime.h: nvidia-cuda-runtime) where the engine's "
+            "Python imports it (the adapter merges every nvidia/cu* tree on its path)",
+        )
+    if "cc1plus" in tail or "c++: not found" in tail or "gcc: not found" in tail or "g++" in tail or not r.get("cxx"):
         return ("no C++ compiler (nvcc's host compile needs gcc with cc1plus, tvm_ffi links with c++)", _cxx_fix(ctx))
     if "-lcudart" in tail:
-        return (f"the linker finds no libcudart.so under {r.get('cuda_home')}/lib64",
-                "point CUDA_HOME at a toolkit with lib64/libcudart.so (speclock's SGLang adapter makes one from the wheels)")
+        return (
+            f"the linker finds no libcudart.so under {r.get('cuda_home')}/lib64",
+            "point CUDA_HOME at a toolkit with lib64/libcudart.so (speclock's SGLang adapter makes one from the wheels)",
+        )
     if not r.get("ninja"):
         return ("ninja is not on PATH", "put the engine venv's bin folder (ninja from the lock) on PATH")
-    return (f"the build failed: {' | '.join((r.get('output_tail') or ['no output'])[-3:])}", "see the compiler output in the details")
+    return (
+        f"the build failed: {' | '.join((r.get('output_tail') or ['no output'])[-3:])}",
+        "see the compiler output in the details",
+    )
 
 
 def _cxx_fix(ctx: Context) -> str:
@@ -175,25 +195,47 @@ def check_sglang_jit(ctx: Context) -> Check:
         return Check(NAME, "fail", f"no engine Python to build in: {ctx.python_note}")
     kernel = jit_kernel_dir(ctx)
     if kernel is None:
-        return Check(NAME, "skip", f"{ctx.stack.engine['package']} {ctx.stack.engine['version']} has no sglang/jit_kernel: no run-time JIT")
+        return Check(
+            NAME, "skip", f"{ctx.stack.engine['package']} {ctx.stack.engine['version']} has no sglang/jit_kernel: no run-time JIT"
+        )
     env, added = engine_run_env(ctx)
     arch = ctx.stack.gpu["archs"][0]
     r = ask_build(ctx, env, arch)
     r["adapter_env"] = added
     if not r.get("installed"):
-        return Check(NAME, "fail", f"SGLang JIT-compiles its RoPE through tvm_ffi, which does not import in the engine's Python "
-                                   f"({r.get('error')}); lock apache-tvm-ffi (an SGLang dependency)", r)
+        return Check(
+            NAME,
+            "fail",
+            f"SGLang JIT-compiles its RoPE through tvm_ffi, which does not import in the engine's Python "
+            f"({r.get('error')}); lock apache-tvm-ffi (an SGLang dependency)",
+            r,
+        )
     if not r.get("built"):
         cause, fix = diagnose(ctx, r, env)
-        return Check(NAME, "fail", f"SGLang {ctx.stack.engine['version']} JIT-compiles its fused RoPE (and SiluAndMul, positions) "
-                                   f"with nvcc through tvm_ffi at its first forward, and that build fails here: {cause}; {fix}", r)
+        return Check(
+            NAME,
+            "fail",
+            f"SGLang {ctx.stack.engine['version']} JIT-compiles its fused RoPE (and SiluAndMul, positions) "
+            f"with nvcc through tvm_ffi at its first forward, and that build fails here: {cause}; {fix}",
+            r,
+        )
     via = f"CUDA_HOME {r['cuda_home']}" + (" (set by speclock's SGLang adapter)" if added else "")
     if ctx.stack.base.get("kind") == "debian-rootfs" and CXX_PACKAGE not in ctx.stack.base.get("packages", []):
-        return Check(NAME, "fail", f"tvm_ffi {r['version']} built {r['source']} for sm_{_jit_arch(arch).replace('.', '')} here with {via} "
-                                   f"and {r.get('cxx')}, but the image's base has no C++ compiler (nvcc's host compile and tvm_ffi's "
-                                   f"link need one); {_cxx_fix(ctx)}", r)
-    return Check(NAME, "pass", f"tvm_ffi {r['version']} built {r['source']} for sm_{_jit_arch(arch).replace('.', '')} with {via} "
-                               f"and {r.get('cxx')} in {r.get('seconds')} s", r)
+        return Check(
+            NAME,
+            "fail",
+            f"tvm_ffi {r['version']} built {r['source']} for sm_{_jit_arch(arch).replace('.', '')} here with {via} "
+            f"and {r.get('cxx')}, but the image's base has no C++ compiler (nvcc's host compile and tvm_ffi's "
+            f"link need one); {_cxx_fix(ctx)}",
+            r,
+        )
+    return Check(
+        NAME,
+        "pass",
+        f"tvm_ffi {r['version']} built {r['source']} for sm_{_jit_arch(arch).replace('.', '')} with {via} "
+        f"and {r.get('cxx')} in {r.get('seconds')} s",
+        r,
+    )
 
 
 class SglangJit:

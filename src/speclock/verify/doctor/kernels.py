@@ -25,20 +25,32 @@ def check_kernels(ctx: Context) -> Check:
         return Check("kernels", "skip", "the stack builds no speclock kernels (kernels.build is empty)")
     folder = kernels_dir()
     if folder is None:
-        return Check("kernels", "skip", "the kernel library is built into the image (kernels stage): run doctor inside "
-                                        "the image, or set SPECLOCK_KERNELS_DIR to a `speclock kernels-build` folder")
+        return Check(
+            "kernels",
+            "skip",
+            "the kernel library is built into the image (kernels stage): run doctor inside "
+            "the image, or set SPECLOCK_KERNELS_DIR to a `speclock kernels-build` folder",
+        )
     targets = list(ctx.stack.gpu["archs"])
     lib, man_path = folder / kbuild.FP8_LIBRARY, folder / kbuild.MANIFEST
     if not lib.is_file() or not man_path.is_file():
         if (IMAGE.root / "host-env.json").is_file():  # a host environment (speclock host-env) in the image's layout
-            return Check("kernels", "fail", f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}, and kernels.build "
-                                            f"of stacks/{ctx.stack.name}.toml asks for it: re-create the environment with "
-                                            "`speclock host-env --force` (it builds the library with the lock's nvcc and the "
-                                            "host's g++), or with --kernels DIR (the library copied out of the stack's image)",
-                         {"dir": str(folder)})
-        return Check("kernels", "fail", f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}: the image was built "
-                                        "without its kernels stage (kernels.build); rebuild it with `speclock build-image`",
-                     {"dir": str(folder)})
+            return Check(
+                "kernels",
+                "fail",
+                f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}, and kernels.build "
+                f"of stacks/{ctx.stack.name}.toml asks for it: re-create the environment with "
+                "`speclock host-env --force` (it builds the library with the lock's nvcc and the "
+                "host's g++), or with --kernels DIR (the library copied out of the stack's image)",
+                {"dir": str(folder)},
+            )
+        return Check(
+            "kernels",
+            "fail",
+            f"no {kbuild.FP8_LIBRARY} with {kbuild.MANIFEST} in {folder}: the image was built "
+            "without its kernels stage (kernels.build); rebuild it with `speclock build-image`",
+            {"dir": str(folder)},
+        )
     hint = "rebuild the kernel library with `speclock kernels-build` (or the image with `speclock build-image`)"
     man = read_json(man_path, what="kernel library manifest", hint=hint)
     for key, types in (("abi", (int, str)), ("library_sha256", str), ("nvcc", str)):
@@ -66,8 +78,12 @@ def check_kernels(ctx: Context) -> Check:
         problems.append(f"{kbuild.MANIFEST} lists {', '.join(man.get('archs', []))}, gpu.archs is {', '.join(targets)}")
     if problems:
         return Check("kernels", "fail", f"{kbuild.FP8_LIBRARY}: " + "; ".join(problems), detail)
-    return Check("kernels", "pass", f"{kbuild.FP8_LIBRARY} (nvcc {man.get('nvcc')}) has a cubin for exactly "
-                                    f"{', '.join(inv.sass)} and no PTX", detail)
+    return Check(
+        "kernels",
+        "pass",
+        f"{kbuild.FP8_LIBRARY} (nvcc {man.get('nvcc')}) has a cubin for exactly {', '.join(inv.sass)} and no PTX",
+        detail,
+    )
 
 
 class Kernels:

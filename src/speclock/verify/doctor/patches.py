@@ -23,15 +23,28 @@ def check_patches(ctx: Context) -> Check:
         for probe in p.runtime_probes:
             for arch in probe[1:]:
                 r = eagle.get(arch, {"resolved": False, "eagle3": False, "reason": "engine probe did not answer"})
-                probes.append({"probe": f"eagle3-supported {arch}", "passed": bool(r.get("resolved") and r.get("eagle3")),
-                               "reason": r.get("reason", "")})
+                probes.append(
+                    {
+                        "probe": f"eagle3-supported {arch}",
+                        "passed": bool(r.get("resolved") and r.get("eagle3")),
+                        "reason": r.get("reason", ""),
+                    }
+                )
         results.append({"patch": p.name, "probes": probes})
         failures += [f"{p.name}: {pr['probe']}: {pr['reason']}" for pr in probes if not pr["passed"]]
     if failures:
-        return Check("patches", "fail", f"{len(failures)} probe(s) fail, first: {failures[0]}",
-                     {"engine_version": version, "patches": results})
-    return Check("patches", "pass", f"{len(patches)} patch(es) in effect, all {sum(len(r['probes']) for r in results)} probes pass",
-                 {"engine_version": version, "patches": results})
+        return Check(
+            "patches",
+            "fail",
+            f"{len(failures)} probe(s) fail, first: {failures[0]}",
+            {"engine_version": version, "patches": results},
+        )
+    return Check(
+        "patches",
+        "pass",
+        f"{len(patches)} patch(es) in effect, all {sum(len(r['probes']) for r in results)} probes pass",
+        {"engine_version": version, "patches": results},
+    )
 
 
 class Patches:

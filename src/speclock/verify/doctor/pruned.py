@@ -23,13 +23,24 @@ KEY = "[prune].packages"
 # The modules a serving engine imports at start, per engine family: the in-process entry, the server, the engine
 # core and the drafter's proposer. Only asked where the stack prunes packages.
 SERVING_MODULES = {
-    "vllm": ("vllm", "vllm.entrypoints.llm", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
-             "vllm.v1.spec_decode.eagle"),
+    "vllm": (
+        "vllm",
+        "vllm.entrypoints.llm",
+        "vllm.entrypoints.openai.api_server",
+        "vllm.v1.engine.core",
+        "vllm.v1.spec_decode.eagle",
+    ),
     "sglang": ("sglang", "sglang.srt.entrypoints.engine", "sglang.srt.speculative.eagle_worker"),
 }
 # Distributions whose import name is not their own name (the rest: the name with '-' as '_').
-IMPORT_NAMES = {"opencv-python-headless": ("cv2",), "opencv-python": ("cv2",), "pyyaml": ("yaml",),
-                "pillow": ("PIL",), "scikit-learn": ("sklearn",), "pyzmq": ("zmq",)}
+IMPORT_NAMES = {
+    "opencv-python-headless": ("cv2",),
+    "opencv-python": ("cv2",),
+    "pyyaml": ("yaml",),
+    "pillow": ("PIL",),
+    "scikit-learn": ("sklearn",),
+    "pyzmq": ("zmq",),
+}
 _MISSING = re.compile(r"No module named '([^'.]+)")
 
 
@@ -81,9 +92,13 @@ def check_pruned(ctx: Context) -> Check:
     left_note = ", ".join(f"{n} match '{g}'" for g, n in left.items())
     if not pruned:
         if left:
-            return Check(NAME, "fail" if in_image() else "warn",
-                         f"[prune].paths of stacks/{ctx.stack.name}.toml still match in {ctx.site_packages}: {left_note} "
-                         "(not built from this lock?)", {"left": left})
+            return Check(
+                NAME,
+                "fail" if in_image() else "warn",
+                f"[prune].paths of stacks/{ctx.stack.name}.toml still match in {ctx.site_packages}: {left_note} "
+                "(not built from this lock?)",
+                {"left": left},
+            )
         return Check(NAME, "pass", f"nothing under {ctx.site_packages} matches [prune].paths ({', '.join(globs)})")
     where = f"{KEY} of stacks/{ctx.stack.name}.toml"
     dists = ctx.engine_answers.get("dists")
@@ -96,33 +111,58 @@ def check_pruned(ctx: Context) -> Check:
         a = ctx.engine_answers.get(_question(module))
         if not a or not a["ok"]:
             broken.append((module, (a or {}).get("error", "not asked")))
-    details = {"pruned": pruned, "installed": installed, "modules": list(modules), "left": left,
-               "broken": [{"module": m, "error": e} for m, e in broken]}
+    details = {
+        "pruned": pruned,
+        "installed": installed,
+        "modules": list(modules),
+        "left": left,
+        "broken": [{"module": m, "error": e} for m, e in broken],
+    }
     if broken:
         module, error = broken[0]
         missing = _MISSING.search(error or "")
         blamed = [p for p in pruned if missing and missing[1] in import_names(p)]
         if blamed:
-            return Check(NAME, "fail", f"{where} removes {blamed[0]}, which the engine's serving path needs: importing "
-                                       f"{module} fails ({error}); take {blamed[0]} out of {KEY} and relock", details)
-        return Check(NAME, "fail", f"the engine's serving path does not import with {', '.join(pruned)} pruned by "
-                                   f"{where}: {module}: {error}", details)
+            return Check(
+                NAME,
+                "fail",
+                f"{where} removes {blamed[0]}, which the engine's serving path needs: importing "
+                f"{module} fails ({error}); take {blamed[0]} out of {KEY} and relock",
+                details,
+            )
+        return Check(
+            NAME,
+            "fail",
+            f"the engine's serving path does not import with {', '.join(pruned)} pruned by {where}: {module}: {error}",
+            details,
+        )
     host = {n: w for n, w in from_the_host().items() if n in installed}
     own = [n for n in installed if n not in host]
     if own or left:
         # An image built from the lock never has them; a host's own engine Python may (it was not built from the lock).
         status = "fail" if in_image() else "warn"
-        found = ([f"{', '.join(own)} pruned by {where}, but installed in the engine's Python"] if own else []) \
-            + ([f"[prune].paths still match: {left_note}"] if left else [])
+        found = ([f"{', '.join(own)} pruned by {where}, but installed in the engine's Python"] if own else []) + (
+            [f"[prune].paths still match: {left_note}"] if left else []
+        )
         return Check(NAME, status, "; ".join(found) + " (not built from this lock?); serving modules import", details)
     if host:
         # The host environment's own site-packages has none; the host's shared one does, and host-env cannot remove it.
-        return Check(NAME, "warn", f"{', '.join(host)} pruned by {where}: not in this environment, but visible from the "
-                                   f"host's site-packages ({'; '.join(sorted(set(host.values())))}), which "
-                                   "--use-host-packages shares; serving modules import", details | {"from_host": host})
+        return Check(
+            NAME,
+            "warn",
+            f"{', '.join(host)} pruned by {where}: not in this environment, but visible from the "
+            f"host's site-packages ({'; '.join(sorted(set(host.values())))}), which "
+            "--use-host-packages shares; serving modules import",
+            details | {"from_host": host},
+        )
     paths = f"; nothing matches [prune].paths ({', '.join(globs)})" if globs else ""
-    return Check(NAME, "pass", f"{', '.join(pruned)} absent ({KEY}){paths}; {len(modules)} serving modules of "
-                               f"{ctx.stack.engine['name']} import without them", details)
+    return Check(
+        NAME,
+        "pass",
+        f"{', '.join(pruned)} absent ({KEY}){paths}; {len(modules)} serving modules of "
+        f"{ctx.stack.engine['name']} import without them",
+        details,
+    )
 
 
 class Pruned:

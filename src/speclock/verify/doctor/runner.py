@@ -13,8 +13,16 @@ from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.drafter.models import read_drafter_manifest, read_model_config
 from speclock.verify.doctor.archs import CudaDriver, GpuArchs
 from speclock.verify.doctor.aux_layers import AuxLayers
-from speclock.verify.doctor.context import (build_context, Check, Context, DoctorCheck, DoctorOptions, ask_engine,
-                                            load_manifest, target_facts)
+from speclock.verify.doctor.context import (
+    Check,
+    Context,
+    DoctorCheck,
+    DoctorOptions,
+    ask_engine,
+    build_context,
+    load_manifest,
+    target_facts,
+)
 from speclock.verify.doctor.eagle3 import Eagle3Target
 from speclock.verify.doctor.engine_import import EngineImport
 from speclock.verify.doctor.flashinfer_kernels import FlashInferKernels
@@ -72,9 +80,22 @@ All engine questions go to the engine's Python in one subprocess (`speclock.engi
 Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine missing.
 """
 # The order of the report.
-DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (LockVersions(), EngineImport(), Pruned(), ImportTraps(), Patches(), Eagle3Target(),
-                                          AuxLayers(), GpuArchs(), TorchArchs(), FlashInferKernels(), TritonBuild(),
-                                          SglangJit(), CudaDriver(), Kernels())
+DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (
+    LockVersions(),
+    EngineImport(),
+    Pruned(),
+    ImportTraps(),
+    Patches(),
+    Eagle3Target(),
+    AuxLayers(),
+    GpuArchs(),
+    TorchArchs(),
+    FlashInferKernels(),
+    TritonBuild(),
+    SglangJit(),
+    CudaDriver(),
+    Kernels(),
+)
 CHECKS = tuple(c.name for c in DOCTOR_CHECKS)
 ENGINE_CHECKS = tuple(c.name for c in DOCTOR_CHECKS if c.needs_engine)
 
@@ -104,15 +125,26 @@ def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Ch
 
 def doctor_json(ctx: Context, results: list[Check], verdict: str, seconds: float) -> dict:
     """The speclock.doctor/v1 report."""
-    return {"schema": DOCTOR_SCHEMA, "stack": ctx.stack.name,
-            "engine": {"name": ctx.stack.engine["name"], "package": ctx.stack.engine["package"],
-                       "version": ctx.stack.engine["version"], "python": ctx.python},
-            "checks": [asdict(r) for r in results], "verdict": verdict, "seconds": round(seconds, 1)}
+    return {
+        "schema": DOCTOR_SCHEMA,
+        "stack": ctx.stack.name,
+        "engine": {
+            "name": ctx.stack.engine["name"],
+            "package": ctx.stack.engine["package"],
+            "version": ctx.stack.engine["version"],
+            "python": ctx.python,
+        },
+        "checks": [asdict(r) for r in results],
+        "verdict": verdict,
+        "seconds": round(seconds, 1),
+    }
 
 
 def print_table(ctx: Context, results: list[Check], verdict: str, seconds: float) -> None:
-    print(f"speclock doctor: stack {ctx.stack.name}, {ctx.stack.engine['package']} {ctx.stack.engine['version']}"
-          f" ({ctx.python_note})")
+    print(
+        f"speclock doctor: stack {ctx.stack.name}, {ctx.stack.engine['package']} {ctx.stack.engine['version']}"
+        f" ({ctx.python_note})"
+    )
     for r in results:
         print(f"{r.status.upper():5} {r.name:14} {r.reason}")
         if r.name in ("gpu-archs", "kernels") and r.details.get("table"):
@@ -144,22 +176,41 @@ def doctor_main(opts: DoctorOptions) -> int:
     if engine_missing:
         if opts.json:
             return EnvironmentProblem.exit_code
-        raise EnvironmentProblem(f"no Python with {ctx.stack.engine['package']} {ctx.stack.engine['version']}: {ctx.python_note}",
-                                 hint="install the engine or pass --python")
+        raise EnvironmentProblem(
+            f"no Python with {ctx.stack.engine['package']} {ctx.stack.engine['version']}: {ctx.python_note}",
+            hint="install the engine or pass --python",
+        )
     if failed and not opts.json:
-        raise CheckFailed(f"{len(failed)} doctor check(s) failed: {', '.join(r.name for r in failed)}",
-                          hint="each FAIL line above says what is wrong")
+        raise CheckFailed(
+            f"{len(failed)} doctor check(s) failed: {', '.join(r.name for r in failed)}",
+            hint="each FAIL line above says what is wrong",
+        )
     return 1 if failed else 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    return doctor_main(DoctorOptions(stack=args.stack, python=args.python, site_packages=args.site_packages, lock=args.lock,
-                                     target=args.target, draft=args.draft, arch=args.arch, only=args.only, json=args.json))
+    return doctor_main(
+        DoctorOptions(
+            stack=args.stack,
+            python=args.python,
+            site_packages=args.site_packages,
+            lock=args.lock,
+            target=args.target,
+            draft=args.draft,
+            arch=args.arch,
+            only=args.only,
+            json=args.json,
+        )
+    )
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("doctor", help="static self-checks of an engine environment (no GPU needed)",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "doctor",
+        help="static self-checks of an engine environment (no GPU needed)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--stack", help="check this stack on the host (default inside an image: the image's own)")
     p.add_argument("--python", help="the engine's Python (default: this one if it has the engine, else a cached engine env)")
     p.add_argument("--site-packages", help="engine site-packages to read (default: that of the engine's Python)")

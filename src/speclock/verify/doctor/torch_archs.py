@@ -31,7 +31,9 @@ def check_torch_archs(ctx: Context) -> Check:
         return Check("torch-archs", "skip", "the stack targets no GPU architecture")
     a = ctx.engine_answers.get("torch_archs")
     if not a or not a["ok"]:
-        return Check("torch-archs", "fail", f"could not ask torch in the engine's Python: {(a or {}).get('error', ctx.python_note)}")
+        return Check(
+            "torch-archs", "fail", f"could not ask torch in the engine's Python: {(a or {}).get('error', ctx.python_note)}"
+        )
     r = a["result"]
     hint = f"lock a CUDA build of torch that has them (torch.version in the stack, now {ctx.stack.torch['version']})"
     if not r.get("cuda"):
@@ -41,8 +43,13 @@ def check_torch_archs(ctx: Context) -> Check:
     detail = {**r, "targets": cells}
     missing = [t for t, c in cells.items() if c["kind"] == "missing"]
     if missing:
-        return Check("torch-archs", "fail", f"torch {r['version']} (CUDA {r['cuda']}) has no code for {', '.join(missing)} "
-                                            f"(its archs: {' '.join(r['flags']) or 'none'}); {hint}", detail)
+        return Check(
+            "torch-archs",
+            "fail",
+            f"torch {r['version']} (CUDA {r['cuda']}) has no code for {', '.join(missing)} "
+            f"(its archs: {' '.join(r['flags']) or 'none'}); {hint}",
+            detail,
+        )
     via = ", ".join(f"{t} ({c['kind']} {c['via']})" for t, c in cells.items())
     return Check("torch-archs", "pass", f"torch {r['version']} (CUDA {r['cuda']}) covers {via}", detail)
 

@@ -20,8 +20,10 @@ def fix_hint(ctx: Context, needed: list[str]) -> str:
         missing = [p for p in needed if p not in stack.base.get("packages", [])]
         add = ", ".join(f'"{p}"' for p in missing or needed)
         return f"add {add} to base.packages in the stack ({stack.name}) and rebuild the image"
-    return (f"the base image (base.ref) must carry a C compiler, libc headers and Python.h ({', '.join(needed)} "
-            "on Debian); use a base image that has them, or set CC to a compiler it has")
+    return (
+        f"the base image (base.ref) must carry a C compiler, libc headers and Python.h ({', '.join(needed)} "
+        "on Debian); use a base image that has them, or set CC to a compiler it has"
+    )
 
 
 def triton_pruned(ctx: Context) -> bool:
@@ -41,8 +43,13 @@ def check_triton_build(ctx: Context) -> Check:
         return Check("triton-build", "skip", "Triton is not installed in the engine's Python: nothing to build", r)
     pkgs = compiler_packages(ctx.stack.python.get("version") or r.get("python_version") or "3")
     if r.get("built"):
-        return Check("triton-build", "pass", f"triton {r.get('version')} built and loaded a C extension with "
-                                             f"{r.get('compiler')} (Python.h from {r.get('python_include')})", r)
+        return Check(
+            "triton-build",
+            "pass",
+            f"triton {r.get('version')} built and loaded a C extension with "
+            f"{r.get('compiler')} (Python.h from {r.get('python_include')})",
+            r,
+        )
     tail = " | ".join(line.strip() for line in r.get("output_tail", [])[-3:] if line.strip())
     if not r.get("compiler"):
         cause, needed = "no C compiler: CC is unset and neither gcc nor clang is on PATH", pkgs[:2]
@@ -50,8 +57,9 @@ def check_triton_build(ctx: Context) -> Check:
         cause, needed = f"Python.h is missing from {r.get('python_include')}", pkgs[2:]
     else:
         cause, needed = f"the build with {r.get('compiler')} failed: {tail or 'no output'}", pkgs
-    return Check("triton-build", "fail", f"triton {r.get('version')} cannot build its launcher ({cause}); "
-                                         f"{fix_hint(ctx, needed)}", r)
+    return Check(
+        "triton-build", "fail", f"triton {r.get('version')} cannot build its launcher ({cause}); {fix_hint(ctx, needed)}", r
+    )
 
 
 class TritonBuild:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speclock.build.hostenv import read_record, RECORD, version_matches
+from speclock.build.hostenv import RECORD, read_record, version_matches
 from speclock.core.errors import BadInput
 from speclock.core.files import expect, read_json
 from speclock.core.layout import IMAGE, in_image
@@ -39,7 +39,11 @@ def check_lock(ctx: Context) -> Check:
         expect(name, str, f"excluded[{i}]" + (".name" if isinstance(item, dict) else ""), path=ctx.lock_path, hint=hint)
     answer = ctx.engine_answers.get("dists")
     if not answer or not answer["ok"]:
-        return Check("lock-versions", "fail", f"could not list the engine Python's packages: {(answer or {}).get('error', ctx.python_note)}")
+        return Check(
+            "lock-versions",
+            "fail",
+            f"could not list the engine Python's packages: {(answer or {}).get('error', ctx.python_note)}",
+        )
     have = {normalize(k): v for k, v in answer["result"].items()}
     excluded = {normalize(n["name"] if isinstance(n, dict) else n) for n in lock.get("excluded", [])}
     wrong, missing = [], []
@@ -55,12 +59,17 @@ def check_lock(ctx: Context) -> Check:
             wrong.append(f"{pkg['name']} {have[name]} (lock: {pkg['version']})")
     n = len([p for p in lock["packages"] if normalize(p["name"]) not in excluded])
     if wrong or missing:
-        parts = ([f"{len(wrong)} differ: " + ", ".join(wrong[:5])] if wrong else []) + \
-                ([f"{len(missing)} missing: " + ", ".join(missing[:5])] if missing else [])
+        parts = ([f"{len(wrong)} differ: " + ", ".join(wrong[:5])] if wrong else []) + (
+            [f"{len(missing)} missing: " + ", ".join(missing[:5])] if missing else []
+        )
         return Check("lock-versions", "fail", "; ".join(parts), {"differ": wrong, "missing": missing})
     note = f" ({len(from_host)} from the host, version-checked, not hash-checked)" if from_host else ""
-    return Check("lock-versions", "pass", f"all {n} locked packages have the locked version{note}",
-                 {"lock": str(ctx.lock_path), "from_host": sorted(from_host)})
+    return Check(
+        "lock-versions",
+        "pass",
+        f"all {n} locked packages have the locked version{note}",
+        {"lock": str(ctx.lock_path), "from_host": sorted(from_host)},
+    )
 
 
 class LockVersions:

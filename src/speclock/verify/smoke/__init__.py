@@ -12,12 +12,41 @@ its report), cli.py (the command).
 """
 
 from speclock.verify.smoke.cli import add_commands
-from speclock.verify.smoke.inputs import (add_smoke_arguments, default_out_dir, prepare_out_dir, resolve_inputs, server_url,
-                                          SmokeInputs, SmokeOptions)
-from speclock.verify.smoke.reference import (lookup_recorded, reference_key, REFERENCE_KEY_FIELDS, reference_section,
-                                             run_live_reference)
+from speclock.verify.smoke.inputs import (
+    SmokeInputs,
+    SmokeOptions,
+    add_smoke_arguments,
+    default_out_dir,
+    prepare_out_dir,
+    resolve_inputs,
+    server_url,
+)
+from speclock.verify.smoke.reference import (
+    REFERENCE_KEY_FIELDS,
+    lookup_recorded,
+    reference_key,
+    reference_section,
+    run_live_reference,
+)
 from speclock.verify.smoke.run import image_identity, read_plain_cache, run_smoke, skeleton, visible_arch
 
-__all__ = ["add_commands", "add_smoke_arguments", "default_out_dir", "image_identity", "lookup_recorded", "prepare_out_dir",
-           "read_plain_cache", "reference_key", "REFERENCE_KEY_FIELDS", "reference_section", "resolve_inputs", "run_live_reference",
-           "run_smoke", "server_url", "skeleton", "SmokeInputs", "SmokeOptions", "visible_arch"]
+__all__ = [
+    "add_commands",
+    "add_smoke_arguments",
+    "default_out_dir",
+    "image_identity",
+    "lookup_recorded",
+    "prepare_out_dir",
+    "read_plain_cache",
+    "reference_key",
+    "REFERENCE_KEY_FIELDS",
+    "reference_section",
+    "resolve_inputs",
+    "run_live_reference",
+    "run_smoke",
+    "server_url",
+    "skeleton",
+    "SmokeInputs",
+    "SmokeOptions",
+    "visible_arch",
+]

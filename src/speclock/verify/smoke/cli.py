@@ -8,7 +8,7 @@ import json
 from speclock.core.args import int_range
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.verify.report import human_table
-from speclock.verify.smoke.inputs import add_smoke_arguments, resolve_inputs, SmokeOptions
+from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
 from speclock.verify.smoke.run import run_smoke
 
 DESCRIPTION = """Runs the stack's engine twice on the same chat-templated prompts: without the drafter
@@ -37,12 +37,19 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("smoke", help="run the engine with and without the drafter: lossless, acceptance, speedup",
-                       description=DESCRIPTION + "\n\nExit 0 pass, 1 check failed (or the engine crashed), "
-                                   "2 bad input, 3 environment problem (engine missing).",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "smoke",
+        help="run the engine with and without the drafter: lossless, acceptance, speedup",
+        description=DESCRIPTION + "\n\nExit 0 pass, 1 check failed (or the engine crashed), "
+        "2 bad input, 3 environment problem (engine missing).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_smoke_arguments(p)
-    p.add_argument("--concurrency", type=int_range(1, 4096), default=DEFAULT_CONCURRENCY,
-                   help=f"with --server: requests in flight at once, as production traffic (default {DEFAULT_CONCURRENCY}; 1: one at a time)")
+    p.add_argument(
+        "--concurrency",
+        type=int_range(1, 4096),
+        default=DEFAULT_CONCURRENCY,
+        help=f"with --server: requests in flight at once, as production traffic (default {DEFAULT_CONCURRENCY}; 1: one at a time)",
+    )
     p.add_argument("--json", action="store_true", help="print the report JSON instead of the table")
     p.set_defaults(func=_cmd_smoke)

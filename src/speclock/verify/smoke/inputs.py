@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from speclock.core.args import int_range, non_negative_float
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import clean_stale_temps, os_error
-from speclock.core.layout import IMAGE, in_image, REPO_ROOT
+from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.drafter.models import draft_folder, read_drafter_manifest, require_runnable_model, target_folder
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.spec.prompts import packaged_file
@@ -29,6 +29,7 @@ def log(msg: str) -> None:
 @dataclass(frozen=True)
 class SmokeOptions:
     """The smoke flags (add_smoke_arguments), as the CLI of smoke, soak and selfcheck parsed them."""
+
     stack: str | None = None
     target: str | None = None
     draft: str | None = None
@@ -77,8 +78,8 @@ class SmokeInputs:
     speed_repeats: int = 3  # runs per engine (plain, drafted, plain again); 0 = speed not measured
 
 
-
 # ---------------------------------------------------------------- inputs
+
 
 def default_out_dir(stack_name: str) -> Path:
     return Path("/tmp/speclock-out") if in_image() else REPO_ROOT / "out" / f"smoke-{stack_name}"
@@ -94,8 +95,9 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     else:
         stack = load_stack(DEFAULT_STACK)
     smoke = stack.smoke
-    profile = resolve_profile(stack, opts.profile or smoke["profile"],
-                              source="--profile" if opts.profile else f"{stack.path}: key 'smoke.profile'")
+    profile = resolve_profile(
+        stack, opts.profile or smoke["profile"], source="--profile" if opts.profile else f"{stack.path}: key 'smoke.profile'"
+    )
     target = target_folder(stack, opts.target)
     draft = draft_folder(stack, opts.draft)
     if opts.prompts:
@@ -120,14 +122,28 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
         raise BadInput("--num-prompts and --max-tokens must be at least 1")
     out_dir = prepare_out_dir(Path(opts.out) if opts.out else default_out_dir(stack.name), "--out")
     plain_cache = prepare_out_dir(Path(opts.plain_cache), "--plain-cache") if opts.plain_cache else None
-    speed = {key: getattr(opts, key) if getattr(opts, key) is not None else smoke[key]
-             for key in ("speed_prompts", "speed_max_tokens", "speed_repeats")}
+    speed = {
+        key: getattr(opts, key) if getattr(opts, key) is not None else smoke[key]
+        for key in ("speed_prompts", "speed_max_tokens", "speed_repeats")
+    }
     return SmokeInputs(
-        stack=stack, target=target, draft=draft, prompts_file=prompts, num_prompts=n,
-        max_tokens=opts.max_tokens or profile.max_tokens, k=smoke["num_speculative_tokens"],
-        out_dir=out_dir, reference=opts.reference,
-        server_url=opts.server or "", plain_server_url=opts.plain_server or "", thresholds=thresholds,
-        plain_cache=plain_cache, concurrency=opts.concurrency, profile=profile, **speed)
+        stack=stack,
+        target=target,
+        draft=draft,
+        prompts_file=prompts,
+        num_prompts=n,
+        max_tokens=opts.max_tokens or profile.max_tokens,
+        k=smoke["num_speculative_tokens"],
+        out_dir=out_dir,
+        reference=opts.reference,
+        server_url=opts.server or "",
+        plain_server_url=opts.plain_server or "",
+        thresholds=thresholds,
+        plain_cache=plain_cache,
+        concurrency=opts.concurrency,
+        profile=profile,
+        **speed,
+    )
 
 
 def prepare_out_dir(path: Path, option: str) -> Path:
@@ -140,8 +156,9 @@ def prepare_out_dir(path: Path, option: str) -> Path:
     except OSError as err:
         raise os_error(err, path, "create the output folder") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise EnvironmentProblem(f"permission denied: cannot write into {path}",
-                                 hint=f"give {option} a folder this user may write")
+        raise EnvironmentProblem(
+            f"permission denied: cannot write into {path}", hint=f"give {option} a folder this user may write"
+        )
     clean_stale_temps(path)  # temp files a killed run left (the writers' TEMP_PREFIX)
     return path
 
@@ -163,25 +180,62 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model folder (default: the image's /opt/speclock/target)")
     p.add_argument("--draft", help="EAGLE-3 drafter folder (default: the image's, or the stack's draft.path)")
     p.add_argument("--prompts", help="JSONL prompt file (default: the image's, or the stack's MT-Bench questions)")
-    p.add_argument("--profile", choices=PROFILES,
-                   help="quick (default in an image: greedy, the stack's smoke.max_tokens), full (greedy, 256 tokens, per-position "
-                        "drift; what upgrade and GPU runs use) or sampled (temperature > 0 over several seeds, acceptance with a "
-                        "95%% confidence interval, gated two-sided); the stack's smoke.profile is the default (docs/smoke.md)")
-    p.add_argument("--num-prompts", type=int_range(1, 100_000), help="prompts to use (default: the profile's, i.e. the stack's smoke.num_prompts)")
-    p.add_argument("--max-tokens", type=int_range(1, 32_768), help="new tokens per prompt (default: the profile's: smoke.max_tokens, 256 for full)")
-    p.add_argument("--reference", choices=["recorded", "live", "off"], default="recorded",
-                   help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
-                        "run the reference decoder now (slow on a CPU), or skip")
-    p.add_argument("--server", type=server_url, help="URL of a running engine server with the drafter (instead of starting the engine)")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        help="quick (default in an image: greedy, the stack's smoke.max_tokens), full (greedy, 256 tokens, per-position "
+        "drift; what upgrade and GPU runs use) or sampled (temperature > 0 over several seeds, acceptance with a "
+        "95%% confidence interval, gated two-sided); the stack's smoke.profile is the default (docs/smoke.md)",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int_range(1, 100_000),
+        help="prompts to use (default: the profile's, i.e. the stack's smoke.num_prompts)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int_range(1, 32_768),
+        help="new tokens per prompt (default: the profile's: smoke.max_tokens, 256 for full)",
+    )
+    p.add_argument(
+        "--reference",
+        choices=["recorded", "live", "off"],
+        default="recorded",
+        help="engine-vs-reference comparison: the result recorded in the drafter's manifest (default), "
+        "run the reference decoder now (slow on a CPU), or skip",
+    )
+    p.add_argument(
+        "--server", type=server_url, help="URL of a running engine server with the drafter (instead of starting the engine)"
+    )
     p.add_argument("--plain-server", type=server_url, help="URL of the same model served without a drafter (with --server)")
-    p.add_argument("--min-mean-acceptance-length", dest="min_mean_acceptance_length", type=non_negative_float,
-                   help="override the stack's floor (e.g. to show that a too-high floor fails)")
-    p.add_argument("--plain-cache", help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
-                                          "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)")
-    p.add_argument("--speed-prompts", type=int_range(1, 1000), help="batch-1 speed: prompts, one request at a time (default: the "
-                                                                "stack's smoke.speed_prompts)")
-    p.add_argument("--speed-max-tokens", type=int_range(1, 4096), help="batch-1 speed: new tokens per request (default: smoke.speed_max_tokens)")
-    p.add_argument("--speed-repeats", type=int_range(0, 20), help="batch-1 speed: runs per engine, median kept (default: "
-                                                                  "smoke.speed_repeats; 0 = not measured, which fails a "
-                                                                  "stack's min_speedup)")
-    p.add_argument("--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)")
+    p.add_argument(
+        "--min-mean-acceptance-length",
+        dest="min_mean_acceptance_length",
+        type=non_negative_float,
+        help="override the stack's floor (e.g. to show that a too-high floor fails)",
+    )
+    p.add_argument(
+        "--plain-cache",
+        help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
+        "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)",
+    )
+    p.add_argument(
+        "--speed-prompts",
+        type=int_range(1, 1000),
+        help="batch-1 speed: prompts, one request at a time (default: the stack's smoke.speed_prompts)",
+    )
+    p.add_argument(
+        "--speed-max-tokens",
+        type=int_range(1, 4096),
+        help="batch-1 speed: new tokens per request (default: smoke.speed_max_tokens)",
+    )
+    p.add_argument(
+        "--speed-repeats",
+        type=int_range(0, 20),
+        help="batch-1 speed: runs per engine, median kept (default: "
+        "smoke.speed_repeats; 0 = not measured, which fails a "
+        "stack's min_speedup)",
+    )
+    p.add_argument(
+        "--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)"
+    )

@@ -8,11 +8,11 @@ from typing import Any
 
 from speclock.core.files import expect, read_json
 from speclock.drafter.manifest import load_drafter
-from speclock.drafter.models import (DRAFT_MANIFEST, check_drafter_manifest, check_reference_record, read_drafter_manifest,
-                                     target_sha256 as weights_sha256)
+from speclock.drafter.models import DRAFT_MANIFEST, check_drafter_manifest, check_reference_record, read_drafter_manifest
+from speclock.drafter.models import target_sha256 as weights_sha256
 from speclock.drafter.reference import load_target, run_reference
 from speclock.spec.prompts import prompts_sha256
-from speclock.verify.smoke.inputs import log, SmokeInputs
+from speclock.verify.smoke.inputs import SmokeInputs, log
 
 MANIFEST = DRAFT_MANIFEST
 
@@ -21,8 +21,14 @@ def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
     # Tensors only (config excluded): a drafter keeps its identity when only its config changes,
     # so a recorded reference still judges an engine that is fed the wrong layers.
 
-    return {"target_sha256": weights_sha256(inp.target), "drafter_sha256": weights_sha256(inp.draft),
-            "prompts_sha256": prompts_sha256(texts), "num_prompts": len(texts), "k": inp.k, "max_tokens": inp.max_tokens}
+    return {
+        "target_sha256": weights_sha256(inp.target),
+        "drafter_sha256": weights_sha256(inp.draft),
+        "prompts_sha256": prompts_sha256(texts),
+        "num_prompts": len(texts),
+        "k": inp.k,
+        "max_tokens": inp.max_tokens,
+    }
 
 
 REFERENCE_KEY_FIELDS = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
@@ -39,7 +45,6 @@ def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] 
         return None
     manifest = read_drafter_manifest(manifest_path.parent) if manifest_path.name == DRAFT_MANIFEST else None
     if manifest is None:  # a manifest under another name (tests, tools): read and check it the same way
-
         manifest = check_drafter_manifest(read_json(manifest_path, what="drafter manifest"), manifest_path)
     found = None
     for i, rec in enumerate(manifest.get("reference") or []):
@@ -65,11 +70,15 @@ def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[st
             done[0] = i
             log(f"reference: {i}/{n} prompts, mean acceptance length so far {metrics['mean_acceptance_length']:.3f}")
 
-    run = run_reference(target, tokenizer, drafter, manifest["aux_layers_after"], prompt_ids, inp.k, inp.max_tokens, progress=progress)
+    run = run_reference(
+        target, tokenizer, drafter, manifest["aux_layers_after"], prompt_ids, inp.k, inp.max_tokens, progress=progress
+    )
     return run.metrics
 
 
-def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[int]], engine_metrics: dict | None) -> dict[str, Any]:
+def reference_section(
+    inp: SmokeInputs, texts: list[str], prompt_ids: list[list[int]], engine_metrics: dict | None
+) -> dict[str, Any]:
     key = reference_key(inp, texts)
     section: dict[str, Any] = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": ""}
     if inp.reference == "off":
@@ -82,11 +91,19 @@ def reference_section(inp: SmokeInputs, texts: list[str], prompt_ids: list[list[
         log(f"running the reference decoder live on {len(prompt_ids)} prompts (slow on a CPU)")
         section.update(status="live", metrics=run_live_reference(inp, prompt_ids))
     else:
-        section["note"] = (f"no reference recorded in {inp.draft / MANIFEST} for this (target, drafter, prompts, k, max_tokens); "
-                           "run with --reference live, or record one with the training tools")
+        section["note"] = (
+            f"no reference recorded in {inp.draft / MANIFEST} for this (target, drafter, prompts, k, max_tokens); "
+            "run with --reference live, or record one with the training tools"
+        )
         return section
     if engine_metrics is not None:
-        ref_len = float(expect(section["metrics"].get("mean_acceptance_length"), float,
-                               "reference metrics mean_acceptance_length", path=inp.draft / MANIFEST))
+        ref_len = float(
+            expect(
+                section["metrics"].get("mean_acceptance_length"),
+                float,
+                "reference metrics mean_acceptance_length",
+                path=inp.draft / MANIFEST,
+            )
+        )
         section["gap"] = abs(ref_len - engine_metrics["mean_acceptance_length"]) / ref_len if ref_len else None
     return section

@@ -15,17 +15,18 @@ from typing import Any
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
 from speclock.core.layout import IMAGE, in_image
-from speclock.drafter.models import config_architecture, read_model_config, target_sha256 as weights_sha256
-from speclock.engines import aux_layer_ids, EngineConfig, get_engine, package_version, running, SpecCounters, visible_arch
+from speclock.drafter.models import config_architecture, read_model_config
+from speclock.drafter.models import target_sha256 as weights_sha256
+from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running, visible_arch
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.checks import failures_of, warnings_of
 from speclock.verify.gate import evaluate
 from speclock.verify.profiles import per_seed_summary
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
-from speclock.verify.smoke.inputs import log, SmokeInputs
+from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.reference import reference_key, reference_section
-from speclock.verify.smoke.worker import worker_session, WorkerSession
+from speclock.verify.smoke.worker import WorkerSession, worker_session
 from speclock.verify.speed import CPU_NOTE, summarize_batch1
 
 
@@ -43,12 +44,20 @@ def image_identity() -> dict[str, str]:
     return {"ref": str(ref), "digest": str(digest)}
 
 
-
 def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
 
-    key = json.dumps([report["engine"]["package"], report["engine"]["version"], inp.stack.engine["settings"],
-                      weights_sha256(inp.target), prompt_ids, inp.max_tokens], sort_keys=True)
+    key = json.dumps(
+        [
+            report["engine"]["package"],
+            report["engine"]["version"],
+            inp.stack.engine["settings"],
+            weights_sha256(inp.target),
+            prompt_ids,
+            inp.max_tokens,
+        ],
+        sort_keys=True,
+    )
     return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -58,8 +67,9 @@ def _engine(engine_name: str, config: EngineConfig, label: str):
     return running(get_engine(engine_name), config) if config.server_url else worker_session(engine_name, config, label)
 
 
-def _timed(session, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None,
-           one_at_a_time: bool = False) -> tuple[list[list[int]], float]:
+def _timed(
+    session, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None, one_at_a_time: bool = False
+) -> tuple[list[list[int]], float]:
     """Outputs and seconds: all prompts at once, or one request at a time (batch 1). A worker times itself."""
     if isinstance(session, WorkerSession):
         return session.generate(prompts, max_tokens, sampling, one_at_a_time=one_at_a_time), session.last_seconds
@@ -72,8 +82,15 @@ def _timed(session, prompts: list[list[int]], max_tokens: int, sampling: dict[st
     return outputs, time.perf_counter() - t0
 
 
-def _generate(inp: SmokeInputs, config: EngineConfig, prompt_ids: list[list[int]], label: str,
-              passes: list[dict[str, Any] | None], speed: bool, report: dict[str, Any]):
+def _generate(
+    inp: SmokeInputs,
+    config: EngineConfig,
+    prompt_ids: list[list[int]],
+    label: str,
+    passes: list[dict[str, Any] | None],
+    speed: bool,
+    report: dict[str, Any],
+):
     """Start one engine, warm up, generate once per pass (None = greedy, else {temperature, seed}) with counters as
     deltas around each pass, then (speed) the batch-1 runs; stop. Returns ([(outputs, seconds, counters) per pass],
     captured layers, [(tokens, seconds) per batch-1 run])."""
@@ -81,12 +98,17 @@ def _generate(inp: SmokeInputs, config: EngineConfig, prompt_ids: list[list[int]
     t0 = time.perf_counter()
     log(f"starting {name} {label}")
     with _engine(name, config, label) as session:
-        can_sample = session.sampling if isinstance(session, WorkerSession) else \
-            "sampling" in inspect.signature(session.generate).parameters
+        can_sample = (
+            session.sampling
+            if isinstance(session, WorkerSession)
+            else "sampling" in inspect.signature(session.generate).parameters
+        )
         if any(passes) and not can_sample:
-            raise BadInput(f"the {name} adapter generates greedily only",
-                           hint="run the quick or full profile here; the sampled profile needs an adapter that takes "
-                                "sampling parameters (the offline vLLM engine)")
+            raise BadInput(
+                f"the {name} adapter generates greedily only",
+                hint="run the quick or full profile here; the sampled profile needs an adapter that takes "
+                "sampling parameters (the offline vLLM engine)",
+            )
         if getattr(session, "gpu", None):
             report.setdefault("gpu", {}).update(session.gpu)
         log(f"{name} {label} ready in {time.perf_counter() - t0:.1f} s")
@@ -100,11 +122,13 @@ def _generate(inp: SmokeInputs, config: EngineConfig, prompt_ids: list[list[int]
             log(f"{label}{which}: {len(prompt_ids)} prompts, {sum(map(len, outputs))} tokens in {seconds:.1f} s")
         runs = []
         for _ in range(inp.speed_repeats if speed else 0):
-            outputs, seconds = _timed(session, prompt_ids[:inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
+            outputs, seconds = _timed(session, prompt_ids[: inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
             runs.append((sum(map(len, outputs)), seconds))
         if runs:
-            log(f"{label} at batch 1: {', '.join(f'{t / s:.1f}' for t, s in runs)} tok/s "
-                f"({min(inp.speed_prompts, len(prompt_ids))} prompts x {inp.speed_max_tokens} tokens)")
+            log(
+                f"{label} at batch 1: {', '.join(f'{t / s:.1f}' for t, s in runs)} tok/s "
+                f"({min(inp.speed_prompts, len(prompt_ids))} prompts x {inp.speed_max_tokens} tokens)"
+            )
         captured = session.captured_layers() if passes else None
     return results, captured, runs
 
@@ -154,12 +178,17 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
     return {
         "schema": SCHEMA_ID,
         "stack": inp.stack.name,
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "image": image_identity(),
-        "engine": {"name": engine["name"], "package": engine["package"], "version": package_version(engine["package"]),
-                   "pinned_version": engine["version"], "mode": "server" if inp.server_url else "offline",
-                   # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
-                   **({"concurrency": inp.concurrency} if inp.server_url else {})},
+        "engine": {
+            "name": engine["name"],
+            "package": engine["package"],
+            "version": package_version(engine["package"]),
+            "pinned_version": engine["version"],
+            "mode": "server" if inp.server_url else "offline",
+            # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
+            **({"concurrency": inp.concurrency} if inp.server_url else {}),
+        },
         "target": {"path": str(inp.target), "arch": config_architecture(tcfg) or "?", "num_layers": n_layers},
         "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
         "num_speculative_tokens": inp.k,
@@ -197,20 +226,37 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
     # all prompts at once (offline: one batch; a server: --concurrency in flight); the judged speedup is batch 1's
     requests = inp.concurrency if inp.server_url else len(prompt_ids)
     out: dict[str, Any] = {
-        "backend": backend, "captured_layers": captured, "metrics": pooled.metrics(),
-        "concurrent": {"requests": requests, "baseline_tok_s": round(base_tps, 2), "spec_tok_s": round(spec_tps, 2),
-                       "speedup": round(spec_tps / base_tps, 4), "baseline_s": round(plain_s, 3), "spec_s": round(spec_s, 3)}}
+        "backend": backend,
+        "captured_layers": captured,
+        "metrics": pooled.metrics(),
+        "concurrent": {
+            "requests": requests,
+            "baseline_tok_s": round(base_tps, 2),
+            "spec_tok_s": round(spec_tps, 2),
+            "speedup": round(spec_tps / base_tps, 4),
+            "baseline_s": round(plain_s, 3),
+            "spec_s": round(spec_s, 3),
+        },
+    }
     if passes[0] is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
         seeds = list(inp.profile.seeds) if inp.profile else list(range(len(passes)))
         per_seed = [dict(seed=seed, **delta.metrics()) for seed, (_, _, delta) in zip(seeds, results)]
-        out["sampled"] = {"temperature": passes[0]["temperature"], "seeds": seeds,
-                          "per_request_seed": "seed" in passes[0], "per_seed": per_seed,
-                          "spread": per_seed_summary(per_seed)}
-        out["lossless"] = {"checked": 0, "mismatches": 0, "mode": "sampled",
-                           "note": "temperature > 0: two correct samplers draw different tokens, so outputs are not "
-                                   "compared token for token; the greedy profiles prove the verification path lossless, "
-                                   "and this profile's acceptance is gated two-sided against a sampled baseline (a "
-                                   "rejection sampler that rejects too often drops it, one that accepts too much raises it)"}
+        out["sampled"] = {
+            "temperature": passes[0]["temperature"],
+            "seeds": seeds,
+            "per_request_seed": "seed" in passes[0],
+            "per_seed": per_seed,
+            "spread": per_seed_summary(per_seed),
+        }
+        out["lossless"] = {
+            "checked": 0,
+            "mismatches": 0,
+            "mode": "sampled",
+            "note": "temperature > 0: two correct samplers draw different tokens, so outputs are not "
+            "compared token for token; the greedy profiles prove the verification path lossless, "
+            "and this profile's acceptance is gated two-sided against a sampled baseline (a "
+            "rejection sampler that rejects too often drops it, one that accepts too much raises it)",
+        }
         return out
     spec = results[0][0]
     judge = None
@@ -219,18 +265,32 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
         judge = lossless.float32_judge(inp.target, log=log)
     out["lossless"] = lossless.compare(plain, spec, prompt_ids, judge)
     if out["lossless"]["numeric_ties"]:
-        log(f"lossless: {out['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
-            f"(float32 margin <= tie limit), {out['lossless']['mismatches']} real mismatch(es)")
+        log(
+            f"lossless: {out['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
+            f"(float32 margin <= tie limit), {out['lossless']['mismatches']} real mismatch(es)"
+        )
     return out
 
 
 def _throughput(batch1: dict[str, Any] | None, concurrent: dict[str, Any]) -> dict[str, Any]:
     """The report's throughput: the contract's keys hold the batch-1 figures (None when not measured)."""
     if batch1 is None:
-        return {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None, "measured_at": None, "batch1": None,
-                "concurrent": concurrent}
-    return {"baseline_tok_s": batch1["plain_tok_s_median"], "spec_tok_s": batch1["spec_tok_s_median"],
-            "speedup": batch1["speedup"], "measured_at": "batch 1", "batch1": batch1, "concurrent": concurrent}
+        return {
+            "baseline_tok_s": None,
+            "spec_tok_s": None,
+            "speedup": None,
+            "measured_at": None,
+            "batch1": None,
+            "concurrent": concurrent,
+        }
+    return {
+        "baseline_tok_s": batch1["plain_tok_s_median"],
+        "spec_tok_s": batch1["spec_tok_s_median"],
+        "speedup": batch1["speedup"],
+        "measured_at": "batch 1",
+        "batch1": batch1,
+        "concurrent": concurrent,
+    }
 
 
 def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
@@ -239,7 +299,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     texts = load_prompts(inp.prompts_file)
     if len(texts) < inp.num_prompts:
         log(f"{inp.prompts_file} holds {len(texts)} prompts; using all of them")
-    texts = texts[:inp.num_prompts]
+    texts = texts[: inp.num_prompts]
     try:
         # heavy, optional (transformers): imported only where it is used
         from transformers import AutoTokenizer
@@ -252,8 +312,10 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     run = report["run"]
     try:
         if not inp.server_url and not report["engine"]["version"]:
-            raise EnvironmentProblem(f"the engine package {report['engine']['package']} is not installed here",
-                                     hint="run inside the image, or install the stack's engine in this environment")
+            raise EnvironmentProblem(
+                f"the engine package {report['engine']['package']} is not installed here",
+                hint="run inside the image, or install the stack's engine in this environment",
+            )
         engine = get_engine(inp.stack.engine["name"])
         arch = visible_arch(inp.stack)
         settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
@@ -283,11 +345,20 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         backends = []
         for backend, backend_settings in backend_variants(inp.stack, settings):
             run["stage"] = "speculative (with drafter)" + (f", attention backend {backend}" if backend else "")
-            spec_cfg = EngineConfig(inp.target, inp.draft, inp.k, backend_settings, inp.server_url, env, concurrency=inp.concurrency)
+            spec_cfg = EngineConfig(
+                inp.target, inp.draft, inp.k, backend_settings, inp.server_url, env, concurrency=inp.concurrency
+            )
             passes = sampling_passes(inp.profile)
             # batch-1 speed with the first backend only (one more pass per backend would not change the verdict)
-            results, captured, spec_runs = _generate(inp, spec_cfg, prompt_ids, "with drafter" + (f" ({backend})" if backend else ""),
-                                                     passes, speed and not backends, report)
+            results, captured, spec_runs = _generate(
+                inp,
+                spec_cfg,
+                prompt_ids,
+                "with drafter" + (f" ({backend})" if backend else ""),
+                passes,
+                speed and not backends,
+                report,
+            )
             run["stage"] = "compare"
             backends.append(_measure(inp, backend, passes, results, captured, plain, plain_s, prompt_ids, run))
             if spec_runs:
@@ -296,9 +367,16 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
             # plain again: the machine's drift while the drafted engine ran brackets the speedup (speclock.verify.speed)
             run["stage"] = "plain again (no drafter, batch-1 speed)"
             _, _, after = _generate(inp, plain_cfg, prompt_ids, "without drafter, again", [], True, report)
-            report["throughput"] = _throughput(summarize_batch1(before, first_spec_runs, after,
-                                                                prompts=min(inp.speed_prompts, len(prompt_ids)),
-                                                                max_tokens=inp.speed_max_tokens), backends[0]["concurrent"])
+            report["throughput"] = _throughput(
+                summarize_batch1(
+                    before,
+                    first_spec_runs,
+                    after,
+                    prompts=min(inp.speed_prompts, len(prompt_ids)),
+                    max_tokens=inp.speed_max_tokens,
+                ),
+                backends[0]["concurrent"],
+            )
         else:
             report["throughput"] = _throughput(None, backends[0]["concurrent"])
         if not inp.stack.is_gpu:
@@ -310,8 +388,9 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         if first.get("sampled"):
             report["sampled"] = first["sampled"]
         if backends[0]["backend"] is not None:
-            report["attention_backends"] = [{k: b[k] for k in ("backend", "metrics", "lossless", "sampled") if k in b}
-                                            for b in backends]
+            report["attention_backends"] = [
+                {k: b[k] for k in ("backend", "metrics", "lossless", "sampled") if k in b} for b in backends
+            ]
         run.update(completed=True, stage="done")
         code = 0
     except (BadInput, EnvironmentProblem) as err:
@@ -325,9 +404,14 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
     try:
         if inp.profile is not None and inp.profile.sampled:
             # the reference decoder is greedy: its acceptance says nothing about a sampled run's
-            report["reference"] = {"status": "not computed", "key": reference_key(inp, texts), "metrics": None, "gap": None,
-                                   "note": "sampled profile: the reference decoder is greedy, so engine and reference "
-                                           "are compared in the quick and full profiles only"}
+            report["reference"] = {
+                "status": "not computed",
+                "key": reference_key(inp, texts),
+                "metrics": None,
+                "gap": None,
+                "note": "sampled profile: the reference decoder is greedy, so engine and reference "
+                "are compared in the quick and full profiles only",
+            }
         else:
             report["reference"] = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
     except (BadInput, EnvironmentProblem) as err:

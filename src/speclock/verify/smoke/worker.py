@@ -25,13 +25,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, IO, Mapping
+from typing import IO, Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.layout import cache_dir
-from speclock.engines import EngineConfig, get_engine, kill_processes, running, SpecCounters
+from speclock.engines import EngineConfig, SpecCounters, get_engine, kill_processes, running
 
 LAST_LINES = 12  # stderr lines of a dead worker quoted in the failure
 STOP_WAIT_S = 60.0  # an engine's own shutdown (vLLM joins its engine core); then the worker is killed
@@ -64,11 +65,12 @@ def gpu_info() -> dict[str, str] | None:
         if not torch.cuda.is_available():
             return None
         info = {"name": torch.cuda.get_device_name(0), "cuda": str(torch.version.cuda or "")}
-    except Exception:  # noqa: BLE001 - informational: a torch that cannot say leaves it out
+    except Exception:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
         info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
     except (OSError, subprocess.SubprocessError):
         info["driver"] = ""
@@ -77,8 +79,10 @@ def gpu_info() -> dict[str, str] | None:
 
 # ---------------------------------------------------------------- the worker process
 
+
 def _serve(commands: IO[str], answers: IO[str]) -> int:
     """The worker's loop: the first command starts the engine, later ones use it, `stop` ends it."""
+
     def answer(doc: dict[str, Any]) -> None:
         answers.write(json.dumps(doc) + "\n")
         answers.flush()
@@ -88,7 +92,7 @@ def _serve(commands: IO[str], answers: IO[str]) -> int:
         engine = get_engine(first["engine"])
         ctx = running(engine, _config_from(first["config"]))
         session = ctx.__enter__()
-    except BaseException as err:  # noqa: BLE001 - every start failure is reported to the parent, then the worker ends
+    except BaseException as err:
         answer(_error(err))
         return 1
     try:
@@ -136,8 +140,11 @@ def _generate(session, cmd: dict[str, Any], sampling_ok: bool) -> dict[str, Any]
 
 def _error(err: BaseException) -> dict[str, Any]:
     message = err.message if isinstance(err, SpeclockError) else str(err)
-    doc = {"error": message or type(err).__name__, "kind": type(err).__name__,
-           "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=8))}
+    doc = {
+        "error": message or type(err).__name__,
+        "kind": type(err).__name__,
+        "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=8)),
+    }
     if isinstance(err, SpeclockError):
         doc.update(exit_code=err.exit_code, hint=getattr(err, "hint", "") or "")
     return doc
@@ -164,8 +171,14 @@ def main() -> int:
 # Where engines keep their compile caches unless the user chose: under speclock's cache, not ~/.cache/vllm,
 # ~/.triton or /tmp/torchinductor_<user> (a smoke on the host wrote ~/.cache/vllm, #26); kept across runs, so
 # the second engine start reuses the first one's compiles.
-ENGINE_CACHES = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
-                 "TVM_FFI_CACHE_DIR": "tvm-ffi", "FLASHINFER_WORKSPACE_BASE": "flashinfer", "XDG_CACHE_HOME": "xdg"}
+ENGINE_CACHES = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TVM_FFI_CACHE_DIR": "tvm-ffi",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "XDG_CACHE_HOME": "xdg",
+}
 
 
 def worker_env(base: Mapping[str, str]) -> dict[str, str]:
@@ -190,9 +203,16 @@ class WorkerSession:
         self.gpu: dict[str, str] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
         env = worker_env(os.environ)
-        self.proc = subprocess.Popen([sys.executable, "-m", "speclock.verify.smoke.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, env=env,
-                                     start_new_session=True)  # Ctrl-C reaches this process; it stops the worker's group
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "speclock.verify.smoke.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=env,
+            start_new_session=True,
+        )  # Ctrl-C reaches this process; it stops the worker's group
         self._log = threading.Thread(target=self._forward_stderr, name=f"speclock-worker-{self.proc.pid}", daemon=True)
         self._log.start()
 
@@ -230,15 +250,19 @@ class WorkerSession:
             code = None
         self._log.join(timeout=2)
         tail = "\n".join(f"    {line}" for line in self._tail) or "    (nothing on stderr)"
-        return (f"the {self.engine_name} engine worker {self.label} (pid {self.proc.pid}) exited "
-                f"{'with code ' + str(code) if code is not None else 'without answering'} before it answered; "
-                f"its last lines:\n{tail}")
+        return (
+            f"the {self.engine_name} engine worker {self.label} (pid {self.proc.pid}) exited "
+            f"{'with code ' + str(code) if code is not None else 'without answering'} before it answered; "
+            f"its last lines:\n{tail}"
+        )
 
     # the EngineSession methods smoke calls
-    def generate(self, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None,
-                 one_at_a_time: bool = False) -> list[list[int]]:
-        reply = self.request({"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "sampling": sampling,
-                              "one_at_a_time": one_at_a_time})
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None, one_at_a_time: bool = False
+    ) -> list[list[int]]:
+        reply = self.request(
+            {"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "sampling": sampling, "one_at_a_time": one_at_a_time}
+        )
         self.last_seconds = float(reply["seconds"])
         return reply["outputs"]
 
