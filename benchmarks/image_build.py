@@ -119,17 +119,23 @@ def timed(label: str, fn: Callable[[], dict[str, Any]], *, cold: bool = False) -
 
 
 def machine_info() -> dict[str, Any]:
-    mem_kib = next((int(l.split()[1]) for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal:")), 0)
+    mem_kib = next(
+        (int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")), 0
+    )
     cpu = next(
-        (l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
         platform.processor(),
     )
     osname = (
         next(
             (
-                l.split("=", 1)[1].strip('"')
-                for l in Path("/etc/os-release").read_text().splitlines()
-                if l.startswith("PRETTY_NAME=")
+                line.split("=", 1)[1].strip('"')
+                for line in Path("/etc/os-release").read_text().splitlines()
+                if line.startswith("PRETTY_NAME=")
             ),
             "?",
         )
@@ -476,7 +482,7 @@ class PrivateStore:
         """Sum of the layer sizes buildah records (uncompressed tars)."""
         data = json.loads(self.buildah("inspect", "--type", "image", ref).stdout)
         manifest = json.loads(data.get("Manifest") or "{}")
-        return sum(l.get("size", 0) for l in manifest.get("layers", []))
+        return sum(layer.get("size", 0) for layer in manifest.get("layers", []))
 
     def copy_to_docker(self, ref: str, dest: str) -> None:
         self.buildah("push", ref, f"docker-daemon:{dest}")

@@ -99,7 +99,7 @@ def ceilings() -> dict:
     n = 1 << 30  # 2 GiB of bf16
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), warmup=3, iters=20)
+    ms = time_ms(lambda dst=dst, src=src: dst.copy_(src), warmup=3, iters=20)
     copy_tbs = 2 * src.numel() * 2 / ms / 1e9
     del src, dst
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -118,8 +118,8 @@ def loss_breakdown(T=16384, H=7168, V=32000, C=4096) -> dict:
     g_full = torch.randn(T, V, device="cuda", dtype=torch.bfloat16)
     res = {"T": T, "H": H, "V": V, "chunk": C}
     res["gemm_logits_full_ms"] = time_ms(lambda: h @ w.t())
-    res["gemm_dh_full_ms"] = time_ms(lambda: g_full @ w)
-    res["gemm_dw_full_ms"] = time_ms(lambda: g_full.t() @ h)
+    res["gemm_dh_full_ms"] = time_ms(lambda g_full=g_full: g_full @ w)
+    res["gemm_dw_full_ms"] = time_ms(lambda g_full=g_full: g_full.t() @ h)
     res["three_gemms_full_ms"] = res["gemm_logits_full_ms"] + res["gemm_dh_full_ms"] + res["gemm_dw_full_ms"]
     res["three_gemms_TFLOPs"] = 3 * 2 * T * H * V / res["three_gemms_full_ms"] / 1e9
     del g_full
@@ -221,48 +221,53 @@ def fp8_speed(shapes, compile_ok: bool) -> list[dict]:
     pack_c = torch.compile(fp8_pack_reference, dynamic=False) if compile_ok else None
     unpack_c = torch.compile(fp8_unpack_reference, dynamic=False) if compile_ok else None
     for T, H in shapes:
-        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-        q, s = fp8_pack(x)
-        pack_bytes = T * H * 2 + T * H + T * 4
-        unpack_bytes = T * H + T * 4 + T * H * 2
-        impls = {
-            "speclock_cuda": (lambda: fp8_pack(x), lambda: fp8_unpack(q, s)),
-            "speclock_v1_regs": (lambda: fp8_cuda.pack(x, variant=1), None),
-            "speclock_v2_2pass256": (lambda: fp8_cuda.pack(x, variant=2), None),
-            "speclock_v5_2pass512": (lambda: fp8_cuda.pack(x, variant=5), None),
-            "eager": (lambda: fp8_pack_reference(x), lambda: fp8_unpack_reference(q, s)),
-            "torch_compile": (lambda: pack_c(x), lambda: unpack_c(q, s, torch.bfloat16)) if compile_ok else None,
-        }
-        for name, fns in impls.items():
-            if fns is None:
-                continue
-            for op, fn, nbytes in (("pack", fns[0], pack_bytes), ("unpack", fns[1], unpack_bytes)):
-                if fn is None:
-                    continue
-                try:
-                    t0 = time.time()
-                    ms = time_ms_batched(fn)
-                    ms_single = time_ms(fn, warmup=1, iters=10)
-                    mem = peak_extra_bytes(fn)
-                    rows.append(
-                        {
-                            "op": op,
-                            "impl": name,
-                            "T": T,
-                            "H": H,
-                            "ms": ms,
-                            "TBps": nbytes / ms / 1e9,
-                            "ms_single_call": ms_single,
-                            "peak_extra_GB": mem / 1e9,
-                            "wall_s": time.time() - t0,
-                        }
-                    )
-                    log(f"fp8 {op:6s} {name:14s} {T}x{H}: {ms:.3f} ms {nbytes / ms / 1e9:.2f} TB/s extra {mem / 1e9:.2f} GB")
-                except Exception as err:
-                    rows.append({"op": op, "impl": name, "T": T, "H": H, "error": repr(err)[:500]})
-                    log(f"fp8 {op} {name} {T}x{H}: ERROR {err!r}"[:300])
-        del x, q, s
+        rows += fp8_speed_shape(T, H, pack_c, unpack_c, compile_ok)  # its tensors are freed when it returns
         torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_speed_shape(T, H, pack_c, unpack_c, compile_ok: bool) -> list[dict]:
+    rows = []
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    q, s = fp8_pack(x)
+    pack_bytes = T * H * 2 + T * H + T * 4
+    unpack_bytes = T * H + T * 4 + T * H * 2
+    impls = {
+        "speclock_cuda": (lambda: fp8_pack(x), lambda: fp8_unpack(q, s)),
+        "speclock_v1_regs": (lambda: fp8_cuda.pack(x, variant=1), None),
+        "speclock_v2_2pass256": (lambda: fp8_cuda.pack(x, variant=2), None),
+        "speclock_v5_2pass512": (lambda: fp8_cuda.pack(x, variant=5), None),
+        "eager": (lambda: fp8_pack_reference(x), lambda: fp8_unpack_reference(q, s)),
+        "torch_compile": (lambda: pack_c(x), lambda: unpack_c(q, s, torch.bfloat16)) if compile_ok else None,
+    }
+    for name, fns in impls.items():
+        if fns is None:
+            continue
+        for op, fn, nbytes in (("pack", fns[0], pack_bytes), ("unpack", fns[1], unpack_bytes)):
+            if fn is None:
+                continue
+            try:
+                t0 = time.time()
+                ms = time_ms_batched(fn)
+                ms_single = time_ms(fn, warmup=1, iters=10)
+                mem = peak_extra_bytes(fn)
+                rows.append(
+                    {
+                        "op": op,
+                        "impl": name,
+                        "T": T,
+                        "H": H,
+                        "ms": ms,
+                        "TBps": nbytes / ms / 1e9,
+                        "ms_single_call": ms_single,
+                        "peak_extra_GB": mem / 1e9,
+                        "wall_s": time.time() - t0,
+                    }
+                )
+                log(f"fp8 {op:6s} {name:14s} {T}x{H}: {ms:.3f} ms {nbytes / ms / 1e9:.2f} TB/s extra {mem / 1e9:.2f} GB")
+            except Exception as err:
+                rows.append({"op": op, "impl": name, "T": T, "H": H, "error": repr(err)[:500]})
+                log(f"fp8 {op} {name} {T}x{H}: ERROR {err!r}"[:300])
     return rows
 
 
@@ -365,96 +370,103 @@ def liger_vs_ours(gen, T=4096, H=4096, V=32000) -> dict:
 
 def loss_speed(shapes, compile_shapes, have_liger: bool, budget_end: float) -> list[dict]:
     rows = []
+    liger = None
     if have_liger:
         from liger_kernel.transformers import LigerFusedLinearJSD
 
         liger = LigerFusedLinearJSD(jsd_beta=0.0)
     compiled = torch.compile(eagle3_loss_eager, dynamic=False)
     for T, H, V in shapes:
-        gen = torch.Generator(device="cuda").manual_seed(T + H + V)
-        h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-        w = (torch.randn(V, H, device="cuda", generator=gen) / math.sqrt(H) * 4).to(torch.bfloat16).requires_grad_()
-        p = torch.softmax(torch.randn(T, V, device="cuda", generator=gen), -1).to(torch.bfloat16)
-        th = tw = None
-        if have_liger:
-            th = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen)
-            tw = (torch.randn(V, H, device="cuda", generator=gen) / math.sqrt(H) * 4).to(torch.bfloat16)
-        flop3 = 3 * 2 * T * H * V
+        rows += loss_speed_shape(T, H, V, compiled, (T, H, V) in compile_shapes, liger, budget_end)  # frees its tensors
+        torch.cuda.empty_cache()
+    return rows
 
-        def step(fn):
-            def run():
-                h.grad = None
-                w.grad = None
-                out = fn()
-                (out[0] if isinstance(out, tuple) else out).backward()
 
-            return run
+def loss_speed_shape(T, H, V, compiled, with_compile: bool, liger, budget_end: float) -> list[dict]:
+    rows = []
+    have_liger = liger is not None
+    gen = torch.Generator(device="cuda").manual_seed(T + H + V)
+    h = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    w = (torch.randn(V, H, device="cuda", generator=gen) / math.sqrt(H) * 4).to(torch.bfloat16).requires_grad_()
+    p = torch.softmax(torch.randn(T, V, device="cuda", generator=gen), -1).to(torch.bfloat16)
+    th = tw = None
+    if have_liger:
+        th = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+        tw = (torch.randn(V, H, device="cuda", generator=gen) / math.sqrt(H) * 4).to(torch.bfloat16)
+    flop3 = 3 * 2 * T * H * V
 
-        def accum(kind, fn):
-            def run():
-                e3.DW_ACCUM[0] = kind
-                try:
-                    return fn()
-                finally:
-                    e3.DW_ACCUM[0] = "float32"
+    def step(fn):
+        def run():
+            h.grad = None
+            w.grad = None
+            out = fn()
+            (out[0] if isinstance(out, tuple) else out).backward()
 
-            return run
+        return run
 
-        def separate(fn):
-            def run():
-                e3.INPLACE_GRAD[0] = False
-                try:
-                    return fn()
-                finally:
-                    e3.INPLACE_GRAD[0] = True
-
-            return run
-
-        impls = [
-            ("speclock_triton", step(lambda: eagle3_loss(h, w, p)), flop3),
-            ("speclock_separate_grad_buf", step(separate(lambda: eagle3_loss(h, w, p))), flop3),
-            ("speclock_chunk8192_bf16acc", step(accum("weight", lambda: eagle3_loss(h, w, p, chunk_tokens=8192))), flop3),
-            ("eager", step(lambda: eagle3_loss_eager(h, w, p)), flop3),
-        ]
-        if (T, H, V) in compile_shapes:
-            impls.append(("torch_compile", step(lambda: compiled(h, w, p)), flop3))
-        if have_liger:
-            impls.append(("liger_jsd_beta0", step(lambda: liger(h, w, th, tw, None)), 4 * 2 * T * H * V))
-        for name, fn, flops in impls:
-            if time.time() > budget_end and not name.startswith("speclock"):
-                rows.append({"impl": name, "T": T, "H": H, "V": V, "skipped": "time budget"})
-                continue
+    def accum(kind, fn):
+        def run():
+            e3.DW_ACCUM[0] = kind
             try:
-                t0 = time.time()
-                fn()  # compile / autotune outside the timed region
-                setup = time.time() - t0
-                ms = time_ms(fn, warmup=2, iters=15)
-                h.grad = w.grad = None
-                mem = peak_extra_bytes(fn)
-                rows.append(
-                    {
-                        "impl": name,
-                        "T": T,
-                        "H": H,
-                        "V": V,
-                        "ms": ms,
-                        "peak_extra_GB": mem / 1e9,
-                        "gemm_flops": flops,
-                        "achieved_TFLOPs": flops / ms / 1e9,
-                        "model_TFLOPs_3gemm": flop3 / ms / 1e9,
-                        "first_call_s": setup,
-                    }
-                )
-                log(
-                    f"loss {name:16s} {T}x{H}x{V}: {ms:.2f} ms, extra {mem / 1e9:.2f} GB, "
-                    f"{flops / ms / 1e9:.0f} TFLOP/s ({flops // (2 * T * H * V)} GEMMs), first call {setup:.1f}s"
-                )
-            except Exception as err:
-                rows.append({"impl": name, "T": T, "H": H, "V": V, "error": repr(err)[:500]})
-                log(f"loss {name} {T}x{H}x{V}: ERROR {err!r}"[:300])
+                return fn()
+            finally:
+                e3.DW_ACCUM[0] = "float32"
+
+        return run
+
+    def separate(fn):
+        def run():
+            e3.INPLACE_GRAD[0] = False
+            try:
+                return fn()
+            finally:
+                e3.INPLACE_GRAD[0] = True
+
+        return run
+
+    impls = [
+        ("speclock_triton", step(lambda: eagle3_loss(h, w, p)), flop3),
+        ("speclock_separate_grad_buf", step(separate(lambda: eagle3_loss(h, w, p))), flop3),
+        ("speclock_chunk8192_bf16acc", step(accum("weight", lambda: eagle3_loss(h, w, p, chunk_tokens=8192))), flop3),
+        ("eager", step(lambda: eagle3_loss_eager(h, w, p)), flop3),
+    ]
+    if with_compile:
+        impls.append(("torch_compile", step(lambda: compiled(h, w, p)), flop3))
+    if have_liger:
+        impls.append(("liger_jsd_beta0", step(lambda: liger(h, w, th, tw, None)), 4 * 2 * T * H * V))
+    for name, fn, flops in impls:
+        if time.time() > budget_end and not name.startswith("speclock"):
+            rows.append({"impl": name, "T": T, "H": H, "V": V, "skipped": "time budget"})
+            continue
+        try:
+            t0 = time.time()
+            fn()  # compile / autotune outside the timed region
+            setup = time.time() - t0
+            ms = time_ms(fn, warmup=2, iters=15)
             h.grad = w.grad = None
-            torch.cuda.empty_cache()
-        del h, w, p, th, tw
+            mem = peak_extra_bytes(fn)
+            rows.append(
+                {
+                    "impl": name,
+                    "T": T,
+                    "H": H,
+                    "V": V,
+                    "ms": ms,
+                    "peak_extra_GB": mem / 1e9,
+                    "gemm_flops": flops,
+                    "achieved_TFLOPs": flops / ms / 1e9,
+                    "model_TFLOPs_3gemm": flop3 / ms / 1e9,
+                    "first_call_s": setup,
+                }
+            )
+            log(
+                f"loss {name:16s} {T}x{H}x{V}: {ms:.2f} ms, extra {mem / 1e9:.2f} GB, "
+                f"{flops / ms / 1e9:.0f} TFLOP/s ({flops // (2 * T * H * V)} GEMMs), first call {setup:.1f}s"
+            )
+        except Exception as err:
+            rows.append({"impl": name, "T": T, "H": H, "V": V, "error": repr(err)[:500]})
+            log(f"loss {name} {T}x{H}x{V}: ERROR {err!r}"[:300])
+        h.grad = w.grad = None
         torch.cuda.empty_cache()
     return rows
 

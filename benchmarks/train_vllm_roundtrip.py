@@ -55,7 +55,7 @@ def main() -> int:
         key = m.name[len("vllm:spec_decode_") :]
         if key == "num_accepted_tokens_per_pos":
             vals = [int(v) for v in m.values]
-            per_pos = [x + y for x, y in zip(per_pos, vals)] if per_pos else vals
+            per_pos = [x + y for x, y in zip(per_pos, vals, strict=True)] if per_pos else vals
         elif key in totals:
             totals[key] += int(m.value)
     d = totals["num_drafts"]

@@ -309,9 +309,11 @@ def main() -> int:
                 continue
         (run.out / eng).mkdir(exist_ok=True)
         script = {
-            "selfcheck": lambda: selfcheck_script(stack, env_dir),
-            "fault": lambda: fault_eager_script(stack, env_dir),
-            "bench": lambda: bench_script(stack, env_dir, phase, phase.rsplit("-", 1)[1]),
+            "selfcheck": lambda stack=stack, env_dir=env_dir: selfcheck_script(stack, env_dir),
+            "fault": lambda stack=stack, env_dir=env_dir: fault_eager_script(stack, env_dir),
+            "bench": lambda stack=stack, env_dir=env_dir, phase=phase: bench_script(
+                stack, env_dir, phase, phase.rsplit("-", 1)[1]
+            ),
         }[kind]()
         extra = {"expect": "gate exit 1 (batch-1 speed below smoke.thresholds.min_speedup)"} if kind == "fault" else {}
         if run.sh(phase, script, estimate, stack=stack, **extra) is None:
