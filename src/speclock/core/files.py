@@ -20,7 +20,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from contextlib import AbstractContextManager
+from typing import Any, BinaryIO, Literal, TextIO, overload
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 
@@ -273,20 +274,39 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, *, binary: bool = False, mode: int | None = None) -> Iterator[TextIO | BinaryIO]:
+@overload
+def atomic_output(
+    path: str | os.PathLike, *, binary: Literal[False] = False, mode: int | None = None
+) -> AbstractContextManager[TextIO]: ...
+@overload
+def atomic_output(
+    path: str | os.PathLike, *, binary: Literal[True], mode: int | None = None
+) -> AbstractContextManager[BinaryIO]: ...
+@overload
+def atomic_output(
+    path: str | os.PathLike, *, binary: bool, mode: int | None = None
+) -> AbstractContextManager[TextIO | BinaryIO]: ...
+def atomic_output(
+    path: str | os.PathLike, *, binary: bool = False, mode: int | None = None
+) -> AbstractContextManager[TextIO | BinaryIO]:
     """Write `path` through a temp file in its folder; on success fsync, rename, fsync the folder.
 
-    On any failure (Ctrl-C included) the temp file is removed and `path` is untouched.
+    On any failure (Ctrl-C included) the temp file is removed and `path` is untouched. Yields a binary
+    file with binary=True, else a UTF-8 text file.
     """
-    path = Path(path)
+    return _atomic_output(Path(path), binary=binary, mode=mode)
+
+
+@contextlib.contextmanager
+def _atomic_output(path: Path, *, binary: bool, mode: int | None) -> Iterator[TextIO | BinaryIO]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
     except OSError as err:
         raise os_error(err, path, "write") from None
     try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+        fh: TextIO | BinaryIO
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -365,7 +385,7 @@ def clean_stale_temps(
     folder: str | os.PathLike, *, prefixes: tuple[str, ...] = (TEMP_PREFIX,), older_than_s: float = 0.0
 ) -> list[Path]:
     """Remove temp files a killed run left in `folder` (not recursive). Returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     now = time.time()
     try:
         entries = list(Path(folder).iterdir())
