@@ -259,15 +259,22 @@ def test_function_local_imports_say_why():
             if isinstance(n, (ast.Try, ast.If)):
                 top |= {id(x) for x in ast.walk(n)}
         local = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top]
-        starts = {n.lineno for n in local}
+        starts = {n.lineno: n for n in local}
         ends = {n.end_lineno: n for n in local}
+
+        def gap(line: int, step: int) -> int:
+            """The next line from `line` in direction `step` past blank lines (isort's group separators)."""
+            while 0 < line + step <= len(lines) and not lines[line + step - 1].strip():
+                line += step
+            return line + step
+
         for n in local:
             first = n
-            while first.lineno - 1 in ends:  # the run of imports this one belongs to
-                first = ends[first.lineno - 1]
+            while gap(first.lineno, -1) in ends:  # the run of imports this one belongs to
+                first = ends[gap(first.lineno, -1)]
             run = [first]
-            while run[-1].end_lineno + 1 in starts:
-                run.append(next(x for x in local if x.lineno == run[-1].end_lineno + 1))
+            while gap(run[-1].end_lineno, 1) in starts:
+                run.append(starts[gap(run[-1].end_lineno, 1)])
             commented = any("#" in lines[i] for x in run for i in range(x.lineno - 1, x.end_lineno))
             if not commented and not lines[first.lineno - 2].strip().startswith("#"):
                 bad.append(f"{mod}:{n.lineno}: {ast.unparse(n)}")

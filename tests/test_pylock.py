@@ -309,7 +309,8 @@ def offline(tmp_path_factory):
 
 def _installed(python: Path) -> dict[str, str]:
     code = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
-    return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
+    # -I: the venv's own packages, not what PYTHONPATH (src/, where an editable install may leave egg-info) adds
+    return json.loads(subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
 def _venv(path: Path) -> Path:
