@@ -99,6 +99,17 @@ def test_a_candidate_stack_file_records_what_changed(tmp_path):
     assert cand.stack.patch_series == ["faults/9001-eagle3-aux-layers-sglang-offset.patch"]
 
 
+def test_the_worked_example_candidate_is_the_default_stack_with_one_change():
+    """docs/upgrade-example-fail/cpu-vllm.toml must follow the default stack (prune, speed keys, thresholds): a stale
+    copy builds an image of its own (another venv layer) and smokes with other settings than the stack it claims to be."""
+    import tomllib
+
+    default = tomllib.loads((ROOT / "stacks" / "cpu-vllm.toml").read_text())
+    candidate = tomllib.loads((ROOT / "docs" / "upgrade-example-fail" / "cpu-vllm.toml").read_text())
+    assert candidate.pop("patches") == {"series": ["faults/9001-eagle3-aux-layers-sglang-offset.patch"]}
+    assert "patches" not in default and candidate == default
+
+
 def test_nothing_to_upgrade_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match="nothing to upgrade"):
         write_candidate(load_stack("cpu-vllm"), {}, root=tmp_path)
