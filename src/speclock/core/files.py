@@ -19,8 +19,8 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO, overload
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
