@@ -35,8 +35,9 @@ what a host environment carries as its lock.json.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_json, clean_stale_temps, expect, plain_name, read_json
@@ -47,7 +48,86 @@ from speclock.spec.provenance import RELOCK, allowed_sources, check_base, check_
 from speclock.spec.stack import Stack, canonical_sha256, pinned_view
 
 LOCK_SCHEMA = "speclock.lock/v1"
-ENTRY_LISTS = ("packages", "assets", "excluded", "pruned")
+# The lists of package entries a target holds.
+EntryList = Literal["packages", "assets", "excluded", "pruned"]
+ENTRY_LISTS: tuple[EntryList, ...] = ("packages", "assets", "excluded", "pruned")
+
+
+# The lock document, as JSON on disk (`locks/<stack>.lock`, a host environment's lock.json) and in memory. Readers
+# index it (doc["packages"]); these types say what they may find. read_lock checks the shapes before returning one.
+class LockEntry(TypedDict):
+    """One locked wheel (in packages, assets, excluded and pruned): every key a non-empty string (provenance)."""
+
+    name: str  # normalized
+    version: str
+    filename: str  # the basename of url; fetch stores it as <sha256>/<filename>
+    url: str  # https on PyPI or a stack's index (a file:// url only in a lock of one machine)
+    sha256: str
+    mirror_url: NotRequired[str]  # file:///...: the local copy the resolver took it from (fetch prefers it)
+
+
+class LockPython(TypedDict):
+    """The image target's Python: `python` of a lock (a host target's own lock view: that target's)."""
+
+    version: str
+    platforms: list[str]  # wheel platform tags, newest first
+
+
+class PruneRecord(TypedDict):
+    """`prune` of a lock: the stack's [prune], packages normalized and sorted, path globs as declared."""
+
+    packages: list[str]
+    paths: list[str]
+
+
+class TargetPlatform(TypedDict):
+    """What a target key ('3.12-x86_64') names: its Python, its machine and the wheel platform tags it accepts."""
+
+    python: str
+    machine: str
+    platforms: list[str]
+
+
+class HostTarget(TargetPlatform):
+    """One entry of a lock's `targets` ('3.12-x86_64'): a host target's resolved package set."""
+
+    packages: list[LockEntry]
+    excluded: NotRequired[list[LockEntry]]
+    assets: NotRequired[list[LockEntry]]
+    pruned: NotRequired[list[LockEntry]]
+
+
+class TargetView(TargetPlatform):
+    """One target as `lock_targets` gives it (the image's from the top-level keys): every list present."""
+
+    packages: list[LockEntry]
+    excluded: list[LockEntry]
+    assets: list[LockEntry]
+    pruned: list[LockEntry]
+
+
+class LockDoc(TypedDict):
+    """A lock document (schema speclock.lock/v1). Optional keys are absent from locks that do not need them."""
+
+    schema: str
+    stack: str
+    stack_sha256: str
+    base: dict[str, Any]  # the base recipe: spec.baseimage (provenance.check_base checks it)
+    packages: list[LockEntry]  # the image target's install set
+    assets: list[LockEntry]  # its data wheels (python.build_only)
+    lock_sha256: NotRequired[str]  # set by finish_lock: every finished, written or read lock has it
+    excluded: NotRequired[list[LockEntry]]
+    stack_data: NotRequired[dict[str, Any]]  # the validated stack it was made from
+    python: NotRequired[LockPython]
+    resolver: NotRequired[dict[str, Any]]
+    kernel_base: NotRequired[dict[str, Any]]  # stacks with kernels.build
+    source_date_epoch: NotRequired[int]
+    targets: NotRequired[dict[str, HostTarget]]  # stacks with python.host_targets
+    target: NotRequired[str]  # a target's own view (target_lock): which target
+    lock_from: NotRequired[str]  # ... and the lock_sha256 of the full lock it comes from
+    prune: NotRequired[PruneRecord]  # stacks with [prune]
+    pruned: NotRequired[list[LockEntry]]
+
 
 # The one map from a machine to the wheel platform tags a host target of that machine accepts (newest
 # first). Adding a machine (e.g. riscv64) is a row here plus the machine in spec.validate's host_targets
@@ -82,27 +162,33 @@ def machine_platforms(machine: str) -> list[str]:
     return list(MACHINE_PLATFORMS[machine])
 
 
-def finish_lock(doc: dict[str, Any]) -> dict[str, Any]:
-    """Set (or replace) the document's lock_sha256: the sha256 of everything else in it."""
-    doc = {k: v for k, v in doc.items() if k != "lock_sha256"}
-    doc["lock_sha256"] = canonical_sha256(doc)
-    return doc
+def finish_lock(doc: LockDoc) -> LockDoc:
+    """Set (or replace) the document's lock_sha256: the sha256 of everything else in it (a new dict, keys in order)."""
+    out = doc.copy()
+    out.pop("lock_sha256", None)
+    out["lock_sha256"] = canonical_sha256(out)
+    return out
 
 
-def image_machine(doc: dict[str, Any]) -> str:
+def _lock_python(doc: LockDoc) -> LockPython:
+    """The lock's `python`; an empty one for a lock without it (made before it was recorded)."""
+    return doc.get("python") or {"version": "", "platforms": []}
+
+
+def image_machine(doc: LockDoc) -> str:
     """The machine of the image target, from its platform tags (locks before targets: x86_64)."""
-    platforms = (doc.get("python") or {}).get("platforms") or []
+    platforms = _lock_python(doc).get("platforms") or []
     for machine in MACHINE_PLATFORMS:
         if platforms and all(str(p).endswith("_" + machine) for p in platforms):
             return machine
     return "x86_64"
 
 
-def lock_targets(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def lock_targets(doc: LockDoc) -> dict[str, TargetView]:
     """Every target of a read lock: {'image': {...}, '3.12-x86_64': {...}}, each with python, machine,
     platforms, packages, excluded, assets (the image's from the top-level keys)."""
-    py = doc.get("python") or {}
-    out = {
+    py = _lock_python(doc)
+    out: dict[str, TargetView] = {
         IMAGE_TARGET: {
             "python": py.get("version", ""),
             "machine": image_machine(doc),
@@ -118,14 +204,14 @@ def lock_targets(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def target_names(doc: dict[str, Any]) -> str:
+def target_names(doc: LockDoc) -> str:
     """'image (3.11-x86_64), 3.12-x86_64': how messages name a lock's targets."""
     targets = lock_targets(doc)
     image = targets[IMAGE_TARGET]
     return ", ".join([f"{IMAGE_TARGET} ({image['python']}-{image['machine']})", *[k for k in targets if k != IMAGE_TARGET]])
 
 
-def lock_target(doc: dict[str, Any], key: str) -> dict[str, Any]:
+def lock_target(doc: LockDoc, key: str) -> TargetView:
     """One target of a read lock by key ('image' or '3.12-x86_64'); BadInput naming the targets it has."""
     targets = lock_targets(doc)
     if key not in targets:
@@ -137,12 +223,14 @@ def lock_target(doc: dict[str, Any], key: str) -> dict[str, Any]:
     return targets[key]
 
 
-def target_lock(doc: dict[str, Any], key: str) -> dict[str, Any]:
+def target_lock(doc: LockDoc, key: str) -> LockDoc:
     """The lock as one target sees it: that target's packages, excluded and assets as the top-level ones, its
     Python and platforms as `python`, no `targets`; `target` and `lock_from` (the full lock's sha256) say where
     it comes from. A valid lock of its own (re-hashed), so every lock reader takes it as it is."""
     t = lock_target(doc, key)
-    out = {k: v for k, v in doc.items() if k not in ("targets", "lock_sha256")}
+    out = doc.copy()
+    out.pop("targets", None)
+    out.pop("lock_sha256", None)
     out.update(
         {
             "python": {"version": t["python"], "platforms": t["platforms"]},
@@ -166,7 +254,7 @@ def lock_path(stack: Stack, root: Path | None = None) -> Path:
     return locks_dir(root) / f"{stack.name}.lock"
 
 
-def write_lock(path: Path, doc: dict[str, Any]) -> None:
+def write_lock(path: Path, doc: LockDoc) -> None:
     """Write atomically (fsynced): a crash leaves the old lock or the new one, never half of one.
 
     Temps a killed writer left beside it go first (only ones untouched for 10 minutes: a lock is
@@ -175,7 +263,7 @@ def write_lock(path: Path, doc: dict[str, Any]) -> None:
     atomic_write_json(path, doc, indent=1, sort_keys=True)
 
 
-def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
+def read_lock(path: Path, *, stack: Stack | None = None) -> LockDoc:
     """Read a lock and check its shape, hash and provenance; BadInput (exit 2) names the file and key.
 
     Nothing is written or downloaded before this passes, so a filename with '../' or a URL on an
@@ -184,21 +272,22 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise BadInput(f"no lock file {path}", hint=f"run `speclock lock --stack {path.stem}`")
-    doc = read_json(path, what="lock file", expect=dict, hint=RELOCK)
+    doc: dict[str, Any] = read_json(path, what="lock file", expect=dict, hint=RELOCK)
     if doc.get("schema") != LOCK_SCHEMA:
         raise BadInput(f"{path}: schema is {str(doc.get('schema'))[:80]!r}, expected {LOCK_SCHEMA!r}", hint=RELOCK)
-    for key, types in (
+    required: tuple[tuple[str, type], ...] = (
         ("stack", str),
         ("stack_sha256", str),
         ("packages", list),
         ("assets", list),
         ("base", dict),
         ("lock_sha256", str),
-    ):
+    )
+    for key, types in required:
         if key not in doc:
             raise BadInput(f"{path}: key '{key}' is missing", hint=RELOCK)
         expect(doc[key], types, key, path=path, hint=RELOCK)
-    for key, types in (
+    optional: tuple[tuple[str, type], ...] = (
         ("excluded", list),
         ("stack_data", dict),
         ("python", dict),
@@ -210,11 +299,12 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
         ("lock_from", str),
         ("prune", dict),
         ("pruned", list),
-    ):
+    )
+    for key, types in optional:
         if key in doc:
             expect(doc[key], types, key, path=path, hint=RELOCK)
     plain_name(doc["stack"], what="stack", source=path)
-    for key, entry, where in _all_entries(doc, path):
+    for _key, entry, where in _all_entries(doc, path):
         check_entry_shape(entry, where, path)
     check_base(doc["base"], "base", path)
     if "kernel_base" in doc:
@@ -230,7 +320,8 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> dict[str, Any]:
     hosts, declared = allowed_sources(path, stack)
     for _key, entry, where in _all_entries(doc, path):
         check_entry(entry, where, path, hosts, declared)
-    return doc
+    # Every key above has its JSON type, every entry and base its shape: the document is a LockDoc.
+    return cast(LockDoc, doc)
 
 
 def _check_target(key: Any, target: Any, path: Path) -> None:
@@ -252,7 +343,7 @@ def _check_target(key: Any, target: Any, path: Path) -> None:
             raise BadInput(f"{path}: {where}.platforms[{i}] {tag[:80]!r} is not a wheel platform tag of {machine}", hint=RELOCK)
 
 
-def _all_entries(doc: dict[str, Any], path: Path):
+def _all_entries(doc: dict[str, Any], path: Path) -> Iterator[tuple[str, Any, str]]:
     """(list key, entry, where) for every package entry of every target, host targets' shapes checked first."""
     for key in ENTRY_LISTS:
         for i, entry in enumerate(expect(doc.get(key, []), list, key, path=path, hint=RELOCK)):
@@ -264,19 +355,19 @@ def _all_entries(doc: dict[str, Any], path: Path):
                 yield key, entry, f"targets.{tkey}.{key}[{i}]"
 
 
-def local_entries(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def local_entries(doc: LockDoc) -> list[tuple[str, LockEntry]]:
     """(where, entry) for every entry of every target whose url is a file:// URL (a file of one machine)."""
     out = []
     for tkey, target in lock_targets(doc).items():
         prefix = "" if tkey == IMAGE_TARGET else f"targets.{tkey}."
         for key in ENTRY_LISTS:
-            for i, entry in enumerate(target.get(key, [])):
+            for i, entry in enumerate(target[key]):
                 if str(entry.get("url", "")).lower().startswith("file:"):
                     out.append((f"{prefix}{key}[{i}] ({entry.get('name')})", entry))
     return out
 
 
-def portability_problems(doc: dict[str, Any], stack_name: str) -> list[str]:
+def portability_problems(doc: LockDoc, stack_name: str) -> list[str]:
     """What `lock --check` says of file:// URLs: one line per entry, naming it and the fix."""
     return [
         f"{where}.url {entry['url']} is a file on the machine that made the lock, which no other machine has; "
@@ -295,10 +386,10 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix}: lock has {old!r}, stack says {new!r}"]
 
 
-def _base_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
+def _base_diffs(stack: Stack, doc: LockDoc) -> list[str]:
     """The lock's base recipes against what the stack gives (they are not covered by stack_sha256)."""
     out = []
-    wanted = {"base": None}
+    wanted: dict[Literal["base", "kernel_base"], list[str] | None] = {"base": None}
     if "kernel_base" in doc or stack.kernels:
         wanted["kernel_base"] = list(stack.data.get("kernels", {}).get("builder_packages") or [])
     for key, extra in wanted.items():
@@ -314,7 +405,7 @@ def _base_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def check_lock(stack: Stack, doc: dict[str, Any]) -> list[str]:
+def check_lock(stack: Stack, doc: LockDoc) -> list[str]:
     """What differs between the stack file and what its lock was made from (empty = in sync)."""
     if doc["stack_sha256"] == stack.source_sha256:
         # same stack: the recipes must be the ones it gives, and the host targets the ones it names
@@ -322,19 +413,18 @@ def check_lock(stack: Stack, doc: dict[str, Any]) -> list[str]:
     return _diff(pinned_view(doc.get("stack_data", {})), pinned_view(stack.data)) or ["stack content hash differs"]
 
 
-def prune_record(stack: Stack) -> dict[str, list[str]]:
+def prune_record(stack: Stack) -> PruneRecord:
     """What a lock records of the stack's [prune]: package names normalized and sorted, globs as declared."""
     return {"packages": sorted(normalize(n) for n in stack.prune["packages"]), "paths": list(stack.prune["paths"])}
 
 
-def prune_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
+def prune_diffs(stack: Stack, doc: LockDoc) -> list[str]:
     """The lock's prune record and pruned lists against the stack's [prune] (empty = in sync)."""
     want = prune_record(stack)
-    have = doc.get("prune") or {"packages": [], "paths": []}
+    have: PruneRecord = doc.get("prune") or {"packages": [], "paths": []}
+    keys: tuple[Literal["packages", "paths"], ...] = ("packages", "paths")
     out = [
-        f"prune.{key}: lock has {have.get(key, [])!r}, stack says {want[key]!r}"
-        for key in ("packages", "paths")
-        if have.get(key, []) != want[key]
+        f"prune.{key}: lock has {have.get(key, [])!r}, stack says {want[key]!r}" for key in keys if have.get(key, []) != want[key]
     ]
     for tkey, target in lock_targets(doc).items():
         installed = {normalize(e["name"]) for e in target["packages"]}
@@ -347,14 +437,14 @@ def prune_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _target_diffs(stack: Stack, doc: dict[str, Any]) -> list[str]:
+def _target_diffs(stack: Stack, doc: LockDoc) -> list[str]:
     have, want = sorted(doc.get("targets") or {}), sorted(stack.python["host_targets"])
     if "target" in doc:  # a host environment's lock.json (target_lock): one target, by design
         return []
     return [] if have == want else [f"python.host_targets: lock has {have!r}, stack says {want!r}"]
 
 
-def lock_summary(doc: dict[str, Any]) -> str:
+def lock_summary(doc: LockDoc) -> str:
     total = sum(1 for _ in doc["packages"])
     hosts = doc.get("targets") or {}
     extra = "".join(f", host target {k}: {len(t['packages'])} packages" for k, t in hosts.items())

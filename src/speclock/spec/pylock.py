@@ -37,7 +37,7 @@ from typing import Any
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, os_error
 from speclock.core.names import normalize
-from speclock.spec.lock import lock_targets, write_lock
+from speclock.spec.lock import LockDoc, LockEntry, TargetView, lock_targets, write_lock
 
 PYLOCK_VERSION = "1.0"
 CREATED_BY = "speclock"
@@ -65,18 +65,24 @@ def _version_key(python: str) -> tuple[int, ...]:
     return tuple(int(x) for x in python.split(".") if x.isdigit())
 
 
-def _wheel(entry: dict[str, Any]) -> dict[str, Any]:
+def _wheel(entry: LockEntry) -> dict[str, Any]:
     return {"name": entry["filename"], "url": entry["url"], "hashes": {"sha256": entry["sha256"]}}
 
 
-def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+def _plain(entry: LockEntry) -> dict[str, str]:
     """An excluded or asset entry under [tool.speclock]: as in the lock, less the machine-local mirror_url."""
-    return {k: entry[k] for k in ("name", "version", "filename", "url", "sha256")}
+    return {
+        "name": entry["name"],
+        "version": entry["version"],
+        "filename": entry["filename"],
+        "url": entry["url"],
+        "sha256": entry["sha256"],
+    }
 
 
-def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
+def pylock_doc(doc: LockDoc) -> dict[str, Any]:
     """The pylock.toml content of a (read) lock, as a dict in the key order PEP 751 lists them."""
-    targets = {
+    targets: dict[str, TargetView] = {
         key: {
             **t,
             "python": _text(t["python"]),
@@ -145,7 +151,7 @@ def pylock_doc(doc: dict[str, Any]) -> dict[str, Any]:
     return {**out, "created-by": CREATED_BY, "packages": packages, "tool": {"speclock": tool}}
 
 
-def _refuse_ambiguous(doc: dict[str, Any], targets: dict[str, dict[str, Any]], markers: dict[str, str]) -> None:
+def _refuse_ambiguous(doc: LockDoc, targets: dict[str, TargetView], markers: dict[str, str]) -> None:
     """BadInput when two targets with one marker lock different package sets (no installer could tell which is meant)."""
     first: dict[str, str] = {}
     for key, target in targets.items():
@@ -183,7 +189,7 @@ def render(doc: dict[str, Any]) -> str:
     return header + tomli_w.dumps(doc)
 
 
-def write_lock_files(lock_file: str | os.PathLike, doc: dict[str, Any]) -> Path:
+def write_lock_files(lock_file: str | os.PathLike, doc: LockDoc) -> Path:
     """Write the lock and its pylock: both or neither. Returns the pylock's path.
 
     Both texts are made first (an error there writes nothing), then each goes to a fsynced temp file beside its
@@ -261,7 +267,7 @@ def _diff_values(have: Any, want: Any, where: str) -> list[str]:
     return [] if have == want else [f"{where}: pylock has {have!r}, the lock gives {want!r}"]
 
 
-def pylock_drift(lock_file: str | os.PathLike, doc: dict[str, Any]) -> list[str]:
+def pylock_drift(lock_file: str | os.PathLike, doc: LockDoc) -> list[str]:
     """How the pylock next to a lock differs from what the lock gives (empty = in sync): a missing or unreadable file,
     and per package what differs (missing, extra, marker, a wheel's url or sha256), then the other keys."""
     path = pylock_path(lock_file)
@@ -276,12 +282,12 @@ def pylock_drift(lock_file: str | os.PathLike, doc: dict[str, Any]) -> list[str]
     where = path.name
     have_pkgs, out = _packages_by_key(have.get("packages"))
     want_pkgs, _ = _packages_by_key(want["packages"])
-    for key, package in want_pkgs.items():
-        label = f"{where}: package {key[0]} {key[1]}"
-        if key not in have_pkgs:
+    for pkg_key, package in want_pkgs.items():
+        label = f"{where}: package {pkg_key[0]} {pkg_key[1]}"
+        if pkg_key not in have_pkgs:
             out.append(f"{label} is in the lock, missing from the pylock")
             continue
-        got = have_pkgs[key]
+        got = have_pkgs[pkg_key]
         if got.get("marker") != package.get("marker"):
             out.append(f"{label}: marker is {got.get('marker')!r}, the lock gives {package.get('marker')!r}")
         got_wheels, want_wheels = _wheels_by_name(got), _wheels_by_name(package)
@@ -302,8 +308,8 @@ def pylock_drift(lock_file: str | os.PathLike, doc: dict[str, Any]) -> list[str]
         extra = {k: v for k, v in got.items() if k not in ("name", "version", "marker", "wheels")}
         if extra:
             out.append(f"{label}: keys the lock does not give: {', '.join(sorted(extra))}")
-    for key in have_pkgs.keys() - want_pkgs.keys():
-        out.append(f"{where}: package {key[0]} {key[1]} is in the pylock, not in the lock")
+    for pkg_name, pkg_version in have_pkgs.keys() - want_pkgs.keys():
+        out.append(f"{where}: package {pkg_name} {pkg_version} is in the pylock, not in the lock")
     for key in list(want) + [k for k in have if k not in want]:
         if key != "packages":
             out += _diff_values(have.get(key), want.get(key), f"{where}: {key}")

