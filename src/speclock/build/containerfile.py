@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from speclock.build.context import sync_text, tree_sha256
 from speclock.core.errors import BadInput
 from speclock.core.layout import REPO_ROOT
+from speclock.spec.lock import LockDoc
 from speclock.spec.stack import Stack
 
 CONTAINERFILE = REPO_ROOT / "containers" / "Containerfile"
@@ -40,7 +40,8 @@ def containerfile_text(with_kernels: bool, engine_env: dict[str, str] | None = N
     text = CONTAINERFILE.read_text()
     lines = text.splitlines(keepends=True)
     marks = {
-        m: [i for i, l in enumerate(lines) if l.startswith(m)] for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK, ENGINE_ENV_MARK)
+        m: [i for i, line in enumerate(lines) if line.startswith(m)]
+        for m in (KERNELS_STAGE_MARK, KERNELS_COPY_MARK, ENGINE_ENV_MARK)
     }
     if any(len(v) != 1 for v in marks.values()):
         raise BadInput(
@@ -56,7 +57,7 @@ def containerfile_text(with_kernels: bool, engine_env: dict[str, str] | None = N
     lines[marks[KERNELS_COPY_MARK][0]] = f"COPY --from=kernels {KERNELS_IN_IMAGE} {KERNELS_IN_IMAGE}\n"
     lines[marks[KERNELS_STAGE_MARK][0]] = KERNELS_CONTAINERFILE.read_text()
     # A FROM ${ARG} needs the ARG declared before the first FROM.
-    first_from = next(i for i, l in enumerate(lines) if l.startswith("FROM "))
+    first_from = next(i for i, line in enumerate(lines) if line.startswith("FROM "))
     lines.insert(first_from, "ARG KERNEL_BASE_IMAGE\n")
     return "".join(lines)
 
@@ -68,9 +69,7 @@ def staged_containerfile(ctx: Path, *, with_kernels: bool = False, engine_env: d
     return path
 
 
-def build_args_for(
-    stack: Stack, lock: dict[str, Any], ctx: Path, base_ref: str, kernel_base_ref: str | None = None
-) -> dict[str, str]:
+def build_args_for(stack: Stack, lock: LockDoc, ctx: Path, base_ref: str, kernel_base_ref: str | None = None) -> dict[str, str]:
     """The Containerfile's build arguments for a staged context; the kernel ones only for kernel stacks."""
     target = stack.target
     build_args = {

@@ -11,14 +11,13 @@ import fcntl
 import hashlib
 import shutil
 from pathlib import Path
-from typing import Any
 
 from speclock.build import uvwheel, wheelhouse
 from speclock.build.closure import INIT_STUB_REL, import_closure, init_stub
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, patch_files, plan_environment
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
-from speclock.spec.lock import lock_path
+from speclock.spec.lock import LockDoc, lock_path
 from speclock.spec.stack import Stack
 
 # What the early image stages run: each gets the import closure of its entry modules (build.closure), in a
@@ -118,7 +117,7 @@ def _stage_wheels(plan: EnvPlan, wheels: Path) -> None:
     sync_text(wheels / "prune.sh", plan.prune_script)
 
 
-def stage_context(stack: Stack, lock: dict[str, Any], ctx: Path, *, lock_file: Path | None = None) -> None:
+def stage_context(stack: Stack, lock: LockDoc, ctx: Path, *, lock_file: Path | None = None) -> None:
     """Lay out the build context: wheels, the build steps' tools, patches, drafter, config with the source.
 
     The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from speclock.build.prune import prune_script
 from speclock.build.uvwheel import uv_package
 from speclock.core.errors import BadInput
 from speclock.core.files import confined
 from speclock.core.layout import REPO_ROOT
+from speclock.spec.lock import LockDoc, LockEntry
 from speclock.spec.resolve import check_kernel_toolchain, kernel_toolchain
 from speclock.spec.stack import Stack
 
@@ -32,14 +32,14 @@ KERNEL_BUILD_MODULE = "speclock.kernels.build"
 @dataclass(frozen=True)
 class EnvPlan:
     stack: Stack
-    lock: dict[str, Any]  # the lock as the environment's target sees it (spec.lock.target_lock for a host target)
-    packages: list[dict[str, Any]]
-    assets: list[dict[str, Any]]  # without the installer uv
-    uv: dict[str, Any] | None
-    kernel_toolchain: list[dict[str, Any]]  # empty when the stack builds no kernels
+    lock: LockDoc  # the lock as the environment's target sees it (spec.lock.target_lock for a host target)
+    packages: list[LockEntry]
+    assets: list[LockEntry]  # without the installer uv
+    uv: LockEntry | None
+    kernel_toolchain: list[LockEntry]  # empty when the stack builds no kernels
     prune_script: str
 
-    def lists(self) -> dict[str, list[dict[str, Any]]]:
+    def lists(self) -> dict[str, list[LockEntry]]:
         """{file name in wheels/: entries}: the hash-pinned lists the image's steps install."""
         out = {"requirements.txt": self.packages, "assets.txt": self.assets, "uv.txt": [self.uv] if self.uv else []}
         if self.stack.kernels:
@@ -47,7 +47,7 @@ class EnvPlan:
         return out
 
 
-def plan_environment(stack: Stack, lock: dict[str, Any]) -> EnvPlan:
+def plan_environment(stack: Stack, lock: LockDoc) -> EnvPlan:
     """The plan of `stack`'s environment from `lock`. BadInput naming the stack key when a stack with kernels.build
     lacks the nvcc toolchain wheels in its lock."""
     entries = lock["packages"] + lock["assets"]

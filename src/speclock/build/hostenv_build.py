@@ -18,17 +18,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from speclock import __version__
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, kernel_build_args, patch_files
-from speclock.build.hostenv_host import check_host_packages, clean_env, host_versions, running_target
+from speclock.build.hostenv_host import HostPackageRow, check_host_packages, clean_env, host_versions, running_target
 from speclock.build.prune import run_prune
 from speclock.build.wheelhouse import entry_path, requirements_text, store_dir
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, plain_name
 from speclock.core.layout import IMPORT_ROOT, REPO_ROOT
-from speclock.spec.lock import lock_path, write_lock
+from speclock.spec.lock import LockDoc, LockEntry, lock_path, write_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack
 
 HOST_ENV_SCHEMA = "speclock.host-env/v1"
@@ -42,6 +42,45 @@ RUN_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+
+
+class HashCheckedRow(TypedDict):
+    """A wheel installed from the wheelhouse, hash-checked."""
+
+    name: str
+    version: str
+    sha256: str
+
+
+class PrunedFromHost(TypedDict):
+    """A [prune].packages package the env's Python still sees in the host's site-packages."""
+
+    name: str
+    version: str
+    location: str
+
+
+class HostEnvRecord(TypedDict):
+    """DIR/speclock/host-env.json: what `speclock host-env` built (doctor, selfcheck and a second host-env read it)."""
+
+    schema: str  # HOST_ENV_SCHEMA
+    stack: str
+    stack_sha256: str
+    lock_sha256: str  # the full lock's
+    lock_file: str
+    target: str
+    target_lock_sha256: str  # lock.json's: the target's own view (spec.lock.target_lock)
+    python: str
+    machine: str
+    interpreter: str
+    speclock_version: str
+    hash_checked: list[HashCheckedRow]
+    version_checked: list[HostPackageRow]
+    host_packages_requested: list[str]
+    pruned_from_host: list[PrunedFromHost]
+    kernels: dict[str, Any] | None  # {"source": "copied", "from": DIR} or {"source": "built", "toolchain": [...]}
+    engine_env: dict[str, str]
+    created: str
 
 
 @dataclass(frozen=True)
@@ -59,7 +98,7 @@ class HostEnvOptions:
 # ---------------------------------------------------------------- wheels
 
 
-def find_wheels(packages: list[dict[str, Any]], wheelhouse: Path | None, stack: str, key: str) -> dict[str, Path]:
+def find_wheels(packages: list[LockEntry], wheelhouse: Path | None, stack: str, key: str) -> dict[str, Path]:
     """{filename: path} of each wheel, hash-checked now. The wheelhouse is fetch's <sha256>/<file> store (default),
     or a folder of wheels (<file> directly). Missing: exit 3 naming the file and the fetch command; a wheel whose
     bytes are not the lock's: exit 1 (refused)."""
@@ -70,7 +109,8 @@ def find_wheels(packages: list[dict[str, Any]], wheelhouse: Path | None, stack: 
             hint=f"run `speclock fetch --stack {stack} --target {key}`, or give the folder of its wheels",
         )
     fetch = f"speclock fetch --stack {stack} --target {key}"
-    out, missing = {}, []
+    out: dict[str, Path] = {}
+    missing: list[str] = []
     for p in packages:
         candidates = [entry_path(p, store), confined(store, plain_name(p["filename"], what="filename"), what="wheel")]
         path = next((c for c in candidates if c.is_file()), None)
@@ -189,16 +229,16 @@ def _relocate(tmp: Path, final: Path) -> None:
 
 def build_env(
     plan: EnvPlan,
-    full: dict[str, Any],
+    full: LockDoc,
     key: str,
-    install: list[dict[str, Any]],
-    host: list[dict[str, Any]],
+    install: list[LockEntry],
+    host: list[LockEntry],
     wheels: dict[str, Path],
     tmp: Path,
     dest: Path,
     opts: HostEnvOptions,
     progress: Callable[[str], None],
-) -> dict[str, Any]:
+) -> HostEnvRecord:
     """Carry out `plan` in `tmp` (an empty folder, renamed to `dest` by the caller); returns the record."""
     stack, view = plan.stack, plan.lock
     fetch_hint = f"check the wheelhouse with `speclock fetch --stack {stack.name} --target {key}`"
@@ -278,7 +318,7 @@ def build_env(
     script.chmod(0o755)
     _relocate(tmp, dest)
     py, machine = running_target()
-    record = {
+    record: HostEnvRecord = {
         "schema": HOST_ENV_SCHEMA,
         "stack": stack.name,
         "stack_sha256": full["stack_sha256"],
@@ -382,7 +422,7 @@ def _kernels(
     return {"source": "built", "toolchain": [{"name": p["name"], "version": p["version"]} for p in plan.kernel_toolchain]}
 
 
-def _pruned_from_host(python: Path, env: Path, view: dict[str, Any]) -> list[dict[str, str]]:
+def _pruned_from_host(python: Path, env: Path, view: LockDoc) -> list[PrunedFromHost]:
     """[prune].packages the env's Python still sees in the host's site-packages (--system-site-packages shares them):
     an image never has them; doctor reports them as the host's (docs/host-env.md)."""
     names = [p["name"] for p in view.get("pruned", [])]

@@ -11,14 +11,24 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.names import normalize
-from speclock.spec.lock import IMAGE_TARGET, lock_target, lock_targets, target_names
+from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_target, lock_targets, target_names
 from speclock.spec.stack import Stack
 
 _LOCAL_CUDA = re.compile(r"cu(\d+)")
+
+
+class HostPackageRow(TypedDict):
+    """A package taken from the host's Python (--use-host-packages): version-checked, as host-env.json records it."""
+
+    name: str
+    lock_version: str
+    host_version: str
+    location: str
+    checked: str  # "version"
 
 
 # ---------------------------------------------------------------- which target
@@ -36,7 +46,7 @@ def _relock_hint(stack_name: str, key: str) -> str:
     )
 
 
-def choose_target(doc: dict[str, Any], requested: str = "auto") -> str:
+def choose_target(doc: LockDoc, requested: str = "auto") -> str:
     """The lock target for this host: its own '<python>-<machine>' target, else the image target when the host
     runs the image's Python on the image's machine. BadInput (exit 2) names the lock's targets otherwise."""
     py, machine = running_target()
@@ -63,7 +73,7 @@ def choose_target(doc: dict[str, Any], requested: str = "auto") -> str:
     return requested
 
 
-def _other_target_hint(doc: dict[str, Any], here: str) -> str:
+def _other_target_hint(doc: LockDoc, here: str) -> str:
     """How to get a target for this host: one the lock already has (auto or its name), else a re-lock."""
     for name, t in lock_targets(doc).items():
         if f"{t['python']}-{t['machine']}" == here:
@@ -93,7 +103,7 @@ def glibc_needed(filename: str) -> tuple[int, int]:
     return min(need) if need else (0, 0)
 
 
-def check_glibc(packages: list[dict[str, Any]]) -> None:
+def check_glibc(packages: list[LockEntry]) -> None:
     have = _glibc()
     if have is None:
         return  # not glibc (or unknown): pip's own tag check will say it
@@ -112,10 +122,10 @@ def check_glibc(packages: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------- host packages
 
 
-def select_host_packages(patterns: tuple[str, ...], packages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+def select_host_packages(patterns: tuple[str, ...], packages: list[LockEntry], key: str) -> list[LockEntry]:
     """The target's packages named by --use-host-packages (names or fnmatch patterns, normalized); each pattern must
     match at least one, so a typo is bad input, not a silently hash-checked package."""
-    chosen: dict[str, dict[str, Any]] = {}
+    chosen: dict[str, LockEntry] = {}
     for pattern in patterns:
         pat = normalize(pattern.strip()) if not any(c in pattern for c in "*?[") else pattern.strip().lower().replace("_", "-")
         hits = [p for p in packages if fnmatch.fnmatchcase(normalize(p["name"]), pat)]
@@ -157,10 +167,11 @@ def host_versions(python: Path, names: list[str]) -> dict[str, dict[str, str] | 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def check_host_packages(python: Path, chosen: list[dict[str, Any]], stack: Stack) -> list[dict[str, Any]]:
+def check_host_packages(python: Path, chosen: list[LockEntry], stack: Stack) -> list[HostPackageRow]:
     """EnvironmentProblem (exit 3) unless the host has each chosen package at the lock's version; the record rows."""
     found = host_versions(python, [p["name"] for p in chosen])
-    rows, bad = [], []
+    rows: list[HostPackageRow] = []
+    bad: list[str] = []
     for p in chosen:
         have = found.get(p["name"])
         if have is None:

@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from speclock.build.builders import Builder, ensure_in_docker, get_builder
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
@@ -24,7 +24,7 @@ from speclock.build.context import context_dir, context_lock, context_name, stag
 from speclock.build.fetch import fetch
 from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
-from speclock.build.records import records_dir, write_record
+from speclock.build.records import BuildRecord, DoctorSummary, ImageInfo, SelfcheckResult, records_dir, write_record
 from speclock.build.run import run_image
 from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
 from speclock.build.wheelhouse import save_stamps, store_dir
@@ -32,11 +32,13 @@ from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, read_json
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.spec import baseimage
-from speclock.spec.lock import check_lock, lock_path, read_lock
+from speclock.spec.lock import LockDoc, check_lock, lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 
-def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, progress=print, key: str = "base") -> str:
+def ensure_base_image(
+    stack: Stack, lock: LockDoc, builder: Builder, *, progress=print, key: Literal["base", "kernel_base"] = "base"
+) -> str:
     """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
     base = lock[key]
     if base["kind"] == "image":
@@ -72,7 +74,7 @@ def ensure_base_image(stack: Stack, lock: dict[str, Any], builder: Builder, *, p
 
 def build_image(
     stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False, lock_file: Path | None = None, progress=print
-) -> dict[str, Any]:
+) -> BuildRecord:
     """Build the stack's image; return the build record (also written to the cache).
 
     `lock_file`: build from this lock instead of locks/<stack>.lock (an upgrade candidate); the
@@ -81,7 +83,7 @@ def build_image(
         return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, lock_file=lock_file, progress=progress)
 
 
-def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress) -> dict[str, Any]:
+def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress) -> BuildRecord:
     started = time.monotonic()
     builder = get_builder(builder_name)
     lock_file = lock_file or lock_path(stack)
@@ -127,7 +129,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     )
     # The patches label names the staged patch files: the ones the image applies.
     labels = labels_for(stack, lock, tag, inputs, revision, patches_root=ctx / "patches", sbom=SBOM_IN_IMAGE)
-    info = {
+    info: ImageInfo = {
         "stack": stack.name,
         "tag": tag,
         "ref": ref,
@@ -156,7 +158,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     )
     build_s = time.monotonic() - t0
     _check_labels(builder, ref, labels, progress)
-    record = {
+    record: BuildRecord = {
         **info,
         "builder": builder.name,
         "image_id": image_id,
@@ -186,7 +188,7 @@ def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress) 
         )
 
 
-def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | None = None, progress=print) -> dict[str, Any]:
+def selfcheck_image(stack: Stack, record: BuildRecord, *, args: list[str] | None = None, progress=print) -> SelfcheckResult:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build."""
     ref = ensure_in_docker(record)
     out = records_dir(stack.name) / f"{record['tag']}.{record['builder']}.selfcheck"
@@ -204,8 +206,9 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
         stdout=2,
     )  # fd 2: valid even where sys.stderr is replaced (tests, captured runs)
     verdict = _image_output(out / "selfcheck.json")
-    result = {
-        "verdict": verdict.get("verdict") if isinstance(verdict.get("verdict"), str) else "fail",
+    said = verdict.get("verdict")
+    result: SelfcheckResult = {
+        "verdict": said if isinstance(said, str) else "fail",
         "exit_code": proc.returncode,
         "seconds": round(time.monotonic() - t0, 1),
         "outputs": str(out),
@@ -217,13 +220,15 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
         doc = _image_output(doctor_file)
         failed = doc.get("failed", [])
         checks = doc.get("checks", [])
-        result["doctor"] = {
-            "verdict": doc.get("verdict") if isinstance(doc.get("verdict"), str) else "fail",
+        doctor_said = doc.get("verdict")
+        doctor: DoctorSummary = {
+            "verdict": doctor_said if isinstance(doctor_said, str) else "fail",
             "failed": [str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
             "checks": {str(c.get("name")): str(c.get("status")) for c in checks if isinstance(c, dict)}
             if isinstance(checks, list)
             else {},
         }
+        result["doctor"] = doctor
     stages = verdict.get("stages")
     smoke = stages.get("smoke", {}) if isinstance(stages, dict) else {}
     smoke = smoke if isinstance(smoke, dict) else {}
@@ -232,9 +237,10 @@ def selfcheck_image(stack: Stack, record: dict[str, Any], *, args: list[str] | N
     record["selfcheck"] = result
     write_record(stack.name, record)
     if "doctor" in result:
+        doctor = result["doctor"]
         progress(
-            f"doctor in the image: {result['doctor']['verdict']}"
-            + (f" (failed: {', '.join(result['doctor']['failed'])})" if result["doctor"]["failed"] else "")
+            f"doctor in the image: {doctor['verdict']}"
+            + (f" (failed: {', '.join(doctor['failed'])})" if doctor["failed"] else "")
         )
     if smoke.get("skipped"):
         # A GPU stack built on a machine without a GPU: doctor is the proof here, smoke waits for a GPU host.
@@ -265,7 +271,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(record, indent=2, sort_keys=True))
         if result["verdict"] not in ("pass", "smoke-skipped"):
-            doctor_failed = result.get("doctor", {}).get("failed")
+            doctor_failed = result["doctor"]["failed"] if "doctor" in result else None
             read = (
                 f"{result['outputs']}/doctor.json (doctor failed: {', '.join(doctor_failed)})"
                 if doctor_failed

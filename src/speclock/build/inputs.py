@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from speclock.build.containerfile import CONTAINERFILE, KERNELS_CONTAINERFILE
 from speclock.build.context import tree_files
 from speclock.core.files import file_sha256
 from speclock.core.layout import REPO_ROOT
+from speclock.spec.lock import LockDoc
 from speclock.spec.stack import Stack
 
 # Files of the staged context derived from the inputs (not inputs themselves), and the files of wheels/
@@ -33,7 +33,7 @@ WHEEL_LISTS = (
 )
 
 
-def inputs_hash(ctx: Path, lock: dict[str, Any]) -> str:
+def inputs_hash(ctx: Path, lock: LockDoc) -> str:
     """Hash of everything that reaches the image; wheels are covered by the lock's hash."""
     h = hashlib.sha256()
     h.update(b"lock:" + lock["lock_sha256"].encode() + b"\n")

@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from speclock import __version__
 from speclock.core.layout import REPO_ROOT
 from speclock.patches.series import load_series, series_label
+from speclock.spec.lock import LockDoc
 from speclock.spec.stack import Stack
 
 # Our keys live under this prefix; nix/image-spec.nix reads it from this file (by regex).
@@ -44,7 +44,7 @@ def is_dirty(revision: str) -> bool:
     return revision.endswith(DIRTY_SUFFIX)
 
 
-def base_labels(lock: dict[str, Any]) -> dict[str, str]:
+def base_labels(lock: LockDoc) -> dict[str, str]:
     """org.opencontainers.image.base.name / base.digest of the locked base.
 
     A registry image (base kind `image`, pinned `name@sha256:...`): its name and manifest digest. A locked
@@ -68,7 +68,7 @@ def patches_label(stack: Stack, patches_root: Path | None = None) -> tuple[str, 
     return series_label(load_series(stack, patches_root))
 
 
-def prune_label(lock: dict[str, Any]) -> str:
+def prune_label(lock: LockDoc) -> str:
     """io.speclock.prune: what the image leaves out, as the lock records it ([prune], docs/prune.md): compact JSON
     {"packages": [...], "paths": [...]}, or "none" for a stack without [prune]."""
     record = lock.get("prune")
@@ -81,7 +81,7 @@ def prune_label(lock: dict[str, Any]) -> str:
 
 def labels_for(
     stack: Stack,
-    lock: dict[str, Any],
+    lock: LockDoc,
     tag: str,
     inputs: str,
     revision: str,

@@ -27,7 +27,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.layout import REPO_ROOT
-from speclock.spec.lock import read_lock
+from speclock.spec.lock import LockDoc, LockEntry, read_lock
 
 SYSTEM = "x86_64-linux"
 DOUBLE = "nix/nixpkgs-double"
@@ -71,7 +71,7 @@ def run_nix(args: list[str], *, cwd: Path, timeout: int = 300, check: bool = Tru
     """Run a nix command in `cwd`; CheckFailed with its stderr when it fails and `check` is set."""
     proc = subprocess.run(args, cwd=cwd, env=nix_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        err = "\n".join(l for l in proc.stderr.splitlines() if not l.startswith("warning:"))
+        err = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("warning:"))
         raise CheckFailed(f"`{' '.join(args)}` failed in {cwd}:\n{err[-4000:]}")
     return proc
 
@@ -130,10 +130,17 @@ def parse_all(flake: Path) -> list[str]:
     return [str(p.relative_to(flake)) for p in nix_files(flake)]
 
 
-def expected_pins(lock: dict[str, Any]) -> dict[str, Any]:
+def _locked_wheel(p: LockEntry) -> dict[str, str]:
+    return {"name": p["name"], "version": p["version"], "filename": p["filename"], "url": p["url"], "sha256": p["sha256"]}
+
+
+def _pinned_wheel(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: p[k] for k in ("name", "version", "filename", "url", "sha256")}
+
+
+def expected_pins(lock: LockDoc) -> dict[str, Any]:
     """What `lib.stacks.<name>` must say, computed from the lock in Python."""
     data = lock["stack_data"]
-    wheel = lambda p: {k: p[k] for k in ("name", "version", "filename", "url", "sha256")}
     return {
         "engine": {k: data["engine"][k] for k in ("name", "package", "version")},
         "torch": data["torch"]["version"],
@@ -142,13 +149,12 @@ def expected_pins(lock: dict[str, Any]) -> dict[str, Any]:
         "patches": data["patches"]["series"],
         "python": data["python"]["version"],
         "lockSha256": lock["lock_sha256"],
-        "wheels": [wheel(p) for p in lock["packages"]],
-        "assets": [wheel(p) for p in lock["assets"]],
+        "wheels": [_locked_wheel(p) for p in lock["packages"]],
+        "assets": [_locked_wheel(p) for p in lock["assets"]],
     }
 
 
 def actual_pins(pins: dict[str, Any]) -> dict[str, Any]:
-    wheel = lambda p: {k: p[k] for k in ("name", "version", "filename", "url", "sha256")}
     return {
         "engine": {k: pins["engine"][k] for k in ("name", "package", "version")},
         "torch": pins["torch"]["version"],
@@ -157,8 +163,8 @@ def actual_pins(pins: dict[str, Any]) -> dict[str, Any]:
         "patches": pins["patches"],
         "python": pins["python"]["version"],
         "lockSha256": pins["lockSha256"],
-        "wheels": [wheel(p) for p in pins["wheels"]],
-        "assets": [wheel(p) for p in pins["assets"]],
+        "wheels": [_pinned_wheel(p) for p in pins["wheels"]],
+        "assets": [_pinned_wheel(p) for p in pins["assets"]],
     }
 
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from speclock.core.errors import EnvironmentProblem
+from speclock.spec.lock import LockDoc, PruneRecord
 from speclock.spec.stack import Stack
 
 
-def locked_prune(stack: Stack, lock: dict[str, Any]) -> dict[str, list[str]]:
+def locked_prune(stack: Stack, lock: LockDoc) -> PruneRecord:
     """The prune declaration the build follows: the lock's record (a stack without [prune] has none: nothing)."""
     record = lock.get("prune")
     if isinstance(record, dict):
@@ -32,11 +32,12 @@ def locked_prune(stack: Stack, lock: dict[str, Any]) -> dict[str, list[str]]:
     return {"packages": [], "paths": []}
 
 
-def prune_script(stack: Stack, lock: dict[str, Any]) -> str:
+def prune_script(stack: Stack, lock: LockDoc) -> str:
     """A sh script that removes the stack's declared [prune] paths from the venv given as $1, and prints what it
     removed (paths per glob, MB in all) for the build log."""
     record = locked_prune(stack, lock)
-    python = (lock.get("python") or {}).get("version") or stack.python["version"]
+    locked = lock.get("python")
+    python = (locked.get("version") if locked else None) or stack.python["version"]
     site = f"lib/python{python}/site-packages"
     lines = [
         "#!/bin/sh",
@@ -72,7 +73,7 @@ def prune_script(stack: Stack, lock: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_prune(stack: Stack, lock: dict[str, Any], venv: Path) -> str:
+def run_prune(stack: Stack, lock: LockDoc, venv: Path) -> str:
     """Run prune_script(stack, lock) on the venv at `venv`, as the image's venv step does; returns what it printed.
     EnvironmentProblem (exit 3) with its output when it fails."""
     with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="speclock-prune-") as fh:

@@ -8,11 +8,12 @@ import argparse
 import ipaddress
 import json
 import sys
+from typing import Any
 
 from speclock.build import referrers
 from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
-from speclock.build.records import read_record
+from speclock.build.records import BuildRecord, read_record
 from speclock.build.registry import RegistryClient, registry_digest, split_registry
 from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, gpu_host_serve_commands, parse_gpus
 from speclock.build.sbom import push_sbom_referrer
@@ -38,7 +39,7 @@ def destination(registry: str, stack_name: str, tag: str, repository: str | None
     return f"{host}/{name}:{tag}"
 
 
-def built_dirty(record: dict) -> bool:
+def built_dirty(record: BuildRecord) -> bool:
     """Whether the build's inputs had uncommitted edits (io.speclock.dirty; older records: the revision)."""
     labels = record.get("labels") or {}
     if f"{LABEL_PREFIX}.dirty" in labels:
@@ -46,10 +47,10 @@ def built_dirty(record: dict) -> bool:
     return is_dirty(labels.get(f"{OCI_PREFIX}.revision", ""))
 
 
-def refusals(record: dict, stack_name: str, builder_name: str) -> list[tuple[str, str]]:
+def refusals(record: BuildRecord, stack_name: str, builder_name: str) -> list[tuple[str, str]]:
     """(why, what to do) for each reason not to push this build."""
     out = []
-    verdict = record.get("selfcheck", {}).get("verdict")
+    verdict = record["selfcheck"].get("verdict") if "selfcheck" in record else None
     if verdict != "pass":
         reason = "its self-check did not run" if verdict is None else f"its self-check verdict is {verdict!r}"
         out.append(
@@ -135,8 +136,9 @@ def push_image(
 ) -> dict:
     record = read_record(stack_name, builder_name, tag)
     # read before pushing: a bad file is exit 2 with nothing pushed
-    signed = read_bytes(attestation, what="--attestation file") if attestation else None
-    if signed is not None:
+    signed = None
+    if attestation:
+        signed = read_bytes(attestation, what="--attestation file")
         attestation_subjects(signed, attestation)
     gpu_selection = parse_gpus(gpus)
     dest = destination(registry, stack_name, record["tag"], repository)
@@ -157,7 +159,7 @@ def push_image(
             hint="another push of the same tag came in between: push again, and pull by the digest this prints",
         )
     by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
-    result = {
+    result: dict[str, Any] = {
         "ref": record["ref"],
         "pushed": dest,
         "digest": digest,
@@ -172,7 +174,7 @@ def push_image(
     else:
         result["sbom"] = None
     result["attestation"] = None
-    if signed is not None:
+    if signed is not None and attestation:
         result["attestation"] = push_attestation_referrer(
             registry, repository or f"speclock-{stack_name}", digest, signed, insecure=insecure, source=attestation
         )

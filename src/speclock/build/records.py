@@ -8,7 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, clean_stale_temps, expect, file_where_folder_belongs, os_error, read_json
@@ -19,8 +19,8 @@ from speclock.core.layout import cache_dir
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 BUILDERS = ("buildah", "docker")
 # Keys every build record holds, with their JSON types (run-image, push-image and upgrade read them).
-RECORD_KEYS = {"stack": str, "tag": str, "ref": str, "builder": str, "image_id": str}
-RECORD_OPTIONAL = {
+RECORD_KEYS: dict[str, type] = {"stack": str, "tag": str, "ref": str, "builder": str, "image_id": str}
+RECORD_OPTIONAL: dict[str, type] = {
     "inputs_sha256": str,
     "lock_sha256": str,
     "labels": dict,
@@ -35,6 +35,68 @@ RECORD_OPTIONAL = {
     "selfcheck": dict,
 }
 STALE_TEMP_S = 600.0  # a record is written in milliseconds: a temp this old was left by a killed run
+
+
+class ImageLayer(TypedDict):
+    """One layer of a built image, oldest first (Builder.layers)."""
+
+    created_by: str
+    size: int  # bytes (buildah: compressed, as pushed)
+
+
+class DoctorSummary(TypedDict):
+    """The image's doctor, as the self-check records it."""
+
+    verdict: str
+    failed: list[str]
+    checks: dict[str, str]  # check name -> status
+
+
+class SelfcheckResult(TypedDict):
+    """The verdict of the image's self-check (build.image.selfcheck_image), kept in its build record."""
+
+    verdict: str  # "pass", "smoke-skipped", "fail", ...
+    exit_code: int
+    seconds: float
+    outputs: str  # the host folder the image wrote its reports to
+    error: NotRequired[str]
+    doctor: NotRequired[DoctorSummary]
+    smoke_skipped: NotRequired[str]  # why smoke did not run (a GPU stack on a host without a GPU)
+
+
+class ImageInfo(TypedDict):
+    """What an image is built from: config/image.json in the image, and the start of its build record."""
+
+    stack: str
+    tag: str
+    ref: str
+    inputs_sha256: str
+    lock_sha256: str
+    labels: dict[str, str]
+    patches: list[str]
+
+
+class BuildRecord(TypedDict):
+    """A build record ($SPECLOCK_CACHE/images/<stack>/<tag>.<builder>.json): RECORD_KEYS always, the rest as the
+    build that wrote it knew them (check_record checks the JSON type of each that is there)."""
+
+    stack: str
+    tag: str
+    ref: str  # localhost/speclock-<stack>:<tag>
+    builder: str  # one of BUILDERS
+    image_id: str
+    inputs_sha256: NotRequired[str]
+    lock_sha256: NotRequired[str]
+    labels: NotRequired[dict[str, str]]
+    patches: NotRequired[list[str]]
+    build_seconds: NotRequired[float]
+    total_seconds: NotRequired[float]
+    no_cache: NotRequired[bool]
+    built_at: NotRequired[str]
+    layers: NotRequired[list[ImageLayer]]
+    candidate: NotRequired[bool]  # an upgrade candidate's image: never the stack's latest
+    lock_file: NotRequired[str]  # ... and the candidate lock it was built from
+    selfcheck: NotRequired[SelfcheckResult]
 
 
 def check_tag(tag: str, *, what: str = "--tag") -> str:
@@ -71,7 +133,7 @@ def _record_hint(stack_name: str, builder: str) -> str:
     )
 
 
-def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
+def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: str | None = None) -> BuildRecord:
     """A build record's shape, and that it names this stack's own image: its tag names files and its
     ref is run and pushed, so a record can only point at `localhost/speclock-<stack>:<tag>`."""
     hint = _record_hint(stack_name, builder)
@@ -101,13 +163,15 @@ def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: st
         raise BadInput(f"{path}: key 'image_id' {record['image_id']!r} is not an image id", hint=hint)
     sc = record.get("selfcheck")
     if sc is not None:
-        for key, kind in (("verdict", str), ("exit_code", int), ("outputs", str)):
+        selfcheck_keys: tuple[tuple[str, type], ...] = (("verdict", str), ("exit_code", int), ("outputs", str))
+        for key, kind in selfcheck_keys:
             if key in sc:
                 expect(sc[key], kind, f"key 'selfcheck.{key}'", path=path, hint=hint)
-    return record
+    # The keys every record holds, and the JSON type of each other one it holds, checked above.
+    return cast(BuildRecord, record)
 
 
-def write_record(stack_name: str, record: dict[str, Any]) -> Path:
+def write_record(stack_name: str, record: BuildRecord) -> Path:
     """The record under its tag and (not for candidates) as the stack's latest: each written whole
     (fsynced temp, then rename), over whatever was there, a corrupt file included."""
     tag = check_tag(record["tag"], what="the record's tag")
@@ -131,7 +195,7 @@ def record_path(stack_name: str, builder: str, tag: str | None = None) -> Path:
     return records_dir(stack_name) / (f"{tag}.{builder}.json" if tag else f"latest.{builder}.json")
 
 
-def read_record(stack_name: str, builder: str, tag: str | None = None) -> dict[str, Any]:
+def read_record(stack_name: str, builder: str, tag: str | None = None) -> BuildRecord:
     path = record_path(stack_name, builder, tag)
     if not path.exists() and not path.is_symlink():
         raise BadInput(

@@ -113,7 +113,7 @@ def add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[st
     """The referrers tag schema (OCI distribution spec 1.1): the index tagged <alg>-<hex> lists the subject's referrers."""
     tag = fallback_tag(subject)
     got = reg.manifest(tag)
-    index = json.loads(got[1]) if got else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+    index: dict[str, Any] = json.loads(got[1]) if got else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
     index["manifests"] = [m for m in index.get("manifests", []) if m.get("digest") != descriptor["digest"]] + [descriptor]
     reg.put_manifest(tag, OCI_INDEX, canonical(index))
 

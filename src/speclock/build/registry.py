@@ -147,7 +147,7 @@ class RegistryClient:
         if scheme.lower() != "bearer":
             return False
         params = dict(p.split("=", 1) for p in rest.replace('"', "").split(",") if "=" in p)
-        query = {k: params[k] for k in ("service", "scope") if k in params}
+        query: dict[str, str] = {k: params[k] for k in ("service", "scope") if k in params}
         query.setdefault("scope", f"repository:{self.name}:pull,push")
         req = urllib.request.Request(params.get("realm", "") + "?" + urllib.parse.urlencode(query))
         if creds:

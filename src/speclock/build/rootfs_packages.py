@@ -59,8 +59,9 @@ def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
         with tarfile.open(tar_path) as tar:
             for member in tar:
                 name = member.name.lstrip("./")
-                if name in wanted and member.isfile() and wanted[name] not in found:
-                    found[wanted[name]] = tar.extractfile(member).read().decode("utf-8", "replace")
+                fh = tar.extractfile(member) if name in wanted and member.isfile() and wanted[name] not in found else None
+                if fh is not None:
+                    found[wanted[name]] = fh.read().decode("utf-8", "replace")
     except (OSError, tarfile.TarError) as err:
         raise CheckFailed(
             f"cannot read the base rootfs {tar_path}: {err}",

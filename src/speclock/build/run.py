@@ -16,6 +16,7 @@ from speclock.build.records import read_record
 from speclock.build.runtimes import (
     GPUS_HELP,
     HARDENED,
+    NO_GPUS,
     RUNTIMES,
     Gpus,
     check_gpus,
@@ -44,7 +45,7 @@ def run_image(
     env: dict[str, str] | None = None,
     stdout=None,
     runtime: str = "docker",
-    gpus: Gpus = Gpus(),
+    gpus: Gpus = NO_GPUS,
 ) -> subprocess.CompletedProcess:
     # A name of our own, so a Ctrl-C (or a timeout) can remove the container: killing the client alone
     # would leave it running.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from speclock.build.builders._proc import capture, stream
 from speclock.build.builders.docker import docker_cli
+from speclock.build.records import BuildRecord
 from speclock.core.errors import BadInput, EnvironmentProblem
 
 RUNTIMES = ("docker", "podman")
@@ -59,6 +60,9 @@ class Gpus:
     @property
     def none(self) -> bool:
         return not self.all and not self.indices
+
+
+NO_GPUS = Gpus()  # the default: a container without GPUs (Gpus is frozen, so one instance serves every call)
 
 
 def parse_gpus(value: str, *, what: str = "--gpus") -> Gpus:
@@ -152,7 +156,7 @@ def run_argv(
     ref: str,
     args: list[str],
     *,
-    gpus: Gpus = Gpus(),
+    gpus: Gpus = NO_GPUS,
     name: str | None = None,
     env: dict[str, str] | None = None,
     mounts: dict[str, str] | None = None,
@@ -297,7 +301,7 @@ def image_in_runtime(runtime: str, ref: str) -> bool:
     return capture([*podman_cli(), "image", "exists", ref]).returncode == 0
 
 
-def ensure_in_podman(record: dict) -> str:
+def ensure_in_podman(record: BuildRecord) -> str:
     """The recorded build in podman's store (containers-storage): a buildah build is there already; a docker
     build is copied from docker's store once with skopeo."""
     ref = record["ref"]

@@ -40,7 +40,7 @@ from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_text, confined, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
-from speclock.spec.lock import lock_path, read_lock
+from speclock.spec.lock import LockDoc, LockEntry, lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 # The staged context's config/ is copied to /opt/speclock (containers/Containerfile: COPY config /opt/speclock).
@@ -93,7 +93,7 @@ def _cyclonedx():
 # ---- inputs that are not in the lock --------------------------------------------------------------------
 
 
-def wheel_member_sha256(pkg: dict[str, Any], member: str) -> str:
+def wheel_member_sha256(pkg: LockEntry, member: str) -> str:
     """sha256 of one file inside a locked wheel (the wheel fetched and verified into the wheelhouse first).
     Kept per (wheel sha256, member): the wheel's bytes are pinned, so the answer never changes."""
     keep = cache_dir() / "sbom" / "members" / hashlib.sha256(f"{pkg['sha256']}:{member}".encode()).hexdigest()
@@ -111,7 +111,7 @@ def wheel_member_sha256(pkg: dict[str, Any], member: str) -> str:
     return digest
 
 
-def _member_sha256(pkg: dict[str, Any], member: str) -> str:
+def _member_sha256(pkg: LockEntry, member: str) -> str:
     path, _ = wheelhouse.ensure_entry(pkg)
     h = hashlib.sha256()
     try:
@@ -128,7 +128,7 @@ def _member_sha256(pkg: dict[str, Any], member: str) -> str:
     return h.hexdigest()
 
 
-def _asset(lock: dict[str, Any], requirement: str, where: str) -> dict[str, Any]:
+def _asset(lock: LockDoc, requirement: str, where: str) -> LockEntry:
     name = normalize(requirement.split("==")[0].strip())
     for pkg in lock["assets"]:
         if normalize(pkg["name"]) == name:
@@ -153,7 +153,7 @@ def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
 # ---- the document -----------------------------------------------------------------------------------
 
 
-def _pypi_purl(cdx, pkg: dict[str, Any]):
+def _pypi_purl(cdx, pkg: LockEntry):
     """pkg:pypi/<name>@<version>?file_name=<wheel>, plus repository_url for a wheel from another index than PyPI.
 
     The download URL stays in the lock, not in an externalReference: the strict validator's IRI check of
@@ -165,7 +165,7 @@ def _pypi_purl(cdx, pkg: dict[str, Any]):
     return cdx.PackageURL(type="pypi", name=normalize(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
 
 
-def sbom_text(stack: Stack, lock: dict[str, Any], *, patches: dict[str, Path], draft: dict[str, Path], progress=print) -> str:
+def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: dict[str, Path], progress=print) -> str:
     """The SBOM (CycloneDX JSON) of the image built from `lock`; `patches` = {"<engine>/<file>": path} in series
     order, `draft` = {"<file>": path}. Validated against the CycloneDX schema before it is returned."""
     cdx = _cyclonedx()
@@ -427,7 +427,7 @@ def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
         pass  # best effort: a read-only cache only means validating again next time
 
 
-def stage_sbom(stack: Stack, lock: dict[str, Any], ctx: Path, *, progress=print) -> Path:
+def stage_sbom(stack: Stack, lock: LockDoc, ctx: Path, *, progress=print) -> Path:
     """Write the SBOM into the staged context (config/ -> /opt/speclock/sbom.cdx.json in the image)."""
     engine = stack.engine["name"]
     patches = {f"{engine}/{name}": ctx / "patches" / engine / name for name in stack.patch_series}
@@ -478,15 +478,16 @@ def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 for member in tar:
                     name = member.name.lstrip("./")
-                    if name == want and member.isfile():
-                        return tar.extractfile(member).read()
+                    fh = tar.extractfile(member) if name == want and member.isfile() else None
+                    if fh is not None:
+                        return fh.read()
                     if name == f"{Path(want).parent}/.wh.{Path(want).name}" or name == f"{Path(want).parent}/.wh..wh..opq":
                         break
         except tarfile.TarError as err:
             raise CheckFailed(
                 f"layer {layer['digest'][:19]} of {reg.name}@{digest} is not a tar this reader takes ({err})",
                 hint="push with gzip or no compression (zstd layers are not read here), or pass sbom=",
-            )
+            ) from None
     raise CheckFailed(
         f"{reg.name}@{digest} holds no {SBOM_IN_IMAGE}",
         hint="rebuild the image with this speclock (build-image stages the SBOM), then push it again",

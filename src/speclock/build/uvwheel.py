@@ -17,12 +17,16 @@ import re
 import sys
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # this file also runs alone, as wheels/uv_unpack.py in the base image: the standard library only
+    from speclock.spec.lock import LockDoc, LockEntry
 
 NAME = "uv"
 _LINE = re.compile(r"^uv==(?P<version>\S+) --hash=sha256:(?P<sha>[0-9a-f]{64})$")
 
 
-def uv_package(lock: dict) -> dict | None:
+def uv_package(lock: LockDoc) -> LockEntry | None:
     """The lock's uv entry (among the build-only assets), or None when the stack does not lock uv."""
     return next((p for p in lock["assets"] if p["name"] == NAME), None)
 

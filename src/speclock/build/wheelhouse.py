@@ -20,13 +20,13 @@ import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from speclock.build.download import NEVER, Stopped, download, local_path
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, file_sha256, os_error, plain_name
 from speclock.core.heartbeat import ByteHeartbeat
 from speclock.core.layout import cache_dir
+from speclock.spec.lock import LockDoc, LockEntry
 
 PART_PREFIX = ".part-"
 # A download writes its .part file at every chunk and gives up after TIMEOUT_S without data, so a
@@ -61,7 +61,7 @@ def store_dir() -> Path:
     return path
 
 
-def entry_path(pkg: dict[str, Any], store: Path | None = None) -> Path:
+def entry_path(pkg: LockEntry, store: Path | None = None) -> Path:
     """`<store>/<sha256>/<filename>`, confined to the store (read_lock already refused bad names)."""
     root = store or store_dir()
     sha, name = pkg["sha256"], pkg["filename"]
@@ -111,7 +111,7 @@ def _load_stamps(store: Path) -> None:
                 and all(isinstance(x, int) for x in stamp[:4])
                 and isinstance(stamp[4], str)
             ):
-                _verified.setdefault(store / rel, tuple(stamp))  # type: ignore[arg-type]
+                _verified.setdefault(store / rel, (stamp[0], stamp[1], stamp[2], stamp[3], stamp[4]))
 
 
 def save_stamps(store: Path) -> None:
@@ -126,7 +126,7 @@ def save_stamps(store: Path) -> None:
 
 
 def ensure_entry(
-    pkg: dict[str, Any],
+    pkg: LockEntry,
     store: Path | None = None,
     *,
     stop: threading.Event | None = None,
@@ -228,7 +228,7 @@ def clean_leftovers(store: Path) -> list[Path]:
     return removed
 
 
-def link_into(lock: dict[str, Any], dest: Path, *, store: Path | None = None) -> None:
+def link_into(lock: LockDoc, dest: Path, *, store: Path | None = None) -> None:
     """Lay out a build's wheel directory: hard links (or copies) to verified store entries.
 
     Callers fetch first (build and upgrade do: `fetch` hashes every entry on every build); an entry
@@ -298,6 +298,6 @@ def cached_wheel_intact(path: Path) -> bool:
     return True
 
 
-def requirements_text(packages: list[dict[str, Any]]) -> str:
+def requirements_text(packages: list[LockEntry]) -> str:
     """A pip requirements file with exact pins and hashes (`--require-hashes` mode)."""
     return "".join(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}\n" for p in packages)

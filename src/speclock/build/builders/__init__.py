@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from speclock.build.builders import buildah, docker
+from speclock.build.records import BuildRecord, ImageLayer
 from speclock.core.errors import BadInput
 
 
@@ -37,7 +38,7 @@ class Builder(Protocol):
 
     def image_id(self, ref: str) -> str: ...
 
-    def layers(self, ref: str) -> list[dict]:
+    def layers(self, ref: str) -> list[ImageLayer]:
         """[{"size": bytes, "created_by": str}] from the image history, oldest first."""
 
     def labels(self, ref: str) -> dict[str, str]:
@@ -63,7 +64,7 @@ def get_builder(name: str) -> Builder:
     return builder
 
 
-def ensure_in_docker(record: dict) -> str:
+def ensure_in_docker(record: BuildRecord) -> str:
     """The recorded build's image ref in docker's store, copied there by the builder that made it.
 
     The builder itself need not work here (only docker must): a copied image is found in docker first."""

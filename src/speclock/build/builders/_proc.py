@@ -34,10 +34,10 @@ def stream(
         sys.stderr.flush()
 
     try:
-        with SilenceHeartbeat(None if quiet else watch, progress=say) if not quiet else contextlib.nullcontext() as beat:
+        with SilenceHeartbeat(watch, progress=say) if not quiet else contextlib.nullcontext() as beat:
             for line in proc.stdout:
                 tail.append(line.rstrip())
-                if not quiet:
+                if beat is not None:  # not quiet
                     beat.seen()
                     sys.stderr.write(prefix + line)  # progress for people; stdout stays for results (--json)
                     sys.stderr.flush()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from speclock.build.builders._proc import build_failure, capture, stream
 from speclock.build.builders.docker import in_docker
+from speclock.build.records import ImageLayer
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 # vfs and overlay give different digests for the same content: pin one.
@@ -102,14 +103,13 @@ class Buildah:
         proc = capture(self._cmd("inspect", "--type", "image", "--format", "{{.FromImageDigest}}", ref))
         return proc.stdout.strip()
 
-    def layers(self, ref: str) -> list[dict]:
+    def layers(self, ref: str) -> list[ImageLayer]:
         proc = capture(self._cmd("inspect", "--type", "image", ref))
         data = json.loads(proc.stdout)
         history = [h for h in data["History"] if not h.get("empty_layer")]
-        sizes = [l.get("size", 0) for l in (data.get("Docker", {}).get("rootfs", {}) or {}).get("layers", [])]
         manifest = json.loads(data.get("Manifest") or "{}")
-        msizes = [l.get("size", 0) for l in manifest.get("layers", [])]  # compressed sizes
-        out = []
+        msizes = [layer.get("size", 0) for layer in manifest.get("layers", [])]  # compressed sizes
+        out: list[ImageLayer] = []
         for i, h in enumerate(history):
             out.append({"created_by": h.get("created_by", ""), "size": msizes[i] if i < len(msizes) else 0})
         return out

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from speclock.build.builders._proc import build_failure, capture, stream
+from speclock.build.records import ImageLayer
 from speclock.build.registry import registry_digest
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
@@ -72,10 +73,10 @@ class Docker:
             raise CheckFailed(f"no image {ref} in docker", hint="build it first")
         return proc.stdout.strip()
 
-    def layers(self, ref: str) -> list[dict]:
+    def layers(self, ref: str) -> list[ImageLayer]:
         proc = capture([docker_cli(), "history", "--no-trunc", "--format", "{{json .}}", ref])
-        rows = [json.loads(l) for l in proc.stdout.splitlines() if l.strip()]
-        out = []
+        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        out: list[ImageLayer] = []
         for row in reversed(rows):
             size = _parse_size(row.get("Size", "0B"))
             if size:
