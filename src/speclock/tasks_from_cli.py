@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from invoke import Task
@@ -41,15 +41,15 @@ class TaskOption:
         """The CLI arguments for this option's task value ([] when not given: the CLI default applies)."""
         if value in (None, False, 0, "", []) and not (self.kind == "value" and value == 0):
             return []
+        if self.kind == "words":
+            return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+        values = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        if self.flag is None:  # a positional argument (flags and counts are options: they have a flag)
+            return values
         if self.kind == "flag":
             return [self.flag]
         if self.kind == "count":
             return [self.flag] * int(value)
-        if self.kind == "words":
-            return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
-        values = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-        if self.flag is None:
-            return values
         if self.kind == "list":
             return [self.flag, *values]
         return [self.flag, values[0]]
@@ -145,7 +145,8 @@ def cli_task(
         for o in opts
         if o.default() is not inspect.Parameter.empty
     ]
-    body.__signature__ = inspect.Signature(params)
+    # What invoke reads (inspect.signature): function attributes live in __dict__ (typeshed declares no __signature__).
+    body.__dict__["__signature__"] = inspect.Signature(params)
     body.__name__ = name.replace("-", "_")
     body.__doc__ = summary[:1].upper() + summary[1:] + f" (runs `speclock {' '.join(words)}`)."
     return Task(
@@ -158,6 +159,6 @@ def cli_task(
     )
 
 
-def cli_tasks(run: Callable[[object, list[str]], object], skip: set[str] = frozenset()) -> list[Task]:
+def cli_tasks(run: Callable[[object, list[str]], object], skip: Collection[str] = frozenset()) -> list[Task]:
     """One task per `speclock` sub-command (except those in `skip`)."""
     return [cli_task(name, words, sp, summary, run) for name, (words, sp, summary) in commands().items() if name not in skip]

@@ -38,6 +38,8 @@ import sysconfig
 import tempfile
 import types
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 EAGLE3_MEMBERS = ("supports_eagle3", "set_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
 
@@ -80,15 +82,15 @@ def dists() -> dict:
 def resolve(engine: str, arch: str):
     if engine == "vllm":
         # heavy, optional (vllm): imported only where it is used
-        from vllm.model_executor.models.registry import ModelRegistry
+        from vllm.model_executor.models.registry import ModelRegistry as VllmRegistry
 
-        return ModelRegistry._try_load_model_cls(arch)
+        return VllmRegistry._try_load_model_cls(arch)
     if engine == "sglang":
         # heavy, optional (sglang): imported only where it is used
-        from sglang.srt.models.registry import ModelRegistry
+        from sglang.srt.models.registry import ModelRegistry as SglangRegistry
 
         try:
-            return ModelRegistry.resolve_model_cls(arch)[0]
+            return SglangRegistry.resolve_model_cls(arch)[0]
         except Exception:  # SGLang raises for an unknown architecture
             return None
     raise SystemExit(f"unknown engine {engine}")
@@ -220,17 +222,19 @@ def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch:
             # The runner hands these ids to set_aux_hidden_state_layers unchanged.
             layer_ids, source = list(ids_from_engine), "draft config" + (f" via {how}" if how else "")
         else:
-            layer_ids, source = None, "model default"
+            defaults: list[int] | None = None
+            source = "model default"
             for getter in ("get_eagle3_aux_hidden_state_layers", "get_eagle3_default_aux_hidden_state_layers"):
                 if hasattr(cls, getter):
                     try:
-                        layer_ids = [int(i) for i in getattr(cls, getter)(obj)]
+                        defaults = [int(i) for i in getattr(cls, getter)(obj)]
                         source = f"model default {cls.__qualname__}.{getter}()"
                         break
                     except Exception:
                         continue
-            if layer_ids is None:
-                layer_ids, source = [2, n_layers // 2, n_layers - 3], "vLLM's default (2, N//2, N-3)"
+            if defaults is None:
+                defaults, source = [2, n_layers // 2, n_layers - 3], "vLLM's default (2, N//2, N-3)"
+            layer_ids = defaults
         # vLLM's model forward captures hidden_states + residual as layer idx starts: after idx layers.
         after = [int(i) for i in layer_ids]
         convention = "vLLM: id i = hidden state entering layer i = after i layers"
@@ -279,28 +283,28 @@ def cuda_info() -> dict:
         return {"available": False, "reason": f"cuda-python is not installed in this Python ({err})"}
     out: dict = {"available": True, "runtime": None, "driver": 0, "gpus": []}
     try:
-        err, version = rt.cudaRuntimeGetVersion()
-        out["runtime"] = int(version) if int(err) == 0 else None
+        rc, version = rt.cudaRuntimeGetVersion()
+        out["runtime"] = int(version) if int(rc) == 0 else None
     except Exception as err:  # libcudart missing
         out["runtime_error"] = f"{type(err).__name__}: {err}"
     try:
-        err, version = rt.cudaDriverGetVersion()
-        out["driver"] = int(version) if int(err) == 0 else 0
+        rc, version = rt.cudaDriverGetVersion()
+        out["driver"] = int(version) if int(rc) == 0 else 0
     except Exception as err:
         out["driver_error"] = f"{type(err).__name__}: {err}"
     if not out["driver"]:
         return out
     try:
-        (err,) = drv.cuInit(0)
-        if int(err) != 0:
-            out["init_error"] = str(err)
+        (rc,) = drv.cuInit(0)
+        if int(rc) != 0:
+            out["init_error"] = str(rc)
             return out
-        err, count = drv.cuDeviceGetCount()
+        rc, count = drv.cuDeviceGetCount()
         for i in range(count):
-            err, dev = drv.cuDeviceGet(i)
+            rc, dev = drv.cuDeviceGet(i)
             _, major = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
             _, minor = drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-            err, name = drv.cuDeviceGetName(64, dev)
+            rc, name = drv.cuDeviceGetName(64, dev)
             out["gpus"].append(
                 {"index": i, "name": name.split(b"\0")[0].decode(errors="replace"), "cc": [int(major), int(minor)]}
             )
@@ -347,7 +351,7 @@ def triton_build() -> dict:
     except md.PackageNotFoundError:
         version = None
     include = _python_include()
-    out = {
+    out: dict[str, Any] = {
         "installed": True,
         "version": version,
         "cc_env": os.environ.get("CC"),
@@ -406,7 +410,7 @@ def batch(request: dict) -> dict:
     return out
 
 
-ACTIONS = {
+ACTIONS: dict[str, Callable[..., Any]] = {
     "import": engine_import,
     "dists": dists,
     "eagle3": lambda engine, *archs: eagle3(engine, list(archs)),

@@ -53,7 +53,9 @@ def counters_from_snapshot(metrics: list[Any]) -> SpecCounters:
         key = m.name[len(_PREFIX) :]
         if key == "num_accepted_tokens_per_pos":
             values = list(m.values)
-            per_pos = [a + b for a, b in zip(per_pos + [0] * (len(values) - len(per_pos)), values)] if per_pos else values
+            # engines may report different numbers of positions: pad both, so no position's count is dropped
+            n = max(len(per_pos), len(values))
+            per_pos = [a + b for a, b in zip(per_pos + [0] * (n - len(per_pos)), values + [0] * (n - len(values)), strict=True)]
         elif key in totals:
             totals[key] += int(m.value)
     return SpecCounters(accepted_per_position=tuple(per_pos), **totals)
@@ -100,7 +102,8 @@ def check_not_reset(before: SpecCounters, now: SpecCounters, url: str) -> None:
     pairs = [(k, getattr(before, k), getattr(now, k)) for k in _TOTALS]
     pairs += [
         (f"accepted at position {i}", b, a)
-        for i, (b, a) in enumerate(zip(before.accepted_per_position, now.accepted_per_position))
+        # a position that shows up only later (first accepted there) has nothing to compare with
+        for i, (b, a) in enumerate(zip(before.accepted_per_position, now.accepted_per_position, strict=False))
     ]
     for name, b, a in pairs:
         if a < b:
@@ -157,9 +160,10 @@ class OfflineSession:
             return None
 
     def stop(self) -> None:
-        llm, self.llm = getattr(self, "llm", None), None
+        llm = getattr(self, "llm", None)  # None: stopped already
         if llm is None:
             return
+        del self.llm  # the session lets go of the engine: it is shut down and collected below
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception:

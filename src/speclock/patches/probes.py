@@ -70,9 +70,9 @@ def run_static_probe(probe: list[str], tree: SourceTree) -> tuple[bool, str]:
     if kind == "list-admits":
         var, values = args[1], args[2:]
         found = None
-        for node in ast.walk(module):
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in node.targets):
-                found = node.value
+        for stmt in ast.walk(module):
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in stmt.targets):
+                found = stmt.value
         if found is None:
             return True, f"{rel} has no {var} gate any more (nothing to admit)"
         if not isinstance(found, (ast.List, ast.Tuple, ast.Set)):

@@ -93,10 +93,12 @@ def check_patch(patch: Patch, tree: Overlay, version: str) -> PatchResult:
     reverse_ok = True
     for fd in patch.files:
         text = tree.read(fd.path)
-        new, fail = apply_hunks(text, fd)
-        if fail:
+        if text is None:  # not reached: a missing file returned above
+            continue
+        new, fail = apply_hunks(text, fd)  # (text, None) or (None, failure)
+        if fail is not None:
             failures.append(fail)
-        else:
+        elif new is not None:
             forward[fd.path] = new
         if reverse_ok and apply_hunks(text, fd, reverse=True)[1] is not None:
             reverse_ok = False
@@ -167,7 +169,7 @@ def series_paths(stack: Stack, root: Path | None = None) -> list[Path]:
 def load_series(stack: Stack, root: Path | None = None) -> list[Patch]:
     base = (root or patches_root()) / stack.engine["name"]
     out = []
-    for name, path in zip(stack.patch_series, series_paths(stack, root)):
+    for name, path in zip(stack.patch_series, series_paths(stack, root), strict=True):  # one path per entry
         if not path.is_file():
             raise BadInput(
                 f"{stack.path}: key 'patches.series': entry {name!r}: {path} "
@@ -336,7 +338,7 @@ def verify_series(
                 "title": p.title,
                 "versions": p.versions,
                 "upstream": p.upstream,
-                "state": {"applies": "applied"}.get(state, state),
+                "state": "applied" if state == "applies" else state,
                 "probes": probes,
                 "ok": all(pr["passed"] for pr in probes),
             }

@@ -163,9 +163,9 @@ def index_wheels(package: str, version: str) -> list[WheelSource]:
             raise EnvironmentProblem(f"{what}: {page} answered JSON without a 'files' list", hint="check the index URL")
         for f in files:
             if isinstance(f, dict) and isinstance(f.get("filename"), str) and isinstance(f.get("url"), str):
-                hashes = f.get("hashes") if isinstance(f.get("hashes"), dict) else {}
-                sha = hashes.get("sha256") if isinstance(hashes.get("sha256"), str) else ""
-                entries.append((f["filename"], urllib.parse.urljoin(page, f["url"]), sha))
+                hashes = f.get("hashes")
+                sha = hashes.get("sha256") if isinstance(hashes, dict) else None
+                entries.append((f["filename"], urllib.parse.urljoin(page, f["url"]), sha if isinstance(sha, str) else ""))
     else:
         text = body.decode("utf-8", "replace")
         for href, label in re.findall(r"<a\s[^>]*?href=\"([^\"]*)\"[^>]*>([^<]*)</a>", text, re.I):
