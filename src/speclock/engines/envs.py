@@ -25,6 +25,7 @@ from pathlib import Path
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, os_error, read_json
 from speclock.core.layout import cache_dir
+from speclock.core.locks import exclusive
 from speclock.core.names import normalize
 
 MARKER = ".speclock-env.json"
@@ -101,12 +102,25 @@ def _uv() -> list[str]:
 
 
 def ensure(spec: str, log=print) -> Path:
-    """Install `spec` (e.g. vllm==0.33.0) into its cached env unless already complete; return its python."""
+    """Install `spec` (e.g. vllm==0.33.0) into its cached env unless already complete; return its python.
+
+    One process installs at a time (a lock beside the env): another one that asked for the same env meanwhile
+    would otherwise see the half-made env as an interrupted one and remove it under the installer."""
     py = env_python(spec)
     if py:
         return py
-    name, version = parse_spec(spec)
     d = env_dir(spec)
+    with exclusive(
+        d.with_name(d.name + ".lock"), on_wait=lambda: log(f"engine env {d}: another process is installing it; waiting")
+    ):
+        return _ensure_locked(spec, d, log)
+
+
+def _ensure_locked(spec: str, d: Path, log) -> Path:
+    py = env_python(spec)
+    if py:  # made by the process this one waited for
+        return py
+    name, version = parse_spec(spec)
     if d.exists() or d.is_symlink():
         log(f"engine env {d}: incomplete from an earlier run, removing it")
         try:
@@ -181,6 +195,8 @@ def _main(argv: list[str] | None = None) -> int:
             print(ensure(spec, log=lambda m: print(m, file=sys.stderr, flush=True)))
         return 0
     for d in sorted(envs_root().iterdir()):
+        if d.name.endswith(".lock") and d.is_file():  # an install's lock (ensure), not an env
+            continue
         marker = d / MARKER
         state = "ready" if marker.is_file() and env_python_for_dir(d) else "incomplete"
         print(f"{d.name:24} {state}")
