@@ -24,8 +24,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from speclock.build.wheelhouse import cached_wheel_intact, record_cached_wheel
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
@@ -44,7 +46,14 @@ _TK_ARCH = re.compile(rb"-arch[ =](sm_\d+[af]?)")
 # sgl_kernel/sm90 on Hopper and sgl_kernel/sm100 everywhere else: load_utils.py). A package that
 # is not installed adds nothing.
 KERNEL_PACKAGES = ["flashinfer", "flashinfer_cubin", "flashinfer_jit_cache*", "deep_gemm", "triton", "torch/lib"]
-ENGINE_LIBRARIES = {
+
+
+class EngineLibraries(TypedDict):
+    packages: list[str]  # site-packages globs whose compiled libraries the engine loads
+    only: dict[str, Callable[[tuple[int, int]], bool]]  # library path prefix -> on which compute capabilities it loads
+
+
+ENGINE_LIBRARIES: dict[str, EngineLibraries] = {
     "vllm": {"packages": ["vllm", *KERNEL_PACKAGES], "only": {}},
     "sglang": {
         "packages": ["sgl_kernel", *KERNEL_PACKAGES],
@@ -137,11 +146,16 @@ def find_cuobjdump(extra_roots: list[Path] | None = None, download: bool = True)
             raise EnvironmentProblem(f"{have[-1].name} holds no cuobjdump binary")
         found.chmod(0o755)
         tools.parent.mkdir(parents=True, exist_ok=True)
+        if tools.exists() and _cuobjdump_in(tools) is None:  # a damaged copy (no cuobjdump in it): replaced
+            shutil.rmtree(tools, ignore_errors=True)
         if not tools.exists():
             os.replace(tmp, tools)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _cuobjdump_in(tools)
+    installed = _cuobjdump_in(tools)
+    if installed is None:
+        raise EnvironmentProblem(f"{tools} holds no cuobjdump", hint=f"remove {tools} and run the command again")
+    return installed
 
 
 @dataclass
@@ -307,7 +321,8 @@ def cubin_folder_inventory(folder: Path) -> Inventory:
 
 
 def applies(engine: str, rel: str, target: str) -> bool:
-    only = ENGINE_LIBRARIES.get(engine, {}).get("only", {})
+    spec = ENGINE_LIBRARIES.get(engine)
+    only = spec["only"] if spec else {}
     for prefix, rule in only.items():
         if rel.startswith(prefix):
             return rule(device_cc(target))

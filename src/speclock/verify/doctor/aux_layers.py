@@ -43,7 +43,7 @@ def check_aux_layers(ctx: Context, facts: dict, manifest: dict | None) -> Check:
             f"(ids {r['engine_ids']} from the {r['source']}), as trained",
             detail,
         )
-    shift = {g - w for g, w in zip(got, want)} if len(got) == len(want) else set()
+    shift = {g - w for g, w in zip(got, want, strict=True)} if len(got) == len(want) else set()
     hint = (
         f" (off by {shift.pop():+d}: {engine}'s convention differs from the one the drafter was written for)"
         if len(shift) == 1

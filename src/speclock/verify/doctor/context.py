@@ -125,6 +125,8 @@ def _given_file(value: str | None, option: str, what: str) -> Path | None:
 
 def build_context(opts: DoctorOptions) -> Context:
     image = not opts.stack and (in_image() or IMAGE.lock_file.is_file())
+    target: Path | None
+    draft: Path | None
     if image:
         stack = load_stack(IMAGE.stack_file)
         lock = IMAGE.lock_file
@@ -170,9 +172,10 @@ def load_manifest(draft_dir: Path | None) -> dict | None:
 def target_facts(ctx: Context, manifest: dict | None) -> dict:
     """Architecture, layer count and inner language-model class of the target."""
     facts: dict = {"arch": None, "num_hidden_layers": None, "inner": None, "source": None}
-    cfg_path = ctx.target_dir / "config.json" if ctx.target_dir else None
-    if cfg_path and (cfg_path.exists() or cfg_path.is_symlink()):
-        cfg = read_model_config(ctx.target_dir, what="target")  # types checked: BadInput naming file and key
+    target_dir = ctx.target_dir
+    cfg_path = target_dir / "config.json" if target_dir else None
+    if target_dir and cfg_path and (cfg_path.exists() or cfg_path.is_symlink()):
+        cfg = read_model_config(target_dir, what="target")  # types checked: BadInput naming file and key
         text = cfg.get("text_config") or None
         facts["arch"] = config_architecture(cfg)
         facts["num_hidden_layers"] = cfg.get("num_hidden_layers") or (text or {}).get("num_hidden_layers")
