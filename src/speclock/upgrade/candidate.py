@@ -10,13 +10,12 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, clean_stale_temps, read_text
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
-from speclock.spec.lock import check_lock, lock_path, read_lock
+from speclock.spec.lock import LockDoc, check_lock, lock_path, read_lock
 from speclock.spec.stack import Stack, load_stack
 
 # Stack pins an upgrade may change: option name -> (section, key).
@@ -199,7 +198,7 @@ def write_candidate(
 # ---------------------------------------------------------------- CI mode (--from-git)
 
 
-def candidate_from_git(ref: str, stack_name: str) -> tuple[Candidate, dict[str, Any]]:
+def candidate_from_git(ref: str, stack_name: str) -> tuple[Candidate, LockDoc]:
     """The current stack is `stacks/<S>.toml` at `ref`; the candidate is this checkout's stack and lock."""
     cand_stack = load_stack(stack_name)
     proc = subprocess.run(

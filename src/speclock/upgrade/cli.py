@@ -25,6 +25,7 @@ from pathlib import Path
 from speclock.core.args import non_negative_float
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import os_error
+from speclock.spec.lock import LockDoc
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 from speclock.upgrade.candidate import (
     candidate_from_git,
@@ -44,7 +45,7 @@ from speclock.verify.soak import DEFAULT_MAX_DRIFT, drift_limit
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-    lock_doc = None
+    lock_doc: LockDoc | None = None
     if args.from_git:
         if args.engine or args.torch or args.cuda or args.candidate_stack or args.promote:
             raise BadInput(
@@ -55,7 +56,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         cand, lock_doc = candidate_from_git(args.from_git, args.stack)
     else:
         current = load_stack(args.stack)
-        pins = {}
+        pins: dict[str, str] = {}
         if args.engine:
             pins["engine"] = parse_engine_spec(args.engine, current)
         if args.torch:

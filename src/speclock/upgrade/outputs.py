@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock import lock_path
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import pin_value
+from speclock.upgrade.record import SoakStepRecord
 from speclock.upgrade.steps import UpgradeResult
 from speclock.verify.report import fmt_number
 
@@ -44,7 +46,8 @@ def summary_markdown(res: UpgradeResult) -> str:
         b, a = pin_value(c.current, section, key) or "-", pin_value(c.stack, section, key) or "-"
         mark = " **(changed)**" if b != a else ""
         lines.append(f"| {section}.{key} | {b} | {a}{mark} |")
-    before_img = (res.before or {}).get("image", {}).get("ref", "-")
+    before_doc: Mapping[str, Any] = res.before or {}
+    before_img = before_doc.get("image", {}).get("ref", "-")
     lines.append(f"| image | {before_img} | {res.image.get('ref', '-')} |")
     lock = next((s for s in res.steps if s.name == "lock"), None)
     if lock and lock.data:
@@ -65,8 +68,9 @@ def summary_markdown(res: UpgradeResult) -> str:
             for p in patches:
                 state = {"upstream": "retired (upstream has it)", "conflict": "**conflict**"}.get(p["state"], p["state"])
                 lines.append(f"| {p['patch']} | {state} | {p['reason'].splitlines()[0].replace('|', '/')} |")
-    b, a = j["before"], j["after"]
-    if b or a:
+    before_m: Mapping[str, Any] = j["before"] or {}
+    after_m: Mapping[str, Any] = j["after"] or {}
+    if j["before"] or j["after"]:
         lines += [
             "",
             "### Acceptance and speed",
@@ -83,17 +87,17 @@ def summary_markdown(res: UpgradeResult) -> str:
             ("spec_tok_s", "spec tok/s"),
             ("baseline_tok_s", "plain tok/s"),
         ]:
-            bv, av = (b or {}).get(key), (a or {}).get(key)
+            bv, av = before_m.get(key), after_m.get(key)
             lines.append(f"| {label} | {_cell(bv)} | {_cell(av)} | {_delta(bv, av)} |")
-        npos = max(len((b or {}).get("per_position") or []), len((a or {}).get("per_position") or []))
-        for i in range(npos):
-            bv = ((b or {}).get("per_position") or [None] * npos)[i] if i < len((b or {}).get("per_position") or []) else None
-            av = ((a or {}).get("per_position") or [None] * npos)[i] if i < len((a or {}).get("per_position") or []) else None
+        before_pos, after_pos = before_m.get("per_position") or [], after_m.get("per_position") or []
+        for i in range(max(len(before_pos), len(after_pos))):
+            bv = before_pos[i] if i < len(before_pos) else None
+            av = after_pos[i] if i < len(after_pos) else None
             lines.append(f"| accepted at position {i + 1} | {_cell(bv)} | {_cell(av)} | {_delta(bv, av)} |")
-        lines.append(f"| lossless (spec == plain) | {(b or {}).get('lossless', 'n/a')} | {(a or {}).get('lossless', 'n/a')} | |")
+        lines.append(f"| lossless (spec == plain) | {before_m.get('lossless', 'n/a')} | {after_m.get('lossless', 'n/a')} | |")
         lines.append(
-            f"| aux layers configured / captured | {(b or {}).get('aux_layer_ids')} / {(b or {}).get('captured_layers')} "
-            f"| {(a or {}).get('aux_layer_ids')} / {(a or {}).get('captured_layers')} | |"
+            f"| aux layers configured / captured | {before_m.get('aux_layer_ids')} / {before_m.get('captured_layers')} "
+            f"| {after_m.get('aux_layer_ids')} / {after_m.get('captured_layers')} | |"
         )
     if res.gate_checks:
         lines += [
@@ -110,7 +114,7 @@ def summary_markdown(res: UpgradeResult) -> str:
     return "\n".join(lines)
 
 
-def _soak_lines(soak: dict[str, Any] | None) -> list[str]:
+def _soak_lines(soak: SoakStepRecord | None) -> list[str]:
     """The soak section: asked duration and limit, then each window's acceptance (or why there was no soak)."""
     if soak is None:
         return []
@@ -118,13 +122,13 @@ def _soak_lines(soak: dict[str, Any] | None) -> list[str]:
     lines = ["", "### Soak (one engine in the candidate image)", ""]
     if soak["status"] == "skipped":
         return lines + [f"Not run: {soak['detail']} (`--soak-s {asked:g}`)."]
-    drift = soak.get("drift") or {}
+    drift = soak.get("drift")
     lines.append(
         f"`--soak-s {asked:g}`, drift limit {soak.get('max_drift', 0):.0%}: "
         f"**{'pass' if soak['status'] == 'pass' else 'FAIL'}**"
         + (
             f"; worst drop of mean acceptance length {drift['worst_drop']:.1%}, last {drift['last_drop']:.1%}"
-            if "worst_drop" in drift
+            if drift and "worst_drop" in drift
             else ""
         )
         + f". Outputs: `{soak.get('outputs', '-')}`"

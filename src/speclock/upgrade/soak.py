@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from speclock.build.builders import ensure_in_docker
+from speclock.build.records import BuildRecord
 from speclock.build.run import run_image
 from speclock.core.errors import BadInput
 from speclock.core.files import read_json
+from speclock.upgrade.record import SoakSummary, SoakWindowSummary, Step
+from speclock.verify.report_types import SoakDoc, SoakWindow
 from speclock.verify.soak import SOAK_SCHEMA
 
 DEFAULT_SOAK_S = 60.0
@@ -44,7 +47,7 @@ def soak_command(soak_s: float, max_drift: float) -> list[str]:
     ]
 
 
-def image_runner(record: dict[str, Any]) -> Runner:
+def image_runner(record: BuildRecord) -> Runner:
     """Runs the command in the built image, hardened (speclock run-image's settings); the image's log goes to stderr."""
 
     def run(args: list[str], out: Path) -> int:
@@ -53,14 +56,14 @@ def image_runner(record: dict[str, Any]) -> Runner:
     return run
 
 
-def _number(doc: dict[str, Any], key: str, path: Path) -> float:
+def _number(doc: Mapping[str, Any], key: str, path: Path) -> float:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadInput(f"{path}: key '{key}' is {value!r}, not a number")
     return float(value)
 
 
-def read_soak(path: Path) -> dict[str, Any]:
+def read_soak(path: Path) -> SoakDoc:
     """The soak's result as the image wrote it (speclock.soak/v1), checked for what the step reads."""
     doc = read_json(path, what="soak result")
     if not isinstance(doc, dict) or doc.get("schema") != SOAK_SCHEMA:
@@ -80,10 +83,23 @@ def read_soak(path: Path) -> dict[str, Any]:
     for key in ("worst_drop", "last_drop"):
         _number(drift, key, path)
     _number(doc, "seconds", path)
-    return doc
+    # what the step reads by key is checked above: schema, verdict, failures, windows and drift (numbers), seconds
+    return cast(SoakDoc, doc)
 
 
-def soak_summary(doc: dict[str, Any]) -> dict[str, Any]:
+def _window_summary(w: SoakWindow) -> SoakWindowSummary:
+    return {
+        "t_start_s": w.get("t_start_s"),
+        "mean_acceptance_length": w.get("mean_acceptance_length"),
+        "acceptance_rate": w.get("acceptance_rate"),
+        "tok_s": w.get("tok_s"),
+        "outputs_same": w.get("outputs_same"),
+        "numeric_ties": w.get("numeric_ties"),
+        "mismatches": w.get("mismatches"),
+    }
+
+
+def soak_summary(doc: SoakDoc) -> SoakSummary:
     """What upgrade.json and summary.md show of a soak: per window and the drift."""
     return {
         "verdict": doc["verdict"],
@@ -92,26 +108,14 @@ def soak_summary(doc: dict[str, Any]) -> dict[str, Any]:
         "prompts": doc.get("prompts"),
         "max_tokens": doc.get("max_tokens"),
         "drift": doc["drift"],
-        "windows": [
-            {
-                k: w.get(k)
-                for k in (
-                    "t_start_s",
-                    "mean_acceptance_length",
-                    "acceptance_rate",
-                    "tok_s",
-                    "outputs_same",
-                    "numeric_ties",
-                    "mismatches",
-                )
-            }
-            for w in doc["windows"]
-        ],
+        "windows": [_window_summary(w) for w in doc["windows"]],
         "failures": doc["failures"],
     }
 
 
-def run_soak_step(step, runner: Runner, out: Path, *, soak_s: float, max_drift: float, progress=print) -> None:
+def run_soak_step(
+    step: Step, runner: Runner, out: Path, *, soak_s: float, max_drift: float, progress: Callable[[str], None] = print
+) -> None:
     """Fill `step` (speclock.upgrade.steps.Step) from a soak of `soak_s` seconds run by `runner` into `out`."""
     step.data = {"soak_s": soak_s, "max_drift": max_drift}
     if soak_s <= 0:
@@ -126,7 +130,7 @@ def run_soak_step(step, runner: Runner, out: Path, *, soak_s: float, max_drift: 
         code = runner(soak_command(soak_s, max_drift), out)
     finally:
         step.seconds = round(time.monotonic() - t0, 1)
-    step.data.update(exit_code=code, outputs=str(out))
+    step.data["exit_code"], step.data["outputs"] = code, str(out)
     try:
         doc = read_soak(out / "soak.json")
     except BadInput as err:  # no result, or a damaged one: the soak did not run to its verdict

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from speclock.build import records, wheelhouse
 from speclock.build.builders import get_builder
@@ -20,26 +20,20 @@ from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.patches.series import check_series, load_series
 from speclock.patches.trees import WheelTree
-from speclock.spec.lock import check_lock, read_lock, write_lock
+from speclock.spec.lock import LockDoc, check_lock, read_lock, write_lock
 from speclock.spec.resolve import resolve_lock
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import Candidate
+from speclock.upgrade.record import DoctorRow, SoakStepRecord, Step, UpgradeImage, UpgradeMetrics, UpgradeRecord
 from speclock.upgrade.soak import DEFAULT_SOAK_S, Runner, image_runner, run_soak_step
 from speclock.verify.gate import baseline_path, run_gate
 from speclock.verify.profiles import report_profile
 from speclock.verify.report import load_report
+from speclock.verify.report_types import CheckRecord, SmokeReport
 from speclock.verify.soak import DEFAULT_MAX_DRIFT
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
-
-
-@dataclasses.dataclass
-class Step:
-    name: str
-    status: str = "skipped"  # pass | fail | skipped
-    detail: str = ""
-    seconds: float = 0.0
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+T = TypeVar("T")
 
 
 def default_baseline(stack: Stack, root: Path | None = None, profile: str = "quick") -> Path:
@@ -78,7 +72,7 @@ def require_baseline(stack: Stack, baseline: Path | None, profile: str = "quick"
     return path
 
 
-def lock_candidate(cand: Candidate, *, relock: bool, progress) -> dict[str, Any]:
+def lock_candidate(cand: Candidate, *, relock: bool, progress: Callable[[str], None]) -> LockDoc:
     """Resolve the candidate's lock (reusing one already resolved for exactly this candidate)."""
     if cand.lock_file.is_file() and not relock:
         try:
@@ -93,14 +87,14 @@ def lock_candidate(cand: Candidate, *, relock: bool, progress) -> dict[str, Any]
     return doc
 
 
-def engine_wheel(lock: dict[str, Any], package: str) -> Path:
+def engine_wheel(lock: LockDoc, package: str) -> Path:
     for pkg in lock["packages"]:
         if pkg["name"] == normalize(package):
             return wheelhouse.entry_path(pkg)
     raise BadInput(f"lock of stack {lock['stack']} has no {package}", hint="re-create the lock")
 
 
-def check_patches(stack: Stack, lock: dict[str, Any]) -> list[dict[str, Any]]:
+def check_patches(stack: Stack, lock: LockDoc) -> list[dict[str, Any]]:
     """The patch lifecycle against the candidate's own engine wheel (already fetched and verified)."""
     series = load_series(stack)
     if not series:
@@ -109,7 +103,9 @@ def check_patches(stack: Stack, lock: dict[str, Any]) -> list[dict[str, Any]]:
     return [r.as_json() for r in results]
 
 
-def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress) -> dict[str, Any] | None:
+def find_built(
+    stack: Stack, lock_file: Path, builder_name: str, *, progress: Callable[[str], None]
+) -> records.BuildRecord | None:
     """The build record of an image with exactly this candidate's inputs, if that image still exists.
 
     The tag comes the way build-image computes it: the context staged by build.context, hashed by build.inputs."""
@@ -142,13 +138,13 @@ def read_image_result(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_in_image(stack: Stack, record: dict[str, Any], profile: str, *, progress) -> Path:
+def check_in_image(stack: Stack, record: records.BuildRecord, profile: str, *, progress: Callable[[str], None]) -> Path:
     """The image's own self-check (build-image's: doctor, smoke, gate; hardened) with the smoke `profile`, recorded
     with the build; returns the folder with its doctor.json, report.json and selfcheck.json."""
     return Path(selfcheck_image(stack, record, args=["--profile", profile], progress=lambda m: progress(f"  {m}"))["outputs"])
 
 
-def selfcheck_outputs(record: dict[str, Any], profile: str) -> Path | None:
+def selfcheck_outputs(record: records.BuildRecord, profile: str) -> Path | None:
     """The outputs of a self-check already recorded with this image, when they hold doctor and smoke results
     of the smoke `profile` (build-image's own self-check runs the stack's default, quick)."""
     done = record.get("selfcheck")
@@ -167,10 +163,10 @@ class UpgradeResult:
     candidate: Candidate
     baseline: Path
     steps: list[Step]
-    before: dict[str, Any] | None = None  # the baseline report
-    after: dict[str, Any] | None = None  # the candidate's report
-    gate_checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    image: dict[str, Any] = dataclasses.field(default_factory=dict)
+    before: SmokeReport | None = None  # the baseline report
+    after: SmokeReport | None = None  # the candidate's report
+    gate_checks: list[CheckRecord] = dataclasses.field(default_factory=list)
+    image: UpgradeImage = dataclasses.field(default_factory=UpgradeImage)
     promoted: bool = False
 
     @property
@@ -186,7 +182,7 @@ class UpgradeResult:
                 out.append(f"{s.name}: {s.detail}")
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> UpgradeRecord:
         c = self.candidate
         return {
             "schema": UPGRADE_SCHEMA,
@@ -196,7 +192,7 @@ class UpgradeResult:
             "candidate": {"folder": str(c.folder), "stack": str(c.stack.path), "lock": str(c.lock_file)},
             "baseline": str(self.baseline),
             "image": self.image,
-            "steps": [dataclasses.asdict(s) for s in self.steps],
+            "steps": [s.to_json() for s in self.steps],
             "before": metrics_of(self.before),
             "after": metrics_of(self.after),
             "gate_checks": self.gate_checks,
@@ -205,18 +201,19 @@ class UpgradeResult:
             "promoted": self.promoted,
         }
 
-    def soak(self) -> dict[str, Any] | None:
+    def soak(self) -> SoakStepRecord | None:
         """The soak step's result (asked seconds, drift limit, windows, drift, verdict), or None without the step."""
         step = next((s for s in self.steps if s.name == "soak"), None)
         return None if step is None else {"status": step.status, "detail": step.detail, **step.data}
 
 
-def metrics_of(report: dict[str, Any] | None) -> dict[str, Any] | None:
+def metrics_of(report: SmokeReport | None) -> UpgradeMetrics | None:
     """The numbers an upgrade compares, from a smoke report; per-position rates = accepted / drafts."""
     if not report:
         return None
     m, tp = report["metrics"], report["throughput"]
     drafts = m["num_drafts"]
+    draft: Mapping[str, Any] = report.get("draft") or {}
     return {
         "engine": f"{report['engine'].get('package') or report['engine']['name']} {report['engine']['version']}",
         "image": report.get("image", {}).get("ref"),
@@ -228,12 +225,16 @@ def metrics_of(report: dict[str, Any] | None) -> dict[str, Any] | None:
         "spec_tok_s": tp.get("spec_tok_s"),
         "baseline_tok_s": tp.get("baseline_tok_s"),
         "lossless": f"{report['lossless']['checked'] - report['lossless']['mismatches']}/{report['lossless']['checked']}",
-        "captured_layers": (report.get("draft") or {}).get("captured_layers"),
-        "aux_layer_ids": (report.get("draft") or {}).get("aux_layer_ids"),
+        "captured_layers": draft.get("captured_layers"),
+        "aux_layer_ids": draft.get("aux_layer_ids"),
     }
 
 
-def _timed(step: Step, fn: Callable[[], Any]) -> Any:
+def _doctor_row(check: dict[str, Any]) -> DoctorRow:
+    return {"name": check.get("name"), "status": check.get("status"), "reason": check.get("reason")}
+
+
+def _timed(step: Step, fn: Callable[[], T]) -> T:
     t0 = time.monotonic()
     try:
         return fn()
@@ -249,12 +250,12 @@ def run_upgrade(
     relock: bool = False,
     rebuild: bool = False,
     rerun_selfcheck: bool = False,
-    lock_doc: dict[str, Any] | None = None,
+    lock_doc: LockDoc | None = None,
     soak_s: float = DEFAULT_SOAK_S,
     soak_max_drift: float = DEFAULT_MAX_DRIFT,
     soak_runner: Runner | None = None,
     profile: str = "quick",
-    progress=print,
+    progress: Callable[[str], None] = print,
 ) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
     except bad input and environment problems found before anything was built. The soak runs in the
@@ -304,8 +305,9 @@ def run_upgrade(
     else:
         outputs = _timed(steps["smoke"], lambda: check_in_image(cand.stack, record, profile, progress=progress))
     doctor = read_image_result(outputs / "doctor.json") or {}
-    checks = doctor.get("checks") if isinstance(doctor.get("checks"), list) else []
-    checks = [c for c in checks if isinstance(c, dict)]  # the image's output: a damaged entry is no check
+    found = doctor.get("checks")
+    # the image's output: no list of checks, or a damaged entry in it, is no check
+    checks: list[dict[str, Any]] = [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
     failed = [c for c in checks if c.get("status") == "fail"]
     if doctor.get("verdict") == "pass":
         steps["doctor"].status = "pass"
@@ -318,7 +320,7 @@ def run_upgrade(
             or str(doctor.get("error") or "")
             or f"no doctor result; see {outputs}"
         )
-    steps["doctor"].data = {"checks": [{k: c.get(k) for k in ("name", "status", "reason")} for c in checks]}
+    steps["doctor"].data = {"checks": [_doctor_row(c) for c in checks]}
     report_path = outputs / "report.json"
     if report_path.is_file():
         result.after = load_report(report_path)

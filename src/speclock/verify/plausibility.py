@@ -26,18 +26,21 @@ from collections.abc import Callable
 from typing import Any
 
 from speclock.core.errors import BadInput
+from speclock.spec.stack import Stack
+from speclock.verify.report_types import GpuInfo, ProfileRecord, SmokeReport
 
 Bad = Callable[[str, str], BadInput]
 _IMAGE_NAME = re.compile(r"(?:^|/)speclock-([A-Za-z0-9][A-Za-z0-9._-]*):[^/]+$")
 
 
-def _passes(report: dict[str, Any]) -> int:
+def _passes(report: SmokeReport) -> int:
     """Engine passes summed into `metrics`: one, or one per seed of a sampled run."""
-    per_seed = (report.get("sampled") or {}).get("per_seed") if isinstance(report.get("sampled"), dict) else None
+    sampled = report.get("sampled")
+    per_seed = sampled.get("per_seed") if isinstance(sampled, dict) else None
     return max(1, len(per_seed)) if isinstance(per_seed, list) else 1
 
 
-def check_counters_bounded(report: dict[str, Any], bad: Bad) -> None:
+def check_counters_bounded(report: SmokeReport, bad: Bad) -> None:
     count, k = report["prompts"]["count"], report["num_speculative_tokens"]
     max_tokens = report.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or count <= 0:
@@ -76,8 +79,9 @@ def check_counters_bounded(report: dict[str, Any], bad: Bad) -> None:
                 )
 
 
-def check_profile_evidence(report: dict[str, Any], bad: Bad) -> None:
-    profile = report.get("profile") if isinstance(report.get("profile"), dict) else {}
+def check_profile_evidence(report: SmokeReport, bad: Bad) -> None:
+    found = report.get("profile")
+    profile: ProfileRecord | dict[str, Any] = found if isinstance(found, dict) else {}
     if profile.get("name") == "sampled" and (report["lossless"].get("mismatches") or 0) > 0:
         raise bad(
             "profile.name",
@@ -87,9 +91,11 @@ def check_profile_evidence(report: dict[str, Any], bad: Bad) -> None:
         )
 
 
-def check_speedup_is_its_ratio(report: dict[str, Any], bad: Bad) -> None:
+def check_speedup_is_its_ratio(report: SmokeReport, bad: Bad) -> None:
     tp = report["throughput"]
     base, spec, speedup = tp.get("baseline_tok_s"), tp.get("spec_tok_s"), tp.get("speedup")
+    if base is None or spec is None or speedup is None:  # not measured (the contract's types are checked already)
+        return
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (base, spec, speedup)) or base <= 0:
         return
     want = spec / base
@@ -98,13 +104,13 @@ def check_speedup_is_its_ratio(report: dict[str, Any], bad: Bad) -> None:
         raise bad("throughput.speedup", f"{speedup} is not throughput.spec_tok_s / baseline_tok_s = {spec} / {base} = {want:.4f}")
 
 
-def check_without_stack(report: dict[str, Any], bad: Bad) -> None:
+def check_without_stack(report: SmokeReport, bad: Bad) -> None:
     check_counters_bounded(report, bad)
     check_profile_evidence(report, bad)
     check_speedup_is_its_ratio(report, bad)
 
 
-def check_against_stack(report: dict[str, Any], stack, report_source: str = "the report") -> None:
+def check_against_stack(report: SmokeReport, stack: Stack, report_source: str = "the report") -> None:
     """The report ran where its stack runs: on a GPU of the stack's archs for a GPU stack, on no GPU for a CPU stack;
     and in an image of that stack, where it names one."""
 
@@ -115,8 +121,9 @@ def check_against_stack(report: dict[str, Any], stack, report_source: str = "the
             "comes from `speclock smoke` in that stack's image or host environment",
         )
 
-    gpu = report.get("gpu") if isinstance(report.get("gpu"), dict) else {}
-    completed = bool((report.get("run") or {}).get("completed"))
+    found = report.get("gpu")
+    gpu: GpuInfo = found if isinstance(found, dict) else {}
+    completed = bool(report.get("run", {}).get("completed"))
     if stack.is_gpu and completed and not gpu.get("name"):
         raise bad(
             "gpu.name",
@@ -128,7 +135,8 @@ def check_against_stack(report: dict[str, Any], stack, report_source: str = "the
     arch = gpu.get("arch")
     if stack.is_gpu and completed and arch and stack.gpu["archs"] and arch not in stack.gpu["archs"]:
         raise bad("gpu.arch", f"{arch!r} is not one of stack {stack.name}'s gpu.archs ({', '.join(stack.gpu['archs'])})")
-    ref = (report.get("image") or {}).get("ref") or ""
+    image = report.get("image")
+    ref = (image.get("ref") if image else None) or ""
     m = _IMAGE_NAME.search(ref)
     if m and m[1] != stack.name:
         raise bad("image.ref", f"{ref!r} is an image of stack {m[1]!r}, not of {stack.name!r}")

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
+from speclock.spec.stack import Stack
+from speclock.verify.report_types import ProfileRecord, SeedMetrics, SeedSpread, SmokeReport, Spread
 
 PROFILES = ("quick", "full", "sampled")
 DEFAULT_PROFILE = "quick"
@@ -108,13 +110,21 @@ class Profile:
             return tol[i] if i < len(tol) else tol[-1]
         return tol
 
-    def describe(self) -> dict[str, Any]:
-        """The profile as a report records it."""
-        d = asdict(self)
-        d["seeds"] = list(self.seeds)
-        if isinstance(self.max_position_drift, tuple):
-            d["max_position_drift"] = list(self.max_position_drift)
-        return d
+    def describe(self) -> ProfileRecord:
+        """The profile as a report records it (every field, tuples as lists)."""
+        drift = self.max_position_drift
+        return {
+            "name": self.name,
+            "num_prompts": self.num_prompts,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "seeds": list(self.seeds),
+            "max_mean_drift": self.max_mean_drift,
+            "max_position_drift": list(drift) if isinstance(drift, tuple) else drift,
+            "two_sided": self.two_sided,
+            "position_drift": self.position_drift,
+            "per_request_seed": self.per_request_seed,
+        }
 
 
 def _check_value(key: str, value: Any, where: str, hint: str) -> Any:
@@ -154,7 +164,7 @@ def _check_value(key: str, value: Any, where: str, hint: str) -> Any:
     return value
 
 
-def resolve_profile(stack, name: str | None = None, *, source: str = "--profile") -> Profile:
+def resolve_profile(stack: Stack, name: str | None = None, *, source: str = "--profile") -> Profile:
     """The named profile (default quick) with the stack's [smoke.profiles] overrides and [smoke] defaults.
 
     Bad input names the stack file and key: `<stack>: key 'smoke.profiles.sampled.seeds': ...`.
@@ -191,7 +201,7 @@ def resolve_profile(stack, name: str | None = None, *, source: str = "--profile"
     return Profile(name=name, **values)
 
 
-def report_profile(report: dict[str, Any]) -> str:
+def report_profile(report: SmokeReport) -> str:
     """The profile a report was measured with; a report from before profiles existed is `quick` (greedy)."""
     prof = report.get("profile")
     if isinstance(prof, dict):
@@ -228,7 +238,7 @@ def t95(df: int) -> float:
     return _T95[best] if best is not None else 1.96
 
 
-def spread(values: list[float]) -> dict[str, Any]:
+def spread(values: list[float]) -> Spread:
     """Mean, sample standard deviation, min, max and a 95% confidence interval of the mean (Student t)."""
     n = len(values)
     mean = statistics.fmean(values) if values else 0.0
@@ -244,7 +254,7 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def per_seed_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+def per_seed_summary(per_seed: list[SeedMetrics]) -> SeedSpread:
     """Spread over seeds of the mean acceptance length and of each position's acceptance rate."""
     k = max((len(s["acceptance_per_position"]) for s in per_seed), default=0)
     return {

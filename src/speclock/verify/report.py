@@ -9,14 +9,16 @@ never judged). Errors name the file and the key that is wrong.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from speclock.core import files
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number
-from speclock.verify.plausibility import check_without_stack
+from speclock.verify.plausibility import Bad, check_without_stack
 from speclock.verify.profiles import PROFILES
+from speclock.verify.report_types import ReferenceSection, SmokeReport, Throughput
 from speclock.verify.speed import check_batch1
 
 SCHEMA_ID = "speclock.smoke/v1"
@@ -24,7 +26,7 @@ SCHEMA_ID = "speclock.smoke/v1"
 _NUM = (int, float)
 _NONE = type(None)
 # Required keys: dotted path -> allowed types (None as a type = JSON null allowed).
-REQUIRED: dict[str, tuple] = {
+REQUIRED: dict[str, tuple[type, ...]] = {
     "schema": (str,),
     "stack": (str,),
     "image": (dict,),
@@ -63,7 +65,7 @@ REQUIRED: dict[str, tuple] = {
 }
 # Keys `speclock smoke` writes that older reports may lack; when present the gate, the table or the
 # baseline comparison reads them, so their type is checked like a required key's.
-OPTIONAL: dict[str, tuple] = {
+OPTIONAL: dict[str, tuple[type, ...]] = {
     "created": (str,),
     "engine.package": (str,),
     "engine.pinned_version": (str,),
@@ -123,7 +125,7 @@ _TOLERANCE = 5e-4
 _HINT = "a report written by `speclock smoke` (schema speclock.smoke/v1), unedited; see docs/smoke.md"
 
 
-def dotted_get(data: dict, dotted: str) -> tuple[bool, Any]:
+def dotted_get(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
     """(found, value) at a dotted key path such as "reference.key.k"."""
     node: Any = data
     for part in dotted.split("."):
@@ -133,11 +135,11 @@ def dotted_get(data: dict, dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _type_names(types: tuple) -> str:
+def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join("null" if t is _NONE else t.__name__ for t in types)
 
 
-def _check_type(source: str, key: str, value: Any, types: tuple) -> None:
+def _check_type(source: str, key: str, value: Any, types: tuple[type, ...]) -> None:
     ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
     if not ok:
         raise BadInput(
@@ -164,7 +166,7 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=_TOLERANCE)
 
 
-def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
+def validate_report(data: Any, source: str = "report") -> SmokeReport:
     """Check a parsed report against the contract; raise BadInput naming the wrong key."""
     if not isinstance(data, dict):
         raise BadInput(f"{source}: not a JSON object (a {files.json_type(data)})", hint=_HINT)
@@ -182,39 +184,43 @@ def validate_report(data: Any, source: str = "report") -> dict[str, Any]:
         found, value = dotted_get(data, key)
         if found:
             _check_type(source, key, value, types)
+    # Every key of the contract has its JSON type now (nested sections the contract lists only as a list or an
+    # object, such as sampled.per_seed, are checked where they are read below): the document is a SmokeReport.
+    report = cast(SmokeReport, data)
 
     def bad(key: str, problem: str) -> BadInput:
         return BadInput(f"{source}: key '{key}': {problem}", hint=_HINT)
 
-    if data["verdict"] not in ("pass", "fail"):
-        raise bad("verdict", f"{files.short_repr(data['verdict'])} is not 'pass' or 'fail'")
-    if not all(isinstance(f, str) for f in data["failures"]):
+    if report["verdict"] not in ("pass", "fail"):
+        raise bad("verdict", f"{files.short_repr(report['verdict'])} is not 'pass' or 'fail'")
+    if not all(isinstance(f, str) for f in report["failures"]):
         raise bad("failures", "expected a list of strings")
-    if data["verdict"] == "pass" and data["failures"]:
-        raise bad("verdict", f"'pass' with {len(data['failures'])} failures listed")
-    k = data["num_speculative_tokens"]
+    if report["verdict"] == "pass" and report["failures"]:
+        raise bad("verdict", f"'pass' with {len(report['failures'])} failures listed")
+    k = report["num_speculative_tokens"]
     if k < 1:
         raise bad("num_speculative_tokens", f"{k} is below 1")
-    if "max_tokens" in data and data["max_tokens"] < 1:
-        raise bad("max_tokens", f"{data['max_tokens']} is below 1")
-    count = data["prompts"]["count"]
+    if "max_tokens" in report and report["max_tokens"] < 1:
+        raise bad("max_tokens", f"{report['max_tokens']} is below 1")
+    count = report["prompts"]["count"]
     if count < 0:
         raise bad("prompts.count", f"negative ({count})")
-    _check_metrics(data["metrics"], k, bad)
-    _check_lossless(data["lossless"], count, bad)
-    for key in ("baseline_tok_s", "spec_tok_s", "speedup"):
-        value = data["throughput"][key]
+    _check_metrics(report["metrics"], k, bad)
+    _check_lossless(report["lossless"], count, bad)
+    tp = report["throughput"]
+    for key, value in (("baseline_tok_s", tp["baseline_tok_s"]), ("spec_tok_s", tp["spec_tok_s"]), ("speedup", tp["speedup"])):
         if value is not None and value < 0:
             raise bad(f"throughput.{key}", f"negative ({value})")
-    check_batch1(data, bad)  # speclock.verify.speed: the batch-1 figures are what their own runs give
-    if isinstance(data.get("reference"), dict):
-        _check_reference(data, bad)
-    _check_profile(data, k, bad)
-    check_without_stack(data, bad)  # speclock.verify.plausibility: what a run of this shape can produce
-    return data
+    check_batch1(report, bad)  # speclock.verify.speed: the batch-1 figures are what their own runs give
+    ref = report.get("reference")
+    if ref is not None:  # an object (its type is checked above)
+        _check_reference(report, ref, bad)
+    _check_profile(report, k, bad)
+    check_without_stack(report, bad)  # speclock.verify.plausibility: what a run of this shape can produce
+    return report
 
 
-def _check_profile(data: dict[str, Any], k: int, bad) -> None:
+def _check_profile(data: SmokeReport, k: int, bad: Bad) -> None:
     """The profile, its per-seed counters and its attention backends agree with the report's own numbers.
 
     A greedy report may not call its lossless section 'sampled' (that would skip the token-for-token check),
@@ -239,28 +245,23 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
         raise bad("sampled", "missing: a completed sampled-profile run reports its counters per seed")
     if isinstance(sampled, dict):
         per_seed = sampled.get("per_seed") or []
-        totals = [0, 0, 0, [0] * k]
+        drafts, draft_tokens, accepted, per_pos = 0, 0, 0, [0] * k
         for i, seed in enumerate(per_seed):
             if not isinstance(seed, dict):
                 raise bad(f"sampled.per_seed[{i}]", "expected an object of counters")
-            _check_metrics(
-                seed, k, lambda key, problem, i=i: bad(f"sampled.per_seed[{i}].{key.removeprefix('metrics.')}", problem)
-            )
-            totals[0] += seed["num_drafts"]
-            totals[1] += seed["num_draft_tokens"]
-            totals[2] += seed["num_accepted_tokens"]
-            totals[3] = [a + b for a, b in zip(totals[3], seed["accepted_per_position"] + [0] * k)]
+            _check_metrics(seed, k, _nested(bad, f"sampled.per_seed[{i}]", strip="metrics."))
+            drafts += seed["num_drafts"]
+            draft_tokens += seed["num_draft_tokens"]
+            accepted += seed["num_accepted_tokens"]
+            # k positions: a seed's list is padded with zeros (a run that never drafted has none)
+            per_pos = [a + b for a, b in zip(per_pos, seed["accepted_per_position"] + [0] * k, strict=False)]
         m = data["metrics"]
-        if (
-            per_seed
-            and [
-                m["num_drafts"],
-                m["num_draft_tokens"],
-                m["num_accepted_tokens"],
-                list(m["accepted_per_position"]) + [0] * (k - len(m["accepted_per_position"])),
-            ]
-            != totals
-        ):
+        if per_seed and (
+            m["num_drafts"],
+            m["num_draft_tokens"],
+            m["num_accepted_tokens"],
+            list(m["accepted_per_position"]) + [0] * (k - len(m["accepted_per_position"])),
+        ) != (drafts, draft_tokens, accepted, per_pos):
             raise bad(
                 "sampled.per_seed",
                 "the per-seed counters do not add up to metrics (num_drafts, num_draft_tokens, "
@@ -272,12 +273,21 @@ def _check_profile(data: dict[str, Any], k: int, bad) -> None:
         for i, b in enumerate(backends):
             if not isinstance(b, dict) or not isinstance(b.get("backend"), str) or not isinstance(b.get("metrics"), dict):
                 raise bad(f"attention_backends[{i}]", "expected {backend: name, metrics: {...}}")
-            _check_metrics(b["metrics"], k, lambda key, problem, i=i: bad(f"attention_backends[{i}].{key}", problem))
+            _check_metrics(b["metrics"], k, _nested(bad, f"attention_backends[{i}]"))
             names.append(b["backend"])
         if len(set(names)) != len(names):
             raise bad("attention_backends", f"a backend is listed twice: {names}")
         if backends and backends[0]["metrics"] != data["metrics"]:
             raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
+
+
+def _nested(bad: Bad, where: str, *, strip: str = "") -> Bad:
+    """`bad` for a nested copy of the counters (per seed, per backend): its keys named under `where`."""
+
+    def nested_bad(key: str, problem: str) -> BadInput:
+        return bad(f"{where}.{key.removeprefix(strip)}", problem)
+
+    return nested_bad
 
 
 _COUNTER_TYPES = {
@@ -290,7 +300,7 @@ _COUNTER_TYPES = {
 }
 
 
-def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
+def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad) -> None:
     """The counters must agree with each other: the derived rates are computed from them, not trusted."""
     for key, types in _COUNTER_TYPES.items():  # nested copies (per seed, per backend) are not in REQUIRED
         if key not in m or isinstance(m[key], bool) or not isinstance(m[key], types):
@@ -336,7 +346,7 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
     if rates is not None:
         if len(rates) != len(per_pos):
             raise bad("metrics.acceptance_per_position", f"{len(rates)} rates for {len(per_pos)} positions")
-        for i, (r, a) in enumerate(zip(rates, per_pos)):
+        for i, (r, a) in enumerate(zip(rates, per_pos, strict=True)):  # equal lengths: checked just above
             want = a / drafts if drafts else 0.0
             if (
                 isinstance(r, bool)
@@ -351,7 +361,7 @@ def _check_metrics(m: dict[str, Any], k: int, bad) -> None:
                 )
 
 
-def _check_lossless(ll: dict[str, Any], count: int, bad) -> None:
+def _check_lossless(ll: Mapping[str, Any], count: int, bad: Bad) -> None:
     for key in ("checked", "mismatches", "numeric_ties"):
         if key in ll and ll[key] < 0:
             raise bad(f"lossless.{key}", f"negative ({ll[key]})")
@@ -366,16 +376,15 @@ def _check_lossless(ll: dict[str, Any], count: int, bad) -> None:
         )
 
 
-def _check_reference(data: dict[str, Any], bad) -> None:
+def _check_reference(data: SmokeReport, ref: ReferenceSection, bad: Bad) -> None:
     """The reference section: its key describes this run, and its gap is the one its numbers give."""
-    ref = data["reference"]
     metrics = ref.get("metrics")
     ref_len = metrics.get("mean_acceptance_length") if isinstance(metrics, dict) else None
     if ref_len is not None:
         if isinstance(ref_len, bool) or not isinstance(ref_len, (int, float)) or not math.isfinite(ref_len) or ref_len <= 0:
             raise bad("reference.metrics.mean_acceptance_length", f"{files.short_repr(ref_len)} is not a positive number")
     gap = ref.get("gap")
-    if gap is None and ref_len is not None and (data.get("run") or {}).get("completed") is not False:
+    if gap is None and ref_len is not None and data.get("run", {}).get("completed") is not False:
         # smoke computes the gap whenever both runs measured: leaving it out would skip the integration check
         raise bad("reference.gap", "missing, but the reference and the engine both measured acceptance")
     if gap is not None:
@@ -384,7 +393,7 @@ def _check_reference(data: dict[str, Any], bad) -> None:
         want = abs(ref_len - data["metrics"]["mean_acceptance_length"]) / ref_len
         if gap < 0 or not _close(gap, want):
             raise bad("reference.gap", f"{gap} is not |reference - engine| / reference mean acceptance length = {want:.6f}")
-    key = ref.get("key")
+    key: Mapping[str, Any] | None = ref.get("key")
     if isinstance(key, dict):
         for name in ("target_sha256", "drafter_sha256", "prompts_sha256"):
             value = key.get(name)
@@ -399,7 +408,7 @@ def _check_reference(data: dict[str, Any], bad) -> None:
                 raise bad(f"reference.key.{name}", f"{key[name]} differs from the report's {label} {mine}")
 
 
-def load_report(path: str | Path, *, what: str = "report file") -> dict[str, Any]:
+def load_report(path: str | Path, *, what: str = "report file") -> SmokeReport:
     """Read and validate a report file (UTF-8 JSON, the contract's shape and consistent counters)."""
     hint = "give the JSON written by `speclock smoke --out DIR` (DIR/report.json)"
     p = Path(path)
@@ -409,18 +418,19 @@ def load_report(path: str | Path, *, what: str = "report file") -> dict[str, Any
     return validate_report(data, str(path))
 
 
-def write_report(path: str | Path, report: dict[str, Any]) -> Path:
+def write_report(path: str | Path, report: SmokeReport) -> Path:
     return files.atomic_write_json(path, report, indent=2)
 
 
-def _profile_line(report: dict[str, Any]) -> str:
+def _profile_line(report: SmokeReport) -> str:
     prof = report["profile"]
     line = f"{prof.get('name')} ({report.get('max_tokens', '?')} tokens"
     sampled = report.get("sampled")
     if not isinstance(sampled, dict):
         return line + ", greedy)"
-    mal = (sampled.get("spread") or {}).get("mean_acceptance_length") or {}
-    ci = mal.get("ci95")
+    spread = sampled.get("spread")
+    mal = spread.get("mean_acceptance_length") if spread else None
+    ci = mal.get("ci95") if mal else None
     per_seed = ", ".join(fmt_number(s.get("mean_acceptance_length")) for s in sampled.get("per_seed") or [])
     return (
         line
@@ -429,7 +439,7 @@ def _profile_line(report: dict[str, Any]) -> str:
     )
 
 
-def _speed_rows(report: dict[str, Any], t: dict[str, Any]) -> list[tuple[str, str]]:
+def _speed_rows(report: SmokeReport, t: Throughput) -> list[tuple[str, str]]:
     """Batch 1 (the judged speedup: median, interval, spread) and all prompts at once; an older report's one figure."""
     b1, conc = t.get("batch1"), t.get("concurrent")
     if not isinstance(b1, dict) and not isinstance(conc, dict):
@@ -440,7 +450,7 @@ def _speed_rows(report: dict[str, Any], t: dict[str, Any]) -> list[tuple[str, st
                 f"(speedup {fmt_number(t['speedup'], 2)})",
             )
         ]
-    rows = []
+    rows: list[tuple[str, str]] = []
     if isinstance(b1, dict):
         rows.append(
             (
@@ -471,10 +481,11 @@ def _speed_rows(report: dict[str, Any], t: dict[str, Any]) -> list[tuple[str, st
     return rows
 
 
-def human_table(report: dict[str, Any]) -> str:
+def human_table(report: SmokeReport) -> str:
     """A short table for people: what ran, what it measured, the verdict."""
     m, t, ll = report["metrics"], report["throughput"], report["lossless"]
-    ref = report.get("reference") or {}
+    ref = report.get("reference")
+    ref_metrics = (ref.get("metrics") if ref else None) or {}
     per_pos = ", ".join(f"{r:.2f}" for r in m.get("acceptance_per_position", [])) or "-"
     rows = [
         ("stack", report["stack"]),
@@ -496,9 +507,9 @@ def human_table(report: dict[str, Any]) -> str:
         *([("profile", _profile_line(report))] if report.get("profile") else []),
         (
             "reference acceptance length",
-            fmt_number((ref.get("metrics") or {}).get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else ""),
+            fmt_number(ref_metrics.get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else ""),
         ),
-        ("reference gap", fmt_number(ref.get("gap"))),
+        ("reference gap", fmt_number(ref.get("gap") if ref else None)),
         *_speed_rows(report, t),
         ("verdict", report["verdict"].upper() + (" with WARN" if report.get("warnings") else "")),
     ]

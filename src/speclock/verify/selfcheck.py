@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from speclock.build.hostenv import env_command, read_record
 from speclock.core import dsse
@@ -35,6 +35,41 @@ from speclock.verify.gate import lock_beside, resolve_stack, run_gate, table
 from speclock.verify.report import human_table
 from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
 from speclock.verify.smoke.run import run_smoke
+
+
+class StageResult(TypedDict, total=False):
+    """One stage in selfcheck.json: its exit code and what went wrong, and what the stage itself adds."""
+
+    exit_code: int | None
+    error: str | None
+    # smoke
+    skipped: bool
+    note: str
+    verdict: str
+    failures: list[str]
+    warnings: list[str]
+    # gate
+    baseline: str | None
+    # attestation (speclock.verify.attest.AttestationInfo)
+    file: str
+    keyid: str
+    subject: dict[str, Any]
+
+
+class SelfcheckStages(TypedDict, total=False):
+    doctor: StageResult
+    smoke: StageResult
+    gate: StageResult
+    attestation: StageResult
+
+
+class SelfcheckSummary(TypedDict, total=False):
+    """selfcheck.json: every stage's result and the verdict recorded with the image."""
+
+    stages: SelfcheckStages
+    verdict: str  # pass | fail | smoke-skipped
+    exit_code: int
+    warnings: bool
 
 
 def _log(msg: str) -> None:
@@ -78,7 +113,7 @@ def _combine(codes: list[int]) -> int:
     return 0
 
 
-def sign_stage(report_path: Path, key, stack_arg: str | None) -> dict[str, Any]:
+def sign_stage(report_path: Path, key, stack_arg: str | None) -> attest.AttestationInfo:
     """Sign report.json as written; the subject is the report's image digest, else the stack's lock (attest.py)."""
     report = read_json(report_path, what="report file")
     lock_sha = None
@@ -101,15 +136,16 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise os_error(err, out, "create the output folder") from None
-    summary: dict[str, Any] = {"stages": {}}
+    stages: SelfcheckStages = {}
+    summary: SelfcheckSummary = {"stages": stages}
     codes: list[int] = []
 
     _log("doctor")
     code, doc = run_doctor_stage(smoke_opts)
     atomic_write_text(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
-    summary["stages"]["doctor"] = {"exit_code": code, "error": doc.get("error")}
+    stages["doctor"] = {"exit_code": code, "error": doc.get("error")}
     codes.append(code)
-    _log(f"doctor: {'ok' if code == 0 else 'FAILED (exit %d)' % code}{': ' + doc['error'] if doc.get('error') else ''}")
+    _log(f"doctor: {'ok' if code == 0 else f'FAILED (exit {code})'}{': ' + doc['error'] if doc.get('error') else ''}")
 
     smoke_code, report_path = None, out / "report.json"
     try:
@@ -117,14 +153,14 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         if inp.stack.is_gpu and not gpu_visible() and not inp.server_url:
             note = f"stack {inp.stack.name} needs a GPU and none is visible: smoke test and gate skipped (doctor ran)"
             _log(note)
-            summary["stages"]["smoke"] = {"skipped": True, "note": note}
+            stages["smoke"] = {"skipped": True, "note": note}
             summary["verdict"] = "smoke-skipped" if code == 0 else "fail"
             atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
             return code
         _log("smoke")
         report, smoke_code = run_smoke(inp)
         print(human_table(report))
-        summary["stages"]["smoke"] = {
+        stages["smoke"] = {
             "exit_code": smoke_code,
             "verdict": report["verdict"],
             "failures": report["failures"],
@@ -132,7 +168,7 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         }  # e.g. a batch-1 speedup too spread to judge
     except SpeclockError as err:
         smoke_code = err.exit_code
-        summary["stages"]["smoke"] = {"exit_code": smoke_code, "error": str(err)}
+        stages["smoke"] = {"exit_code": smoke_code, "error": str(err)}
         _log(f"smoke: {err}")
     codes.append(smoke_code)
 
@@ -144,7 +180,7 @@ def selfcheck(opts: SelfcheckOptions) -> int:
             )
             atomic_write_text(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
             print(table(result.checks))
-            summary["stages"]["gate"] = {
+            stages["gate"] = {
                 "exit_code": 0 if result.ok else 1,
                 "baseline": result.baseline,
                 "warnings": result.warnings,
@@ -153,27 +189,27 @@ def selfcheck(opts: SelfcheckOptions) -> int:
                 _log(f"gate: WARN: {w}")
             codes.append(0 if result.ok else 1)
         except SpeclockError as err:
-            summary["stages"]["gate"] = {"exit_code": err.exit_code, "error": str(err)}
+            stages["gate"] = {"exit_code": err.exit_code, "error": str(err)}
             codes.append(err.exit_code)
             _log(f"gate: {err}")
     if sign_key is not None and report_path.is_file():
         try:
             signed = sign_stage(report_path, sign_key, opts.smoke.stack)
-            summary["stages"]["attestation"] = {"exit_code": 0, **signed}
+            stages["attestation"] = {"exit_code": 0, **signed}
             _log(f"attestation: {signed['file']} (key {signed['keyid'][:16]}, subject {signed['subject']['name']})")
         except SpeclockError as err:
-            summary["stages"]["attestation"] = {"exit_code": err.exit_code, "error": str(err)}
+            stages["attestation"] = {"exit_code": err.exit_code, "error": str(err)}
             codes.append(err.exit_code)
             _log(f"attestation: {err}")
     final = _combine(codes)
     summary["verdict"] = "pass" if final == 0 else "fail"
     summary["exit_code"] = final
     atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
-    warned = bool((summary["stages"].get("gate") or {}).get("warnings") or (summary["stages"].get("smoke") or {}).get("warnings"))
+    warned = bool((stages.get("gate") or {}).get("warnings") or (stages.get("smoke") or {}).get("warnings"))
     summary["warnings"] = warned
     print(
         f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke {smoke_code}"
-        f"{', gate %d' % codes[2] if len(codes) > 2 else ''}); outputs in {out}"
+        f"{f', gate {codes[2]}' if len(codes) > 2 else ''}); outputs in {out}"
     )
     return final
 

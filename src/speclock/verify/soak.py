@@ -30,7 +30,8 @@ from speclock.core.files import atomic_write_text, os_error
 from speclock.engines import EngineConfig, get_engine, package_version, running
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
-from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
+from speclock.verify.report_types import SoakDoc, SoakDrift, SoakWindow
+from speclock.verify.smoke.inputs import SmokeInputs, SmokeOptions, add_smoke_arguments, resolve_inputs
 from speclock.verify.smoke.run import visible_arch
 
 SOAK_SCHEMA = "speclock.soak/v1"
@@ -54,7 +55,7 @@ def _log(msg: str) -> None:
     print(f"soak: {msg}", file=sys.stderr, flush=True)
 
 
-def drift_of(windows: list[dict[str, Any]]) -> dict[str, Any]:
+def drift_of(windows: list[SoakWindow]) -> SoakDrift:
     """Relative drop of mean acceptance length from the first window to the worst and to the last one."""
     if len(windows) < 2:
         return {"worst_drop": 0.0, "last_drop": 0.0, "worst_window": 0}
@@ -64,7 +65,7 @@ def drift_of(windows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"worst_drop": round(drops[worst], 5), "last_drop": round(drops[-1], 5), "worst_window": worst}
 
 
-def judge(windows: list[dict[str, Any]], max_drift: float, *, min_windows: int = 2) -> tuple[bool, list[str]]:
+def judge(windows: list[SoakWindow], max_drift: float, *, min_windows: int = 2) -> tuple[bool, list[str]]:
     failures = []
     if len(windows) < min_windows:
         failures.append(f"only {len(windows)} window(s) ran; a drift needs at least {min_windows} (raise --minutes)")
@@ -85,7 +86,7 @@ def judge(windows: list[dict[str, Any]], max_drift: float, *, min_windows: int =
     return not failures, failures
 
 
-def markdown(doc: dict[str, Any]) -> str:
+def markdown(doc: SoakDoc) -> str:
     lines = [
         f"### speclock soak: {doc['verdict'].upper()}: {doc['stack']} on {doc['engine']} "
         f"({len(doc['windows'])} windows in {doc['seconds']:.0f} s)",
@@ -112,8 +113,8 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def _judge_divergences(
-    inp,
-    windows: list[dict[str, Any]],
+    inp: SmokeInputs,
+    windows: list[SoakWindow],
     first: list[list[int]] | None,
     differing: dict[int, list[list[int]]],
     prompt_ids: list[list[int]],
@@ -121,13 +122,14 @@ def _judge_divergences(
     """Each window's `numeric_ties` and `mismatches` against the first window (speclock.verify.lossless)."""
     judge_fn = lossless.float32_judge(inp.target, log=_log) if differing else None
     for i, w in enumerate(windows):
-        c = lossless.compare(first, differing[i], prompt_ids, judge_fn) if i in differing else None
+        # a window differs only from a first window's outputs, so `first` is there whenever one does
+        c = lossless.compare(first, differing[i], prompt_ids, judge_fn) if first is not None and i in differing else None
         w["numeric_ties"], w["mismatches"] = (c["numeric_ties"], c["mismatches"]) if c else (0, 0)
         if c and c["first_mismatches"]:
             w["first_mismatches"] = c["first_mismatches"]
 
 
-def soak_engine_config(inp, arch: str | None = None) -> EngineConfig:
+def soak_engine_config(inp: SmokeInputs, arch: str | None = None) -> EngineConfig:
     """The drafted engine as smoke starts it: the GPU arch's settings (gpu.arch_settings) and engine.env."""
     arch = visible_arch(inp.stack) if arch is None else arch
     env = inp.stack.engine_env
@@ -136,7 +138,7 @@ def soak_engine_config(inp, arch: str | None = None) -> EngineConfig:
     )
 
 
-def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None = None) -> dict[str, Any]:
+def run_soak(inp: SmokeInputs, minutes: float, max_drift: float, *, max_windows: int | None = None) -> SoakDoc:
     """Start the engine with the drafter once; run windows until `minutes` have passed (at least two)."""
     # heavy, optional (transformers): imported only where it is used
     from transformers import AutoTokenizer
@@ -147,7 +149,7 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     engine = get_engine(inp.stack.engine["name"])
     config = soak_engine_config(inp)
     t0 = time.perf_counter()
-    windows: list[dict[str, Any]] = []
+    windows: list[SoakWindow] = []
     differing: dict[int, list[list[int]]] = {}  # window index -> outputs that differ from the first window's
     started = time.perf_counter()
     # `running` stops the engine on every exit; on Ctrl-C it kills what the engine started within ~2 s.
@@ -179,7 +181,16 @@ def run_soak(inp, minutes: float, max_drift: float, *, max_windows: int | None =
     }
 
 
-def _soak_windows(session, inp, prompt_ids, minutes, max_windows, windows, differing, started):
+def _soak_windows(
+    session: Any,
+    inp: SmokeInputs,
+    prompt_ids: list[list[int]],
+    minutes: float,
+    max_windows: int | None,
+    windows: list[SoakWindow],
+    differing: dict[int, list[list[int]]],
+    started: float,
+) -> tuple[str | None, list[list[int]] | None]:
     """Generate window after window into `windows`; returns (the engine's error (a finding) or None, the first
     window's outputs). Ctrl-C propagates (the caller's `running` kills the engine)."""
     first_outputs = None

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speclock.verify.checks import Check, warning
+from speclock.verify.plausibility import Bad
+from speclock.verify.report_types import Batch1, SmokeReport
 
 CPU_NOTE = (
     "measured on a CPU: with many requests at once verifying k + 1 tokens per step costs a CPU nearly k + 1 "
@@ -34,18 +37,18 @@ CPU_NOTE = (
 )
 
 
-def tok_s(runs: list[tuple[int, float]]) -> list[float]:
+def tok_s(runs: Sequence[tuple[float, float]]) -> list[float]:
     return [round(tokens / seconds, 2) if seconds > 0 else 0.0 for tokens, seconds in runs]
 
 
 def summarize_batch1(
-    before: list[tuple[int, float]],
-    spec: list[tuple[int, float]],
-    after: list[tuple[int, float]],
+    before: Sequence[tuple[float, float]],
+    spec: Sequence[tuple[float, float]],
+    after: Sequence[tuple[float, float]],
     *,
     prompts: int,
     max_tokens: int,
-) -> dict[str, Any]:
+) -> Batch1:
     """The report's `throughput.batch1` from (tokens, seconds) per repeat of each engine run."""
     b, s, a = tok_s(before), tok_s(spec), tok_s(after)
     plain = statistics.median(b + a)
@@ -83,11 +86,11 @@ _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
 }
 
 
-def check_batch1(data: dict[str, Any], bad) -> None:
+def check_batch1(data: SmokeReport, bad: Bad) -> None:
     """The batch-1 speed figures are the ones its own runs give (speclock.verify.speed.summarize_batch1), and the
     top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS."""
     tp = data["throughput"]
-    b1 = tp.get("batch1")
+    b1: Mapping[str, Any] | None = tp.get("batch1")  # read as untrusted: each key's type is checked here
     if not isinstance(b1, dict):
         if tp.get("measured_at") == "batch 1":
             raise bad("throughput.batch1", "missing, but throughput.measured_at says 'batch 1'")
@@ -98,7 +101,7 @@ def check_batch1(data: dict[str, Any], bad) -> None:
             raise bad(f"throughput.batch1.{key}", f"expected {' or '.join(k.__name__ for k in kinds)}, got {repr(value)[:40]}")
     if b1["repeats"] < 1 or b1["prompts"] < 1 or b1["max_tokens"] < 1:
         raise bad("throughput.batch1.repeats", "repeats, prompts and max_tokens must be at least 1")
-    runs = {}
+    runs: dict[str, list[tuple[float, float]]] = {}
     for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
         values = b1[key]
         if (
@@ -111,7 +114,7 @@ def check_batch1(data: dict[str, Any], bad) -> None:
                 f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, got {repr(values)[:80]}",
             )
         runs[key] = [(v, 1.0) for v in values]
-    want = summarize_batch1(
+    want: Mapping[str, Any] = summarize_batch1(
         runs["plain_before_tok_s"],
         runs["spec_tok_s"],
         runs["plain_after_tok_s"],
@@ -129,13 +132,14 @@ def check_batch1(data: dict[str, Any], bad) -> None:
         raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
 
 
-def batch1_of(report: dict[str, Any]) -> dict[str, Any] | None:
+def batch1_of(report: SmokeReport) -> Batch1 | None:
     """The report's batch-1 measurement, or None (not measured: speed_repeats 0, or a report from before)."""
-    b1 = (report.get("throughput") or {}).get("batch1")
+    tp = report.get("throughput")
+    b1 = tp.get("batch1") if tp else None
     return b1 if isinstance(b1, dict) and b1.get("speedup") is not None else None
 
 
-def _interval(b1: dict[str, Any]) -> str:
+def _interval(b1: Batch1) -> str:
     return (
         f"{b1['speedup']:.3f} (interval {b1['speedup_low']:.3f}-{b1['speedup_high']:.3f}, spread "
         f"{b1['spread'] or 0:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
@@ -144,7 +148,7 @@ def _interval(b1: dict[str, Any]) -> str:
 
 
 def speed_checks(
-    report: dict[str, Any], thresholds: dict[str, Any], baseline: dict[str, Any] | None, baseline_source: str = "the baseline"
+    report: SmokeReport, thresholds: dict[str, Any], baseline: SmokeReport | None, baseline_source: str = "the baseline"
 ) -> list[Check]:
     """The batch-1 speedup against smoke.thresholds.min_speedup, and against the baseline's (max_speedup_drop)."""
     checks: list[Check] = []
@@ -210,7 +214,14 @@ def speed_checks(
             )
         )
         return checks
-    unlike = [f"{key} {base[key]} vs {b1[key]}" for key in ("prompts", "max_tokens") if base.get(key) != b1.get(key)]
+    unlike = [
+        f"{key} {theirs} vs {mine}"
+        for key, theirs, mine in (
+            ("prompts", base.get("prompts"), b1.get("prompts")),
+            ("max_tokens", base.get("max_tokens"), b1.get("max_tokens")),
+        )
+        if theirs != mine
+    ]
     gpu_now, gpu_then = (report.get("gpu") or {}).get("name"), (baseline.get("gpu") or {}).get("name")
     if gpu_now != gpu_then:
         unlike.append(f"GPU {gpu_then or 'none'} vs {gpu_now or 'none'}")

@@ -3,6 +3,7 @@ drafter's manifest (looked up by key) or run live, and the report's reference se
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,13 @@ from speclock.drafter.models import DRAFT_MANIFEST, check_drafter_manifest, chec
 from speclock.drafter.models import target_sha256 as weights_sha256
 from speclock.drafter.reference import load_target, run_reference
 from speclock.spec.prompts import prompts_sha256
+from speclock.verify.report_types import Metrics, ReferenceKey, ReferenceSection
 from speclock.verify.smoke.inputs import SmokeInputs, log
 
 MANIFEST = DRAFT_MANIFEST
 
 
-def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
+def reference_key(inp: SmokeInputs, texts: list[str]) -> ReferenceKey:
     # Tensors only (config excluded): a drafter keeps its identity when only its config changes,
     # so a recorded reference still judges an engine that is fed the wrong layers.
 
@@ -34,7 +36,7 @@ def reference_key(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
 REFERENCE_KEY_FIELDS = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
 
 
-def lookup_recorded(manifest_path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+def lookup_recorded(manifest_path: Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
     """The recorded reference metrics for `key` in a drafter manifest, or None.
 
     Every record is checked first (speclock.drafter.models.check_reference_record): a record of the wrong
@@ -77,19 +79,20 @@ def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[st
 
 
 def reference_section(
-    inp: SmokeInputs, texts: list[str], prompt_ids: list[list[int]], engine_metrics: dict | None
-) -> dict[str, Any]:
+    inp: SmokeInputs, texts: list[str], prompt_ids: list[list[int]], engine_metrics: Metrics | None
+) -> ReferenceSection:
     key = reference_key(inp, texts)
-    section: dict[str, Any] = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": ""}
+    section: ReferenceSection = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": ""}
     if inp.reference == "off":
         section["note"] = "reference comparison turned off (--reference off)"
         return section
     metrics = lookup_recorded(inp.draft / MANIFEST, key)
     if metrics is not None:
-        section.update(status="recorded", metrics=metrics)
+        section["status"], section["metrics"] = "recorded", metrics
     elif inp.reference == "live":
         log(f"running the reference decoder live on {len(prompt_ids)} prompts (slow on a CPU)")
-        section.update(status="live", metrics=run_live_reference(inp, prompt_ids))
+        metrics = run_live_reference(inp, prompt_ids)
+        section["status"], section["metrics"] = "live", metrics
     else:
         section["note"] = (
             f"no reference recorded in {inp.draft / MANIFEST} for this (target, drafter, prompts, k, max_tokens); "
@@ -99,7 +102,7 @@ def reference_section(
     if engine_metrics is not None:
         ref_len = float(
             expect(
-                section["metrics"].get("mean_acceptance_length"),
+                metrics.get("mean_acceptance_length"),
                 float,
                 "reference metrics mean_acceptance_length",
                 path=inp.draft / MANIFEST,

@@ -10,7 +10,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
@@ -19,18 +19,64 @@ from speclock.drafter.models import config_architecture, read_model_config
 from speclock.drafter.models import target_sha256 as weights_sha256
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running, visible_arch
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
+from speclock.spec.stack import Stack
 from speclock.verify import lossless
 from speclock.verify.checks import failures_of, warnings_of
 from speclock.verify.gate import evaluate
-from speclock.verify.profiles import per_seed_summary
+from speclock.verify.profiles import Profile, per_seed_summary
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
+from speclock.verify.report_types import (
+    BackendRun,
+    Batch1,
+    Concurrent,
+    EngineInfo,
+    ImageIdentity,
+    LosslessSection,
+    Metrics,
+    ProfileRecord,
+    ReferenceKey,
+    ReferenceSection,
+    RunState,
+    SampledSection,
+    SeedMetrics,
+    SmokeReport,
+    Throughput,
+)
 from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.reference import reference_key, reference_section
 from speclock.verify.smoke.worker import WorkerSession, worker_session
 from speclock.verify.speed import CPU_NOTE, summarize_batch1
 
+# One generation pass of an engine: (outputs per prompt, seconds, counters as a delta around the pass).
+PassResult = tuple[list[list[int]], float, SpecCounters]
 
-def image_identity() -> dict[str, str]:
+
+class Measured(TypedDict):
+    """One speculative run's report sections (_measure): the first backend's become the report's."""
+
+    backend: str | None
+    captured_layers: list[int] | None
+    metrics: Metrics
+    concurrent: Concurrent
+    lossless: LosslessSection
+    sampled: NotRequired[SampledSection]
+
+
+def metrics_of(counters: SpecCounters) -> Metrics:
+    """The report's `metrics` object of a run's counters (SpecCounters.metrics, key for key)."""
+    m = counters.metrics()
+    return {
+        "num_drafts": m["num_drafts"],
+        "num_draft_tokens": m["num_draft_tokens"],
+        "num_accepted_tokens": m["num_accepted_tokens"],
+        "accepted_per_position": m["accepted_per_position"],
+        "acceptance_rate": m["acceptance_rate"],
+        "mean_acceptance_length": m["mean_acceptance_length"],
+        "acceptance_per_position": m["acceptance_per_position"],
+    }
+
+
+def image_identity() -> ImageIdentity:
     """{ref, digest} of the image we run in: env (set by `docker run -e`), else image.json, else the host."""
     info: dict[str, Any] = {}
     if in_image() and IMAGE.build_info.is_file():
@@ -44,7 +90,7 @@ def image_identity() -> dict[str, str]:
     return {"ref": str(ref), "digest": str(digest)}
 
 
-def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list[list[int]]) -> Path:
+def _plain_cache_file(cache: Path, inp: SmokeInputs, report: SmokeReport, prompt_ids: list[list[int]]) -> Path:
     """No-drafter outputs depend only on engine, settings, target, prompts and length: key them by all of those."""
 
     key = json.dumps(
@@ -58,7 +104,7 @@ def _plain_cache_file(inp: SmokeInputs, report: dict[str, Any], prompt_ids: list
         ],
         sort_keys=True,
     )
-    return inp.plain_cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def _engine(engine_name: str, config: EngineConfig, label: str):
@@ -89,8 +135,8 @@ def _generate(
     label: str,
     passes: list[dict[str, Any] | None],
     speed: bool,
-    report: dict[str, Any],
-):
+    report: SmokeReport,
+) -> tuple[list[PassResult], list[int] | None, list[tuple[int, float]]]:
     """Start one engine, warm up, generate once per pass (None = greedy, else {temperature, seed}) with counters as
     deltas around each pass, then (speed) the batch-1 runs; stop. Returns ([(outputs, seconds, counters) per pass],
     captured layers, [(tokens, seconds) per batch-1 run])."""
@@ -113,14 +159,14 @@ def _generate(
             report.setdefault("gpu", {}).update(session.gpu)
         log(f"{name} {label} ready in {time.perf_counter() - t0:.1f} s")
         _timed(session, prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
-        results = []
+        results: list[PassResult] = []
         for sampling in passes:
             before = session.counters()
             outputs, seconds = _timed(session, prompt_ids, inp.max_tokens, sampling)
             results.append((outputs, seconds, session.counters() - before))
             which = f" (pass {len(results)} of {len(passes)}, {sampling})" if sampling else ""
             log(f"{label}{which}: {len(prompt_ids)} prompts, {sum(map(len, outputs))} tokens in {seconds:.1f} s")
-        runs = []
+        runs: list[tuple[int, float]] = []
         for _ in range(inp.speed_repeats if speed else 0):
             outputs, seconds = _timed(session, prompt_ids[: inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
             runs.append((sum(map(len, outputs)), seconds))
@@ -133,7 +179,7 @@ def _generate(
     return results, captured, runs
 
 
-def sampling_passes(profile) -> list[dict[str, Any] | None]:
+def sampling_passes(profile: Profile | None) -> list[dict[str, Any] | None]:
     """One greedy pass, or one {temperature, seed} pass per seed of a sampled profile."""
     if profile is None or not profile.sampled:
         return [None]
@@ -142,7 +188,7 @@ def sampling_passes(profile) -> list[dict[str, Any] | None]:
     return [{"temperature": profile.temperature, "seed": seed} for seed in profile.seeds]
 
 
-def backend_variants(stack, settings: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+def backend_variants(stack: Stack, settings: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
     """(backend name, engine settings) per attention backend the stack lists (smoke.attention_backends, merged
     into the settings under smoke.attention_backend_setting); [(None, settings)] when it lists none."""
     names = list(stack.smoke.get("attention_backends") or [])
@@ -169,33 +215,34 @@ def read_plain_cache(cache_file: Path, n_prompts: int) -> tuple[list[list[int]],
     return outputs, float(seconds)
 
 
-def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
+def skeleton(inp: SmokeInputs, texts: list[str]) -> SmokeReport:
     """The report with everything known before the engine runs (what a failed run still reports)."""
     tcfg = read_model_config(inp.target, what="target")
     n_layers = int(tcfg.get("num_hidden_layers") or 0)
     ids, ids_source = aux_layer_ids(inp.draft, n_layers)
     engine = inp.stack.engine
+    engine_info: EngineInfo = {
+        "name": engine["name"],
+        "package": engine["package"],
+        "version": package_version(engine["package"]),
+        "pinned_version": engine["version"],
+        "mode": "server" if inp.server_url else "offline",
+    }
+    if inp.server_url:  # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
+        engine_info["concurrency"] = inp.concurrency
     return {
         "schema": SCHEMA_ID,
         "stack": inp.stack.name,
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "image": image_identity(),
-        "engine": {
-            "name": engine["name"],
-            "package": engine["package"],
-            "version": package_version(engine["package"]),
-            "pinned_version": engine["version"],
-            "mode": "server" if inp.server_url else "offline",
-            # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
-            **({"concurrency": inp.concurrency} if inp.server_url else {}),
-        },
+        "engine": engine_info,
         "target": {"path": str(inp.target), "arch": config_architecture(tcfg) or "?", "num_layers": n_layers},
         "draft": {"path": str(inp.draft), "aux_layer_ids": ids, "aux_layer_ids_source": ids_source, "captured_layers": None},
         "num_speculative_tokens": inp.k,
         "max_tokens": inp.max_tokens,
         "profile": _profile_record(inp),
         "prompts": {"source": str(inp.prompts_file), "count": len(texts)},
-        "metrics": SpecCounters().metrics(),
+        "metrics": metrics_of(SpecCounters()),
         "throughput": {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None},
         "lossless": {"checked": 0, "mismatches": 0, "first_mismatches": []},
         "reference": None,
@@ -206,15 +253,25 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> dict[str, Any]:
     }
 
 
-def _profile_record(inp: SmokeInputs) -> dict[str, Any]:
+def _profile_record(inp: SmokeInputs) -> ProfileRecord:
     if inp.profile is None:
         return {"name": "quick"}
     rec = inp.profile.describe()
-    rec.update(num_prompts=inp.num_prompts, max_tokens=inp.max_tokens)  # what ran (flags may shorten it)
+    rec["num_prompts"], rec["max_tokens"] = inp.num_prompts, inp.max_tokens  # what ran (flags may shorten it)
     return rec
 
 
-def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, plain, plain_s, prompt_ids, run) -> dict[str, Any]:
+def _measure(
+    inp: SmokeInputs,
+    backend: str | None,
+    passes: list[dict[str, Any] | None],
+    results: list[PassResult],
+    captured: list[int] | None,
+    plain: list[list[int]],
+    plain_s: float,
+    prompt_ids: list[list[int]],
+    run: RunState,
+) -> Measured:
     """One speculative run's report sections: counters pooled over its passes (seeds), per-seed spread, throughput,
     and lossless (greedy: token for token against the plain run; sampled: not checkable token by token)."""
     pooled = results[0][2]
@@ -225,30 +282,29 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
     base_tps, spec_tps = sum(map(len, plain)) / plain_s, spec_tokens / spec_s
     # all prompts at once (offline: one batch; a server: --concurrency in flight); the judged speedup is batch 1's
     requests = inp.concurrency if inp.server_url else len(prompt_ids)
-    out: dict[str, Any] = {
-        "backend": backend,
-        "captured_layers": captured,
-        "metrics": pooled.metrics(),
-        "concurrent": {
-            "requests": requests,
-            "baseline_tok_s": round(base_tps, 2),
-            "spec_tok_s": round(spec_tps, 2),
-            "speedup": round(spec_tps / base_tps, 4),
-            "baseline_s": round(plain_s, 3),
-            "spec_s": round(spec_s, 3),
-        },
+    concurrent: Concurrent = {
+        "requests": requests,
+        "baseline_tok_s": round(base_tps, 2),
+        "spec_tok_s": round(spec_tps, 2),
+        "speedup": round(spec_tps / base_tps, 4),
+        "baseline_s": round(plain_s, 3),
+        "spec_s": round(spec_s, 3),
     }
-    if passes[0] is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
+    first_pass = passes[0]
+    if first_pass is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
         seeds = list(inp.profile.seeds) if inp.profile else list(range(len(passes)))
-        per_seed = [dict(seed=seed, **delta.metrics()) for seed, (_, _, delta) in zip(seeds, results)]
-        out["sampled"] = {
-            "temperature": passes[0]["temperature"],
+        # one pass per seed (sampling_passes), one result per pass
+        per_seed: list[SeedMetrics] = [
+            {"seed": seed, **metrics_of(delta)} for seed, (_, _, delta) in zip(seeds, results, strict=True)
+        ]
+        sampled: SampledSection = {
+            "temperature": first_pass["temperature"],
             "seeds": seeds,
-            "per_request_seed": "seed" in passes[0],
+            "per_request_seed": "seed" in first_pass,
             "per_seed": per_seed,
             "spread": per_seed_summary(per_seed),
         }
-        out["lossless"] = {
+        sampled_lossless: LosslessSection = {
             "checked": 0,
             "mismatches": 0,
             "mode": "sampled",
@@ -257,22 +313,43 @@ def _measure(inp: SmokeInputs, backend: str | None, passes, results, captured, p
             "and this profile's acceptance is gated two-sided against a sampled baseline (a "
             "rejection sampler that rejects too often drops it, one that accepts too much raises it)",
         }
-        return out
+        return {
+            "backend": backend,
+            "captured_layers": captured,
+            "metrics": metrics_of(pooled),
+            "concurrent": concurrent,
+            "sampled": sampled,
+            "lossless": sampled_lossless,
+        }
     spec = results[0][0]
-    judge = None
+    judge: lossless.Judge | None = None
     if plain != spec:  # the float32 judge loads the target: only when something diverged
         run["stage"] = "lossless (judging divergences)"
         judge = lossless.float32_judge(inp.target, log=log)
-    out["lossless"] = lossless.compare(plain, spec, prompt_ids, judge)
-    if out["lossless"]["numeric_ties"]:
+    compared = lossless.compare(plain, spec, prompt_ids, judge)
+    if compared["numeric_ties"]:
         log(
-            f"lossless: {out['lossless']['numeric_ties']} prompt(s) part at numeric ties of the target "
-            f"(float32 margin <= tie limit), {out['lossless']['mismatches']} real mismatch(es)"
+            f"lossless: {compared['numeric_ties']} prompt(s) part at numeric ties of the target "
+            f"(float32 margin <= tie limit), {compared['mismatches']} real mismatch(es)"
         )
-    return out
+    return {
+        "backend": backend,
+        "captured_layers": captured,
+        "metrics": metrics_of(pooled),
+        "concurrent": concurrent,
+        "lossless": compared,
+    }
 
 
-def _throughput(batch1: dict[str, Any] | None, concurrent: dict[str, Any]) -> dict[str, Any]:
+def _backend_run(name: str, measured: Measured) -> BackendRun:
+    """An `attention_backends` entry: the backend's name and its run's sections."""
+    entry: BackendRun = {"backend": name, "metrics": measured["metrics"], "lossless": measured["lossless"]}
+    if "sampled" in measured:
+        entry["sampled"] = measured["sampled"]
+    return entry
+
+
+def _throughput(batch1: Batch1 | None, concurrent: Concurrent) -> Throughput:
     """The report's throughput: the contract's keys hold the batch-1 figures (None when not measured)."""
     if batch1 is None:
         return {
@@ -293,7 +370,7 @@ def _throughput(batch1: dict[str, Any] | None, concurrent: dict[str, Any]) -> di
     }
 
 
-def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
+def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
     """Run the smoke test; return (report, exit code). The report is written to inp.out_dir/report.json."""
     t_start = time.perf_counter()
     texts = load_prompts(inp.prompts_file)
@@ -316,14 +393,14 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
                 f"the engine package {report['engine']['package']} is not installed here",
                 hint="run inside the image, or install the stack's engine in this environment",
             )
-        engine = get_engine(inp.stack.engine["name"])
+        get_engine(inp.stack.engine["name"])  # an unknown engine is bad input before anything runs
         arch = visible_arch(inp.stack)
         settings = inp.stack.engine_settings_for(arch)  # e.g. a Blackwell attention backend
         report.setdefault("gpu", {})["arch"] = arch
         run["stage"] = "plain (no drafter)"
         env = inp.stack.engine_env
         plain_cfg = EngineConfig(inp.target, None, inp.k, settings, inp.plain_server_url, env, concurrency=inp.concurrency)
-        cache_file = _plain_cache_file(inp, report, prompt_ids) if inp.plain_cache else None
+        cache_file = _plain_cache_file(inp.plain_cache, inp, report, prompt_ids) if inp.plain_cache else None
         cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
         speed = inp.speed_repeats > 0
         before: list[tuple[int, float]] = []
@@ -342,7 +419,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
                         atomic_write_text(cache_file, json.dumps({"outputs": plain, "seconds": plain_s}))
                     except OSError as err:
                         raise os_error(err, cache_file, "write the plain-output cache") from None
-        backends = []
+        backends: list[Measured] = []
         for backend, backend_settings in backend_variants(inp.stack, settings):
             run["stage"] = "speculative (with drafter)" + (f", attention backend {backend}" if backend else "")
             spec_cfg = EngineConfig(
@@ -382,16 +459,13 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         if not inp.stack.is_gpu:
             report["throughput"]["note"] = CPU_NOTE
         first = backends[0]
-        for key in ("metrics", "lossless"):
-            report[key] = first[key]
+        report["metrics"], report["lossless"] = first["metrics"], first["lossless"]
         report["draft"]["captured_layers"] = first["captured_layers"]
         if first.get("sampled"):
             report["sampled"] = first["sampled"]
-        if backends[0]["backend"] is not None:
-            report["attention_backends"] = [
-                {k: b[k] for k in ("backend", "metrics", "lossless", "sampled") if k in b} for b in backends
-            ]
-        run.update(completed=True, stage="done")
+        if first["backend"] is not None:  # the stack lists attention backends: every variant has a name
+            report["attention_backends"] = [_backend_run(b["backend"], b) for b in backends if b["backend"] is not None]
+        run["completed"], run["stage"] = True, "done"
         code = 0
     except (BadInput, EnvironmentProblem) as err:
         run["error"] = str(err)
@@ -401,10 +475,11 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
         log("engine failure:\n" + traceback.format_exc(limit=6))
         code = 1
     reference_error = None
+    reference: ReferenceSection
     try:
         if inp.profile is not None and inp.profile.sampled:
             # the reference decoder is greedy: its acceptance says nothing about a sampled run's
-            report["reference"] = {
+            reference = {
                 "status": "not computed",
                 "key": reference_key(inp, texts),
                 "metrics": None,
@@ -413,17 +488,18 @@ def run_smoke(inp: SmokeInputs) -> tuple[dict[str, Any], int]:
                 "are compared in the quick and full profiles only",
             }
         else:
-            report["reference"] = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
+            reference = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
     except (BadInput, EnvironmentProblem) as err:
         try:  # keep the key: without it the report cannot be matched to a baseline's drafter
-            key = reference_key(inp, texts)
+            ref_key: ReferenceKey | None = reference_key(inp, texts)
         except (BadInput, EnvironmentProblem):
-            key = None
-        report["reference"] = {"status": "not computed", "key": key, "metrics": None, "gap": None, "note": str(err)}
+            ref_key = None
+        reference = {"status": "not computed", "key": ref_key, "metrics": None, "gap": None, "note": str(err)}
         if isinstance(err, BadInput):  # a damaged recorded reference is bad input, never a silent "no reference"
             reference_error = err
-    if report["reference"].get("note"):
-        log(f"reference: {report['reference']['note']}")
+    report["reference"] = reference
+    if reference.get("note"):
+        log(f"reference: {reference['note']}")
     checks = evaluate(report, inp.thresholds)
     failures = failures_of(checks)
     report["warnings"] = warnings_of(checks)  # e.g. a batch-1 speedup whose interval straddles min_speedup

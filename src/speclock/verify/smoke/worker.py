@@ -33,6 +33,7 @@ from typing import IO, Any
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.layout import cache_dir
 from speclock.engines import EngineConfig, SpecCounters, get_engine, kill_processes, running
+from speclock.verify.report_types import GpuInfo
 
 LAST_LINES = 12  # stderr lines of a dead worker quoted in the failure
 STOP_WAIT_S = 60.0  # an engine's own shutdown (vLLM joins its engine core); then the worker is killed
@@ -56,7 +57,7 @@ def _config_from(doc: dict[str, Any]) -> EngineConfig:
     return EngineConfig(**doc)
 
 
-def gpu_info() -> dict[str, str] | None:
+def gpu_info() -> GpuInfo | None:
     """Name, driver and CUDA version of the visible GPU (in the engine's process); None without one."""
     try:
         # heavy, optional (torch): imported only where it is used
@@ -64,7 +65,7 @@ def gpu_info() -> dict[str, str] | None:
 
         if not torch.cuda.is_available():
             return None
-        info = {"name": torch.cuda.get_device_name(0), "cuda": str(torch.version.cuda or "")}
+        info: GpuInfo = {"name": torch.cuda.get_device_name(0), "cuda": str(torch.version.cuda or "")}
     except Exception:
         return None
     try:
@@ -140,7 +141,7 @@ def _generate(session, cmd: dict[str, Any], sampling_ok: bool) -> dict[str, Any]
 
 def _error(err: BaseException) -> dict[str, Any]:
     message = err.message if isinstance(err, SpeclockError) else str(err)
-    doc = {
+    doc: dict[str, Any] = {
         "error": message or type(err).__name__,
         "kind": type(err).__name__,
         "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=8)),
@@ -200,7 +201,8 @@ class WorkerSession:
     def __init__(self, engine_name: str, config: EngineConfig, label: str):
         self.engine_name, self.config, self.label = engine_name, config, label
         self.last_seconds = 0.0
-        self.gpu: dict[str, str] | None = None
+        self.gpu: GpuInfo | None = None
+        self.sampling = False  # whether the engine adapter takes sampling parameters (the worker says when ready)
         self._tail: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
         env = worker_env(os.environ)
         self.proc = subprocess.Popen(
@@ -314,7 +316,7 @@ class worker_session:
             self.session.stop(interrupted=not isinstance(err, Exception))
             raise
         self.session.gpu = ready.get("gpu")
-        self.session.sampling = bool(ready.get("sampling"))  # type: ignore[attr-defined]
+        self.session.sampling = bool(ready.get("sampling"))
         return self.session
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -1,0 +1,311 @@
+"""The typed shapes of the JSON documents verify writes and reads: the smoke report (`speclock.smoke/v1`,
+docs/smoke.md), the gate's result and the soak's result (`speclock.soak/v1`).
+
+These are the documents as JSON on disk: TypedDicts, so code indexes them with ["key"] as before and the
+files keep their format. A key `speclock smoke` always writes but an older report may lack is NotRequired
+(speclock.verify.report: REQUIRED and OPTIONAL are the contract; validate_report checks a document before it
+is treated as a SmokeReport).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class ImageIdentity(TypedDict):
+    ref: str
+    digest: str
+
+
+class EngineInfo(TypedDict):
+    name: str
+    version: str  # "" when the engine package is not installed
+    package: NotRequired[str]
+    pinned_version: NotRequired[str]
+    mode: NotRequired[str]  # offline | server
+    concurrency: NotRequired[int]  # server mode: requests in flight at once
+
+
+class TargetInfo(TypedDict):
+    path: str
+    arch: str
+    num_layers: NotRequired[int]
+
+
+class DraftInfo(TypedDict):
+    path: str
+    aux_layer_ids: list[int]
+    captured_layers: list[int] | None
+    aux_layer_ids_source: NotRequired[str]
+
+
+class PromptsInfo(TypedDict):
+    source: str
+    count: int
+
+
+class Metrics(TypedDict):
+    """The counters of a run (speclock.drafter.counters.SpecCounters.metrics) and the rates derived from them."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]
+    acceptance_rate: float
+    mean_acceptance_length: float
+    acceptance_per_position: NotRequired[list[float]]
+
+
+class SeedMetrics(Metrics):
+    """One seed's counters in a sampled run (`sampled.per_seed`)."""
+
+    seed: int
+
+
+class Spread(TypedDict):
+    """Mean, sample standard deviation, range and 95% interval of the mean (speclock.verify.profiles.spread)."""
+
+    n: int
+    mean: float
+    stdev: float
+    min: float | None
+    max: float | None
+    ci95: list[float] | None
+
+
+class SeedSpread(TypedDict):
+    mean_acceptance_length: Spread
+    acceptance_per_position: list[Spread]
+
+
+class SampledSection(TypedDict):
+    temperature: float
+    seeds: list[int]
+    per_request_seed: bool
+    per_seed: list[SeedMetrics]
+    spread: SeedSpread
+
+
+class Divergence(TypedDict):
+    """Where a prompt's plain and speculative outputs first part (speclock.verify.lossless)."""
+
+    prompt: int
+    position: int
+    plain: list[int]
+    spec: list[int]
+    # added by the float32 judge
+    margin: NotRequired[float]
+    float32_argmax: NotRequired[int]
+    tie: NotRequired[bool]
+
+
+class TieJudgement(TypedDict):
+    """The float32 judge's verdict on one divergence (speclock.verify.lossless.float32_judge)."""
+
+    margin: float
+    float32_argmax: int
+    tie: bool
+
+
+class LosslessSection(TypedDict):
+    checked: int
+    mismatches: int
+    numeric_ties: NotRequired[int]
+    tie_check: NotRequired[str]
+    first_mismatches: NotRequired[list[Divergence]]
+    first_ties: NotRequired[list[Divergence]]
+    mode: NotRequired[str]  # greedy (the default) | sampled
+    note: NotRequired[str]
+    plain_from: NotRequired[str]  # the plain-output cache the no-drafter outputs came from
+
+
+class Batch1(TypedDict):
+    """`throughput.batch1`: the batch-1 speed (speclock.verify.speed.summarize_batch1)."""
+
+    prompts: int
+    max_tokens: int
+    repeats: int
+    plain_before_tok_s: list[float]
+    spec_tok_s: list[float]
+    plain_after_tok_s: list[float]
+    plain_tok_s_median: float
+    spec_tok_s_median: float
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    spread: float | None
+
+
+class Concurrent(TypedDict):
+    """`throughput.concurrent`: all prompts at once (offline: one batch; a server: --concurrency in flight)."""
+
+    requests: int
+    baseline_tok_s: float
+    spec_tok_s: float
+    speedup: float
+    baseline_s: float
+    spec_s: float
+
+
+class Throughput(TypedDict):
+    baseline_tok_s: float | None
+    spec_tok_s: float | None
+    speedup: float | None
+    measured_at: NotRequired[str | None]  # "batch 1" when the keys above hold batch1's figures
+    batch1: NotRequired[Batch1 | None]
+    concurrent: NotRequired[Concurrent]
+    note: NotRequired[str]
+
+
+class ReferenceKey(TypedDict):
+    target_sha256: str
+    drafter_sha256: str
+    prompts_sha256: str
+    num_prompts: int
+    k: int
+    max_tokens: int
+
+
+class ReferenceSection(TypedDict):
+    status: str  # recorded | live | not computed
+    key: ReferenceKey | None
+    metrics: dict[str, Any] | None  # the reference decoder's counters (as recorded in the drafter's manifest)
+    gap: float | None
+    note: str
+
+
+class RunState(TypedDict, total=False):
+    completed: bool
+    stage: str
+    error: str | None
+    seconds: float | None
+
+
+class GpuInfo(TypedDict, total=False):
+    name: str
+    driver: str
+    cuda: str
+    arch: str | None
+
+
+class ProfileRecord(TypedDict):
+    """The smoke profile as a report records it (speclock.verify.profiles.Profile.describe); `{"name": "quick"}`
+    alone where no profile was resolved."""
+
+    name: str
+    num_prompts: NotRequired[int]
+    max_tokens: NotRequired[int]
+    temperature: NotRequired[float]
+    seeds: NotRequired[list[int]]
+    max_mean_drift: NotRequired[float | None]
+    max_position_drift: NotRequired[float | list[float]]
+    two_sided: NotRequired[bool]
+    position_drift: NotRequired[bool]
+    per_request_seed: NotRequired[bool]
+
+
+class BackendRun(TypedDict):
+    """One attention backend's run (`attention_backends[i]`)."""
+
+    backend: str
+    metrics: Metrics
+    lossless: NotRequired[LosslessSection]
+    sampled: NotRequired[SampledSection]
+
+
+class SmokeReport(TypedDict):
+    """`report.json` (schema speclock.smoke/v1): what `speclock smoke` writes and `speclock gate` reads."""
+
+    schema: str
+    stack: str
+    image: ImageIdentity
+    engine: EngineInfo
+    target: TargetInfo
+    draft: DraftInfo
+    num_speculative_tokens: int
+    prompts: PromptsInfo
+    metrics: Metrics
+    throughput: Throughput
+    lossless: LosslessSection
+    verdict: str  # pass | fail
+    failures: list[str]
+    created: NotRequired[str]
+    max_tokens: NotRequired[int]
+    profile: NotRequired[ProfileRecord]
+    reference: NotRequired[ReferenceSection | None]
+    thresholds: NotRequired[dict[str, Any]]  # the stack's smoke.thresholds the run was judged by
+    run: NotRequired[RunState]
+    warnings: NotRequired[list[str]]
+    gpu: NotRequired[GpuInfo]
+    sampled: NotRequired[SampledSection]
+    attention_backends: NotRequired[list[BackendRun]]
+
+
+# ---------------------------------------------------------------- the gate's result (gate.json)
+
+
+class CheckRecord(TypedDict):
+    """One gate check as JSON (speclock.verify.checks.Check.to_json)."""
+
+    name: str
+    ok: bool
+    value: Any
+    limit: str
+    kind: str
+    detail: str
+    warn: bool
+    status: str  # PASS | WARN | FAIL
+
+
+class GateRecord(TypedDict):
+    """gate.json, `speclock gate --json` (speclock.verify.gate.GateResult.to_json)."""
+
+    verdict: str
+    baseline: str | None
+    warnings: list[str]
+    checks: list[CheckRecord]
+    failures: list[str]
+
+
+# ---------------------------------------------------------------- the soak's result (soak.json)
+
+
+class SoakWindow(TypedDict):
+    """One window of a soak; `speclock soak` writes every key, a reader checks the required ones."""
+
+    t_start_s: float
+    mean_acceptance_length: float
+    acceptance_rate: float
+    tok_s: float
+    seconds: NotRequired[float]
+    per_position: NotRequired[list[float]]
+    num_drafts: NotRequired[int]
+    outputs_same: NotRequired[bool]
+    numeric_ties: NotRequired[int]
+    mismatches: NotRequired[int]
+    first_mismatches: NotRequired[list[Divergence]]
+
+
+class SoakDrift(TypedDict):
+    worst_drop: float
+    last_drop: float
+    worst_window: int
+
+
+class SoakDoc(TypedDict):
+    """soak.json (schema speclock.soak/v1), written by `speclock soak` with every key. The required keys are the
+    ones a reader checks (speclock.upgrade.soak.read_soak); the others it reads with .get."""
+
+    schema: str
+    verdict: str  # pass | fail
+    failures: list[str]
+    windows: list[SoakWindow]
+    drift: SoakDrift
+    seconds: float
+    stack: NotRequired[str]
+    engine: NotRequired[str]
+    minutes: NotRequired[float]
+    max_drift: NotRequired[float]
+    prompts: NotRequired[int]
+    max_tokens: NotRequired[int]
+    num_speculative_tokens: NotRequired[int]
