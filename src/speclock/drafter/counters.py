@@ -44,7 +44,7 @@ class SpecCounters:
             self.num_drafts + sign * other.num_drafts,
             self.num_draft_tokens + sign * other.num_draft_tokens,
             self.num_accepted_tokens + sign * other.num_accepted_tokens,
-            tuple(x + sign * y for x, y in zip(a, b)),
+            tuple(x + sign * y for x, y in zip(a, b, strict=True)),  # both padded to n above
         )
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
@@ -76,14 +76,15 @@ class SpecCounters:
         return {**self._rates(), "per_position_rate": self.per_position()}
 
 
-def check_counters(m: dict) -> None:
+def check_counters(m: dict[str, Any]) -> None:
     """Internal consistency of a counters dict; raises BadInput naming the broken relation."""
     k = len(m["accepted_per_position"])
     if m["num_draft_tokens"] != k * m["num_drafts"]:
         raise BadInput(f"counters: num_draft_tokens {m['num_draft_tokens']} != k*num_drafts {k}*{m['num_drafts']}")
     if sum(m["accepted_per_position"]) != m["num_accepted_tokens"]:
         raise BadInput("counters: accepted_per_position does not sum to num_accepted_tokens")
-    if any(a < b for a, b in zip(m["accepted_per_position"], m["accepted_per_position"][1:])):
+    # neighbours: the list against itself shifted by one (one shorter)
+    if any(a < b for a, b in zip(m["accepted_per_position"], m["accepted_per_position"][1:], strict=False)):
         raise BadInput("counters: accepted_per_position must not increase (a chain accepts a prefix)")
     if m["accepted_per_position"] and m["accepted_per_position"][0] > m["num_drafts"]:
         raise BadInput("counters: more first-position accepts than drafts")

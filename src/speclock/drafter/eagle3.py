@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +40,11 @@ class DrafterConfig:
     num_aux: int = 3
 
     @classmethod
-    def from_target(cls, tcfg, draft_vocab_size: int) -> DrafterConfig:
+    def from_target(cls, tcfg: Any, draft_vocab_size: int) -> DrafterConfig:
         rope = getattr(tcfg, "rope_parameters", None) or {}
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-        theta = theta or getattr(tcfg, "rope_theta", 10000.0)
+        # A rope_theta that is there but null means the default, as a missing one does.
+        theta = theta or getattr(tcfg, "rope_theta", None) or 10000.0
         heads = tcfg.num_attention_heads
         return cls(
             hidden_size=tcfg.hidden_size,
@@ -57,7 +59,7 @@ class DrafterConfig:
             max_position_embeddings=getattr(tcfg, "max_position_embeddings", 8192),
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -161,11 +163,16 @@ class DraftCache:
         return 0 if self.k is None else self.k.shape[2]
 
     def crop(self, n: int) -> None:
-        if self.k is not None:
+        if self.k is not None and self.v is not None:  # set together by forward_incremental
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
 
 
 class Eagle3Drafter(nn.Module):
+    # Buffers (register_buffer): declared so that they read as tensors, not as nn.Module.__getattr__'s union.
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    embed_tokens: torch.Tensor
+
     def __init__(self, c: DrafterConfig):
         super().__init__()
         self.config = c

@@ -7,12 +7,53 @@ Written by train/export (training makes drafters); read by verify/ (smoke) and t
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, expect, read_json
 from speclock.drafter.models import DRAFT_MANIFEST, read_drafter_manifest, target_sha256
 from speclock.spec.prompts import prompts_sha256
+
+if TYPE_CHECKING:
+    from speclock.drafter.eagle3 import Eagle3Drafter  # imports torch
+
+
+# --- the manifest as train/export writes it (drafter.models.check_drafter_manifest checks what is read back) ---
+class ManifestTarget(TypedDict):
+    name: str
+    sha256: str
+    sha256_of: str
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+
+
+class ReferenceKey(TypedDict):
+    """What a recorded reference result was measured on: equal keys, comparable results."""
+
+    target_sha256: str
+    drafter_sha256: str
+    prompts_sha256: str
+    num_prompts: int
+    k: int
+    max_tokens: int
+
+
+class DrafterManifest(TypedDict):
+    schema: str
+    target: ManifestTarget
+    aux_layers_after: list[int]
+    aux_layers_meaning: str
+    engine_layer_ids: dict[str, list[int]]
+    draft_vocab_size: int
+    data: dict[str, Any]
+    training: dict[str, Any]
+    reference: list[dict[str, Any]]  # {"key": ReferenceKey, "metrics": {...}, "run"?: {...}}
+    drafter_sha256: NotRequired[str]  # added per folder, over that folder's tensors
 
 
 def drafter_sha256(folder: Path) -> str:
@@ -21,10 +62,10 @@ def drafter_sha256(folder: Path) -> str:
 
 
 # --- manifest: matching the target, reference records (read and checked by drafter.models) -----
-def check_manifest_matches_target(manifest: dict, target_dir: Path, target_config=None) -> None:
+def check_manifest_matches_target(manifest: Mapping[str, Any], target_dir: Path, target_config: Any = None) -> None:
     """The drafter was trained on this target: same weights hash and shape; raises CheckFailed if not."""
-    t = manifest.get("target")
-    missing = [k for k in ("name", "sha256", "num_hidden_layers", "hidden_size", "vocab_size") if k not in (t or {})]
+    t = manifest.get("target") or {}
+    missing = [k for k in ("name", "sha256", "num_hidden_layers", "hidden_size", "vocab_size") if k not in t]
     if missing:
         raise BadInput(
             f"the drafter manifest has no target {', '.join(missing)} (key 'target')",
@@ -43,7 +84,7 @@ def check_manifest_matches_target(manifest: dict, target_dir: Path, target_confi
                 raise CheckFailed(f"drafter manifest says target {key}={t[key]}, {target_dir} has {getattr(target_config, key)}")
 
 
-def reference_key(target_sha: str, drafter_sha: str, prompts: list[str], k: int, max_tokens: int) -> dict:
+def reference_key(target_sha: str, drafter_sha: str, prompts: list[str], k: int, max_tokens: int) -> ReferenceKey:
     return {
         "target_sha256": target_sha,
         "drafter_sha256": drafter_sha,
@@ -54,7 +95,7 @@ def reference_key(target_sha: str, drafter_sha: str, prompts: list[str], k: int,
     }
 
 
-def lookup_reference(manifest: dict, key: dict) -> dict | None:
+def lookup_reference(manifest: Mapping[str, Any], key: Mapping[str, Any]) -> dict[str, Any] | None:
     """The recorded reference-decoder metrics for exactly this key, or None."""
     fields = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
     records = manifest.get("reference", [])
@@ -70,12 +111,14 @@ def lookup_reference(manifest: dict, key: dict) -> dict | None:
     return None
 
 
-def record_reference(folder: Path, key: dict, metrics: dict, extra: dict | None = None) -> dict:
+def record_reference(
+    folder: str | os.PathLike, key: ReferenceKey, metrics: dict[str, Any], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Add or replace the record for `key` in the folder's manifest (atomic rewrite)."""
     m = read_drafter_manifest(folder, required=True, strict_schema=True)
     fields = ("target_sha256", "drafter_sha256", "prompts_sha256", "num_prompts", "k", "max_tokens")
     m["reference"] = [r for r in m.get("reference", []) if not all(r.get("key", {}).get(f) == key.get(f) for f in fields)]
-    rec = {"key": key, "metrics": metrics}
+    rec: dict[str, Any] = {"key": key, "metrics": metrics}
     if extra:
         rec.update(extra)
     m["reference"].append(rec)
@@ -83,7 +126,9 @@ def record_reference(folder: Path, key: dict, metrics: dict, extra: dict | None 
     return m
 
 
-def load_drafter(folder: Path, target, device: str = "cpu", check_target_dir: Path | None = None):
+def load_drafter(
+    folder: str | os.PathLike, target: Any, device: str = "cpu", check_target_dir: Path | None = None
+) -> tuple[Eagle3Drafter, dict[str, Any]]:
     """An Eagle3Drafter from an exported folder, with the target's embeddings; (drafter, manifest)."""
     from safetensors.torch import load_file  # heavy: optional dependency (with torch)
 

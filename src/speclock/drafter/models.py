@@ -22,6 +22,7 @@ import os
 import struct
 import sys
 from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, confined, expect, json_type, os_error, read_json
@@ -155,7 +156,11 @@ def layer_ids(value, where: str, *, path, hint: str | None = None) -> list[int]:
     return list(value)
 
 
-def _optional(data: dict, key: str, types, where: str, path, hint: str) -> object:
+_T = TypeVar("_T")
+
+
+def _optional(data: dict[str, Any], key: str, types: type[_T], where: str, path: str | os.PathLike, hint: str) -> _T | None:
+    """data[key], checked by expect to be a `types`; None when absent or null."""
     value = data.get(key)
     if value is not None:
         expect(value, types, where, path=path, hint=hint)
@@ -337,16 +342,11 @@ def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> 
     if (schema is not None or strict_schema) and schema != MANIFEST_SCHEMA:
         raise BadInput(f"{path}: key 'schema' is {schema!r}, expected {MANIFEST_SCHEMA!r}", hint=_MANIFEST_HINT)
     target = _optional(data, "target", dict, "target", path, _MANIFEST_HINT)
-    for key, typ in (
-        ("name", str),
-        ("architecture", str),
-        ("sha256", str),
-        ("num_hidden_layers", int),
-        ("hidden_size", int),
-        ("vocab_size", int),
-    ):
-        n = _optional(target or {}, key, typ, f"target.{key}", path, _MANIFEST_HINT)
-        if typ is int and n is not None and n < 0:
+    for key in ("name", "architecture", "sha256"):
+        _optional(target or {}, key, str, f"target.{key}", path, _MANIFEST_HINT)
+    for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
+        n = _optional(target or {}, key, int, f"target.{key}", path, _MANIFEST_HINT)
+        if n is not None and n < 0:
             raise BadInput(f"{path}: target.{key} is {n}, where a count belongs", hint=_MANIFEST_HINT)
     engines = _optional(data, "engine_layer_ids", dict, "engine_layer_ids", path, _MANIFEST_HINT)
     for name, ids in (engines or {}).items():
@@ -364,7 +364,17 @@ def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> 
     return data
 
 
-def read_drafter_manifest(folder: str | os.PathLike, *, required: bool = False, strict_schema: bool = False) -> dict | None:
+@overload
+def read_drafter_manifest(
+    folder: str | os.PathLike, *, required: Literal[True], strict_schema: bool = False
+) -> dict[str, Any]: ...
+@overload
+def read_drafter_manifest(
+    folder: str | os.PathLike, *, required: bool = False, strict_schema: bool = False
+) -> dict[str, Any] | None: ...
+def read_drafter_manifest(
+    folder: str | os.PathLike, *, required: bool = False, strict_schema: bool = False
+) -> dict[str, Any] | None:
     """speclock-manifest.json of a drafter folder, checked (the one reader); None when absent and not `required`."""
     folder = Path(folder)
     path = folder / DRAFT_MANIFEST
@@ -409,9 +419,9 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             print(target_sha256(args.folder))
     except OSError as err:  # disk full, permission denied: exit 2/3 with the path, not a traceback
-        err = os_error(err)
-        print(f"speclock.drafter.models: error: {err}", file=sys.stderr)
-        return err.exit_code
+        problem = os_error(err)
+        print(f"speclock.drafter.models: error: {problem}", file=sys.stderr)
+        return problem.exit_code
     except SpeclockError as err:
         print(f"speclock.drafter.models: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -157,7 +157,9 @@ def load_target(target_dir: str | Path, device: str = "cpu", dtype: str | None =
     read_model_config(target_dir, what="target")  # a missing, binary or misshapen config.json is BadInput, named
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
     tok = AutoTokenizer.from_pretrained(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype)).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype))
+    # transformers types PreTrainedModel.to as functools.wraps(nn.Module.to), which mypy cannot bind as a method
+    model = model.to(device).eval()  # type: ignore[arg-type]
     return model, tok
 
 

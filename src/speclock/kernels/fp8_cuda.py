@@ -22,8 +22,6 @@ from speclock.core.files import file_sha256
 from speclock.core.layout import IMAGE, cache_dir
 from speclock.kernels import build
 
-_OUT_KIND = {}  # torch dtype -> the out_kind code of speclock_fp8_unpack
-
 
 def _device_archs(torch, device) -> list[str]:
     major, minor = torch.cuda.get_device_capability(device)

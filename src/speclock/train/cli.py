@@ -13,11 +13,12 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 from speclock.core.args import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from speclock.core.errors import BadInput
 from speclock.core.layout import cache_dir
-from speclock.train.judge import measure_speed, stage_reference
+from speclock.train.judge import ReferenceResult, measure_speed, stage_reference
 from speclock.train.launch import run_with_torchrun
 from speclock.train.pipeline import load_target_model, run_all
 from speclock.train.prompt_sources import write_prompt_file
@@ -180,9 +181,14 @@ def _run_stages(stages: list[str]):
     return run
 
 
+class _ReferenceOutput(TypedDict):
+    reference: list[ReferenceResult]
+    speed: NotRequired[dict[str, Any]]  # with --speed
+
+
 def _reference(args) -> int:
     device = pick_device(args.device)
-    out = {
+    out: _ReferenceOutput = {
         "reference": stage_reference(
             args.target,
             args.drafter,

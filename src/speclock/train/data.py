@@ -20,17 +20,28 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NotRequired, Protocol, TypedDict, cast
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonl import read_jsonl
 from speclock.engines.http import map_bounded
 from speclock.spec.prompts import chat_prompt_ids, require_chat_template
+from speclock.train.prompt_sources import PromptRecord
 
 # --- resumable output ----------------------------------------------------------------------
 _RESPONSE_LISTS = ("prompt_ids", "response_ids")
 
 
-def _response_record(line: bytes, path: Path, lineno: int) -> dict:
+class ResponseRecord(TypedDict):
+    """One line of responses.jsonl (checked on reading by _response_record)."""
+
+    id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    generator: NotRequired[str]  # the generator's name; files of older runs may lack it
+
+
+def _response_record(line: bytes, path: Path, lineno: int) -> ResponseRecord:
     """One line of responses.jsonl as a checked record; BadInput naming the line and key otherwise."""
     hint = f"delete {path} (or that line) and run `speclock train generate` again: it regenerates what is missing"
     try:
@@ -45,10 +56,10 @@ def _response_record(line: bytes, path: Path, lineno: int) -> dict:
         ids = rec.get(key)
         if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
             raise BadInput(f"{path}:{lineno}: key {key!r} is not a list of token ids", hint=hint)
-    return rec
+    return cast(ResponseRecord, rec)  # its shape checked above
 
 
-def read_done(path: Path) -> dict[str, dict]:
+def read_done(path: Path) -> dict[str, ResponseRecord]:
     """Records already written. A torn last line (a write cut off by a kill) is cut off the file;
     a bad line before the last is an error (BadInput naming the line): the file was damaged."""
     path = Path(path)
@@ -65,7 +76,7 @@ def read_done(path: Path) -> dict[str, dict]:
     return {rec["id"]: rec for _, rec in records}
 
 
-def append_records(path: Path, records: list[dict]) -> None:
+def append_records(path: Path, records: list[ResponseRecord]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -83,6 +94,14 @@ def data_sha256(path: Path) -> str:
 
 
 # --- generators ----------------------------------------------------------------------------
+class TokenGenerator(Protocol):
+    """A generator that takes chat-templated prompt ids (TransformersGenerator, fastgen.StaticLlamaGenerator)."""
+
+    name: str
+
+    def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]: ...
+
+
 class TransformersGenerator:
     """Batched greedy `generate` with left padding."""
 
@@ -150,7 +169,7 @@ class OpenAIGenerator:
                 "return_token_ids": True,
             }
         ).encode()
-        last = None
+        last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
                 req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
@@ -210,10 +229,10 @@ def _cut(tokens: list[int], stop: set[int]) -> list[int]:
 
 
 def generate_responses(
-    records: list[dict],
+    records: list[PromptRecord],
     out_path: Path,
     tokenizer,
-    generator,
+    generator: OpenAIGenerator | TokenGenerator,
     max_prompt_tokens: int,
     batch_size: int,
     log=print,
@@ -223,7 +242,8 @@ def generate_responses(
     require_chat_template(tokenizer, "the target")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = read_done(out_path)
-    todo, too_long = [], 0
+    todo: list[tuple[PromptRecord, list[int]]] = []
+    too_long = 0
     for rec in records:
         if rec["id"] in done:
             continue
@@ -245,8 +265,9 @@ def generate_responses(
             outs = generator.generate_texts([r["prompt"] for r, _ in chunk])
         else:
             outs = generator.generate([ids for _, ids in chunk])
-        recs = [
-            {"id": r["id"], "prompt_ids": ids, "response_ids": o, "generator": generator.name} for (r, ids), o in zip(chunk, outs)
+        recs: list[ResponseRecord] = [
+            {"id": r["id"], "prompt_ids": ids, "response_ids": o, "generator": generator.name}
+            for (r, ids), o in zip(chunk, outs, strict=True)  # one output per prompt
         ]
         append_records(out_path, recs)
         written += len(recs)

@@ -29,10 +29,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output
 from speclock.train.extract import _write_json_atomic, check_index_matches, extract_hidden_states, load_index
+
+if TYPE_CHECKING:
+    from speclock.train.data import ResponseRecord
 
 DIST_STAGES = ("extract", "fit")
 # NVLink multicast (NVLS / symmetric-memory multicast) stays off: see the stack's GPU notes.
@@ -171,7 +175,7 @@ class DistContext:
 
         return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
-    def save_checkpoint(self, drafter, opt, path: Path, extra: dict) -> None:
+    def save_checkpoint(self, drafter, opt, path: Path, extra: dict[str, Any]) -> None:
         """Gather the full model and optimizer state (a collective), rank 0 writes it atomically; the
         optimizer state is keyed by parameter name, which a one-process resume also reads."""
         # heavy, optional (torch): imported only where it is used
@@ -187,7 +191,7 @@ class DistContext:
                 )
         self.barrier()
 
-    def load_checkpoint(self, drafter, opt, saved: dict) -> None:
+    def load_checkpoint(self, drafter, opt, saved: dict[str, Any]) -> None:
         """Every rank reads the full checkpoint (same host, same file) and keeps its shards."""
         # heavy, optional (torch): imported only where it is used
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -199,14 +203,14 @@ class DistContext:
         set_optimizer_state_dict(drafter, opt, optim_sd, options=self._sd_options())
 
 
-def optimizer_state_by_name(optim_sd: dict, drafter) -> dict:
+def optimizer_state_by_name(optim_sd: dict[str, Any], drafter) -> dict[str, Any]:
     """A plain optimizer.state_dict() (parameters by position) keyed by parameter name instead."""
     names = [n for n, p in drafter.named_parameters() if p.requires_grad]
     groups = [dict(g, params=[names[i] for i in g["params"]]) for g in optim_sd["param_groups"]]
     return {"state": {names[i]: v for i, v in optim_sd["state"].items()}, "param_groups": groups}
 
 
-def optimizer_state_by_position(optim_sd: dict, drafter) -> dict:
+def optimizer_state_by_position(optim_sd: dict[str, Any], drafter) -> dict[str, Any]:
     """Inverse of optimizer_state_by_name: what optimizer.load_state_dict() of one process takes."""
     pos = {n: i for i, n in enumerate(n for n, p in drafter.named_parameters() if p.requires_grad)}
     groups = [dict(g, params=[pos[n] for n in g["params"]]) for g in optim_sd["param_groups"]]
@@ -250,7 +254,7 @@ def part_dir(hidden: Path, world: int, rank: int) -> Path:
     return hidden / "parts" / f"world{world}-rank{rank:03d}"
 
 
-def ranks_share(responses: list[dict], rank: int, world: int) -> list[dict]:
+def ranks_share(responses: list[ResponseRecord], rank: int, world: int) -> list[ResponseRecord]:
     """This rank's sequences: longest first, dealt round robin (a pure function of the response set)."""
     order = sorted(responses, key=lambda r: (-(len(r["prompt_ids"]) + len(r["response_ids"])), r["id"]))
     return order[rank::world]
@@ -259,11 +263,11 @@ def ranks_share(responses: list[dict], rank: int, world: int) -> list[dict]:
 _RUN_KEYS = ("shards", "tokens", "sequences", "last_run", "parts", "world_size")
 
 
-def _meta(index: dict) -> dict:
+def _meta(index: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in index.items() if k not in _RUN_KEYS}
 
 
-def _part_indexes(hidden: Path) -> dict[str, dict]:
+def _part_indexes(hidden: Path) -> dict[str, dict[str, Any]]:
     """Own indexes of every rank folder under hidden/parts, by their path relative to hidden."""
     out = {}
     for d in sorted((hidden / "parts").glob("world*-rank*")):
@@ -276,7 +280,7 @@ def _part_indexes(hidden: Path) -> dict[str, dict]:
 def extract_sharded(
     ctx: DistContext,
     model,
-    responses: list[dict],
+    responses: list[ResponseRecord],
     hidden: Path,
     layers: list[int],
     target_sha: str,
@@ -285,7 +289,7 @@ def extract_sharded(
     shard_tokens: int,
     log=print,
     store: str = "bf16",
-) -> dict:
+) -> dict[str, Any]:
     """This rank's share of the extraction, then (rank 0) the merged index; returns the merged index."""
     hidden.mkdir(parents=True, exist_ok=True)
     mine = part_dir(hidden, ctx.world, ctx.rank)
@@ -316,10 +320,13 @@ def extract_sharded(
     if ctx.is_main:
         merge_indexes(hidden, ctx.world)
     ctx.barrier()
-    return load_index(hidden)
+    index = load_index(hidden)
+    if index is None:  # rank 0 wrote it before the barrier: gone only if the folder was removed meanwhile
+        raise BadInput(f"{hidden}/index.json is missing after the merge", hint="run `speclock train extract` again")
+    return index
 
 
-def merge_indexes(hidden: Path, world: int | None = None) -> dict:
+def merge_indexes(hidden: Path, world: int | None = None) -> dict[str, Any]:
     """hidden/index.json = the one-process shards already listed there + every rank folder's shards.
     `world`: the run that just finished (its ranks' times make last_run); None keeps the old last_run."""
     old = load_index(hidden)

@@ -17,11 +17,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from speclock.core.errors import BadInput
 from speclock.core.files import fsync_dir
-from speclock.drafter.manifest import drafter_sha256
+from speclock.drafter.manifest import DrafterManifest, drafter_sha256
 from speclock.drafter.models import DRAFT_MANIFEST, MANIFEST_SCHEMA, read_drafter_manifest
+
+if TYPE_CHECKING:
+    import torch
 
 
 def engine_layer_ids(aux_layers_after: list[int]) -> dict[str, list[int]]:
@@ -36,7 +40,7 @@ def layers_after_from_engine(engine: str, ids: list[int]) -> list[int]:
     return list(ids) if engine == "vllm" else [i + 1 for i in ids]
 
 
-def drafter_config_json(dcfg, target_config, layer_ids: list[int]) -> dict:
+def drafter_config_json(dcfg, target_config, layer_ids: list[int]) -> dict[str, Any]:
     rope_theta = dcfg.rope_theta
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -68,11 +72,11 @@ def drafter_config_json(dcfg, target_config, layer_ids: list[int]) -> dict:
     }
 
 
-def drafter_tensors(drafter) -> dict:
+def drafter_tensors(drafter) -> dict[str, torch.Tensor]:
     # heavy, optional (torch): imported only where it is used
     import torch
 
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for name, t in drafter.state_dict().items():
         if name == "embed_tokens":
             continue
@@ -82,7 +86,7 @@ def drafter_tensors(drafter) -> dict:
     return out
 
 
-def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[int], manifest: dict) -> Path:
+def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[int], manifest: DrafterManifest) -> Path:
     """One engine-format folder (config.json, model.safetensors, manifest), written atomically."""
     # heavy, optional (safetensors): imported only where it is used
     from safetensors.torch import save_file
@@ -96,7 +100,7 @@ def write_drafter_folder(drafter, target_config, out_dir: Path, layer_ids: list[
         (tmp / "config.json").write_text(
             json.dumps(drafter_config_json(drafter.config, target_config, layer_ids), indent=2) + "\n"
         )
-        m = dict(manifest)
+        m = manifest.copy()
         m["drafter_sha256"] = drafter_sha256(tmp)
         (tmp / DRAFT_MANIFEST).write_text(json.dumps(m, indent=2) + "\n")
         os.chmod(tmp, 0o755)
@@ -136,10 +140,10 @@ def build_manifest(
     target_config,
     aux_layers_after: list[int],
     draft_vocab_size: int,
-    data: dict,
-    training: dict,
-    reference: list | None = None,
-) -> dict:
+    data: dict[str, Any],
+    training: dict[str, Any],
+    reference: list[dict[str, Any]] | None = None,
+) -> DrafterManifest:
     return {
         "schema": MANIFEST_SCHEMA,
         "target": {
@@ -161,7 +165,7 @@ def build_manifest(
     }
 
 
-def export_drafter(drafter, target_config, manifest: dict, vllm_dir: Path, sglang_dir: Path | None) -> dict:
+def export_drafter(drafter, target_config, manifest: DrafterManifest, vllm_dir: Path, sglang_dir: Path | None) -> dict[str, Any]:
     ids = manifest["engine_layer_ids"]
     write_drafter_folder(drafter, target_config, vllm_dir, ids["vllm"], manifest)
     if sglang_dir:

@@ -28,10 +28,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from speclock.core.errors import BadInput
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, publish, read_json
 from speclock.kernels import fp8_pack, fp8_unpack
+
+if TYPE_CHECKING:
+    from speclock.train.data import ResponseRecord
 
 SCHEMA = "speclock.hidden/v1"
 
@@ -64,7 +68,7 @@ def _store_keys(store: str) -> list[str]:
     return [k for part in ("aux", "final") for k in ((part + "_q", part + "_scale") if part in FP8_PARTS[store] else (part,))]
 
 
-def check_index_matches(index: dict, where: Path, target_sha: str, layers: list[int], store: str) -> None:
+def check_index_matches(index: dict[str, Any], where: Path, target_sha: str, layers: list[int], store: str) -> None:
     """A rerun must extend a store made for the same target, layers and store kind."""
     if index["target_sha256"] != target_sha or index["aux_layers_after"] != layers:
         raise BadInput(
@@ -111,11 +115,11 @@ def _pack_rows(x, log=print):
     return q.view(torch.uint8).reshape(x.shape), scale.reshape(x.shape[:-1])
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-def load_index(out_dir: Path) -> dict | None:
+def load_index(out_dir: Path) -> dict[str, Any] | None:
     p = out_dir / "index.json"
     if not p.exists():
         return None
@@ -135,7 +139,7 @@ def load_index(out_dir: Path) -> dict | None:
 
 def extract_hidden_states(
     target,
-    responses: list[dict],
+    responses: list[ResponseRecord],
     out_dir: Path,
     aux_layers_after: list[int],
     target_sha: str,
@@ -144,7 +148,7 @@ def extract_hidden_states(
     shard_tokens: int,
     log=print,
     store: str = "bf16",
-) -> dict:
+) -> dict[str, Any]:
     """Prefill every (prompt, response) not yet extracted; returns the index."""
     # heavy, optional (torch, safetensors): imported only where it is used
     import torch
@@ -214,7 +218,7 @@ def extract_hidden_states(
     i = 0
     with torch.inference_mode():
         while i < len(todo):
-            seqs = []
+            seqs: list[ResponseRecord] = []
             width = 0
             while i < len(todo):
                 r = todo[i]
@@ -270,7 +274,7 @@ def extract_hidden_states(
     return index
 
 
-def load_shards(out_dir: Path, device: str = "cpu") -> dict:
+def load_shards(out_dir: Path, device: str = "cpu") -> dict[str, Any]:
     """All shards concatenated: input_ids, loss_mask, aux, final, and per-sequence (start, length)."""
     # heavy, optional (torch, safetensors): imported only where it is used
     import torch
@@ -281,22 +285,24 @@ def load_shards(out_dir: Path, device: str = "cpu") -> dict:
         raise BadInput(f"{out_dir} holds no hidden-state shards", hint="run `speclock train extract` first")
     store = index.get("store", "bf16")
     keys = _store_keys(store)
-    parts = {"input_ids": [], "loss_mask": [], **{k: [] for k in keys}}
-    spans, base = [], 0
+    parts: dict[str, list[torch.Tensor]] = {"input_ids": [], "loss_mask": [], **{k: [] for k in keys}}
+    spans: list[tuple[int, int]] = []
+    base = 0
     for sh in index["shards"]:
         t = load_file(str(out_dir / sh["file"]), device=device)
         for k in parts:
             parts[k].append(t[k])
         off = t["offsets"].tolist()
-        spans += [(base + a, b - a) for a, b in zip(off, off[1:])]
+        spans += [(base + a, b - a) for a, b in zip(off, off[1:], strict=False)]  # consecutive offsets: one shorter
         base += off[-1]
-    data = {k: torch.cat(v) for k, v in parts.items()}
+    # tensors by name, plus "spans" (start, length) per sequence and the "index"
+    data: dict[str, Any] = {k: torch.cat(v) for k, v in parts.items()}
     data["spans"] = spans
     data["index"] = index
     return data
 
 
-def gather_states(data: dict, name: str, spans: list[tuple[int, int]]):
+def gather_states(data: dict[str, Any], name: str, spans: list[tuple[int, int]]):
     """The bf16 rows [sum n, W] of `name` ("aux" [.., 3H] or "final" [.., H]) for (start, n) spans,
     dequantized from an fp8 store in one pass (one gather, one unpack)."""
     # heavy, optional (torch): imported only where it is used
@@ -312,7 +318,7 @@ def gather_states(data: dict, name: str, spans: list[tuple[int, int]]):
     return rows.view(q.shape[0], -1)
 
 
-def state_widths(data: dict) -> tuple[int, int]:
+def state_widths(data: dict[str, Any]) -> tuple[int, int]:
     """(aux width 3H, final width H) of a loaded store."""
     H = data["index"]["hidden_size"]
     return 3 * H, H

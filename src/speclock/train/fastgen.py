@@ -64,7 +64,9 @@ class StaticLlamaGenerator:
         rope = getattr(cfg, "rope_parameters", None) or {}
         if isinstance(rope, dict) and rope.get("rope_type", "default") not in ("default", None):
             raise BadInput(f"the static generator supports default RoPE only (target has {rope.get('rope_type')})")
-        self.theta = float((rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(cfg, "rope_theta", 10000.0))
+        # A rope_theta that is there but null means the default, as a missing one does.
+        theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(cfg, "rope_theta", None) or 10000.0
+        self.theta = float(theta)
         self.embed = p["model.embed_tokens.weight"]
         self.lm_head = p.get("lm_head.weight", self.embed)
         self.final_norm = p["model.norm.weight"]

@@ -19,12 +19,16 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, os_error
 from speclock.kernels import eagle3_loss
 from speclock.train.distributed import optimizer_state_by_position
 from speclock.train.extract import gather_states, state_widths
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -43,6 +47,36 @@ class FitConfig:
     fused_loss: bool = True  # on a GPU, one process: speclock's Triton loss (same result, less memory)
     max_steps: int = 0  # 0 = no cap (the quick mode and tests cap it)
     time_budget_s: float = 0.0  # 0 = no limit; else stop (checkpointed) after this many seconds
+
+
+class HistoryRecord(TypedDict):
+    """One line of the training history (fit-summary.json): a training window, or a held-out score at an epoch end."""
+
+    step: int
+    epoch: int
+    loss: NotRequired[float]
+    acc_per_step: NotRequired[list[float]]
+    tokens: NotRequired[int]
+    train_tok_s: NotRequired[float]
+    holdout_acc_per_step: NotRequired[list[float]]
+
+
+class _Window(TypedDict):
+    """The steps since the last history record: their losses and per-step accuracies."""
+
+    loss: list[float]
+    acc: list[list[float]]
+
+
+class FitState(TypedDict):
+    """Where a run is (checkpointed as "state"; a resume continues from it)."""
+
+    epoch: int
+    batch: int  # batches done in this epoch
+    step: int
+    history: list[HistoryRecord]
+    tokens: int
+    seconds: float
 
 
 def build_draft_vocab(input_ids, loss_mask, vocab_size: int, draft_vocab_size: int):
@@ -71,7 +105,9 @@ def build_draft_vocab(input_ids, loss_mask, vocab_size: int, draft_vocab_size: i
 def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
     """Sequence indices per batch: similar lengths together, at most batch_tokens padded tokens, shuffled."""
     order = sorted(range(len(spans)), key=lambda i: min(spans[i][1], max_len))
-    batches, cur, width = [], [], 0
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
     for i in order:
         n = min(spans[i][1], max_len)
         if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
@@ -85,7 +121,7 @@ def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: 
     return batches
 
 
-def load_checkpoint(path: Path, device: str) -> dict:
+def load_checkpoint(path: Path, device: str) -> dict[str, Any]:
     """A checkpoint this module wrote; a damaged one is bad input naming the file, not a crash."""
     # heavy, optional (torch): imported only where it is used
     import torch
@@ -133,7 +169,7 @@ def split_holdout(num_sequences: int, holdout: int, seed: int) -> tuple[list[int
     return [i for i in range(num_sequences) if i not in hs], held
 
 
-def evaluate_holdout(drafter, target_head, data: dict, ids: list[int], cfg: FitConfig, device: str) -> list[float]:
+def evaluate_holdout(drafter, target_head, data: dict[str, Any], ids: list[int], cfg: FitConfig, device: str) -> list[float]:
     """Teacher-forced TTT accuracy per step on held-out sequences (mean over their batches)."""
     # heavy, optional (torch): imported only where it is used
     import torch
@@ -162,12 +198,15 @@ def _lr_at(step: int, progress: float, cfg: FitConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _settings(fit_config: dict) -> dict:
+def _settings(fit_config: dict[str, Any]) -> dict[str, Any]:
     """The fit settings that must match to resume (stop conditions may change between runs)."""
     return {k: v for k, v in fit_config.items() if k not in ("max_steps", "time_budget_s", "checkpoint_every", "fused_loss")}
 
 
-def _collate(data, idxs, max_len, device):
+def _collate(
+    data: dict[str, Any], idxs: list[int], max_len: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(ids, loss mask, aux states, final states) of a batch, padded to its longest sequence; and its token count."""
     # heavy, optional (torch): imported only where it is used
     import torch
 
@@ -257,7 +296,7 @@ def _fused_step(drafter, hidden_rows, probs_rows, backend: str):
     return loss, float(correct) / hidden_rows.shape[0]
 
 
-def data_consistency(ids, lm, fin, target_head) -> float:
+def data_consistency(ids: torch.Tensor, lm: torch.Tensor, fin: torch.Tensor, target_head: torch.Tensor) -> float:
     """Share of response tokens equal to the target's own greedy choice at that point: about 1.0 when
     the data really is the target's greedy output (a check on the generator and the extraction)."""
     # heavy, optional (torch): imported only where it is used
@@ -269,7 +308,9 @@ def data_consistency(ids, lm, fin, target_head) -> float:
         return float(((pred == ids[:, 1:]) & mask).sum() / mask.sum().clamp(min=1))
 
 
-def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True, dist=None):
+def train_drafter(
+    data: dict[str, Any], target, cfg: FitConfig, ckpt_dir: Path, device: str, log=print, resume: bool = True, dist=None
+):
     """Train (or resume) an Eagle3Drafter on extracted hidden states; returns (drafter, summary).
     `dist` (speclock.train.distributed.DistContext): this process's share of a torchrun run."""
     # heavy, optional (torch): imported only where it is used
@@ -307,7 +348,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     ]
     schedule_steps = sum(map(len, epochs_batches))  # the LR schedule ignores stop conditions, so resume = no stop
     total_steps = min(schedule_steps, cfg.max_steps) if cfg.max_steps else schedule_steps
-    state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
+    state: FitState = {"epoch": 0, "batch": 0, "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
     if resume and ckpt.exists():
         saved = load_checkpoint(ckpt, device)
         if _settings(saved["fit_config"]) != _settings(asdict(cfg)) or saved["vocab"] != vocab.tolist():
@@ -351,7 +392,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     ]
     data_check = round(sum(consistency) / max(1, len(consistency)), 4)
     log(f"fit: data check: {data_check:.1%} of response tokens equal the target's greedy choice (first batches)")
-    window = {"loss": [], "acc": []}
+    window: _Window = {"loss": [], "acc": []}
     t_last = t_start = time.perf_counter()
     stop = False
 
@@ -411,7 +452,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
                     round(sum(a[i] for a in window["acc"] if len(a) > i) / max(1, sum(1 for a in window["acc"] if len(a) > i)), 4)
                     for i in range(cfg.ttt_steps)
                 ]
-                rec = {
+                rec: HistoryRecord = {
                     "step": state["step"],
                     "epoch": state["epoch"],
                     "loss": round(sum(window["loss"]) / len(window["loss"]), 4),
@@ -457,7 +498,7 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
     if held_final:
         log(f"fit: held-out accuracy per step at the end {held_final[:3]}")
     train_hist = [h for h in state["history"] if "loss" in h]
-    last = train_hist[-1] if train_hist else {}
+    last = train_hist[-1] if train_hist else None
     summary = {
         "steps": state["step"],
         "epochs": cfg.epochs,
@@ -467,8 +508,8 @@ def train_drafter(data: dict, target, cfg: FitConfig, ckpt_dir: Path, device: st
         "tokens_seen": state["tokens"],
         "seconds": round(state["seconds"], 2),
         "train_tok_s": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
-        "final_loss": last.get("loss"),
-        "final_acc_per_step": last.get("acc_per_step"),
+        "final_loss": last.get("loss") if last else None,
+        "final_acc_per_step": last.get("acc_per_step") if last else None,
         "precision": "bf16-autocast" if use_amp else "float32",
         "device": device,
         "vocab": vocab_stats,

@@ -6,16 +6,32 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from pathlib import Path
+from typing import Any, TypedDict
 
 from speclock.drafter.counters import SpecCounters
-from speclock.drafter.manifest import check_manifest_matches_target, drafter_sha256, load_drafter, record_reference, reference_key
+from speclock.drafter.manifest import (
+    ReferenceKey,
+    check_manifest_matches_target,
+    drafter_sha256,
+    load_drafter,
+    record_reference,
+    reference_key,
+)
 from speclock.drafter.models import read_drafter_manifest, target_sha256
 from speclock.drafter.reference import load_target, run_baseline, run_reference
 from speclock.spec.prompts import chat_prompt_ids, load_prompts, require_chat_template
 from speclock.train.settings import log
 
 
-def _reference_worker(job: dict) -> dict:
+class ReferenceResult(TypedDict):
+    """One max_tokens setting's result (what record_reference writes into the manifest, and the run's facts)."""
+
+    key: ReferenceKey
+    metrics: dict[str, Any]
+    run: dict[str, Any]
+
+
+def _reference_worker(job: dict[str, Any]) -> dict[str, Any]:
     """One process's share of a reference run (prompts job['ids']); spawn-safe."""
     # heavy, optional (torch): imported only where it is used
     import torch
@@ -45,7 +61,7 @@ def _reference_worker(job: dict) -> dict:
     }
 
 
-def _merge_counters(parts: list[dict], k: int) -> dict:
+def _merge_counters(parts: list[dict[str, Any]], k: int) -> dict[str, Any]:
     total = SpecCounters(k=k)
     for p in parts:
         total = total + SpecCounters.from_metrics(p["metrics"])
@@ -64,7 +80,7 @@ def stage_reference(
     dtype: str | None = None,
     workers: int = 1,
     also_record_in: list[Path] | None = None,
-) -> list[dict]:
+) -> list[ReferenceResult]:
     """Run the reference decoder on MT-Bench (or a prompt file); optionally record into the manifest(s).
 
     With workers > 1 the prompts are split over that many processes (batch 1 each; the counters
@@ -80,10 +96,10 @@ def stage_reference(
     ids = [chat_prompt_ids(tok, t) for t in texts]
     tsha, dsha = target_sha256(target_dir), drafter_sha256(drafter_dir)
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
-    results = []
+    results: list[ReferenceResult] = []
     for mt in max_tokens_list:
         log(f"reference: {len(ids)} prompts, k={k}, max_tokens={mt}, {device} {dtype}, {workers} worker(s)")
-        jobs = [
+        jobs: list[dict[str, Any]] = [
             {
                 "target_dir": str(target_dir),
                 "drafter_dir": str(drafter_dir),
@@ -106,7 +122,7 @@ def stage_reference(
                 parts = pool.map(_reference_worker, jobs)
         metrics = _merge_counters(parts, k)
         tokens = sum(p["tokens"] for p in parts)
-        res = {
+        res: ReferenceResult = {
             "key": reference_key(tsha, dsha, texts, k, mt),
             "metrics": metrics,
             "run": {
@@ -138,7 +154,7 @@ def measure_speed(
     max_tokens: int,
     dtype: str | None = None,
     prompts_file: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Batch-1 tokens/s of the reference decoder with and without the drafter, on the same prompts."""
     model, tok = load_target(target_dir, device, dtype)
     drafter, manifest = load_drafter(drafter_dir, model, device)
@@ -160,7 +176,7 @@ def measure_speed(
         "baseline_seconds": round(secs, 2),
         "baseline_tok_s": round(base_tok / secs, 2),
         "speedup": round((spec.tokens / spec.seconds) / (base_tok / secs), 3),
-        "mismatched_prompts": sum(1 for a, b in zip(outs, spec.outputs) if a != b),
+        "mismatched_prompts": sum(1 for a, b in zip(outs, spec.outputs, strict=True) if a != b),  # one output per prompt each
         "mean_acceptance_length": spec.metrics["mean_acceptance_length"],
     }
     log(

@@ -16,13 +16,14 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, read_json
 from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, require_runnable_model, target_sha256
 from speclock.spec.prompts import require_chat_template
 from speclock.train import distributed
-from speclock.train.data import OpenAIGenerator, TransformersGenerator, data_sha256, generate_responses, read_done
+from speclock.train.data import OpenAIGenerator, TokenGenerator, TransformersGenerator, data_sha256, generate_responses, read_done
 from speclock.train.distributed import extract_sharded, merge_indexes
 from speclock.train.export import build_manifest, export_drafter
 from speclock.train.extract import check_aux_layers, extract_hidden_states, load_index, load_shards
@@ -31,6 +32,9 @@ from speclock.train.judge import stage_reference
 from speclock.train.prompt_sources import load_prompt_records, mix_prompt_files
 from speclock.train.selfprompt import synthesize_prompts
 from speclock.train.settings import Settings, log, pick_device
+
+if TYPE_CHECKING:
+    from speclock.drafter.eagle3 import Eagle3Drafter  # imports torch
 
 
 def stage_target(s: Settings) -> Path:
@@ -61,7 +65,9 @@ def load_target_model(s: Settings, device: str, dtype: str | None = None):
     tok = AutoTokenizer.from_pretrained(tdir)
     require_chat_template(tok, f"the target {tdir}")
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    model = AutoModelForCausalLM.from_pretrained(tdir, dtype=getattr(torch, dtype)).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(tdir, dtype=getattr(torch, dtype))
+    # transformers types PreTrainedModel.to as functools.wraps(nn.Module.to), which mypy cannot bind as a method
+    model = model.to(device).eval()  # type: ignore[arg-type]
     return model, tok
 
 
@@ -74,7 +80,7 @@ def prompt_source(s: Settings) -> str:
     return str(s.work / "prompts-mix.jsonl") if s.self_prompts else s.prompts
 
 
-def stage_self_prompts(s: Settings, model, tok) -> dict:
+def stage_self_prompts(s: Settings, model, tok) -> dict[str, Any]:
     """The target writes s.self_prompts requests; then the mix with num_prompts drawn from `prompts`
     (written once: a rerun keeps it, so generation resumes on the same ids)."""
     own = s.work / "self-prompts.jsonl"
@@ -95,9 +101,10 @@ def stage_self_prompts(s: Settings, model, tok) -> dict:
     return res
 
 
-def stage_generate(s: Settings, model, tok, device: str) -> dict:
+def stage_generate(s: Settings, model, tok, device: str) -> dict[str, Any]:
     own = stage_self_prompts(s, model, tok) if s.self_prompts else None
     records = load_prompt_records(prompt_source(s), None) if own else load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip)
+    gen: OpenAIGenerator | TokenGenerator
     if s.generator == "openai":
         if not s.server_url:
             raise BadInput("--generator openai needs --server-url")
@@ -124,7 +131,7 @@ def stage_generate(s: Settings, model, tok, device: str) -> dict:
     return {**res, "self_prompts": own} if own else res
 
 
-def stage_extract(s: Settings, model, layers: list[int], ctx=None) -> dict:
+def stage_extract(s: Settings, model, layers: list[int], ctx: distributed.DistContext | None = None) -> dict[str, Any]:
     responses = list(read_done(s.work / "responses.jsonl").values())
     if not responses:
         raise BadInput(f"{s.work}/responses.jsonl holds no responses", hint="run `speclock train generate` first")
@@ -167,10 +174,12 @@ def stage_fit(s: Settings, model, device: str, resume: bool = True, ctx=None):
     ), data["index"]
 
 
-def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: dict, hidden_index: dict) -> dict:
+def stage_export(
+    s: Settings, drafter, model, layers: list[int], fit_summary: dict[str, Any], hidden_index: dict[str, Any]
+) -> dict[str, Any]:
     source = prompt_source(s)  # the file generation read (the mix, with --self-prompts)
     resp = list(read_done(s.work / "responses.jsonl").values())
-    data = {
+    data: dict[str, Any] = {
         "sha256": data_sha256(s.work / "responses.jsonl"),
         "sha256_of": "speclock.train.data.data_sha256: records (id, prompt_ids, response_ids) sorted by id",
         "prompt_source": source if source == "sharegpt" else Path(source).name,
@@ -205,7 +214,7 @@ def stage_export(s: Settings, drafter, model, layers: list[int], fit_summary: di
     return export_drafter(drafter, model.config, manifest, s.work / "export" / "vllm", s.work / "export" / "sglang")
 
 
-def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
+def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict[str, Any]:
     """Run the named stages in order (target, generate, extract, fit, export, reference).
     Launched by torchrun, this process is one rank of extract/fit (speclock.train.distributed)."""
     ctx = distributed.setup(s.device)
@@ -218,7 +227,7 @@ def run_all(s: Settings, stages: list[str], resume: bool = True) -> dict:
             ctx.close()
 
 
-def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
+def _run_all(s: Settings, stages: list[str], resume: bool, ctx: distributed.DistContext | None) -> dict[str, Any]:
     # heavy, optional (torch): imported only where it is used
     import torch
 
@@ -227,7 +236,7 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     device = ctx.device if ctx else pick_device(s.device)
     if device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
-    summary: dict = {"device": device, "stages": {}}
+    summary: dict[str, Any] = {"device": device, "stages": {}}
     if "target" in stages or s.target is None:
         ts = time.perf_counter()
         if ctx is None or ctx.is_main:  # one converter, the other ranks wait for its folder
@@ -293,14 +302,21 @@ def _run_all(s: Settings, stages: list[str], resume: bool, ctx) -> dict:
     return summary
 
 
-def _load_trained(s: Settings, model, device: str):
-    """The drafter from the last checkpoint (for `export` run on its own)."""
+def _load_trained(s: Settings, model, device: str) -> tuple[tuple[Eagle3Drafter, dict[str, Any]], dict[str, Any]]:
+    """The drafter from the last checkpoint and the hidden-state index (for `export` run on its own)."""
     # heavy, optional (torch): imported only where it is used
     from speclock.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     ckpt = s.work / "ckpt" / "checkpoint.pt"
     if not ckpt.exists():
         raise BadInput(f"no checkpoint at {ckpt}", hint="run `speclock train fit` first")
+    # The manifest records the hidden-state store (tokens, bytes per token): export needs its index too.
+    hidden_index = load_index(s.work / "hidden")
+    if hidden_index is None:
+        raise BadInput(
+            f"{s.work}/hidden/index.json is missing: export records the hidden-state store the drafter was trained on",
+            hint="run `speclock train extract` first (it rebuilds the store from responses.jsonl), then export",
+        )
 
     saved = load_checkpoint(ckpt, "cpu")
     dcfg = DrafterConfig.from_target(model.config, saved["fit_config"]["draft_vocab_size"])
@@ -310,4 +326,4 @@ def _load_trained(s: Settings, model, device: str):
     summary = read_json(summary_file, what="fit summary", hint="run `speclock train fit` again").get("summary")
     if not isinstance(summary, dict):
         raise BadInput(f"{summary_file}: key 'summary' is missing or not an object", hint="run `speclock train fit` again")
-    return (drafter, summary), load_index(s.work / "hidden")
+    return (drafter, summary), hidden_index

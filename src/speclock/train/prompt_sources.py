@@ -13,9 +13,17 @@ import random
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
+
+
+class PromptRecord(TypedDict):
+    """One training prompt: a unique id and the user text (the target writes the response)."""
+
+    id: str
+    prompt: str
 
 
 def sharegpt_file() -> Path:
@@ -30,7 +38,7 @@ def sharegpt_file() -> Path:
     return path
 
 
-def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
+def iter_sharegpt(path: Path | None = None) -> Iterator[dict[str, Any]]:
     """Whole ShareGPT records, one at a time (the file is a JSON list cut off mid-record)."""
     path = path or sharegpt_file()
     dec = json.JSONDecoder()
@@ -61,7 +69,7 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
             pos = end
 
 
-def user_turns(record: dict) -> list[str | None]:
+def user_turns(record: dict[str, Any]) -> list[str | None]:
     """Every user turn of a chat record, in order (None where a turn holds no usable text)."""
     conv = record.get("conversations") or record.get("messages") or []
     if not isinstance(conv, list):  # a chat is a list of turns; anything else holds no user turn
@@ -77,12 +85,12 @@ def user_turns(record: dict) -> list[str | None]:
     return out
 
 
-def first_user_turn(record: dict) -> str | None:
+def first_user_turn(record: dict[str, Any]) -> str | None:
     turns = user_turns(record)
     return turns[0] if turns else None
 
 
-def sharegpt_prompts(turns: str = "first", max_chars: int = 0) -> Iterator[dict]:
+def sharegpt_prompts(turns: str = "first", max_chars: int = 0) -> Iterator[PromptRecord]:
     """{"id", "prompt"} from ShareGPT: first user turns, or (turns="all") every user turn as a
     prompt of its own, each distinct text once. A first turn keeps the id `sharegpt:<record id>`
     (ids of earlier first-turn runs stay valid); a later turn j is `sharegpt:<record id>:t<j>`."""
@@ -108,9 +116,9 @@ def sharegpt_prompts(turns: str = "first", max_chars: int = 0) -> Iterator[dict]
             yield {"id": pid, "prompt": text}
 
 
-def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[dict]:
+def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[PromptRecord]:
     """[{"id", "prompt"}] from 'sharegpt' or a JSONL file of chats ({"id"?, "messages"|"conversations"|"prompt"})."""
-    out: list[dict] = []
+    out: list[PromptRecord] = []
     if source == "sharegpt":
         seen = 0
         for rec in iter_sharegpt():
@@ -151,8 +159,8 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[d
     return out
 
 
-def _read_prompt_lines(path: Path, limit: int | None, skip: int) -> list[dict]:
-    out: list[dict] = []
+def _read_prompt_lines(path: Path, limit: int | None, skip: int) -> list[PromptRecord]:
+    out: list[PromptRecord] = []
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -197,11 +205,14 @@ def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "fi
     return count
 
 
-def mix_prompt_files(sources: list[tuple[Path | str, int]], out: Path, seed: int = 0, notes: dict | None = None) -> dict:
+def mix_prompt_files(
+    sources: list[tuple[Path | str, int]], out: Path, seed: int = 0, notes: dict[str, str] | None = None
+) -> dict[str, Any]:
     """One JSONL prompt file from several: (source, count) each, a seeded random `count` of its
     records (0 = all), ids kept (they are unique per source), written atomically, with
     `<out>.sources.json` beside it (what came from where; the export copies it into the manifest)."""
-    records, per_source = [], {}
+    records: list[PromptRecord] = []
+    per_source: dict[str, int] = {}
     for src, count in sources:
         recs = load_prompt_records(str(src), None)
         if count and count < len(recs):
