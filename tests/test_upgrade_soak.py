@@ -269,3 +269,27 @@ def test_a_drifting_engine_fails_the_upgrade_with_the_soaks_reason(tmp_path):
     md = summary_markdown(res)
     assert md.startswith("## speclock upgrade: FAIL") and "- soak: acceptance drifted: window 2" in md
     assert "drift limit 5%: **FAIL**" in md
+
+
+def test_a_soak_result_without_its_drift_limit_is_refused_when_read(tmp_path):
+    """summary.md prints the soak's max_drift as a percentage: a soak.json without it (or with a non-number) is bad
+    input naming the key when read, not a TypeError while the summary is written after the whole upgrade ran."""
+    from speclock.core.errors import BadInput
+    from speclock.upgrade.soak import read_soak
+
+    doc = {
+        "schema": "speclock.soak/v1",
+        "verdict": "pass",
+        "failures": [],
+        "windows": [{"t_start_s": 0, "mean_acceptance_length": 2.0, "acceptance_rate": 0.5, "tok_s": 30.0}],
+        "drift": {"worst_drop": 0.0, "last_drop": 0.0},
+        "seconds": 60.0,
+        "max_drift": 0.05,
+    }
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(doc))
+    assert read_soak(path)["max_drift"] == 0.05
+    for bad in ({k: v for k, v in doc.items() if k != "max_drift"}, {**doc, "max_drift": None}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(BadInput, match="key 'max_drift'"):
+            read_soak(path)

@@ -83,7 +83,9 @@ def read_soak(path: Path) -> SoakDoc:
     for key in ("worst_drop", "last_drop"):
         _number(drift, key, path)
     _number(doc, "seconds", path)
-    # what the step reads by key is checked above: schema, verdict, failures, windows and drift (numbers), seconds
+    _number(doc, "max_drift", path)  # summary.md prints it as the limit
+    # what the step reads by key is checked above: schema, verdict, failures, windows and drift (numbers), seconds,
+    # max_drift
     return cast(SoakDoc, doc)
 
 
