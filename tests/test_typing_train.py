@@ -93,3 +93,29 @@ def test_export_on_its_own_names_a_missing_hidden_state_index(tmp_path):
     assert isinstance(loaded, Eagle3Drafter)
     assert summary == {"steps": 1}
     assert hidden_index == index
+
+
+def test_reference_speed_times_the_prompts_given_with_prompts(monkeypatch, tmp_path):
+    """`speclock train reference --prompts FILE --speed N` timed the default MT-Bench prompts, not FILE."""
+    from speclock.train import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "stage_reference", lambda *a, **kw: [])
+    monkeypatch.setattr(cli, "measure_speed", lambda *a, **kw: seen.update(kw) or {"speedup": 1.0})
+    monkeypatch.setattr(cli, "pick_device", lambda d: "cpu")
+    args = SimpleNamespace(
+        device="cpu",
+        target=tmp_path,
+        drafter=tmp_path,
+        num_prompts=2,
+        k=3,
+        max_tokens=[16],
+        record=None,
+        prompts=str(tmp_path / "mine.jsonl"),
+        dtype=None,
+        workers=1,
+        speed=2,
+        json=True,
+    )
+    assert cli._reference(args) == 0
+    assert seen["prompts_file"] == str(tmp_path / "mine.jsonl")

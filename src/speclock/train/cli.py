@@ -203,7 +203,9 @@ def _reference(args) -> int:
         )
     }
     if args.speed:
-        out["speed"] = measure_speed(args.target, args.drafter, device, args.speed, args.k, max(args.max_tokens), args.dtype)
+        out["speed"] = measure_speed(
+            args.target, args.drafter, device, args.speed, args.k, max(args.max_tokens), args.dtype, prompts_file=args.prompts
+        )
     if args.json:
         print(json.dumps(out, indent=1))
     else:
