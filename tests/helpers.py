@@ -48,8 +48,8 @@ class LocalRegistry:
         self.address = f"127.0.0.1:{self.port}"
         config = root / "registry.yml"
         config.write_text(
-            "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\n"
-            "http:\n  addr: %s\n" % (root / "data", self.address)
+            f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.address}\n"
         )
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
         self.log = open(root / "registry.log", "w")

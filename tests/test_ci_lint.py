@@ -226,7 +226,7 @@ def test_pull_request_target_runs_pr_code_only_behind_the_guard():
     first = doc["jobs"]["gate"]["steps"][0]
     assert "matrix.gpu" in first["if"] and SAME_REPO in first["if"] and "exit 1" in first["run"]
     # secrets only in trusted runs
-    for job_id, job, step in steps(doc):
+    for _, _, step in steps(doc):
         if "secrets." in yaml.safe_dump(step):
             assert step.get("if") == "${{ env.TRUSTED == 'true' }}", step
 

@@ -269,7 +269,7 @@ def stack_texts(draw):
     lines = STACK_TEXT.splitlines()
     if kind == "threshold":  # a threshold set to a random value, where it takes effect
         key = draw(st.sampled_from(THRESHOLD_KEYS))
-        lines = [l for l in lines if not l.startswith(key + " ")]
+        lines = [text_line for text_line in lines if not text_line.startswith(key + " ")]
         at = lines.index("[smoke.thresholds]") + 1
         value = draw(
             st.one_of(
@@ -285,7 +285,7 @@ def stack_texts(draw):
     line = f"{draw(stack_keys)} = {draw(toml_values)}"
     if draw(st.booleans()):  # replace a line that sets the same key, so the value takes effect
         key = line.split(" = ")[0]
-        lines = [l for l in lines if not l.startswith(key + " ")]
+        lines = [text_line for text_line in lines if not text_line.startswith(key + " ")]
         at = min(at, len(lines))
     return ("\n".join(lines[:at] + [line] + lines[at:]) + "\n").encode("utf-8", "surrogatepass")
 

@@ -389,7 +389,7 @@ def test_a_baseline_with_other_prompts_is_refused(tmp_path):
 )
 def test_non_finite_or_negative_thresholds_are_refused(tmp_path, line, key):
     name = key.rsplit(".", 1)[1]
-    text = "\n".join(l for l in STACK_TEXT.splitlines() if not l.startswith(name + " ")) + "\n"
+    text = "\n".join(stack_line for stack_line in STACK_TEXT.splitlines() if not stack_line.startswith(name + " ")) + "\n"
     text = text.replace("[smoke.thresholds]\n", f"[smoke.thresholds]\n{line}\n")
     path = tmp_path / "cpu-vllm.toml"
     path.write_text(text)
@@ -406,7 +406,7 @@ def test_non_finite_or_negative_thresholds_are_refused(tmp_path, line, key):
     ],
 )
 def test_per_position_floors_must_be_finite_rates(tmp_path, text, key):
-    src = "\n".join(l for l in STACK_TEXT.splitlines() if not l.startswith("min_acceptance_per_position")) + "\n"
+    src = "\n".join(line for line in STACK_TEXT.splitlines() if not line.startswith("min_acceptance_per_position")) + "\n"
     path = tmp_path / "cpu-vllm.toml"
     path.write_text(src.replace("[smoke.thresholds]\n", f"[smoke.thresholds]\n{text}\n"))
     code, out, err = run_cli("stack", "check", str(path))

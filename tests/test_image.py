@@ -163,7 +163,7 @@ def test_one_line_edit_rebuilds_only_the_last_layer_and_a_revert_gives_the_origi
         after = buildah_inspect(record["ref"])["OCIv1"]["rootfs"]["diff_ids"]
         assert record["tag"] != buildah_build["tag"]
         assert len(after) == len(before)
-        changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+        changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
         assert changed == [len(before) - 1], f"{rel}: layers changed: {changed} of {len(before)}"
         assert record["build_seconds"] < 30, record["build_seconds"]  # ~1 s idle (docs/benchmarks.md)
     reverted = json.loads(speclock(repo, "build-image", "--builder", "buildah", "--skip-selfcheck", "--json").stdout)

@@ -172,7 +172,7 @@ def test_speclock_init_imports_nothing():
 def test_no_upward_or_sideways_imports():
     bad = []
     for mod, targets in EDGES.items():
-        for t, local, line in targets:
+        for t, _, line in targets:
             a, b = layer(mod), layer(t)
             if a == b or t == "speclock":
                 continue
@@ -262,7 +262,7 @@ def test_function_local_imports_say_why():
         starts = {n.lineno: n for n in local}
         ends = {n.end_lineno: n for n in local}
 
-        def gap(line: int, step: int) -> int:
+        def gap(lines: list[str], line: int, step: int) -> int:
             """The next line from `line` in direction `step` past blank lines (isort's group separators)."""
             while 0 < line + step <= len(lines) and not lines[line + step - 1].strip():
                 line += step
@@ -270,11 +270,11 @@ def test_function_local_imports_say_why():
 
         for n in local:
             first = n
-            while gap(first.lineno, -1) in ends:  # the run of imports this one belongs to
-                first = ends[gap(first.lineno, -1)]
+            while gap(lines, first.lineno, -1) in ends:  # the run of imports this one belongs to
+                first = ends[gap(lines, first.lineno, -1)]
             run = [first]
-            while gap(run[-1].end_lineno, 1) in starts:
-                run.append(starts[gap(run[-1].end_lineno, 1)])
+            while gap(lines, run[-1].end_lineno, 1) in starts:
+                run.append(starts[gap(lines, run[-1].end_lineno, 1)])
             commented = any("#" in lines[i] for x in run for i in range(x.lineno - 1, x.end_lineno))
             if not commented and not lines[first.lineno - 2].strip().startswith("#"):
                 bad.append(f"{mod}:{n.lineno}: {ast.unparse(n)}")

@@ -88,7 +88,7 @@ def test_gpu_stack_stages_a_kernel_build_for_exactly_its_archs(staged, name):
     lock = read_lock(ROOT / "locks" / f"{name}.lock")
     by_name = {p["name"]: p for p in lock["packages"] + lock["assets"]}
     lines = (ctx / "wheels" / "kernels.txt").read_text().splitlines()
-    assert [l.split("==")[0] for l in lines] == list(KERNEL_TOOLCHAIN)
+    assert [line.split("==")[0] for line in lines] == list(KERNEL_TOOLCHAIN)
     for line in lines:
         pin = by_name[line.split("==")[0]]
         assert line == f"{pin['name']}=={pin['version']} --hash=sha256:{pin['sha256']}"
@@ -100,7 +100,7 @@ def test_runtime_gets_only_the_library_and_no_cxx_compiler(staged, name):
     ctx, args, st = staged(name)
     # runtime grows from patched <- assets <- venv <- base; the kernel stage reaches it by one COPY of the library folder.
     assert chain(st, "runtime") == ["runtime", "patched", "assets", "venv", "base"]
-    from_kernels = [l for s in chain(st, "runtime") for l in st[s]["body"] if "--from=kernels" in l]
+    from_kernels = [instr for s in chain(st, "runtime") for instr in st[s]["body"] if "--from=kernels" in instr]
     assert from_kernels == [f"COPY --from=kernels {containerfile.KERNELS_IN_IMAGE} {containerfile.KERNELS_IN_IMAGE}"]
     assert containerfile.KERNELS_IN_IMAGE == str(Path("/opt/speclock") / "kernels")  # where fp8_cuda looks in an image
     for s in chain(st, "runtime"):
@@ -272,7 +272,7 @@ def test_engine_env_becomes_one_env_line_in_the_runtime_stage():
     plain = containerfile.containerfile_text(False)
     text = containerfile.containerfile_text(False, {"VLLM_USE_FLASHINFER_SAMPLER": "0", "B": 'a "q"'})
     assert containerfile.ENGINE_ENV_MARK in plain and containerfile.ENGINE_ENV_MARK not in text
-    env_lines = [l for l in text.splitlines() if l.startswith("ENV B=")]
+    env_lines = [line for line in text.splitlines() if line.startswith("ENV B=")]
     assert env_lines == ['ENV B="a \\"q\\"" VLLM_USE_FLASHINFER_SAMPLER="0"']
     runtime = text[text.index("FROM patched AS runtime") :]
     assert env_lines[0] in runtime and runtime.index(env_lines[0]) < runtime.index("USER 10001")

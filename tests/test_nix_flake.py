@@ -100,21 +100,25 @@ def test_engine_wheel_url_and_hash_come_from_the_lock(flake):
 def _containerfile_runtime() -> dict:
     """The runtime stage, parsed in Python independently of nix/containerfile.nix."""
     text = (ROOT / "containers" / "Containerfile").read_text().replace("\\\n", " ")
-    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
-    start = next(i for i, l in enumerate(lines) if re.fullmatch(r"FROM \S+ AS runtime", l))
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(r"FROM \S+ AS runtime", line))
     stage = lines[start + 1 :]
     env = {}
-    for l in stage:
-        if l.startswith("ENV "):
-            env.update(kv.split("=", 1) for kv in l[4:].split())
-    one = lambda k: next(l[len(k) + 1 :] for l in stage if l.startswith(k + " "))
+    for line in stage:
+        if line.startswith("ENV "):
+            env.update(kv.split("=", 1) for kv in line[4:].split())
+
+    def one(keyword: str) -> str:
+        """The argument of the stage's (first) `keyword` instruction."""
+        return next(line[len(keyword) + 1 :] for line in stage if line.startswith(keyword + " "))
+
     return {
         "env": env,
         "user": one("USER"),
         "workdir": one("WORKDIR"),
         "entrypoint": json.loads(one("ENTRYPOINT")),
         "cmd": json.loads(one("CMD")),
-        "copies": [l.split()[-1] for l in stage if l.startswith("COPY ")],
+        "copies": [line.split()[-1] for line in stage if line.startswith("COPY ")],
     }
 
 

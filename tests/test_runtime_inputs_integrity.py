@@ -596,8 +596,9 @@ def test_safetensors_header_of_the_wrong_shape_is_bad_input(tmp_path):
         b"\xff\xfe",
     ):
         path = write(tmp_path / "model.safetensors", struct.pack("<Q", len(header)) + header)
-        with pytest.raises(BadInput, match="model.safetensors"):
+        with pytest.raises(BadInput, match="model.safetensors") as info:
             models.target_sha256(tmp_path)
+        assert str(path) in str(info.value), header  # the refusal names the file it could not read
 
 
 def test_an_ordinary_exit_stops_the_engine_in_this_thread_and_kills_nothing(tmp_path):

@@ -74,7 +74,7 @@ def _by_sequence(hidden: Path) -> dict:
             **{k: data[k][s : s + n] for k in ("input_ids", "loss_mask")},
             **{k: gather_states(data, k, [(s, n)]) for k in ("aux", "final")},
         }
-        for sid, (s, n) in zip(ids, data["spans"])
+        for sid, (s, n) in zip(ids, data["spans"], strict=True)
     }
 
 
@@ -102,7 +102,7 @@ def _assert_same_training(a: dict, b: dict, atol: float = 1e-6, history: bool = 
             x, y = sa[name][moment].double(), sb[name][moment].double()
             assert float((x - y).abs().max()) <= 1e-5 * float(x.abs().max()), (name, moment, float((x - y).abs().max()))
     # (an interrupted run logs a partial window at its stop: its history is not comparable)
-    for ha, hb in zip(a["state"]["history"], b["state"]["history"]) if history else ():
+    for ha, hb in zip(a["state"]["history"], b["state"]["history"], strict=True) if history else ():
         assert ha["step"] == hb["step"] and ha["tokens"] == hb["tokens"]
         assert ha["loss"] == pytest.approx(hb["loss"], abs=2e-4)
         assert ha["acc_per_step"] == pytest.approx(hb["acc_per_step"], abs=2e-4)

@@ -109,7 +109,7 @@ def test_training_resumed_from_a_checkpoint_equals_an_uninterrupted_run(quick_ru
     assert first["steps"] == half  # "interrupted" here, checkpointed
     resumed, summary = train_drafter(data, model, replace(s.fit, max_steps=0), tmp_path / "b", "cpu", log=lambda m: None)
     assert summary["steps"] == full["steps"]
-    for (name, p), q in zip(straight.named_parameters(), resumed.parameters()):
+    for (name, p), q in zip(straight.named_parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), name
 
 

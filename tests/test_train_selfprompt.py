@@ -26,7 +26,7 @@ def test_static_generator_greedy_equals_transformers_generate():
     prompts = _prompts(tok, TEXTS)
     gen = StaticLlamaGenerator(model, tok, batch_size=2, max_prompt_tokens=96, max_new_tokens=12)
     ours = gen.generate(prompts)  # two batches: one full, one padded with a repeated row
-    for p, got in zip(prompts, ours):
+    for p, got in zip(prompts, ours, strict=True):
         with torch.no_grad():
             ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p) :].tolist()
         stop = set(gen.stop)

@@ -38,7 +38,7 @@ def test_engine_bump_changes_one_line_in_a_candidate_outside_stacks(tmp_path):
     assert cand.changes == {"engine.version": ("0.32.0", "0.31.0")}
     old, new = current.path.read_text().splitlines(), cand.stack.path.read_text().splitlines()
     assert len(old) == len(new)
-    assert [(a, b) for a, b in zip(old, new) if a != b] == [('version = "0.32.0"', 'version = "0.31.0"')]
+    assert [(a, b) for a, b in zip(old, new, strict=True) if a != b] == [('version = "0.32.0"', 'version = "0.31.0"')]
     assert cand.lock_file == cand.folder / "locks" / "cpu-vllm.lock"
     assert tree_hash("stacks", "locks") == before
 

@@ -50,7 +50,7 @@ def test_fetch_reports_progress_and_reuses(tmp_path):
     lock = {"stack": "t", "packages": [small_package("sniffio"), small_package("idna")], "assets": []}
     lines = []
     fetch(lock, store=tmp_path, progress=lines.append)
-    assert any("downloaded" in l for l in lines)
+    assert any("downloaded" in line for line in lines)
     lines.clear()
     fetch(lock, store=tmp_path, progress=lines.append)
     assert lines == ["wheelhouse ready: 2 files verified (2 cached) in " + lines[0].split(" in ")[1]]
