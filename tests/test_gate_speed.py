@@ -89,6 +89,18 @@ def test_warnings_show_in_the_verdict_junit_markdown_and_table(tmp_path):
     assert "tok/s at batch 1" in text and "interval 1.06-1.21" in text and "WARN: speedup at batch 1" in text
 
 
+@pytest.mark.parametrize("key", ["plain_tok_s_median", "spec_tok_s_median"])
+def test_the_tok_s_medians_printed_with_the_verdict_are_checked(key):
+    """A fuzz case: a report without a median was exit 3 (KeyError) where the verdict's line prints it."""
+    report = with_speed(sample_report(), [500] * 3, [605] * 3, [570] * 3)
+    report["throughput"]["batch1"][key] = 9999.0  # not what the runs give
+    with pytest.raises(BadInput, match=f"throughput.batch1.{key}"):
+        validate_report(report)
+    del report["throughput"]["batch1"][key]
+    with pytest.raises(BadInput, match=f"throughput.batch1.{key}"):
+        validate_report(report)
+
+
 def test_an_edited_speed_interval_is_refused():
     report = with_speed(sample_report(), [500, 500, 500], [605, 605, 605], [570, 570, 570])
     validate_report(report)

@@ -83,6 +83,8 @@ _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
     "speedup_low": (int, float),
     "speedup_high": (int, float),
     "spread": (int, float, type(None)),
+    "plain_tok_s_median": (int, float),  # printed with the verdict (_interval)
+    "spec_tok_s_median": (int, float),
 }
 
 
@@ -121,7 +123,7 @@ def check_batch1(data: SmokeReport, bad: Bad) -> None:
         prompts=b1["prompts"],
         max_tokens=b1["max_tokens"],
     )
-    for key in ("speedup", "speedup_low", "speedup_high", "spread"):
+    for key in ("speedup", "speedup_low", "speedup_high", "spread", "plain_tok_s_median", "spec_tok_s_median"):
         if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=5e-4)):
             raise bad(
                 f"throughput.batch1.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)"
