@@ -7,37 +7,49 @@ sys.path.insert(0, str(ROOT / "src"))
 # Subprocesses (`python -m speclock`) see the same source.
 os.environ["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 
-# `invoke test` runs the suite on two workers (pytest-xdist, --dist loadscope and the scheduler below). Each worker gets one fixed share of
-# the files, balanced on what each file took in a measured run, so a file's module fixtures (an engine started once,
+# On a worker of `invoke test` (two workers, two cores): one torch thread per process, set before any test module
+# imports torch. torch's default of one thread per core lets the workers' OpenMP threads spin against each other
+# and the engines (the reference decoder's test took 208 s in a two-worker run, under 37 s in a one-process run).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# `invoke test` runs the suite on two workers (pytest-xdist, --dist loadscope and the scheduler below). Each worker
+# gets one fixed share of the files, balanced on what each file took in a measured run, so a file's module fixtures (an engine started once,
 # an image built once) are made on one worker only, and the long files are spread before the short ones fill in.
 #
-# Seconds per file in a full run (`pytest --durations=0`, summed per file; docs/benchmarks.md, "The test suite").
-# Files not listed count as DEFAULT_SECONDS.
+# Seconds per file in a full run (`pytest --durations=0` summed per file: setup, call and teardown of its tests),
+# measured on this 2-core machine on 2026-12-06 with two workers (docs/benchmarks.md, "The test suite"). Files not
+# listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
-    "test_image.py": 530,
-    "test_run_push_runtimes.py": 400,
-    "test_upgrade_e2e.py": 400,
-    "test_smoke_vllm.py": 310,
-    "test_engines_vllm_server.py": 170,
-    "test_doctor_checks.py": 170,
-    "test_train_pipeline.py": 150,
-    "test_train_distributed.py": 120,
-    "test_upgrade_soak.py": 115,
-    "test_doctor_jit_needs.py": 70,
-    "test_host_env_cpu.py": 70,
-    "test_kernels_image.py": 60,
-    "test_train_selfprompt.py": 50,
-    "test_train_export.py": 50,
-    "test_doctor_runtime_needs.py": 40,
-    "test_reference_decoder.py": 40,
-    "test_smoke_lossless.py": 40,
-    "test_kernels_build.py": 30,
-    "test_prune.py": 30,
+    "test_image.py": 1077,
+    "test_doctor_checks.py": 584,
+    "test_upgrade_e2e.py": 456,
+    "test_smoke_vllm.py": 322,
+    "test_reference_decoder.py": 282,
+    "test_engines_vllm_server.py": 233,
+    "test_upgrade_soak.py": 144,
+    "test_host_env_cpu.py": 103,
+    "test_doctor_jit_needs.py": 89,
+    "test_train_distributed.py": 84,
+    "test_doctor_cuda_arch.py": 54,
+    "test_train_export.py": 51,
+    "test_train_pipeline.py": 50,
+    "test_train_selfprompt.py": 45,
+    "test_nix_flake.py": 30,
+    "test_doctor_runtime_needs.py": 30,
+    "test_prune.py": 28,
+    "test_host_env.py": 20,
+    "test_upgrade_candidate.py": 19,
+    "test_input_bounds.py": 13,
+    "test_kernels_build.py": 11,
+    "test_attest.py": 11,
+    "test_kernels_image.py": 10,
 }
 DEFAULT_SECONDS = 5
 # Files that build, run, push or remove the cpu-vllm image (one content tag and the stack's one "latest" build
-# record, which a test on another worker would rebuild or remove under them), and the upgrade tests, whose candidates
-# are that image plus a patch: on one worker, the upgrade files last, so they find the image's layers built.
+# record, which a test on another worker would rebuild or remove under them) share a worker; test_run_push_runtimes
+# reuses the image test_image built. The upgrade tests build candidates that are that image plus a patch: they run
+# last on their worker, so on a fresh machine they find its layers built instead of building them a second time.
 SAME_WORKER = ("test_image.py", "test_run_push_runtimes.py", "test_kernels_image.py", "test_attest_referrer.py")
 RUN_LAST = ("test_upgrade_candidate.py", "test_upgrade_e2e.py", "test_upgrade_soak.py")
 
@@ -46,7 +58,7 @@ def worker_shares(files: list[str], workers: int) -> dict[str, int]:
     """File name -> worker index: the longest unit first onto the least loaded worker (LPT)."""
     units: dict[str, list[str]] = {}
     for name in files:
-        units.setdefault("same-worker" if name in SAME_WORKER + RUN_LAST else name, []).append(name)
+        units.setdefault("same-worker" if name in SAME_WORKER else name, []).append(name)
     load = [0.0] * workers
     share: dict[str, int] = {}
     for unit in sorted(units.values(), key=lambda u: (-sum(FILE_SECONDS.get(f, DEFAULT_SECONDS) for f in u), u[0])):
