@@ -1,9 +1,10 @@
-"""The smoke report (`"schema": "speclock.smoke/v1"`, docs/smoke.md): validation, reading, writing, a table.
+"""The smoke report (`"schema": "speclock.smoke/v1"`, docs/smoke.md): validation, reading, writing.
 
 `speclock smoke` writes it, `speclock gate` and CI read it. `validate_report` is the one
 definition of what a valid report is: every key the gate reads has the right JSON type, and the
 counters agree with each other (a report whose numbers contradict each other is forged or broken,
-never judged). Errors name the file and the key that is wrong.
+never judged). Errors name the file and the key that is wrong. The keys and their types are
+speclock.verify.report_schema; the table for people is speclock.verify.report_table.
 """
 
 from __future__ import annotations
@@ -15,110 +16,15 @@ from typing import Any, cast
 
 from speclock.core import files
 from speclock.core.errors import BadInput
-from speclock.verify.checks import fmt_number
+from speclock.verify.checks import fmt_number as fmt_number  # upgrade/outputs.py imports it from here
 from speclock.verify.plausibility import Bad, check_without_stack
 from speclock.verify.profiles import PROFILES
-from speclock.verify.report_types import ReferenceSection, SmokeReport, Throughput
+from speclock.verify.report_schema import NONE, NUM, OPTIONAL, REQUIRED
+from speclock.verify.report_schema import SCHEMA_ID as SCHEMA_ID
+from speclock.verify.report_table import human_table as human_table
+from speclock.verify.report_types import ReferenceSection, SmokeReport
 from speclock.verify.speed import check_batch1
 
-SCHEMA_ID = "speclock.smoke/v1"
-
-_NUM = (int, float)
-_NONE = type(None)
-# Required keys: dotted path -> allowed types (None as a type = JSON null allowed).
-REQUIRED: dict[str, tuple[type, ...]] = {
-    "schema": (str,),
-    "stack": (str,),
-    "image": (dict,),
-    "image.ref": (str,),
-    "image.digest": (str,),
-    "engine": (dict,),
-    "engine.name": (str,),
-    "engine.version": (str,),
-    "target": (dict,),
-    "target.path": (str,),
-    "target.arch": (str,),
-    "draft": (dict,),
-    "draft.path": (str,),
-    "draft.aux_layer_ids": (list,),
-    "draft.captured_layers": (list, _NONE),
-    "num_speculative_tokens": (int,),
-    "prompts": (dict,),
-    "prompts.source": (str,),
-    "prompts.count": (int,),
-    "metrics": (dict,),
-    "metrics.num_drafts": (int,),
-    "metrics.num_draft_tokens": (int,),
-    "metrics.num_accepted_tokens": (int,),
-    "metrics.accepted_per_position": (list,),
-    "metrics.acceptance_rate": _NUM,
-    "metrics.mean_acceptance_length": _NUM,
-    "throughput": (dict,),
-    "throughput.baseline_tok_s": _NUM + (_NONE,),
-    "throughput.spec_tok_s": _NUM + (_NONE,),
-    "throughput.speedup": _NUM + (_NONE,),
-    "lossless": (dict,),
-    "lossless.checked": (int,),
-    "lossless.mismatches": (int,),
-    "verdict": (str,),
-    "failures": (list,),
-}
-# Keys `speclock smoke` writes that older reports may lack; when present the gate, the table or the
-# baseline comparison reads them, so their type is checked like a required key's.
-OPTIONAL: dict[str, tuple[type, ...]] = {
-    "created": (str,),
-    "engine.package": (str,),
-    "engine.pinned_version": (str,),
-    "max_tokens": (int,),
-    "metrics.acceptance_per_position": (list,),
-    "lossless.numeric_ties": (int,),
-    "run": (dict,),
-    "run.completed": (bool,),
-    "run.error": (str, _NONE),
-    "run.stage": (str,),
-    "reference": (dict, _NONE),
-    "reference.status": (str,),
-    "reference.note": (str,),
-    "reference.gap": _NUM + (_NONE,),
-    "reference.metrics": (dict, _NONE),
-    "reference.key": (dict, _NONE),
-    "reference.key.target_sha256": (str,),
-    "reference.key.drafter_sha256": (str,),
-    "reference.key.prompts_sha256": (str,),
-    "reference.key.num_prompts": (int,),
-    "reference.key.k": (int,),
-    "reference.key.max_tokens": (int,),
-    # smoke profiles (speclock.verify.profiles); a report without `profile` is a quick (greedy) one
-    "profile": (dict,),
-    "profile.name": (str,),
-    "profile.temperature": _NUM,
-    "profile.seeds": (list,),
-    "lossless.mode": (str,),
-    "sampled": (dict,),
-    "sampled.temperature": _NUM,
-    "sampled.per_seed": (list,),
-    "attention_backends": (list,),
-    # speed (speclock.verify.speed): `speedup` is the batch-1 one when measured_at is "batch 1"
-    "throughput.measured_at": (str, _NONE),
-    "throughput.note": (str,),
-    "throughput.batch1": (dict, _NONE),
-    "throughput.batch1.prompts": (int,),
-    "throughput.batch1.max_tokens": (int,),
-    "throughput.batch1.repeats": (int,),
-    "throughput.batch1.plain_before_tok_s": (list,),
-    "throughput.batch1.spec_tok_s": (list,),
-    "throughput.batch1.plain_after_tok_s": (list,),
-    "throughput.batch1.speedup": _NUM,
-    "throughput.batch1.speedup_low": _NUM,
-    "throughput.batch1.speedup_high": _NUM,
-    "throughput.batch1.spread": _NUM + (_NONE,),
-    "throughput.concurrent": (dict,),
-    "gpu": (dict,),
-    "gpu.name": (str,),
-    "gpu.driver": (str,),
-    "gpu.cuda": (str,),
-    "warnings": (list,),
-}
 _INT_LIMIT = 2**63  # counters are 64-bit in every engine; a larger integer is no measurement
 # Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
 _TOLERANCE = 5e-4
@@ -136,7 +42,7 @@ def dotted_get(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
 
 
 def _type_names(types: tuple[type, ...]) -> str:
-    return " or ".join("null" if t is _NONE else t.__name__ for t in types)
+    return " or ".join("null" if t is NONE else t.__name__ for t in types)
 
 
 def _check_type(source: str, key: str, value: Any, types: tuple[type, ...]) -> None:
@@ -295,8 +201,8 @@ _COUNTER_TYPES = {
     "num_draft_tokens": (int,),
     "num_accepted_tokens": (int,),
     "accepted_per_position": (list,),
-    "acceptance_rate": _NUM,
-    "mean_acceptance_length": _NUM,
+    "acceptance_rate": NUM,
+    "mean_acceptance_length": NUM,
 }
 
 
@@ -420,101 +326,3 @@ def load_report(path: str | Path, *, what: str = "report file") -> SmokeReport:
 
 def write_report(path: str | Path, report: SmokeReport) -> Path:
     return files.atomic_write_json(path, report, indent=2)
-
-
-def _profile_line(report: SmokeReport) -> str:
-    prof = report["profile"]
-    line = f"{prof.get('name')} ({report.get('max_tokens', '?')} tokens"
-    sampled = report.get("sampled")
-    if not isinstance(sampled, dict):
-        return line + ", greedy)"
-    spread = sampled.get("spread")
-    mal = spread.get("mean_acceptance_length") if spread else None
-    ci = mal.get("ci95") if mal else None
-    per_seed = ", ".join(fmt_number(s.get("mean_acceptance_length")) for s in sampled.get("per_seed") or [])
-    return (
-        line
-        + f", temperature {sampled.get('temperature')}): mean acceptance length per seed {per_seed}"
-        + (f"; 95% CI {fmt_number(ci[0])}-{fmt_number(ci[1])}" if ci else "")
-    )
-
-
-def _speed_rows(report: SmokeReport, t: Throughput) -> list[tuple[str, str]]:
-    """Batch 1 (the judged speedup: median, interval, spread) and all prompts at once; an older report's one figure."""
-    b1, conc = t.get("batch1"), t.get("concurrent")
-    if not isinstance(b1, dict) and not isinstance(conc, dict):
-        return [
-            (
-                "tok/s plain -> spec",
-                f"{fmt_number(t['baseline_tok_s'], 1)} -> {fmt_number(t['spec_tok_s'], 1)}  "
-                f"(speedup {fmt_number(t['speedup'], 2)})",
-            )
-        ]
-    rows: list[tuple[str, str]] = []
-    if isinstance(b1, dict):
-        rows.append(
-            (
-                "tok/s at batch 1",
-                f"plain {fmt_number(b1['plain_tok_s_median'], 1)} -> spec "
-                f"{fmt_number(b1['spec_tok_s_median'], 1)}  (speedup {fmt_number(b1['speedup'], 2)}, "
-                f"interval {fmt_number(b1['speedup_low'], 2)}-{fmt_number(b1['speedup_high'], 2)}, "
-                f"{b1['prompts']} prompts x {b1['max_tokens']} tokens, median of {b1['repeats']}; "
-                f"plain before {b1['plain_before_tok_s']}, after {b1['plain_after_tok_s']})",
-            )
-        )
-    else:
-        rows.append(("tok/s at batch 1", "not measured (smoke.speed_repeats = 0)"))
-    if isinstance(conc, dict):
-        rows.append(
-            (
-                f"tok/s, {conc.get('requests', '?')} at once",
-                f"plain {fmt_number(conc.get('baseline_tok_s'), 1)} -> spec "
-                f"{fmt_number(conc.get('spec_tok_s'), 1)}  "
-                f"(speedup {fmt_number(conc.get('speedup'), 2)})",
-            )
-        )
-    gpu = report.get("gpu") or {}
-    if gpu.get("name"):
-        rows.append(("gpu", f"{gpu['name']}, driver {gpu.get('driver') or '?'}, CUDA {gpu.get('cuda') or '?'}"))
-    if t.get("note"):
-        rows.append(("speed note", t["note"]))
-    return rows
-
-
-def human_table(report: SmokeReport) -> str:
-    """A short table for people: what ran, what it measured, the verdict."""
-    m, t, ll = report["metrics"], report["throughput"], report["lossless"]
-    ref = report.get("reference")
-    ref_metrics = (ref.get("metrics") if ref else None) or {}
-    per_pos = ", ".join(f"{r:.2f}" for r in m.get("acceptance_per_position", [])) or "-"
-    rows = [
-        ("stack", report["stack"]),
-        ("engine", f"{report['engine']['name']} {report['engine']['version']}"),
-        (
-            "draft",
-            f"{report['draft']['path']}  aux layers {report['draft']['aux_layer_ids']} "
-            f"captured {report['draft']['captured_layers']}",
-        ),
-        ("prompts", f"{report['prompts']['count']} from {report['prompts']['source']}, k={report['num_speculative_tokens']}"),
-        (
-            "lossless",
-            f"{ll['checked'] - ll['mismatches'] - ll.get('numeric_ties', 0)}/{ll['checked']} identical, "
-            f"{ll.get('numeric_ties', 0)} part at numeric ties, {ll['mismatches']} mismatched",
-        ),
-        ("mean acceptance length", fmt_number(m["mean_acceptance_length"])),
-        ("acceptance rate", fmt_number(m["acceptance_rate"])),
-        ("acceptance per position", per_pos),
-        *([("profile", _profile_line(report))] if report.get("profile") else []),
-        (
-            "reference acceptance length",
-            fmt_number(ref_metrics.get("mean_acceptance_length")) + (f"  ({ref.get('status')})" if ref else ""),
-        ),
-        ("reference gap", fmt_number(ref.get("gap") if ref else None)),
-        *_speed_rows(report, t),
-        ("verdict", report["verdict"].upper() + (" with WARN" if report.get("warnings") else "")),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    lines += [f"  - {f}" for f in report["failures"]]
-    lines += [f"  WARN: {w}" for w in report.get("warnings") or []]
-    return "\n".join(lines)
