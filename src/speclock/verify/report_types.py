@@ -3,8 +3,8 @@ docs/smoke.md), the gate's result and the soak's result (`speclock.soak/v1`).
 
 These are the documents as JSON on disk: TypedDicts, so code indexes them with ["key"] as before and the
 files keep their format. A key `speclock smoke` always writes but an older report may lack is NotRequired
-(speclock.verify.report: REQUIRED and OPTIONAL are the contract; validate_report checks a document before it
-is treated as a SmokeReport).
+(speclock.verify.report_schema: REQUIRED and OPTIONAL are the contract; verify.report.validate_report checks a
+document before it is treated as a SmokeReport).
 """
 
 from __future__ import annotations
