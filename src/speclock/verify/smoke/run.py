@@ -1,4 +1,4 @@
-"""Smoke's run: the engine without and with the drafter, the report's numbers, the verdict and report.json."""
+"""Smoke's run: the engine without and with the drafter, the verdict and report.json (the numbers: smoke/measure.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
@@ -20,60 +20,23 @@ from speclock.drafter.models import target_sha256 as weights_sha256
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running, visible_arch
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.spec.stack import Stack
-from speclock.verify import lossless
 from speclock.verify.checks import failures_of, warnings_of
 from speclock.verify.gate import evaluate
-from speclock.verify.profiles import Profile, per_seed_summary
+from speclock.verify.profiles import Profile
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
 from speclock.verify.report_types import (
-    BackendRun,
-    Batch1,
-    Concurrent,
     EngineInfo,
     ImageIdentity,
-    LosslessSection,
-    Metrics,
     ProfileRecord,
     ReferenceKey,
     ReferenceSection,
-    RunState,
-    SampledSection,
-    SeedMetrics,
     SmokeReport,
-    Throughput,
 )
 from speclock.verify.smoke.inputs import SmokeInputs, log
+from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
 from speclock.verify.smoke.worker import WorkerSession, worker_session
 from speclock.verify.speed import CPU_NOTE, summarize_batch1
-
-# One generation pass of an engine: (outputs per prompt, seconds, counters as a delta around the pass).
-PassResult = tuple[list[list[int]], float, SpecCounters]
-
-
-class Measured(TypedDict):
-    """One speculative run's report sections (_measure): the first backend's become the report's."""
-
-    backend: str | None
-    captured_layers: list[int] | None
-    metrics: Metrics
-    concurrent: Concurrent
-    lossless: LosslessSection
-    sampled: NotRequired[SampledSection]
-
-
-def metrics_of(counters: SpecCounters) -> Metrics:
-    """The report's `metrics` object of a run's counters (SpecCounters.metrics, key for key)."""
-    m = counters.metrics()
-    return {
-        "num_drafts": m["num_drafts"],
-        "num_draft_tokens": m["num_draft_tokens"],
-        "num_accepted_tokens": m["num_accepted_tokens"],
-        "accepted_per_position": m["accepted_per_position"],
-        "acceptance_rate": m["acceptance_rate"],
-        "mean_acceptance_length": m["mean_acceptance_length"],
-        "acceptance_per_position": m["acceptance_per_position"],
-    }
 
 
 def image_identity() -> ImageIdentity:
@@ -261,115 +224,6 @@ def _profile_record(inp: SmokeInputs) -> ProfileRecord:
     return rec
 
 
-def _measure(
-    inp: SmokeInputs,
-    backend: str | None,
-    passes: list[dict[str, Any] | None],
-    results: list[PassResult],
-    captured: list[int] | None,
-    plain: list[list[int]],
-    plain_s: float,
-    prompt_ids: list[list[int]],
-    run: RunState,
-) -> Measured:
-    """One speculative run's report sections: counters pooled over its passes (seeds), per-seed spread, throughput,
-    and lossless (greedy: token for token against the plain run; sampled: not checkable token by token)."""
-    pooled = results[0][2]
-    for _, _, delta in results[1:]:
-        pooled = pooled + delta
-    spec_tokens = sum(sum(map(len, outputs)) for outputs, _, _ in results)
-    spec_s = sum(seconds for _, seconds, _ in results)
-    base_tps, spec_tps = sum(map(len, plain)) / plain_s, spec_tokens / spec_s
-    # all prompts at once (offline: one batch; a server: --concurrency in flight); the judged speedup is batch 1's
-    requests = inp.concurrency if inp.server_url else len(prompt_ids)
-    concurrent: Concurrent = {
-        "requests": requests,
-        "baseline_tok_s": round(base_tps, 2),
-        "spec_tok_s": round(spec_tps, 2),
-        "speedup": round(spec_tps / base_tps, 4),
-        "baseline_s": round(plain_s, 3),
-        "spec_s": round(spec_s, 3),
-    }
-    first_pass = passes[0]
-    if first_pass is not None:  # sampled: counters per seed, their spread, and what losslessness can mean here
-        seeds = list(inp.profile.seeds) if inp.profile else list(range(len(passes)))
-        # one pass per seed (sampling_passes), one result per pass
-        per_seed: list[SeedMetrics] = [
-            {"seed": seed, **metrics_of(delta)} for seed, (_, _, delta) in zip(seeds, results, strict=True)
-        ]
-        sampled: SampledSection = {
-            "temperature": first_pass["temperature"],
-            "seeds": seeds,
-            "per_request_seed": "seed" in first_pass,
-            "per_seed": per_seed,
-            "spread": per_seed_summary(per_seed),
-        }
-        sampled_lossless: LosslessSection = {
-            "checked": 0,
-            "mismatches": 0,
-            "mode": "sampled",
-            "note": "temperature > 0: two correct samplers draw different tokens, so outputs are not "
-            "compared token for token; the greedy profiles prove the verification path lossless, "
-            "and this profile's acceptance is gated two-sided against a sampled baseline (a "
-            "rejection sampler that rejects too often drops it, one that accepts too much raises it)",
-        }
-        return {
-            "backend": backend,
-            "captured_layers": captured,
-            "metrics": metrics_of(pooled),
-            "concurrent": concurrent,
-            "sampled": sampled,
-            "lossless": sampled_lossless,
-        }
-    spec = results[0][0]
-    judge: lossless.Judge | None = None
-    if plain != spec:  # the float32 judge loads the target: only when something diverged
-        run["stage"] = "lossless (judging divergences)"
-        judge = lossless.float32_judge(inp.target, log=log)
-    compared = lossless.compare(plain, spec, prompt_ids, judge)
-    if compared["numeric_ties"]:
-        log(
-            f"lossless: {compared['numeric_ties']} prompt(s) part at numeric ties of the target "
-            f"(float32 margin <= tie limit), {compared['mismatches']} real mismatch(es)"
-        )
-    return {
-        "backend": backend,
-        "captured_layers": captured,
-        "metrics": metrics_of(pooled),
-        "concurrent": concurrent,
-        "lossless": compared,
-    }
-
-
-def _backend_run(name: str, measured: Measured) -> BackendRun:
-    """An `attention_backends` entry: the backend's name and its run's sections."""
-    entry: BackendRun = {"backend": name, "metrics": measured["metrics"], "lossless": measured["lossless"]}
-    if "sampled" in measured:
-        entry["sampled"] = measured["sampled"]
-    return entry
-
-
-def _throughput(batch1: Batch1 | None, concurrent: Concurrent) -> Throughput:
-    """The report's throughput: the contract's keys hold the batch-1 figures (None when not measured)."""
-    if batch1 is None:
-        return {
-            "baseline_tok_s": None,
-            "spec_tok_s": None,
-            "speedup": None,
-            "measured_at": None,
-            "batch1": None,
-            "concurrent": concurrent,
-        }
-    return {
-        "baseline_tok_s": batch1["plain_tok_s_median"],
-        "spec_tok_s": batch1["spec_tok_s_median"],
-        "speedup": batch1["speedup"],
-        "measured_at": "batch 1",
-        "batch1": batch1,
-        "concurrent": concurrent,
-    }
-
-
 def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
     """Run the smoke test; return (report, exit code). The report is written to inp.out_dir/report.json."""
     t_start = time.perf_counter()
@@ -437,14 +291,14 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
                 report,
             )
             run["stage"] = "compare"
-            backends.append(_measure(inp, backend, passes, results, captured, plain, plain_s, prompt_ids, run))
+            backends.append(measure(inp, backend, passes, results, captured, plain, plain_s, prompt_ids, run))
             if spec_runs:
                 first_spec_runs = spec_runs
         if speed:
             # plain again: the machine's drift while the drafted engine ran brackets the speedup (speclock.verify.speed)
             run["stage"] = "plain again (no drafter, batch-1 speed)"
             _, _, after = _generate(inp, plain_cfg, prompt_ids, "without drafter, again", [], True, report)
-            report["throughput"] = _throughput(
+            report["throughput"] = throughput_section(
                 summarize_batch1(
                     before,
                     first_spec_runs,
@@ -455,7 +309,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
                 backends[0]["concurrent"],
             )
         else:
-            report["throughput"] = _throughput(None, backends[0]["concurrent"])
+            report["throughput"] = throughput_section(None, backends[0]["concurrent"])
         if not inp.stack.is_gpu:
             report["throughput"]["note"] = CPU_NOTE
         first = backends[0]
@@ -464,7 +318,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
         if first.get("sampled"):
             report["sampled"] = first["sampled"]
         if first["backend"] is not None:  # the stack lists attention backends: every variant has a name
-            report["attention_backends"] = [_backend_run(b["backend"], b) for b in backends if b["backend"] is not None]
+            report["attention_backends"] = [backend_run(b["backend"], b) for b in backends if b["backend"] is not None]
         run["completed"], run["stage"] = True, "done"
         code = 0
     except (BadInput, EnvironmentProblem) as err:
