@@ -1,13 +1,13 @@
 """Drafter training with training-time test (TTT), checkpoints and resume.
 
-Loss (per TTT step s, weighted 0.8**s as in EAGLE-3): cross-entropy between the drafter's
+Loss (train/loss.py; per TTT step s, weighted 0.8**s as in EAGLE-3): cross-entropy between the drafter's
 distribution over the draft vocabulary and the target's distribution restricted to it (softmax of
 the target logits at those ids), on response tokens whose target argmax lies in the draft vocab.
 The target logits come from the stored final hidden states times the target's lm_head.
 bf16 autocast with fp32 master weights on a GPU; plain float32 on a CPU.
 
-The batch order is a pure function of (seed, epoch), so a resumed run replays the same batches:
-resume skips the batches already done in the interrupted epoch.
+The batch order (train/batches.py) is a pure function of (seed, epoch), so a resumed run replays the
+same batches: resume skips the batches already done in the interrupted epoch.
 """
 
 from __future__ import annotations
@@ -15,20 +15,19 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, os_error
-from speclock.kernels import eagle3_loss
+from speclock.train.batches import batches_for_epoch, collate
+from speclock.train.batches import build_draft_vocab as build_draft_vocab
+from speclock.train.batches import split_holdout as split_holdout
 from speclock.train.distributed import optimizer_state_by_position
-from speclock.train.extract import gather_states, state_widths
-
-if TYPE_CHECKING:
-    import torch
+from speclock.train.loss import data_consistency
+from speclock.train.loss import ttt_loss as ttt_loss
 
 
 @dataclass
@@ -79,48 +78,6 @@ class FitState(TypedDict):
     seconds: float
 
 
-def build_draft_vocab(input_ids, loss_mask, vocab_size: int, draft_vocab_size: int):
-    """The `draft_vocab_size` target ids most frequent among response tokens (ties: lower id), sorted."""
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    if draft_vocab_size > vocab_size:
-        raise BadInput(f"draft vocab {draft_vocab_size} is larger than the target vocab {vocab_size}")
-    resp = input_ids[loss_mask.bool()].long()
-    counts = torch.bincount(resp, minlength=vocab_size).double()
-    counts += torch.bincount(input_ids.long(), minlength=vocab_size).double() * 1e-6  # prompts break ties
-    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-12
-    top = counts.topk(draft_vocab_size).indices.sort().values
-    covered = float(counts[top].clamp(min=0).sum() / counts.clamp(min=0).sum())
-    return top, {
-        "response_tokens": int(resp.numel()),
-        "distinct_response_tokens": int((torch.bincount(resp, minlength=vocab_size) > 0).sum()),
-        "coverage_of_response_tokens": round(
-            float(torch.bincount(resp, minlength=vocab_size)[top].sum()) / max(1, resp.numel()), 5
-        ),
-        "coverage_weighted": round(covered, 5),
-    }
-
-
-def batches_for_epoch(spans: list[tuple[int, int]], max_len: int, batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """Sequence indices per batch: similar lengths together, at most batch_tokens padded tokens, shuffled."""
-    order = sorted(range(len(spans)), key=lambda i: min(spans[i][1], max_len))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    width = 0
-    for i in order:
-        n = min(spans[i][1], max_len)
-        if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
-            batches.append(cur)
-            cur, width = [], 0
-        cur.append(i)
-        width = max(width, n)
-    if cur:
-        batches.append(cur)
-    random.Random(seed * 1000003 + epoch).shuffle(batches)
-    return batches
-
-
 def load_checkpoint(path: Path, device: str) -> dict[str, Any]:
     """A checkpoint this module wrote; a damaged one is bad input naming the file, not a crash."""
     # heavy, optional (torch): imported only where it is used
@@ -157,18 +114,6 @@ def load_checkpoint(path: Path, device: str) -> dict[str, Any]:
     return saved
 
 
-def split_holdout(num_sequences: int, holdout: int, seed: int) -> tuple[list[int], list[int]]:
-    """(training ids, held-out ids): a seeded draw of `holdout` sequences, the rest in order."""
-    if holdout < 0 or (holdout and holdout >= num_sequences):
-        raise BadInput(
-            f"holdout of {holdout} sequences leaves nothing to train on ({num_sequences} sequences)",
-            hint="pass a smaller --holdout",
-        )
-    held = sorted(random.Random(seed * 7919 + 1).sample(range(num_sequences), holdout)) if holdout else []
-    hs = set(held)
-    return [i for i in range(num_sequences) if i not in hs], held
-
-
 def evaluate_holdout(drafter, target_head, data: dict[str, Any], ids: list[int], cfg: FitConfig, device: str) -> list[float]:
     """Teacher-forced TTT accuracy per step on held-out sequences (mean over their batches)."""
     # heavy, optional (torch): imported only where it is used
@@ -183,7 +128,7 @@ def evaluate_holdout(drafter, target_head, data: dict[str, Any], ids: list[int],
     drafter.eval()
     with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
         for b in batches:
-            ids_t, lm, aux, fin, _ = _collate(data, b, cfg.max_len, device)
+            ids_t, lm, aux, fin, _ = collate(data, b, cfg.max_len, device)
             _, accs, _ = ttt_loss(drafter, target_head, ids_t, lm, aux, fin, cfg.ttt_steps)
             for i, a in enumerate(accs):
                 per_step[i].append(a)
@@ -201,111 +146,6 @@ def _lr_at(step: int, progress: float, cfg: FitConfig) -> float:
 def _settings(fit_config: dict[str, Any]) -> dict[str, Any]:
     """The fit settings that must match to resume (stop conditions may change between runs)."""
     return {k: v for k, v in fit_config.items() if k not in ("max_steps", "time_budget_s", "checkpoint_every", "fused_loss")}
-
-
-def _collate(
-    data: dict[str, Any], idxs: list[int], max_len: int, device: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """(ids, loss mask, aux states, final states) of a batch, padded to its longest sequence; and its token count."""
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    spans = [(s, min(n, max_len)) for s, n in (data["spans"][i] for i in idxs)]
-    T = max(n for _, n in spans)
-    B = len(spans)
-    H3, H = state_widths(data)
-    ids = torch.zeros(B, T, dtype=torch.long, device=device)
-    lm = torch.zeros(B, T, dtype=torch.bool, device=device)
-    aux = torch.zeros(B, T, H3, dtype=torch.bfloat16, device=device)
-    fin = torch.zeros(B, T, H, dtype=torch.bfloat16, device=device)
-    aux_rows = gather_states(data, "aux", spans).to(device)
-    fin_rows = gather_states(data, "final", spans).to(device)
-    at = 0
-    for j, (s, n) in enumerate(spans):
-        ids[j, :n] = data["input_ids"][s : s + n].to(device)
-        lm[j, :n] = data["loss_mask"][s : s + n].to(device).bool()
-        aux[j, :n] = aux_rows[at : at + n]
-        fin[j, :n] = fin_rows[at : at + n]
-        at += n
-    return ids, lm, aux, fin, sum(n for _, n in spans)
-
-
-def ttt_loss(drafter, target_head, ids, lm, aux, fin, steps: int, reduce_counts=None, fused: str | None = None):
-    """(weighted loss, per-step accuracies, per-step losses). `reduce_counts` (distributed runs) turns this
-    process's per-step counts of loss positions into the global batch's, so each step is normalized by
-    the whole global batch and the processes' losses add up to the one-process loss.
-    `fused`: a speclock.kernels.eagle3_loss backend ("triton" on a GPU): the draft lm_head, the soft
-    cross-entropy and the top-1 count in one chunked kernel, never holding [tokens x draft vocab]
-    logits (same loss and gradients; one-process runs only, as FSDP2 shards lm_head)."""
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    if fused and reduce_counts is not None:
-        raise BadInput("the fused loss runs in one-process training only", hint="drop --nproc, or pass --unfused-loss")
-
-    B, T = ids.shape
-    d2t_ids = drafter.draft_to_target_ids()
-    with torch.no_grad():
-        tl = fin.to(target_head.dtype) @ target_head.t()  # [B,T,V] target logits (position p predicts p+1)
-        t_arg = tl.argmax(-1)
-        tp = tl[..., d2t_ids].float().softmax(-1)
-        in_vocab = drafter.t2d[t_arg]
-        del tl
-        counts = torch.stack([(lm[:, 2 + s :] & in_vocab[:, 1 + s : T - 1]).sum() for s in range(steps)])
-        if reduce_counts is not None:
-            counts = reduce_counts(counts)
-    outs = drafter.ttt_forward(ids, aux.to(drafter.fc.weight.dtype), steps, normed_only=bool(fused))
-    total = 0.0
-    accs, losses = [], []
-    for s, logits in enumerate(outs):
-        n = T - 2 - s
-        if n <= 0:
-            break
-        mask = lm[:, 2 + s :] & in_vocab[:, 1 + s : T - 1]
-        if fused:
-            loss_s, acc = _fused_step(drafter, logits[:, :n][mask], tp[:, 1 + s : T - 1][mask], fused)
-            total = total + (0.8**s) * loss_s
-            accs.append(acc)
-            losses.append(float(loss_s.detach()))
-            continue
-        logp = logits[:, :n].float().log_softmax(-1)
-        ce = -(tp[:, 1 + s : T - 1] * logp).sum(-1)
-        cnt = counts[s].clamp(min=1)
-        loss_s = (ce * mask).sum() / cnt
-        total = total + (0.8**s) * loss_s
-        with torch.no_grad():
-            pred = d2t_ids[logits[:, :n].argmax(-1)]
-            acc = ((pred == t_arg[:, 1 + s : T - 1]) & mask).sum() / cnt
-        accs.append(float(acc))
-        losses.append(float(loss_s.detach()))
-    return total, accs, losses
-
-
-def _fused_step(drafter, hidden_rows, probs_rows, backend: str):
-    """One TTT step through speclock.kernels.eagle3_loss: (mean soft CE over the rows, accuracy)."""
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    if hidden_rows.shape[0] == 0:
-        return hidden_rows.sum() * 0.0, 0.0
-    weight = drafter.lm_head.weight
-    # The Triton kernel takes bf16 on a GPU; autocast off so that the dtypes are what we pass.
-    dtype = torch.bfloat16 if hidden_rows.is_cuda else weight.dtype
-    with torch.autocast(device_type="cuda", enabled=False):
-        loss, correct = eagle3_loss(hidden_rows.to(dtype), weight.to(dtype), probs_rows, backend=backend)
-    return loss, float(correct) / hidden_rows.shape[0]
-
-
-def data_consistency(ids: torch.Tensor, lm: torch.Tensor, fin: torch.Tensor, target_head: torch.Tensor) -> float:
-    """Share of response tokens equal to the target's own greedy choice at that point: about 1.0 when
-    the data really is the target's greedy output (a check on the generator and the extraction)."""
-    # heavy, optional (torch): imported only where it is used
-    import torch
-
-    with torch.no_grad():
-        pred = (fin[:, :-1].to(target_head.dtype) @ target_head.t()).argmax(-1)
-        mask = lm[:, 1:]
-        return float(((pred == ids[:, 1:]) & mask).sum() / mask.sum().clamp(min=1))
 
 
 def train_drafter(
@@ -387,7 +227,7 @@ def train_drafter(
 
     probe = [b for e in epochs_batches[:1] for b in e[:4]]
     consistency = [
-        data_consistency(*_collate(data, b, cfg.max_len, device)[:2], _collate(data, b, cfg.max_len, device)[3], target_head)
+        data_consistency(*collate(data, b, cfg.max_len, device)[:2], collate(data, b, cfg.max_len, device)[3], target_head)
         for b in probe
     ]
     data_check = round(sum(consistency) / max(1, len(consistency)), 4)
@@ -411,9 +251,9 @@ def train_drafter(
                 stop = True
                 break
             if dist:
-                ids, lm, aux, fin, ntok = dist.collate_local(_collate, data, batches[state["batch"]], cfg.max_len, device)
+                ids, lm, aux, fin, ntok = dist.collate_local(collate, data, batches[state["batch"]], cfg.max_len, device)
             else:
-                ids, lm, aux, fin, ntok = _collate(data, batches[state["batch"]], cfg.max_len, device)
+                ids, lm, aux, fin, ntok = collate(data, batches[state["batch"]], cfg.max_len, device)
             for g in opt.param_groups:
                 progress = state["step"] / max(1, schedule_steps)
                 if cfg.time_budget_s:
