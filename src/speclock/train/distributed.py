@@ -17,7 +17,7 @@ one-process index, so `fit` and later one-process runs read it unchanged). A seq
 shard (from a run with any N) is never extracted again: a rerun with another N only deals out what
 is missing.
 
-Training: every rank reads the same global batches (fit.batches_for_epoch) and takes the sequences
+Training: every rank reads the same global batches (train.batches.batches_for_epoch) and takes the sequences
 batch[rank::N]. Each TTT step's loss is normalized by the global count of loss positions
 (all-reduced before the division) and FSDP2's gradient average is undone by scaling the loss by N,
 so the summed gradient equals the one-process gradient of the same global batch. Checkpoints hold

@@ -8,7 +8,8 @@ in the drafter's manifest, or run live), applies the stack's thresholds and writ
 The report is written even when the engine fails mid-run, with the failure in it.
 
 inputs.py (options, paths, flags), reference.py (recorded or live reference), run.py (the run and
-its report), cli.py (the command).
+its report), measure.py (the runs' counters and timings as the report's numbers), worker.py (each
+engine in its own process), cli.py (the command).
 """
 
 from speclock.verify.smoke.cli import add_commands
