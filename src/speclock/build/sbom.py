@@ -10,85 +10,48 @@ The build-time wheels (the lock's assets) are listed with scope `excluded`: they
 Nothing in it depends on the wall clock or the machine: the timestamp is the lock's SOURCE_DATE_EPOCH,
 every bom-ref is named, and the serial number is derived from the rest of the document, so the same
 inputs give the same bytes (and the image keeps its reproducible digest).
+
+Its parts: build/sbom_format.py (CycloneDX, imported on use; where the document lives), build/sbom_packages.py
+(the components of the lock's packages), build/sbom_referrer.py (the OCI referrer beside the pushed image).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gzip
+import functools
 import hashlib
 import importlib.metadata as md
-import io
 import json
 import sys
-import tarfile
 import time
-import urllib.parse
 import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from speclock import __version__
-from speclock.build import referrers, wheelhouse
+from speclock.build import wheelhouse
 from speclock.build.context import patch_files, sync_text, tree_files
 from speclock.build.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - their old home; importers keep working
 from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - idem (tests use OCI_*)
 from speclock.build.rootfs_packages import base_packages, parse_dpkg_status, parse_os_release, read_rootfs_packages  # noqa: F401 - idem
+from speclock.build.sbom_format import INSTALL, cyclonedx, schema, sha256_hashes, speclock_property
+from speclock.build.sbom_format import SBOM_IN_CONTEXT as SBOM_IN_CONTEXT
+from speclock.build.sbom_format import SBOM_IN_IMAGE as SBOM_IN_IMAGE
+from speclock.build.sbom_format import SBOM_MEDIA_TYPE as SBOM_MEDIA_TYPE
+from speclock.build.sbom_format import SCHEMA_VERSION as SCHEMA_VERSION
+from speclock.build.sbom_packages import base_components, build_asset_components, venv_components
+from speclock.build.sbom_referrer import pull_sbom_referrer as pull_sbom_referrer
+from speclock.build.sbom_referrer import push_sbom_referrer as push_sbom_referrer
+from speclock.build.sbom_referrer import sbom_from_image as sbom_from_image
+from speclock.build.sbom_referrer import sbom_referrers as sbom_referrers
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_text, confined, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, LockEntry, lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
-
-# The staged context's config/ is copied to /opt/speclock (containers/Containerfile: COPY config /opt/speclock).
-SBOM_IN_CONTEXT = "config/sbom.cdx.json"
-SBOM_IN_IMAGE = "/opt/speclock/sbom.cdx.json"
-SBOM_LABEL = ("io.speclock.sbom", SBOM_IN_IMAGE)
-SBOM_MEDIA_TYPE = "application/vnd.cyclonedx+json"
-SCHEMA_VERSION = "1.7"  # the newest the pinned cyclonedx-python-lib writes and validates
-
-INSTALL = "pip install -r scripts/requirements-host.txt (cyclonedx-python-lib[json-validation]), or run scripts/bootstrap.sh"
-
-
-def _cyclonedx():
-    """The library's modules, imported on use (speclock --help stays fast; the image never makes SBOMs)."""
-    try:
-        # optional and slow to import (4.6 s): only SBOM makers need it, never `speclock --help` or the image
-        from cyclonedx.contrib.this.builders import this_component
-        from cyclonedx.model import HashAlgorithm, HashType, Property, XsUri
-        from cyclonedx.model.bom import Bom, BomMetaData
-        from cyclonedx.model.component import Component, ComponentScope, ComponentType, Diff, Patch, PatchClassification, Pedigree
-        from cyclonedx.output import make_outputter
-        from cyclonedx.schema import OutputFormat, SchemaVersion
-        from packageurl import PackageURL
-    except ImportError as err:
-        raise EnvironmentProblem(
-            f"the SBOM needs cyclonedx-python-lib, which does not import here ({err})", hint=INSTALL
-        ) from None
-    return argparse.Namespace(
-        this_component=this_component,
-        HashAlgorithm=HashAlgorithm,
-        HashType=HashType,
-        Property=Property,
-        XsUri=XsUri,
-        Bom=Bom,
-        BomMetaData=BomMetaData,
-        Component=Component,
-        ComponentScope=ComponentScope,
-        ComponentType=ComponentType,
-        Diff=Diff,
-        Patch=Patch,
-        PatchClassification=PatchClassification,
-        Pedigree=Pedigree,
-        make_outputter=make_outputter,
-        OutputFormat=OutputFormat,
-        SchemaVersion=SchemaVersion,
-        PackageURL=PackageURL,
-    )
-
 
 # ---- inputs that are not in the lock --------------------------------------------------------------------
 
@@ -153,24 +116,12 @@ def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
 # ---- the document -----------------------------------------------------------------------------------
 
 
-def _pypi_purl(cdx, pkg: LockEntry):
-    """pkg:pypi/<name>@<version>?file_name=<wheel>, plus repository_url for a wheel from another index than PyPI.
-
-    The download URL stays in the lock, not in an externalReference: the strict validator's IRI check of
-    ~200 URLs costs ~15 s, and the purl with the wheel's name and sha256 already identifies the file."""
-    qualifiers = {"file_name": pkg["filename"]}
-    url = urllib.parse.urlsplit(pkg["url"])
-    if url.scheme == "https" and url.hostname not in ("files.pythonhosted.org", "pypi.org"):
-        qualifiers["repository_url"] = f"{url.scheme}://{url.netloc}{url.path.rsplit('/', 1)[0]}"
-    return cdx.PackageURL(type="pypi", name=normalize(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
-
-
 def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: dict[str, Path], progress=print) -> str:
     """The SBOM (CycloneDX JSON) of the image built from `lock`; `patches` = {"<engine>/<file>": path} in series
     order, `draft` = {"<file>": path}. Validated against the CycloneDX schema before it is returned."""
-    cdx = _cyclonedx()
-    sha = lambda hexdigest: [cdx.HashType(alg=cdx.HashAlgorithm.SHA_256, content=hexdigest)]  # noqa: E731
-    prop = lambda k, v: cdx.Property(name=f"speclock:{k}", value=str(v))  # noqa: E731
+    cdx = cyclonedx()
+    sha = functools.partial(sha256_hashes, cdx)
+    prop = functools.partial(speclock_property, cdx)
     epoch = int(lock.get("source_date_epoch") or 0)
 
     root = cdx.Component(
@@ -189,109 +140,18 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
     components: list[Any] = []
     top: list[Any] = []
 
-    # The base rootfs and its Debian packages.
-    base = lock["base"]
-    listed = base_packages(base, progress=progress)
-    if listed is None:
-        base_c = cdx.Component(
-            type=cdx.ComponentType.CONTAINER,
-            name=base.get("ref", "base"),
-            bom_ref="base",
-            properties=[
-                prop("base-kind", base.get("kind", "image")),
-                prop("note", "a base image by reference: its packages are not listed"),
-            ],
-        )
-        debs: list[Any] = []
-    else:
-        osr = listed["os"]
-        distro = f"{osr.get('ID', 'debian')}-{osr.get('VERSION_ID', '')}".rstrip("-")
-        base_c = cdx.Component(
-            type=cdx.ComponentType.OPERATING_SYSTEM,
-            name=osr.get("ID", "debian"),
-            version=osr.get("DEBIAN_VERSION") or osr.get("VERSION_ID") or None,
-            bom_ref="base",
-            hashes=sha(base["sha256"]),
-            properties=[prop("base-kind", "debian-rootfs"), prop("base-recipe", base.get("command", "")), prop("distro", distro)],
-        )
-        debs = []
-        for p in listed["packages"]:
-            purl = cdx.PackageURL(
-                type="deb",
-                namespace=osr.get("ID", "debian"),
-                name=p["name"],
-                version=p["version"],
-                qualifiers={
-                    "arch": p["arch"],
-                    "distro": distro,
-                    **({"upstream": p["source"]} if p["source"] != p["name"] else {}),
-                },
-            )
-            debs.append(
-                cdx.Component(
-                    type=cdx.ComponentType.LIBRARY,
-                    name=p["name"],
-                    version=p["version"],
-                    purl=purl,
-                    bom_ref=f"deb:{p['name']}:{p['arch']}",
-                )
-            )
+    # The base rootfs and its Debian packages (build/sbom_packages.py).
+    base_c, debs = base_components(cdx, lock["base"], progress=progress)
     components += [base_c, *debs]
     top.append(base_c)
 
     # The engine's patches (files) and the Python packages of the venv (the engine carries the patches as pedigree).
-    engine_pkg = normalize(stack.engine["package"])
-    patch_cs, pedigree = [], []
-    for rel, path in patches.items():
-        patch_cs.append(
-            cdx.Component(
-                type=cdx.ComponentType.FILE,
-                name=f"patches/{rel}",
-                bom_ref=f"patch:{rel}",
-                hashes=sha(file_sha256(path)),
-                properties=[prop("path", f"/opt/speclock/patches/{rel}")],
-            )
-        )
-        pedigree.append(
-            cdx.Patch(
-                type=cdx.PatchClassification.UNOFFICIAL, diff=cdx.Diff(url=cdx.XsUri(f"file:///opt/speclock/patches/{rel}"))
-            )
-        )
-    venv = []
-    for pkg in lock["packages"]:
-        venv.append(
-            cdx.Component(
-                type=cdx.ComponentType.LIBRARY,
-                name=pkg["name"],
-                version=pkg["version"],
-                purl=_pypi_purl(cdx, pkg),
-                bom_ref=f"pypi:{normalize(pkg['name'])}",
-                hashes=sha(pkg["sha256"]),
-                pedigree=cdx.Pedigree(patches=pedigree) if pedigree and normalize(pkg["name"]) == engine_pkg else None,
-            )
-        )
-    if pedigree and not any(normalize(p["name"]) == engine_pkg for p in lock["packages"]):
-        raise BadInput(
-            f"the lock of stack {stack.name} has no package {stack.engine['package']} (engine.package)",
-            hint=f"run `speclock lock --stack {stack.name}`",
-        )
+    venv, patch_cs = venv_components(cdx, stack, lock, patches)
     components += venv + patch_cs
     top += venv + patch_cs
 
     # Build-time wheels: read at build time (the target's GGUF, the prompts, the converters), not in the image.
-    for pkg in lock["assets"]:
-        components.append(
-            cdx.Component(
-                type=cdx.ComponentType.LIBRARY,
-                name=pkg["name"],
-                version=pkg["version"],
-                purl=_pypi_purl(cdx, pkg),
-                bom_ref=f"build-asset:{normalize(pkg['name'])}",
-                hashes=sha(pkg["sha256"]),
-                scope=cdx.ComponentScope.EXCLUDED,
-                properties=[prop("role", "build-asset")],
-            )
-        )
+    components += build_asset_components(cdx, lock)
 
     # The models and the data.
     target = stack.target
@@ -370,7 +230,7 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
         bom.register_dependency(root, top)
         if debs:
             bom.register_dependency(base_c, debs)
-        return cdx.make_outputter(bom, cdx.OutputFormat.JSON, _schema(cdx)).output_as_string(indent=1) + "\n"
+        return cdx.make_outputter(bom, cdx.OutputFormat.JSON, schema(cdx)).output_as_string(indent=1) + "\n"
 
     # The serial number: a name-based UUID of the document itself, so the same inputs give the same bytes. The
     # document is made once with a placeholder serial, which occurs exactly once, then the serial is put in its
@@ -388,10 +248,6 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
     return text
 
 
-def _schema(cdx):
-    return cdx.SchemaVersion.from_version(SCHEMA_VERSION)
-
-
 def _validated_marker(text: str) -> Path:
     """Where a document that passed validation is remembered: validation is a pure function of the bytes and the
     validator, so the same bytes need not be validated again (importing the validator alone takes ~3 s)."""
@@ -407,7 +263,7 @@ def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
     marker = _validated_marker(text)
     if marker.is_file():
         return
-    cdx = _cyclonedx()
+    cdx = cyclonedx()
     try:
         # optional and slow (jsonschema's format checkers build ~40 grammars at import: ~3 s): only on validation
         from cyclonedx.validation.json import JsonStrictValidator
@@ -415,7 +271,7 @@ def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
         raise EnvironmentProblem(
             f"validating the SBOM needs cyclonedx-python-lib[json-validation] ({err})", hint=INSTALL
         ) from None
-    error = JsonStrictValidator(_schema(cdx)).validate_str(text)
+    error = JsonStrictValidator(schema(cdx)).validate_str(text)
     if error is not None:
         raise CheckFailed(
             f"{where} does not validate against CycloneDX {SCHEMA_VERSION}: {str(error)[:500]}",
@@ -452,97 +308,6 @@ def summary(text: str) -> dict[str, Any]:
         "serialNumber": doc.get("serialNumber"),
         "specVersion": doc.get("specVersion"),
     }
-
-
-# ---- the OCI referrer (the mechanics: build/referrers.py) -------------------------------------------------
-
-
-def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
-    """The SBOM file as the pushed image holds it: read from its layers, topmost first (a few small layers)."""
-    got = reg.manifest(digest)
-    if got is None:
-        raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}", hint="push the image first")
-    media_type, body = got
-    manifest = json.loads(body)
-    if "layers" not in manifest:
-        raise BadInput(
-            f"{reg.name}@{digest} is an index ({media_type}), not an image manifest",
-            hint="pass the digest of the image manifest that push-image printed",
-        )
-    want = SBOM_IN_IMAGE.lstrip("/")
-    for layer in reversed(manifest["layers"]):
-        data = reg.blob(layer["digest"])
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        try:
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                for member in tar:
-                    name = member.name.lstrip("./")
-                    fh = tar.extractfile(member) if name == want and member.isfile() else None
-                    if fh is not None:
-                        return fh.read()
-                    if name == f"{Path(want).parent}/.wh.{Path(want).name}" or name == f"{Path(want).parent}/.wh..wh..opq":
-                        break
-        except tarfile.TarError as err:
-            raise CheckFailed(
-                f"layer {layer['digest'][:19]} of {reg.name}@{digest} is not a tar this reader takes ({err})",
-                hint="push with gzip or no compression (zstd layers are not read here), or pass sbom=",
-            ) from None
-    raise CheckFailed(
-        f"{reg.name}@{digest} holds no {SBOM_IN_IMAGE}",
-        hint="rebuild the image with this speclock (build-image stages the SBOM), then push it again",
-    )
-
-
-def push_sbom_referrer(
-    registry: str, repository: str, digest: str, *, insecure: bool, sbom: bytes | None = None
-) -> dict[str, Any]:
-    """Push the image's SBOM beside it as an OCI referrer: an artifact manifest (artifactType
-    application/vnd.cyclonedx+json) whose `subject` is the image manifest `digest`, in REGISTRY/repository.
-
-    `sbom`: the document; default the image's own /opt/speclock/sbom.cdx.json, read from the pushed layers.
-    A registry without the referrers API (no OCI-Subject answer) gets the tag-schema fallback: the index
-    tagged sha256-<hex> lists the referrer. Returns {"digest", "sbom_digest", "size", "subject", "referrers"}."""
-    reg = RegistryClient(registry, repository, insecure=insecure)
-    subject = referrers.subject_manifest(reg, digest, then="its SBOM")
-    data = sbom if sbom is not None else sbom_from_image(reg, digest)
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
-        raise BadInput(
-            "the SBOM to push is not a CycloneDX JSON document",
-            hint=f"pass the file {SBOM_IN_IMAGE} of the image (or nothing: it is read from the image)",
-        )
-    created = (doc.get("metadata") or {}).get("timestamp")
-    pushed = referrers.push_referrer(
-        reg,
-        digest,
-        data,
-        artifact_type=SBOM_MEDIA_TYPE,
-        title=Path(SBOM_IN_IMAGE).name,
-        subject=subject,
-        annotations={"org.opencontainers.image.created": created} if created else None,
-    )
-    pushed["sbom_digest"] = pushed.pop("blob_digest")
-    return pushed
-
-
-def sbom_referrers(registry: str, repository: str, digest: str, *, insecure: bool) -> list[dict[str, Any]]:
-    """The CycloneDX referrers of an image manifest: the referrers API, or the tag-schema index where it is missing."""
-    return referrers.list_referrers(RegistryClient(registry, repository, insecure=insecure), digest, SBOM_MEDIA_TYPE)
-
-
-def pull_sbom_referrer(registry: str, repository: str, digest: str, *, insecure: bool) -> bytes:
-    """The SBOM pushed beside the image `digest` (its newest CycloneDX referrer), checked against its digests."""
-    return referrers.pull_referrer(
-        RegistryClient(registry, repository, insecure=insecure),
-        digest,
-        SBOM_MEDIA_TYPE,
-        what="CycloneDX",
-        push_hint="push it with push_sbom_referrer (push-image does after the image)",
-    )
 
 
 # ---- the command ------------------------------------------------------------------------------------
