@@ -1,0 +1,86 @@
+"""The lock document's shape (schema id, entry lists, TypedDicts), apart from the code that reads, writes and compares locks."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+LOCK_SCHEMA = "speclock.lock/v1"
+# The lists of package entries a target holds.
+EntryList = Literal["packages", "assets", "excluded", "pruned"]
+ENTRY_LISTS: tuple[EntryList, ...] = ("packages", "assets", "excluded", "pruned")
+
+
+# The lock document, as JSON on disk (`locks/<stack>.lock`, a host environment's lock.json) and in memory. Readers
+# index it (doc["packages"]); these types say what they may find. read_lock checks the shapes before returning one.
+class LockEntry(TypedDict):
+    """One locked wheel (in packages, assets, excluded and pruned): every key a non-empty string (provenance)."""
+
+    name: str  # normalized
+    version: str
+    filename: str  # the basename of url; fetch stores it as <sha256>/<filename>
+    url: str  # https on PyPI or a stack's index (a file:// url only in a lock of one machine)
+    sha256: str
+    mirror_url: NotRequired[str]  # file:///...: the local copy the resolver took it from (fetch prefers it)
+
+
+class LockPython(TypedDict):
+    """The image target's Python: `python` of a lock (a host target's own lock view: that target's)."""
+
+    version: str
+    platforms: list[str]  # wheel platform tags, newest first
+
+
+class PruneRecord(TypedDict):
+    """`prune` of a lock: the stack's [prune], packages normalized and sorted, path globs as declared."""
+
+    packages: list[str]
+    paths: list[str]
+
+
+class TargetPlatform(TypedDict):
+    """What a target key ('3.12-x86_64') names: its Python, its machine and the wheel platform tags it accepts."""
+
+    python: str
+    machine: str
+    platforms: list[str]
+
+
+class HostTarget(TargetPlatform):
+    """One entry of a lock's `targets` ('3.12-x86_64'): a host target's resolved package set."""
+
+    packages: list[LockEntry]
+    excluded: NotRequired[list[LockEntry]]
+    assets: NotRequired[list[LockEntry]]
+    pruned: NotRequired[list[LockEntry]]
+
+
+class TargetView(TargetPlatform):
+    """One target as `lock_targets` gives it (the image's from the top-level keys): every list present."""
+
+    packages: list[LockEntry]
+    excluded: list[LockEntry]
+    assets: list[LockEntry]
+    pruned: list[LockEntry]
+
+
+class LockDoc(TypedDict):
+    """A lock document (schema speclock.lock/v1). Optional keys are absent from locks that do not need them."""
+
+    schema: str
+    stack: str
+    stack_sha256: str
+    base: dict[str, Any]  # the base recipe: spec.baseimage (provenance.check_base checks it)
+    packages: list[LockEntry]  # the image target's install set
+    assets: list[LockEntry]  # its data wheels (python.build_only)
+    lock_sha256: NotRequired[str]  # set by finish_lock: every finished, written or read lock has it
+    excluded: NotRequired[list[LockEntry]]
+    stack_data: NotRequired[dict[str, Any]]  # the validated stack it was made from
+    python: NotRequired[LockPython]
+    resolver: NotRequired[dict[str, Any]]
+    kernel_base: NotRequired[dict[str, Any]]  # stacks with kernels.build
+    source_date_epoch: NotRequired[int]
+    targets: NotRequired[dict[str, HostTarget]]  # stacks with python.host_targets
+    target: NotRequired[str]  # a target's own view (target_lock): which target
+    lock_from: NotRequired[str]  # ... and the lock_sha256 of the full lock it comes from
+    prune: NotRequired[PruneRecord]  # stacks with [prune]
+    pruned: NotRequired[list[LockEntry]]
