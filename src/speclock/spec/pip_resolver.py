@@ -1,0 +1,106 @@
+"""pip's resolver (`pip install --dry-run --report`) run for one target's Python and platform tags; its report as lock entries."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.names import normalize
+from speclock.spec.lock_types import LockEntry
+from speclock.spec.provenance import url_basename
+from speclock.spec.stack import Stack
+
+# glibc of the base, by Debian suite: the newest manylinux tag the image can run.
+SUITE_GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
+
+
+def platform_tags(stack: Stack) -> list[str]:
+    """Wheel platform tags the image accepts: manylinux up to the base's glibc."""
+    glibc = SUITE_GLIBC.get(stack.base["suite"], 36) if stack.base["kind"] == "debian-rootfs" else 34
+    tags = [f"manylinux_2_{n}_x86_64" for n in range(glibc, 4, -1)]
+    return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+
+
+def pip_report(
+    requirements: list[str],
+    stack: Stack,
+    *,
+    no_deps: bool,
+    extra_index: str | None,
+    python: str | None = None,
+    platforms: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Run pip's resolver for a target's interpreter and platform (default: the image's); return the report's
+    install list."""
+    pyver = python or stack.python["version"]
+    platforms = platforms or platform_tags(stack)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--ignore-installed",
+        "--only-binary=:all:",
+        "--python-version",
+        pyver,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{pyver.replace('.', '')}",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        "--disable-pip-version-check",
+        "--retries",
+        "2",
+    ]
+    for tag in platforms:
+        cmd += ["--platform", tag]
+    if no_deps:
+        cmd.append("--no-deps")
+    if extra_index:
+        cmd += ["--extra-index-url", extra_index]
+    with tempfile.TemporaryDirectory(prefix="speclock-lock-") as tmp:
+        report = Path(tmp) / "report.json"
+        cmd += ["--report", str(report), *requirements]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            err = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line and "Retrying" not in line)
+            missing = re.search(r"No matching distribution found for (\S+)", err)
+            if missing:
+                raise BadInput(
+                    f"stack {stack.path}: the resolver found no wheel for {missing[1]} (Python {pyver}, {platforms[0]}).",
+                    hint="check the version in the stack (engine.version, torch.version, python.extra): "
+                    f"`pip index versions {missing[1].split('=')[0].split('<')[0].split('>')[0]}` lists what exists",
+                )
+            raise EnvironmentProblem(
+                f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
+                hint="check network access to the package index (and PIP_CERT behind a proxy)",
+            )
+        return json.loads(report.read_text())["install"]
+
+
+def report_entry(item: dict[str, Any]) -> LockEntry:
+    """The lock entry of one item of pip's installation report."""
+    info = item["download_info"]
+    url = info["url"]
+    hashes = info.get("archive_info", {}).get("hashes", {})
+    sha = hashes.get("sha256") or info.get("archive_info", {}).get("hash", "sha256=").split("=", 1)[1]
+    if not sha:
+        raise EnvironmentProblem(f"the index gave no sha256 for {url}", hint="use an index that publishes hashes (PyPI does)")
+    return {
+        "name": normalize(item["metadata"]["name"]),
+        "version": item["metadata"]["version"],
+        "filename": url_basename(url),  # URL-decoded, as read_lock checks it
+        "url": url,
+        "sha256": sha,
+    }
