@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
+# the drafter manifest's reference key is the report's too (the gate compares them)
+from speclock.drafter.manifest import ReferenceKey as ReferenceKey
+
 
 class ImageIdentity(TypedDict):
     ref: str
@@ -155,15 +158,6 @@ class Throughput(TypedDict):
     batch1: NotRequired[Batch1 | None]
     concurrent: NotRequired[Concurrent]
     note: NotRequired[str]
-
-
-class ReferenceKey(TypedDict):
-    target_sha256: str
-    drafter_sha256: str
-    prompts_sha256: str
-    num_prompts: int
-    k: int
-    max_tokens: int
 
 
 class ReferenceSection(TypedDict):
