@@ -7,9 +7,9 @@ builders' layer caches hit; anything no longer wanted is removed."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from speclock.build import uvwheel, wheelhouse
@@ -17,6 +17,7 @@ from speclock.build.closure import INIT_STUB_REL, import_closure, init_stub
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, patch_files, plan_environment
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
 from speclock.core.layout import REPO_ROOT, cache_dir
+from speclock.core.locks import exclusive
 from speclock.spec.lock import LockDoc, lock_path
 from speclock.spec.stack import Stack
 
@@ -168,14 +169,8 @@ def context_dir(stack: Stack, lock_file: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def context_lock(stack_name: str, progress=print):
+def context_lock(stack_name: str, progress=print) -> Iterator[None]:
     """One build per stack at a time: builds share the staged context folder."""
     path = cache_dir() / "contexts" / f"{stack_name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"another build of stack {stack_name} is running; waiting for it to finish")
-            fcntl.flock(fh, fcntl.LOCK_EX)
+    with exclusive(path, on_wait=lambda: progress(f"another build of stack {stack_name} is running; waiting for it to finish")):
         yield
