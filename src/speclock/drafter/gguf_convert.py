@@ -12,13 +12,17 @@ adds the weights hash to the provenance record.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 DTYPES = ("bfloat16", "float16", "float32")
 SOURCE_RECORD = "speclock-source.json"
@@ -55,11 +59,41 @@ def _check_input(gguf_path: Path, out_dir: Path, dtype: str) -> None:
         raise ConvertError(f"output folder {out_dir} exists and is not empty", hint="remove it or choose another --out")
 
 
-def _write_folder(gguf_path: Path, tmp: Path, dtype: str) -> None:
-    """The converted model, tokenizer and provenance record in `tmp`. The GGUF is read twice (tokenizer, weights
-    with their config): every further from_pretrained would parse and dequantize it again."""
+@contextlib.contextmanager
+def _gguf_parsed_once(gguf_module: Any) -> Iterator[None]:
+    """transformers reads the GGUF three times for one conversion (tokenizer, config, weights), each time
+    parsing the whole header and vocabulary with gguf.GGUFReader (~2.4 s each on a 2-core build host), and
+    builds gguf's tensor-name map again for every module it maps (~400 times, ~4 s in all). Both are
+    functions of their arguments only: while this is active, one reader per file and one map per
+    (architecture, layers). A gguf without these names (another version) is left as it is: slower, same result."""
+    reader_cls = getattr(gguf_module, "GGUFReader", None)
+    name_map = getattr(gguf_module, "get_tensor_name_map", None)
+    if reader_cls is None or name_map is None:
+        yield
+        return
+    readers: dict[tuple[str, str], object] = {}
+
+    def shared_reader(path: str | os.PathLike, mode: str = "r") -> object:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:  # memmapped read-only ("r"): sharing one reader cannot change what is read
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf_module.GGUFReader = shared_reader
+    gguf_module.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     try:
-        import gguf  # noqa: F401  (transformers needs it to read GGUF; fail here with a clear message)
+        yield
+    finally:
+        gguf_module.GGUFReader = reader_cls
+        gguf_module.get_tensor_name_map = name_map
+
+
+def _write_folder(gguf_path: Path, tmp: Path, dtype: str) -> None:
+    """The converted model, tokenizer and provenance record in `tmp`. transformers reads the GGUF for the tokenizer
+    and for the weights with their config (parsed once: _gguf_parsed_once); every further from_pretrained would
+    dequantize it again."""
+    try:
+        import gguf  # transformers needs it to read GGUF; fail here with a clear message
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
@@ -68,16 +102,17 @@ def _write_folder(gguf_path: Path, tmp: Path, dtype: str) -> None:
             exit_code=3,
             hint="run inside the engine venv, or pip install transformers gguf torch safetensors",
         ) from err
-    src_dir, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-    if not getattr(tokenizer, "chat_template", None):
-        print(
-            f"warning: {gguf_path} carries no chat template; the converted target cannot be used for chat prompts",
-            file=sys.stderr,
-        )
-    # Dequantized to float32 first, then cast: the same rounding to `dtype` for every tensor. The quantized
-    # model cannot be saved (transformers refuses a GGUF-quantized model), so its weights go into a plain one.
-    quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    with _gguf_parsed_once(gguf):
+        src_dir, name = str(gguf_path.parent), gguf_path.name
+        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+        if not getattr(tokenizer, "chat_template", None):
+            print(
+                f"warning: {gguf_path} carries no chat template; the converted target cannot be used for chat prompts",
+                file=sys.stderr,
+            )
+        # Dequantized to float32 first, then cast: the same rounding to `dtype` for every tensor. The quantized
+        # model cannot be saved (transformers refuses a GGUF-quantized model), so its weights go into a plain one.
+        quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
     state = quantized.state_dict()
     config = quantized.config
     for attr in _DROP_KEYS:
