@@ -36,7 +36,7 @@ from speclock.build.context import patch_files, sync_text, tree_files
 from speclock.build.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - their old home; importers keep working
 from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - idem (tests use OCI_*)
 from speclock.build.rootfs_packages import base_packages, parse_dpkg_status, parse_os_release, read_rootfs_packages  # noqa: F401 - idem
-from speclock.build.sbom_format import INSTALL, cyclonedx, schema, sha256_hashes, speclock_property
+from speclock.build.sbom_format import INSTALL, cyclonedx, file_component, schema, sha256_hashes, speclock_property
 from speclock.build.sbom_format import SBOM_IN_CONTEXT as SBOM_IN_CONTEXT
 from speclock.build.sbom_format import SBOM_IN_IMAGE as SBOM_IN_IMAGE
 from speclock.build.sbom_format import SBOM_MEDIA_TYPE as SBOM_MEDIA_TYPE
@@ -181,13 +181,7 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
             ],
         )
     draft_files = [
-        cdx.Component(
-            type=cdx.ComponentType.FILE,
-            name=f"draft/{rel}",
-            bom_ref=f"draft:{rel}",
-            hashes=sha(file_sha256(path)),
-            properties=[prop("path", f"/opt/speclock/draft/{rel}")],
-        )
+        file_component(cdx, f"draft/{rel}", f"draft:{rel}", file_sha256(path), f"/opt/speclock/draft/{rel}")
         for rel, path in sorted(draft.items())
     ]
     drafter = cdx.Component(

@@ -66,3 +66,14 @@ def sha256_hashes(cdx, hexdigest: str) -> list[Any]:
 def speclock_property(cdx, key: str, value: Any) -> Any:
     """A `speclock:<key>` property."""
     return cdx.Property(name=f"speclock:{key}", value=str(value))
+
+
+def file_component(cdx, name: str, bom_ref: str, hexdigest: str, image_path: str) -> Any:
+    """A file speclock puts into the image (a patch, a drafter file): its name, sha256 and path there."""
+    return cdx.Component(
+        type=cdx.ComponentType.FILE,
+        name=name,
+        bom_ref=bom_ref,
+        hashes=sha256_hashes(cdx, hexdigest),
+        properties=[speclock_property(cdx, "path", image_path)],
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.build.rootfs_packages import base_packages
-from speclock.build.sbom_format import sha256_hashes, speclock_property
+from speclock.build.sbom_format import file_component, sha256_hashes, speclock_property
 from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
 from speclock.core.names import normalize
@@ -85,19 +85,10 @@ def venv_components(cdx, stack: Stack, lock: LockDoc, patches: dict[str, Path]) 
     """(the Python packages of the venv, the engine's patch files): the engine's package carries the patches as
     pedigree; BadInput when there are patches and the lock has no engine package."""
     sha = functools.partial(sha256_hashes, cdx)
-    prop = functools.partial(speclock_property, cdx)
     engine_pkg = normalize(stack.engine["package"])
     patch_cs, pedigree = [], []
     for rel, path in patches.items():
-        patch_cs.append(
-            cdx.Component(
-                type=cdx.ComponentType.FILE,
-                name=f"patches/{rel}",
-                bom_ref=f"patch:{rel}",
-                hashes=sha(file_sha256(path)),
-                properties=[prop("path", f"/opt/speclock/patches/{rel}")],
-            )
-        )
+        patch_cs.append(file_component(cdx, f"patches/{rel}", f"patch:{rel}", file_sha256(path), f"/opt/speclock/patches/{rel}"))
         pedigree.append(
             cdx.Patch(
                 type=cdx.PatchClassification.UNOFFICIAL, diff=cdx.Diff(url=cdx.XsUri(f"file:///opt/speclock/patches/{rel}"))
