@@ -17,41 +17,48 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # gets one fixed share of the files, balanced on what each file took in a measured run, so a file's module fixtures (an engine started once,
 # an image built once) are made on one worker only, and the long files are spread before the short ones fill in.
 #
-# Seconds per file in a full run (`pytest --durations=0` summed per file: setup, call and teardown of its tests),
-# measured on this 2-core machine on 2026-12-06 with two workers (docs/benchmarks.md, "The test suite"). Files not
-# listed count as DEFAULT_SECONDS.
+# Seconds per file on a fresh machine (no engine envs, no image layers), which is what CI runs on: a full
+# two-worker run on this 2-core machine on 2026-12-07 (`pytest --durations=0` summed per file: setup, call and
+# teardown), plus what the same files took more in a run without caches the day before (image builds from scratch,
+# engine envs installed, the upgrade's candidate checked in its image: docs/benchmarks.md, "The test suite").
+# Files not listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
-    "test_image.py": 1077,
-    "test_doctor_checks.py": 584,
-    "test_upgrade_e2e.py": 456,
-    "test_smoke_vllm.py": 322,
-    "test_reference_decoder.py": 282,
-    "test_engines_vllm_server.py": 233,
-    "test_upgrade_soak.py": 144,
-    "test_host_env_cpu.py": 103,
-    "test_doctor_jit_needs.py": 89,
-    "test_train_distributed.py": 84,
-    "test_doctor_cuda_arch.py": 54,
-    "test_train_export.py": 51,
-    "test_train_pipeline.py": 50,
-    "test_train_selfprompt.py": 45,
-    "test_train_models.py": 40,  # two GGUF conversions on a fresh machine (the cached target, the parse-once check)
-    "test_nix_flake.py": 30,
-    "test_doctor_runtime_needs.py": 30,
-    "test_prune.py": 28,
-    "test_host_env.py": 20,
-    "test_upgrade_candidate.py": 19,
-    "test_input_bounds.py": 13,
-    "test_kernels_build.py": 11,
-    "test_attest.py": 11,
-    "test_kernels_image.py": 10,
+    "test_image.py": 800,
+    "test_smoke_vllm.py": 460,
+    "test_doctor_checks.py": 420,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
+    "test_upgrade_e2e.py": 350,  # ~1 s where this candidate's image and self-check are cached
+    "test_engines_vllm_server.py": 250,
+    "test_upgrade_soak.py": 240,
+    "test_train_selfprompt.py": 235,
+    "test_train_pipeline.py": 215,
+    "test_reference_decoder.py": 125,
+    "test_train_distributed.py": 110,
+    "test_train_export.py": 105,
+    "test_host_env_cpu.py": 80,
+    "test_doctor_jit_needs.py": 45,
+    "test_host_env.py": 33,
+    "test_doctor_cuda_arch.py": 29,
+    "test_nix_flake.py": 24,
+    "test_train_models.py": 23,
+    "test_doctor_runtime_needs.py": 15,
+    "test_smoke_worker.py": 15,
+    "test_prune.py": 15,
+    "test_kernels_build.py": 13,
+    "test_smoke_lossless.py": 11,
+    "test_fuzz_lock.py": 10,
+    "test_lock_targets.py": 10,
 }
-DEFAULT_SECONDS = 5
-# Files that build, run, push or remove the cpu-vllm image (one content tag and the stack's one "latest" build
-# record, which a test on another worker would rebuild or remove under them) share a worker; test_run_push_runtimes
-# reuses the image test_image built. The upgrade tests build candidates that are that image plus a patch: they run
-# last on their worker, so on a fresh machine they find its layers built instead of building them a second time.
-SAME_WORKER = ("test_image.py", "test_run_push_runtimes.py", "test_kernels_image.py", "test_attest_referrer.py")
+DEFAULT_SECONDS = 4
+# Files that must share a worker. The first group builds, runs, pushes or removes the cpu-vllm image (one content
+# tag and the stack's one "latest" build record, which a test on another worker would rebuild or remove under
+# them); test_run_push_runtimes reuses the image test_image built. The second group needs the vLLM 0.33.0 engine
+# env: on a fresh machine one of them installs it, and on two workers the other worker would wait for it.
+SAME_WORKER = (
+    ("test_image.py", "test_run_push_runtimes.py", "test_kernels_image.py", "test_attest_referrer.py"),
+    ("test_doctor_checks.py", "test_doctor_runtime_needs.py"),
+)
+# The upgrade tests build candidates that are the cpu-vllm image plus a patch: they run last on their worker, so
+# on a fresh machine they find its layers built instead of building them a second time.
 RUN_LAST = ("test_upgrade_candidate.py", "test_upgrade_e2e.py", "test_upgrade_soak.py")
 
 
@@ -59,7 +66,8 @@ def worker_shares(files: list[str], workers: int) -> dict[str, int]:
     """File name -> worker index: the longest unit first onto the least loaded worker (LPT)."""
     units: dict[str, list[str]] = {}
     for name in files:
-        units.setdefault("same-worker" if name in SAME_WORKER else name, []).append(name)
+        group = next((g[0] for g in SAME_WORKER if name in g), name)
+        units.setdefault(group, []).append(name)
     load = [0.0] * workers
     share: dict[str, int] = {}
     for unit in sorted(units.values(), key=lambda u: (-sum(FILE_SECONDS.get(f, DEFAULT_SECONDS) for f in u), u[0])):
@@ -81,7 +89,7 @@ def pytest_collection_modifyitems(config, items):
     share = worker_shares(sorted({item.path.name for item in items}), workerinput["workercount"])
     mine = int(workerinput["workerid"].removeprefix("gw"))
     cores = os.cpu_count() or 1
-    if cores > 1 and share.get(SAME_WORKER[0], mine) != mine:
+    if cores > 1 and share.get(SAME_WORKER[0][0], mine) != mine:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(1 + mine % (cores - 1)))
 
 

@@ -154,13 +154,14 @@ def test_every_documented_invoke_flag_is_a_flag_of_its_task():
     assert not bad, bad
 
 
-def test_worker_shares_keep_the_image_files_together_and_balance_the_rest():
+def test_worker_shares_keep_each_group_together_and_balance_the_rest():
     import conftest
 
     files = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     share = conftest.worker_shares(files, 2)
     assert set(share) == set(files)
-    assert len({share[f] for f in conftest.SAME_WORKER if f in share}) == 1
+    for group in conftest.SAME_WORKER:  # the image files on one worker; the vLLM 0.33.0 env's users on one
+        assert len({share[f] for f in group if f in share}) == 1, group
     load = [sum(conftest.FILE_SECONDS.get(f, conftest.DEFAULT_SECONDS) for f in files if share[f] == i) for i in (0, 1)]
     # LPT: the two loads differ by at most the largest unit placed last; here, by less than the smallest listed file
     assert abs(load[0] - load[1]) <= max(conftest.FILE_SECONDS.values()), load

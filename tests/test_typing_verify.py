@@ -83,7 +83,7 @@ def test_a_doctor_json_without_a_list_of_checks_fails_the_doctor_step(tmp_path, 
     monkeypatch.setattr(steps, "fetch_wheels", lambda lock, progress: {})
     monkeypatch.setattr(steps, "check_patches", lambda stack, lock: [])
     monkeypatch.setattr(steps, "find_built", lambda *args, **kwargs: record)
-    monkeypatch.setattr(steps, "selfcheck_outputs", lambda rec, profile: outputs)
+    monkeypatch.setattr(steps, "selfcheck_outputs", lambda rec, profile, **asked: outputs)
     baseline = steps.default_baseline(cand.current)
     res = steps.run_upgrade(cand, baseline, lock_doc={"lock_sha256": "0" * 64, "packages": []}, soak_s=0, progress=lambda m: None)
     by_name = {s.name: s for s in res.steps}

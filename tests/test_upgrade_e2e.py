@@ -36,7 +36,10 @@ def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp
             "--json",
             "--profile",
             "quick",
-        ],  # the quick profile reuses build-image's own self-check run
+            # batch-1 speed at the smoke tests' size: the stack's 4 x 64 x 3 runs took ~90 s of this test's ~330 s
+            # on an idle machine; the gate stops this candidate on acceptance, not speed
+            *("--speed-prompts", "2", "--speed-max-tokens", "16", "--speed-repeats", "2"),
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -62,6 +65,9 @@ def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp
         and doc["after"]["lossless"].split("/")[0] == doc["after"]["lossless"].split("/")[1]
     )
     assert doc["after"]["mean_acceptance_length"] < doc["before"]["mean_acceptance_length"]
+    # the speed flags reached the smoke in the image; the gate says the baseline's speed (4 x 64) is not comparable
+    speed_vs_baseline = next(c for c in doc["gate_checks"] if c["name"] == "speedup at batch 1 vs baseline")
+    assert speed_vs_baseline["status"] == "WARN" and "prompts 4 vs 2; max_tokens 64 vs 16" in speed_vs_baseline["detail"]
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("## speclock upgrade: FAIL") and "acceptance length vs baseline" in summary
     assert (tmp_path / "junit.xml").is_file() and not doc["promoted"]

@@ -40,12 +40,22 @@ from speclock.upgrade.outputs import write_outputs
 from speclock.upgrade.promote import promote
 from speclock.upgrade.soak import DEFAULT_SOAK_S
 from speclock.upgrade.steps import choose_profile, require_baseline, run_upgrade
+from speclock.verify.smoke.inputs import SPEED_KEYS, add_speed_arguments
 from speclock.verify.soak import DEFAULT_MAX_DRIFT, drift_limit
 
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     lock_doc: LockDoc | None = None
+    speed = {key: getattr(args, key) for key in SPEED_KEYS if getattr(args, key) is not None}
+    if speed and args.promote:
+        # a promoted report becomes the next upgrades' baseline: it must be measured at the stack's own sizes
+        raise BadInput(
+            "--promote with "
+            + ", ".join(f"--{key.replace('_', '-')}" for key in speed)
+            + ": the promoted report becomes the baseline, measured at the stack's smoke.speed_* sizes",
+            hint="drop the --speed-* flags to promote, or drop --promote to try the candidate with fewer speed runs",
+        )
     if args.from_git:
         if args.engine or args.torch or args.cuda or args.candidate_stack or args.promote:
             raise BadInput(
@@ -91,6 +101,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         soak_s=args.soak_s,
         soak_max_drift=args.soak_max_drift,
         profile=profile,
+        speed=speed,
         progress=log,
     )
     if res.ok and args.promote:
@@ -141,6 +152,7 @@ def add_commands(sub) -> None:
         "full, 256 tokens with per-position drift, where baselines/<S>/<pkg>-<version>.full.json exists, "
         "else quick; an explicit --baseline brings its own profile)",
     )
+    add_speed_arguments(p)  # the candidate's batch-1 speed run; the gate warns when the baseline's was sized otherwise
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
     p.add_argument("--relock", action="store_true", help="resolve the candidate lock again even if one is in sync")
     p.add_argument("--rebuild", action="store_true", help="build even if an image with the same inputs exists")

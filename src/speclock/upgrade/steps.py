@@ -27,9 +27,10 @@ from speclock.upgrade.candidate import Candidate
 from speclock.upgrade.record import DoctorRow, SoakStepRecord, Step, UpgradeImage, UpgradeMetrics, UpgradeRecord
 from speclock.upgrade.soak import DEFAULT_SOAK_S, Runner, image_runner, run_soak_step
 from speclock.verify.gate import baseline_path, run_gate
-from speclock.verify.profiles import report_profile
+from speclock.verify.profiles import report_profile, resolve_profile
 from speclock.verify.report import load_report
 from speclock.verify.report_types import CheckRecord, SmokeReport
+from speclock.verify.smoke.inputs import SPEED_KEYS
 from speclock.verify.soak import DEFAULT_MAX_DRIFT
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
@@ -138,23 +139,62 @@ def read_image_result(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_in_image(stack: Stack, record: records.BuildRecord, profile: str, *, progress: Callable[[str], None]) -> Path:
-    """The image's own self-check (build-image's: doctor, smoke, gate; hardened) with the smoke `profile`, recorded
-    with the build; returns the folder with its doctor.json, report.json and selfcheck.json."""
-    return Path(selfcheck_image(stack, record, args=["--profile", profile], progress=lambda m: progress(f"  {m}"))["outputs"])
+def speed_flags(speed: Mapping[str, int] | None) -> list[str]:
+    """`--speed-prompts N ...` for the smoke in the image: upgrade's batch-1 speed overrides (speed_prompts, ...)."""
+    return [arg for key, value in (speed or {}).items() for arg in (f"--{key.replace('_', '-')}", str(value))]
 
 
-def selfcheck_outputs(record: records.BuildRecord, profile: str) -> Path | None:
+def check_in_image(
+    stack: Stack,
+    record: records.BuildRecord,
+    profile: str,
+    *,
+    speed: Mapping[str, int] | None = None,
+    progress: Callable[[str], None],
+) -> Path:
+    """The image's own self-check (build-image's: doctor, smoke, gate; hardened) with the smoke `profile` and the
+    batch-1 `speed` overrides, recorded with the build; returns the folder with its doctor.json, report.json and
+    selfcheck.json."""
+    args = ["--profile", profile, *speed_flags(speed)]
+    return Path(selfcheck_image(stack, record, args=args, progress=lambda m: progress(f"  {m}"))["outputs"])
+
+
+def _ran_as_asked(report: SmokeReport, stack: Stack, profile: str, speed: Mapping[str, int] | None) -> bool:
+    """Whether a recorded smoke report is the run this upgrade asks for: the profile's prompts and tokens, and the
+    batch-1 sizes (`speed` over the stack's smoke.speed_*). A shorter self-check of the same image (a test's
+    `--num-prompts 8`, a user's) must not stand in for the upgrade's own."""
+    asked = resolve_profile(stack, profile, source="--profile")
+    prompts = report.get("prompts") or {}
+    if prompts.get("count") != asked.num_prompts or report.get("max_tokens") != asked.max_tokens:
+        return False
+    want = {key: (speed or {}).get(key, stack.smoke[key]) for key in SPEED_KEYS}
+    batch1 = (report.get("throughput") or {}).get("batch1")
+    if not want["speed_repeats"]:
+        return batch1 is None
+    if batch1 is None:
+        return False
+    return (batch1.get("prompts"), batch1.get("max_tokens"), batch1.get("repeats")) == (
+        min(want["speed_prompts"], asked.num_prompts),
+        want["speed_max_tokens"],
+        want["speed_repeats"],
+    )
+
+
+def selfcheck_outputs(
+    record: records.BuildRecord, profile: str, *, stack: Stack | None = None, speed: Mapping[str, int] | None = None
+) -> Path | None:
     """The outputs of a self-check already recorded with this image, when they hold doctor and smoke results
-    of the smoke `profile` (build-image's own self-check runs the stack's default, quick)."""
+    of the smoke `profile` (build-image's own self-check runs the stack's default, quick) and, given the `stack`,
+    of the prompts, tokens and batch-1 sizes this upgrade asks for."""
     done = record.get("selfcheck")
     outputs = Path(done["outputs"]) if isinstance(done, dict) and isinstance(done.get("outputs"), str) else None
     if outputs and (outputs / "report.json").is_file() and (outputs / "doctor.json").is_file():
         try:
-            if report_profile(load_report(outputs / "report.json")) == profile:
-                return outputs
+            report = load_report(outputs / "report.json")
         except BadInput:
             return None  # a damaged report: run the self-check again
+        if report_profile(report) == profile and (stack is None or _ran_as_asked(report, stack, profile, speed)):
+            return outputs
     return None
 
 
@@ -255,6 +295,7 @@ def run_upgrade(
     soak_max_drift: float = DEFAULT_MAX_DRIFT,
     soak_runner: Runner | None = None,
     profile: str = "quick",
+    speed: Mapping[str, int] | None = None,
     progress: Callable[[str], None] = print,
 ) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
@@ -299,11 +340,11 @@ def run_upgrade(
     result.image = {"ref": record["ref"], "tag": record["tag"], "builder": record["builder"], "image_id": record.get("image_id")}
 
     progress("[4/6] doctor and smoke test in the candidate image (read-only, no network, non-root)")
-    outputs = None if rerun_selfcheck else selfcheck_outputs(record, profile)
+    outputs = None if rerun_selfcheck else selfcheck_outputs(record, profile, stack=cand.stack, speed=speed)
     if outputs:
         progress(f"  reusing the doctor and smoke results of this exact image ({outputs}; --rerun-selfcheck runs them again)")
     else:
-        outputs = _timed(steps["smoke"], lambda: check_in_image(cand.stack, record, profile, progress=progress))
+        outputs = _timed(steps["smoke"], lambda: check_in_image(cand.stack, record, profile, speed=speed, progress=progress))
     doctor = read_image_result(outputs / "doctor.json") or {}
     found = doctor.get("checks")
     # the image's output: no list of checks, or a damaged entry in it, is no check

@@ -80,6 +80,8 @@ class SmokeInputs:
 
 # ---------------------------------------------------------------- inputs
 
+SPEED_KEYS = ("speed_prompts", "speed_max_tokens", "speed_repeats")  # smoke.speed_*, and their flags
+
 
 def default_out_dir(stack_name: str) -> Path:
     return Path("/tmp/speclock-out") if in_image() else REPO_ROOT / "out" / f"smoke-{stack_name}"
@@ -122,10 +124,7 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
         raise BadInput("--num-prompts and --max-tokens must be at least 1")
     out_dir = prepare_out_dir(Path(opts.out) if opts.out else default_out_dir(stack.name), "--out")
     plain_cache = prepare_out_dir(Path(opts.plain_cache), "--plain-cache") if opts.plain_cache else None
-    speed = {
-        key: getattr(opts, key) if getattr(opts, key) is not None else smoke[key]
-        for key in ("speed_prompts", "speed_max_tokens", "speed_repeats")
-    }
+    speed = {key: getattr(opts, key) if getattr(opts, key) is not None else smoke[key] for key in SPEED_KEYS}
     return SmokeInputs(
         stack=stack,
         target=target,
@@ -219,6 +218,14 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
         help="folder to keep and reuse no-drafter outputs, keyed by engine, settings, target, "
         "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)",
     )
+    add_speed_arguments(p)
+    p.add_argument(
+        "--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)"
+    )
+
+
+def add_speed_arguments(p: argparse.ArgumentParser) -> None:
+    """The batch-1 speed flags (smoke, selfcheck, soak; upgrade passes them to the candidate's self-check)."""
     p.add_argument(
         "--speed-prompts",
         type=int_range(1, 1000),
@@ -235,7 +242,4 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
         help="batch-1 speed: runs per engine, median kept (default: "
         "smoke.speed_repeats; 0 = not measured, which fails a "
         "stack's min_speedup)",
-    )
-    p.add_argument(
-        "--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)"
     )
