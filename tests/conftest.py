@@ -19,17 +19,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 #
 # Seconds per file on a fresh machine (no engine envs, no image layers), which is what CI runs on: a full
 # two-worker run on this 2-core machine on 2026-12-07 (`pytest --durations=0` summed per file: setup, call and
-# teardown), plus what the same files took more in a run without caches the day before (image builds from scratch,
+# teardown), with the longest files as a run without caches took them the same day (image builds from scratch,
 # engine envs installed, the upgrade's candidate checked in its image: docs/benchmarks.md, "The test suite").
 # Files not listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
-    "test_image.py": 800,
-    "test_smoke_vllm.py": 460,
-    "test_doctor_checks.py": 420,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
-    "test_upgrade_e2e.py": 350,  # ~1 s where this candidate's image and self-check are cached
-    "test_engines_vllm_server.py": 250,
+    "test_image.py": 720,
+    "test_smoke_vllm.py": 420,
+    "test_doctor_checks.py": 400,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
+    "test_upgrade_e2e.py": 360,  # ~1 s where this candidate's image and self-check are cached
+    "test_engines_vllm_server.py": 210,
     "test_upgrade_soak.py": 240,
-    "test_train_selfprompt.py": 235,
+    "test_train_selfprompt.py": 80,
     "test_train_pipeline.py": 215,
     "test_reference_decoder.py": 125,
     "test_train_distributed.py": 110,

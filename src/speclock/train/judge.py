@@ -4,10 +4,10 @@ processes), record the result in its manifest, and measure batch-1 speed with an
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 from pathlib import Path
 from typing import Any, TypedDict
 
+from speclock.core.threads import cpu_threads
 from speclock.drafter.counters import SpecCounters
 from speclock.drafter.manifest import (
     ReferenceKey,
@@ -113,8 +113,8 @@ def stage_reference(
             for w in range(workers)
         ]
         jobs = [j for j in jobs if j["ids"]]
-        for j in jobs:  # the CPU's threads shared among the workers (one worker keeps them all)
-            j["threads"] = max(1, (os.cpu_count() or 1) // len(jobs))
+        for j in jobs:  # the CPU's threads (or OMP_NUM_THREADS) shared among the workers (one worker keeps them all)
+            j["threads"] = max(1, cpu_threads() // len(jobs))
         if len(jobs) == 1:
             parts = [_reference_worker(jobs[0])]
         else:

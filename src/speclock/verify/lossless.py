@@ -17,11 +17,11 @@ counts, and the report says so.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speclock.core.threads import cpu_threads
 from speclock.verify.report_types import Divergence, LosslessSection, TieJudgement
 
 # float32 logit margin under which two tokens count as tied for a bf16 engine. bf16 keeps 8
@@ -95,7 +95,7 @@ def float32_judge(target_dir: Path, log=print) -> Judge | None:
 
     def judge(prefix: list[int], plain_tok: int, spec_tok: int) -> TieJudgement:
         if "model" not in state:
-            torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+            torch.set_num_threads(min(4, cpu_threads()))
             state["model"] = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
         with torch.inference_mode():
             logits = state["model"](torch.tensor([prefix])).logits[0, -1]
