@@ -18,4 +18,3 @@ def test_omp_num_threads_caps_the_threads_when_it_is_a_positive_number(monkeypat
 def test_without_omp_num_threads_every_core(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert cpu_threads() == (os.cpu_count() or 1)
-
