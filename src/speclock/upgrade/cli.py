@@ -39,7 +39,7 @@ from speclock.upgrade.candidate import (
 from speclock.upgrade.outputs import write_outputs
 from speclock.upgrade.promote import promote
 from speclock.upgrade.soak import DEFAULT_SOAK_S
-from speclock.upgrade.steps import choose_profile, require_baseline, run_upgrade
+from speclock.upgrade.steps import choose_profile, require_baseline, run_upgrade, speed_flags
 from speclock.verify.smoke.inputs import SPEED_KEYS, add_speed_arguments
 from speclock.verify.soak import DEFAULT_MAX_DRIFT, drift_limit
 
@@ -52,7 +52,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         # a promoted report becomes the next upgrades' baseline: it must be measured at the stack's own sizes
         raise BadInput(
             "--promote with "
-            + ", ".join(f"--{key.replace('_', '-')}" for key in speed)
+            + ", ".join(speed_flags(speed)[::2])
             + ": the promoted report becomes the baseline, measured at the stack's smoke.speed_* sizes",
             hint="drop the --speed-* flags to promote, or drop --promote to try the candidate with fewer speed runs",
         )

@@ -30,7 +30,8 @@ from speclock.verify.gate import baseline_path, run_gate
 from speclock.verify.profiles import report_profile, resolve_profile
 from speclock.verify.report import load_report
 from speclock.verify.report_types import CheckRecord, SmokeReport
-from speclock.verify.smoke.inputs import SPEED_KEYS
+from speclock.verify.selfcheck import env_args
+from speclock.verify.smoke.inputs import SPEED_KEYS, SmokeOptions
 from speclock.verify.soak import DEFAULT_MAX_DRIFT
 
 UPGRADE_SCHEMA = "speclock.upgrade/v1"
@@ -140,8 +141,11 @@ def read_image_result(path: Path) -> dict[str, Any] | None:
 
 
 def speed_flags(speed: Mapping[str, int] | None) -> list[str]:
-    """`--speed-prompts N ...` for the smoke in the image: upgrade's batch-1 speed overrides (speed_prompts, ...)."""
-    return [arg for key, value in (speed or {}).items() for arg in (f"--{key.replace('_', '-')}", str(value))]
+    """`--speed-prompts N ...` for the smoke in the image: upgrade's batch-1 speed overrides (speed_prompts, ...),
+    written as selfcheck's own flags are for a host environment (verify.selfcheck.env_args)."""
+    asked = speed or {}
+    opts = SmokeOptions(**{key: asked.get(key) for key in SPEED_KEYS})  # type: ignore[arg-type]  # ints, by key
+    return env_args(opts, "auto")
 
 
 def check_in_image(
