@@ -58,6 +58,10 @@ def test_a_wrong_layers_candidate_is_stopped_by_the_gate_and_nothing_changes(tmp
         "soak": "skipped",
     }, doc
     assert doc["soak"] == {"status": "skipped", "detail": "an earlier step failed", "soak_s": 60.0, "max_drift": 0.05}
+    # a patch-only candidate installs the current lock's packages although the index has moved on since: its image
+    # shares the current image's venv and assets layers (docs/upgrade-example-fail/cpu-vllm.toml)
+    lock = next(s for s in doc["steps"] if s["name"] == "lock")
+    assert lock["data"]["changed"] == [] and "no package changed against the current lock" in lock["detail"], lock
     doctor = next(s for s in doc["steps"] if s["name"] == "doctor")
     assert "aux-layers" in doctor["detail"] and "[3, 16, 28]" in doctor["detail"]
     assert (

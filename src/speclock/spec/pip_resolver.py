@@ -35,9 +35,10 @@ def pip_report(
     extra_index: str | None,
     python: str | None = None,
     platforms: list[str] | None = None,
+    constraints: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run pip's resolver for a target's interpreter and platform (default: the image's); return the report's
-    install list."""
+    install list. `constraints` (`name==version` lines) go to pip as a constraints file."""
     pyver = python or stack.python["version"]
     platforms = platforms or platform_tags(stack)
     cmd = [
@@ -71,6 +72,9 @@ def pip_report(
         cmd += ["--extra-index-url", extra_index]
     with tempfile.TemporaryDirectory(prefix="speclock-lock-") as tmp:
         report = Path(tmp) / "report.json"
+        if constraints:
+            (Path(tmp) / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
+            cmd += ["-c", str(Path(tmp) / "constraints.txt")]
         cmd += ["--report", str(report), *requirements]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

