@@ -14,6 +14,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
+# Batch-1 speed at the tests' small size (2 prompts x 16 tokens, 2 runs per engine; the stacks' own 4 x 64 x 3 is
+# most of a smoke's time on this CPU). Judged against the stack's CPU floor (0.9), it can FAIL beside the other test
+# worker on the 2 cores (0.81x measured beside it, 1.5x idle, same image): the tests that need a passing run accept
+# a FAIL for batch-1 speed alone, and nothing else.
+SPEED = ("--speed-prompts", "2", "--speed-max-tokens", "16", "--speed-repeats", "2")
+SPEED_FAILURE = "speedup at batch 1"
+
+
+def failures_besides_speed(failures: list[str]) -> list[str]:
+    """A report's failures other than the batch-1 speedup's (which a busy 2-core machine may cause)."""
+    return [f for f in failures if not f.startswith(SPEED_FAILURE)]
+
 
 def copy_repo(dest: Path) -> Path:
     """A copy of the parts of the repo that builds read (so a test can edit source safely)."""
