@@ -17,36 +17,42 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # gets one fixed share of the files, balanced on what each file took in a measured run, so a file's module fixtures (an engine started once,
 # an image built once) are made on one worker only, and the long files are spread before the short ones fill in.
 #
-# Seconds per file on a fresh machine (no engine envs, no image layers), which is what CI runs on: a full
-# two-worker run on this 2-core machine on 2026-12-07 (`pytest --durations=0` summed per file: setup, call and
-# teardown), with the longest files as a run without caches took them the same day (image builds from scratch,
-# engine envs installed, the upgrade's candidate checked in its image: docs/benchmarks.md, "The test suite").
+# Seconds per file on a fresh machine (no engine envs, no image layers, no converted target), which is what CI runs
+# on: a two-worker run on this 2-core machine on 2026-12-07 (`pytest --durations=0` summed per file: setup, call and
+# teardown; docs/benchmarks.md, "The test suite"), less what the changes after it measured (the upgrade end to end's
+# candidate shares the venv layer, the server-mode smoke's smaller speed run, one real soak instead of two).
 # Files not listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
-    "test_image.py": 720,
-    "test_smoke_vllm.py": 420,
-    "test_doctor_checks.py": 400,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
-    "test_upgrade_e2e.py": 360,  # ~1 s where this candidate's image and self-check are cached
-    "test_engines_vllm_server.py": 210,
-    "test_upgrade_soak.py": 240,
-    "test_train_selfprompt.py": 80,
-    "test_train_pipeline.py": 215,
-    "test_reference_decoder.py": 125,
-    "test_train_distributed.py": 110,
-    "test_train_export.py": 105,
-    "test_host_env_cpu.py": 80,
-    "test_doctor_jit_needs.py": 45,
-    "test_host_env.py": 33,
-    "test_doctor_cuda_arch.py": 29,
+    "test_image.py": 566,
+    "test_doctor_checks.py": 475,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
+    "test_smoke_vllm.py": 359,
+    "test_upgrade_e2e.py": 240,  # ~1 s where this candidate's image and self-check are cached
+    "test_engines_vllm_server.py": 160,
+    "test_upgrade_soak.py": 100,
+    "test_train_distributed.py": 103,
+    "test_host_env_cpu.py": 90,
+    "test_doctor_jit_needs.py": 75,
+    "test_train_pipeline.py": 65,
+    "test_train_export.py": 45,
+    "test_reference_decoder.py": 44,
+    "test_train_selfprompt.py": 41,
+    "test_upgrade_candidate.py": 29,
     "test_nix_flake.py": 24,
-    "test_train_models.py": 23,
-    "test_doctor_runtime_needs.py": 15,
-    "test_smoke_worker.py": 15,
-    "test_prune.py": 15,
-    "test_kernels_build.py": 13,
-    "test_smoke_lossless.py": 11,
-    "test_fuzz_lock.py": 10,
-    "test_lock_targets.py": 10,
+    "test_doctor_cuda_arch.py": 20,
+    "test_prune.py": 18,
+    "test_host_env.py": 18,
+    "test_attest.py": 14,
+    "test_train_models.py": 13,
+    "test_smoke_worker.py": 11,
+    "test_kernels_build.py": 11,
+    "test_kernels_image.py": 9,
+    "test_lock_targets.py": 9,
+    "test_input_bounds.py": 9,
+    "test_lock.py": 8,
+    "test_heartbeat.py": 8,
+    "test_run_push_runtimes.py": 7,
+    "test_fuzz_lock.py": 7,
+    "test_doctor_runtime_needs.py": 6,
 }
 DEFAULT_SECONDS = 4
 # Files that must share a worker. The first group builds, runs, pushes or removes the cpu-vllm image (one content
