@@ -154,7 +154,12 @@ def add_commands(sub) -> None:
     )
     add_speed_arguments(p)  # the candidate's batch-1 speed run; the gate warns when the baseline's was sized otherwise
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="image builder (default buildah)")
-    p.add_argument("--relock", action="store_true", help="resolve the candidate lock again even if one is in sync")
+    p.add_argument(
+        "--relock",
+        action="store_true",
+        help="resolve the candidate lock again even if one is in sync (it keeps the current lock's versions "
+        "wherever the candidate allows them, as the first resolve did)",
+    )
     p.add_argument("--rebuild", action="store_true", help="build even if an image with the same inputs exists")
     p.add_argument(
         "--rerun-selfcheck", action="store_true", help="run doctor and smoke again even if this exact image has results"
