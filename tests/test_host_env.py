@@ -102,7 +102,16 @@ def host_env(root: Path, *args: str, wait: bool = True):
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), SPECLOCK_CACHE=str(root / "cache"))
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # Ctrl-C at a terminal reaches a process whose SIGINT is at its default; a test run started in the background
+        # (nohup, `cmd &` without job control, some CI runners) passes SIGINT on ignored, and Python keeps it so
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
 
