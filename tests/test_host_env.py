@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from tinywheels import ROOT, base_of_committed_lock, entry, make_wheel, tiny_wheels, write_stack
+from tinywheels import ROOT, entry, make_wheel, tiny_lock, tiny_wheels, write_stack
 
 from speclock.build.hostenv import glibc_needed, version_matches
-from speclock.spec.lock import MACHINE_PLATFORMS, finish_lock, read_lock, write_lock
-from speclock.spec.resolve import KERNEL_TOOLCHAIN, platform_tags
+from speclock.spec.lock import MACHINE_PLATFORMS, read_lock, write_lock
+from speclock.spec.resolve import KERNEL_TOOLCHAIN
 from speclock.spec.stack import load_stack
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -61,23 +61,9 @@ def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_pack
         }
         for k in host_targets
     }
-    doc = {
-        "schema": "speclock.lock/v1",
-        "stack": stack.name,
-        "stack_sha256": stack.source_sha256,
-        "stack_data": stack.data,
-        "resolver": {"tool": "pip", "requirements": stack.requirements()},
-        "python": {"version": image_python, "platforms": platform_tags(stack)},
-        "base": base_of_committed_lock(),
-        "source_date_epoch": 0,
-        "packages": packages,
-        "excluded": [],
-        "assets": assets,
-    }
-    if targets:
-        doc["targets"] = targets
+    doc = tiny_lock(stack, python=image_python, packages=packages, excluded=[], assets=assets, targets=targets)
     (root / "locks").mkdir()
-    write_lock(root / "locks" / "tiny.lock", finish_lock(doc))
+    write_lock(root / "locks" / "tiny.lock", doc)
     store = root / "wheelhouse"
     for p in packages + assets:
         if (root / "built" / p["filename"]).is_file():

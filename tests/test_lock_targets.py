@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from tinywheels import ROOT, base_of_committed_lock, tiny_wheels, write_stack
+from tinywheels import ROOT, tiny_lock, tiny_wheels, write_stack
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.spec import resolve
@@ -41,22 +41,7 @@ def tiny(tmp_path_factory):
     )
     targets = {k: resolve.resolve_target(stack, k, progress=quiet) for k in stack.python["host_targets"]}
     mp.undo()
-    doc = finish_lock(
-        {
-            "schema": "speclock.lock/v1",
-            "stack": stack.name,
-            "stack_sha256": stack.source_sha256,
-            "stack_data": stack.data,
-            "resolver": {"tool": "pip", "requirements": stack.requirements()},
-            "python": {"version": "3.11", "platforms": resolve.platform_tags(stack)},
-            "base": base_of_committed_lock(),
-            "source_date_epoch": 0,
-            "packages": installed,
-            "excluded": excluded,
-            "assets": assets,
-            "targets": targets,
-        }
-    )
+    doc = tiny_lock(stack, python="3.11", packages=installed, excluded=excluded, assets=assets, targets=targets)
     (root / "locks").mkdir()
     write_lock(root / "locks" / "tiny.lock", doc)
     return root, stack, doc, wheels

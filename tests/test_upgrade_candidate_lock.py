@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tinywheels import base_of_committed_lock, make_wheel, tiny_wheels, write_stack
+from tinywheels import make_wheel, tiny_lock, tiny_wheels, write_stack
 
 from speclock.core.errors import BadInput
 from speclock.spec import resolve
@@ -34,25 +34,12 @@ def index(tmp_path, monkeypatch):
 
 
 def lock_of(stack, *, keep_from=None, progress=quiet) -> dict:
-    """A lock document of the image target (the base taken from the committed lock: no rootfs is built here)."""
+    """A lock document of the image target, resolved by pip (at the versions of `keep_from` where they fit)."""
     keep = resolve.kept_versions(stack, keep_from) if keep_from else None
     installed, excluded, assets = resolve._resolve_set(
         stack, python="3.11", platforms=resolve.platform_tags(stack), index=None, progress=progress, keep=keep
     )
-    doc = {
-        "schema": "speclock.lock/v1",
-        "stack": stack.name,
-        "stack_sha256": stack.source_sha256,
-        "stack_data": stack.data,
-        "resolver": {"tool": "pip", "requirements": stack.requirements()},
-        "python": {"version": "3.11", "platforms": resolve.platform_tags(stack)},
-        "base": base_of_committed_lock(),
-        "source_date_epoch": 0,
-        "packages": installed,
-        "excluded": excluded,
-        "assets": assets,
-    }
-    return finish_lock(doc)
+    return tiny_lock(stack, python="3.11", packages=installed, excluded=excluded, assets=assets)
 
 
 def with_engine(stack, version: str, folder: Path):

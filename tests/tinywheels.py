@@ -120,3 +120,27 @@ def tiny_wheels(folder: Path) -> dict[str, Path]:
 
 def base_of_committed_lock() -> dict:
     return json.loads((ROOT / "locks" / "cpu-vllm.lock").read_text())["base"]
+
+
+def tiny_lock(stack, *, python: str, packages: list, excluded: list, assets: list, targets: dict | None = None) -> dict:
+    """A finished lock document of `stack` with these entries (the base taken from the committed lock: no rootfs is
+    built in the tests that use it)."""
+    from speclock.spec.lock import finish_lock
+    from speclock.spec.pip_resolver import platform_tags
+
+    doc = {
+        "schema": "speclock.lock/v1",
+        "stack": stack.name,
+        "stack_sha256": stack.source_sha256,
+        "stack_data": stack.data,
+        "resolver": {"tool": "pip", "requirements": stack.requirements()},
+        "python": {"version": python, "platforms": platform_tags(stack)},
+        "base": base_of_committed_lock(),
+        "source_date_epoch": 0,
+        "packages": packages,
+        "excluded": excluded,
+        "assets": assets,
+    }
+    if targets:
+        doc["targets"] = targets
+    return finish_lock(doc)
