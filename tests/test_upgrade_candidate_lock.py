@@ -115,11 +115,15 @@ def test_a_candidate_lock_is_reused_only_when_it_kept_the_same_current_lock(inde
     monkeypatch.setattr(candidate_lock, "resolve_lock", fake_resolve)
     monkeypatch.setattr(candidate_lock, "lock_path", lambda st: current_file)
     cand = Candidate(stack, stack, tmp_path / "cand", {})
+
+    def lock():
+        return lock_candidate(cand, candidate_lock.current_lock(cand), relock=False, progress=quiet)
+
     write_lock(current_file, current)
-    first = lock_candidate(cand, relock=False, progress=quiet)
+    first = lock()
     assert resolved == [current["lock_sha256"]] and first["resolver"]["kept_from"] == current["lock_sha256"]
-    assert lock_candidate(cand, relock=False, progress=quiet) == first and len(resolved) == 1  # reused
+    assert lock() == first and len(resolved) == 1  # reused
     other = finish_lock(dict(current, source_date_epoch=1))  # the current lock changed since
     write_lock(current_file, other)
-    lock_candidate(cand, relock=False, progress=quiet)
+    lock()
     assert resolved == [current["lock_sha256"], other["lock_sha256"]]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -55,9 +54,11 @@ def target_model(dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # the worker's OMP_NUM_THREADS (1 on a worker of `invoke test`, tests/conftest.py): two OpenMP threads in a test
-    # process beside the other worker's engines on 2 cores made test_train_selfprompt take 234 s instead of ~40 s
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
+    from speclock.core.threads import cpu_threads
+
+    # at most the worker's OMP_NUM_THREADS (1 on a worker of `invoke test`, tests/conftest.py): two OpenMP threads in a
+    # test process beside the other worker's engines on 2 cores made test_train_selfprompt take 234 s instead of ~40 s
+    torch.set_num_threads(min(2, cpu_threads()))
     if dtype not in _MODEL_CACHE:
         path = real_target()
         tok = AutoTokenizer.from_pretrained(path)

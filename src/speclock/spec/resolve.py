@@ -255,7 +255,7 @@ def kept_versions(stack: Stack, current: LockDoc, target: str | None = None) -> 
     or pruned) that the stack does not pin itself (engine, torch, python.extra): the constraints that keep an upgrade's
     candidate lock at the current versions wherever the candidate allows them, so that it changes what the candidate
     changes and nothing the package index published since."""
-    pinned = {normalize(m[0]) for r in stack.requirements() if (m := re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r.strip()))}
+    pinned = {normalize(r.partition("==")[0]) for r in stack.requirements()}  # each a NAME==VERSION pin (spec.validate)
     where: Any = current if target is None else (current.get("targets") or {}).get(target) or {}
     entries = [e for key in ("packages", "excluded", "pruned") for e in where.get(key) or []]
     return sorted({f"{e['name']}=={e['version']}" for e in entries if normalize(e["name"]) not in pinned})

@@ -25,9 +25,9 @@ def current_lock(cand: Candidate) -> LockDoc | None:
     return read_lock(path)
 
 
-def lock_candidate(cand: Candidate, *, relock: bool, progress: Callable[[str], None]) -> LockDoc:
-    """Resolve the candidate's lock (reusing one already resolved for exactly this candidate and current lock)."""
-    current = current_lock(cand)
+def lock_candidate(cand: Candidate, current: LockDoc | None, *, relock: bool, progress: Callable[[str], None]) -> LockDoc:
+    """Resolve the candidate's lock at the `current` lock's versions (current_lock), reusing one already resolved for
+    exactly this candidate and current lock."""
     kept_from = current["lock_sha256"] if current else None
     if cand.lock_file.is_file() and not relock:
         try:
@@ -42,11 +42,9 @@ def lock_candidate(cand: Candidate, *, relock: bool, progress: Callable[[str], N
     return doc
 
 
-def lock_changes(current: LockDoc | None, candidate: LockDoc) -> list[str]:
+def lock_changes(current: LockDoc, candidate: LockDoc) -> list[str]:
     """The image packages the candidate lock installs otherwise than the current one: 'name a -> b', '+name b',
-    '-name a' (sorted by name); empty where there is no current lock to compare with."""
-    if current is None:
-        return []
+    '-name a' (sorted by name)."""
     before = {normalize(p["name"]): p for p in current["packages"]}
     after = {normalize(p["name"]): p for p in candidate["packages"]}
     out = []

@@ -295,11 +295,11 @@ def run_upgrade(
     cand.out.mkdir(parents=True, exist_ok=True)
 
     progress(f"[1/6] lock: {', '.join(f'{k} {b} -> {a}' for k, (b, a) in cand.changes.items()) or 'no pin changed'}")
+    current = current_lock(cand)
     if lock_doc is None:
-        lock_doc = _timed(steps["lock"], lambda: lock_candidate(cand, relock=relock, progress=progress))
+        lock_doc = _timed(steps["lock"], lambda: lock_candidate(cand, current, relock=relock, progress=progress))
     steps["lock"].status, steps["lock"].detail = "pass", f"{cand.lock_file} (lock {lock_doc['lock_sha256'][:12]})"
     steps["lock"].data = {"lock_sha256": lock_doc["lock_sha256"], "packages": len(lock_doc["packages"])}
-    current = current_lock(cand)
     if current is not None:  # what the image installs otherwise than the current one (the gate judges all of it)
         steps["lock"].data["changed"] = changed = lock_changes(current, lock_doc)
         steps["lock"].detail += f"; {changes_text(changed, limit=8)}"
