@@ -17,15 +17,43 @@ import json
 import os
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = Path(os.environ.get("SPECLOCK_GPU_RUNS", REPO / "docs/gpu-runs"))
 
 
+def _write(dest: Path, data: bytes) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dest)
+    return dest
+
+
+def unpack(bundle: Path) -> list[Path]:
+    """A call's <run>.results.tar.gz (run.py packs its files so that more than 8 come back): each regular member
+    whose path stays inside DOCS, written whole."""
+    copied = []
+    with tarfile.open(bundle) as tar:
+        for member in tar.getmembers():
+            rel = Path(member.name)
+            if not member.isfile() or rel.is_absolute() or ".." in rel.parts or len(rel.parts) < 2:
+                continue
+            src = tar.extractfile(member)
+            if src is not None:
+                copied.append(_write(DOCS / rel, src.read()))
+    return copied
+
+
 def collect(files_at: Path) -> list[Path]:
     copied = []
     for src in sorted(p for p in files_at.rglob("*") if p.is_file()):
+        if src.name.endswith(".results.tar.gz"):
+            copied += unpack(src)
+            continue
         rel = src.relative_to(files_at)
         if len(rel.parts) < 2 or rel.parts[0] in ("", ".", ".."):
             continue

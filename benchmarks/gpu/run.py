@@ -45,7 +45,7 @@ BENCH_CONFIGS = ["plain", "1", "2", "3", "4", "5", "plain"]
 # Seconds a phase may need at most (measured on the H100, 2026-12-06: host-env 74 s vLLM / 105 s SGLang,
 # selfcheck 361 s / 304 s, three engine starts of 65-77 s included); a phase starts only when the
 # call has that much left, so a call never runs into the device's 600 s limit and loses its results.
-ESTIMATE = {"machine": 20, "env": 150, "selfcheck": 420, "fault": 330, "bench": 150}
+ESTIMATE = {"machine": 20, "env": 150, "selfcheck": 420, "fault": 330, "bench": 150, "profile": 150}
 
 
 def log(msg: str) -> None:
@@ -252,12 +252,54 @@ def bench_script(stack: str, env_dir: Path, phase: str, config: str) -> str:
     )
 
 
+def plan_script(stack: str, env_dir: Path, row: dict) -> str:
+    """A phase of a --plan file: `profile` (profile_step.py: one engine, batch-1 steps, a summary of the trace) or
+    `bench` (spec_throughput.py over row["configs"]), each with row["settings"] merged over the stack's."""
+    settings = json.dumps(row.get("settings", {})).replace("'", "")
+    common = (
+        f"--stack {env_dir}/speclock/stacks/{stack}.toml --target {env_dir}/speclock/target "
+        f"--draft {env_dir}/speclock/draft --prompts {env_dir}/speclock/prompts/prompts.jsonl --settings '{settings}'"
+    )
+    if row["kind"] == "profile":
+        return (
+            f". {HOSTENV_SH}; mkdir -p $R/profile; {env_dir}/bin/python {REPO}/benchmarks/gpu/profile_step.py {common} "
+            f"--k {int(row['k'])} --tokens {int(row.get('tokens', 64))} --label {row['phase']} --out $R/profile"
+        )
+    return (
+        f". {HOSTENV_SH}; mkdir -p $R/bench; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py {common} "
+        f"--configs {row['configs']} --out $R/bench/{row['phase']}.jsonl"
+    )
+
+
+def load_plan(path: Path, stacks: list[str]) -> list[dict]:
+    """The phases of a plan file, checked: each names a kind, an engine of the manifest's stacks and a unique phase."""
+    rows = json.loads(path.read_text())["phases"]
+    seen: set[str] = set()
+    by_engine = {engine_of(s): s for s in stacks}
+    for i, row in enumerate(rows):
+        where = f"{path}: phases[{i}]"
+        if row.get("kind") not in ("profile", "bench"):
+            raise SystemExit(f"{where}: kind must be profile or bench, not {row.get('kind')!r}")
+        if row.get("engine") not in by_engine:
+            raise SystemExit(f"{where}: engine must be one of {sorted(by_engine)}, not {row.get('engine')!r}")
+        if row["kind"] == "profile" and not isinstance(row.get("k"), int):
+            raise SystemExit(f"{where}: a profile needs an integer k (0: plain)")
+        if row["kind"] == "bench" and not isinstance(row.get("configs"), str):
+            raise SystemExit(f'{where}: a bench needs configs, e.g. "plain,3"')
+        if not isinstance(row.get("phase"), str) or not row["phase"].replace("-", "").isalnum() or row["phase"] in seen:
+            raise SystemExit(f"{where}: phase must be a unique name of letters, digits and dashes")
+        seen.add(row["phase"])
+        row["stack"] = by_engine[row["engine"]]
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget-s", type=int, default=540, help="stop starting phases after this many seconds")
     p.add_argument("--only", default="", help="comma list of phase prefixes to run ('none': stage only; default: all due)")
     p.add_argument("--retry", default="", help="comma list of phases to run again although done")
     p.add_argument("--bench-configs", default=",".join(BENCH_CONFIGS))
+    p.add_argument("--plan", type=Path, help="a JSON plan of profile/bench phases to run instead of the default list")
     args = p.parse_args()
     args.retry = {x for x in args.retry.split(",") if x}
     only = [x for x in args.only.split(",") if x]
@@ -270,12 +312,15 @@ def main() -> int:
 
     # What is due, in order: the verdicts first (each stack's self-check, the fault drill), the throughput table last.
     tasks: list[tuple[str, str | None, str, int]] = [("machine", None, "", ESTIMATE["machine"])]
-    for stack in manifest["stacks"]:
+    plan = {row["phase"]: row for row in load_plan(args.plan, manifest["stacks"])} if args.plan else {}
+    for row in plan.values():
+        tasks.append((row["phase"], row["stack"], "plan", ESTIMATE[row["kind"]]))
+    for stack in [] if plan else manifest["stacks"]:
         eng = engine_of(stack)
         tasks.append((f"{eng}-selfcheck", stack, "selfcheck", ESTIMATE["selfcheck"]))
         if eng == "vllm":
             tasks.append(("vllm-fault-eager", stack, "fault", ESTIMATE["fault"]))
-    for stack in manifest["stacks"]:
+    for stack in [] if plan else manifest["stacks"]:
         for i, config in enumerate(args.bench_configs.split(",")):
             tasks.append((f"bench-{engine_of(stack)}-{i}-{config}", stack, "bench", ESTIMATE["bench"]))
     machine_probe = (
@@ -314,17 +359,35 @@ def main() -> int:
             "bench": lambda stack=stack, env_dir=env_dir, phase=phase: bench_script(
                 stack, env_dir, phase, phase.rsplit("-", 1)[1]
             ),
+            "plan": lambda stack=stack, env_dir=env_dir, phase=phase: plan_script(stack, env_dir, plan.get(phase, {})),
         }[kind]()
         extra = {"expect": "gate exit 1 (batch-1 speed below smoke.thresholds.min_speedup)"} if kind == "fault" else {}
         if run.sh(phase, script, estimate, stack=stack, **extra) is None:
             break
     pending = [n for n in names if n not in staged]
+    bundle = pack_results(run.out)
     log(
         f"end of call: {len(staged)}/{len(names)} parts staged"
         + (f", next part {pending[0]}" if pending else "")
-        + f"; results in {run.out}"
+        + f"; results in {bundle or run.out}"
     )
     return 0
+
+
+def pack_results(out: Path) -> Path | None:
+    """The call's result files as one <run>.results.tar.gz beside <run>/ (the device tool brings back at most 8 files
+    a call; a call with several phases writes more). collect.py unpacks it. None when the call wrote nothing."""
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    if not files:
+        return None
+    bundle = out.parent / f"{out.name}.results.tar.gz"
+    tmp = bundle.with_name(bundle.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(out.parent)))
+    os.replace(tmp, bundle)
+    shutil.rmtree(out)
+    return bundle
 
 
 START_WALL = time.time()
