@@ -143,3 +143,80 @@ def test_the_real_h100_sglang_run_slower_than_plain_fails_the_gate():
     import json
 
     assert json.loads(report.read_text())["gpu"]["name"] == "NVIDIA H100 80GB HBM3"
+
+
+# --- issue #39: the interval covers the spread of the plain AND the drafted runs; engines warm up until steady ---
+
+
+def test_the_interval_covers_the_spread_of_the_drafted_runs_too():
+    """Scripted timings: the plain medians agree (500 before, 500 after), the drafted runs do not (550-650). The
+    interval of 2026-12-06 (plain medians only) was 1.20-1.20 and PASSed 1.1; over every run it is 1.058-1.354."""
+    report = with_speed(sample_report(), [500, 520, 480], [600, 650, 550], [490, 510, 500])
+    b1 = report["throughput"]["batch1"]
+    assert b1["interval_method"] == "runs"
+    assert b1["speedup"] == pytest.approx(600 / 500, abs=1e-4)
+    assert b1["speedup_low"] == pytest.approx(550 / 520, abs=1e-4)
+    assert b1["speedup_high"] == pytest.approx(650 / 480, abs=1e-4)
+    assert b1["spread"] == pytest.approx((650 / 480 - 550 / 520) / 1.2, abs=1e-4)
+    (c,) = speed(report)
+    assert c.status == "WARN" and "interval 1.058-1.354" in c.detail
+    # a clear case is still a clear PASS / FAIL
+    (c,) = speed(with_speed(sample_report(), [500, 505, 495], [700, 690, 710], [500, 498, 502]))
+    assert c.status == "PASS"
+    (c,) = speed(with_speed(sample_report(), [500, 505, 495], [300, 290, 310], [500, 498, 502]))
+    assert c.status == "FAIL"
+
+
+def test_a_report_from_before_the_interval_method_keeps_its_medians_interval():
+    """Committed reports (docs/gpu-runs, baselines) have no interval_method: they were bracketed by the plain
+    medians, and are checked by that rule, not refused; an unknown method is refused naming the key."""
+    from speclock.verify.speed import summarize_batch1
+
+    old = with_speed(sample_report(), [500, 520, 480], [600, 650, 550], [490, 510, 500])
+    runs = [[(t, 1.0) for t in x] for x in ([500, 520, 480], [600, 650, 550], [490, 510, 500])]
+    b1 = summarize_batch1(*runs, prompts=4, max_tokens=64, method="medians")
+    del b1["interval_method"]
+    old["throughput"]["batch1"] = b1
+    validate_report(old)
+    assert (b1["speedup_low"], b1["speedup_high"]) == (1.2, 1.2)
+    old["throughput"]["batch1"]["interval_method"] = "runs"  # the medians' interval passed off as the runs' one
+    with pytest.raises(BadInput, match="throughput.batch1.speedup_low"):
+        validate_report(old)
+    old["throughput"]["batch1"]["interval_method"] = "guess"
+    with pytest.raises(BadInput, match="throughput.batch1.interval_method"):
+        validate_report(old)
+
+
+def test_an_engine_warms_up_until_its_last_runs_agree():
+    """The warm-up rule (docs/smoke.md): runs until the last `repeats` agree within 5% of their median; the cold
+    runs before them are reported, not kept."""
+    from speclock.verify.speed import warm_runs
+
+    script = iter([(100, 2.0), (100, 1.4), (100, 1.0), (100, 1.01), (100, 0.99), (100, 5.0)])
+    kept, warmup, steady = warm_runs(lambda: next(script), repeats=3)
+    assert kept == [(100, 1.0), (100, 1.01), (100, 0.99)] and warmup == [(100, 2.0), (100, 1.4)] and steady
+    # never settles: stops after repeats + 4 runs, keeps the last 3 and says so
+    script = iter([(100, s) for s in (1.0, 1.5, 1.0, 1.5, 1.0, 1.5, 1.0, 1.5)])
+    kept, warmup, steady = warm_runs(lambda: next(script), repeats=3)
+    assert len(kept) == 3 and len(warmup) == 4 and not steady
+    # steady from the start: no extra run
+    script = iter([(100, 1.0)] * 3)
+    kept, warmup, steady = warm_runs(lambda: next(script), repeats=3)
+    assert len(kept) == 3 and warmup == [] and steady
+
+
+def test_the_warm_up_runs_are_in_the_report_and_checked_for_shape():
+    from speclock.verify.speed import summarize_batch1
+
+    runs = [[(t, 1.0) for t in x] for x in ([500, 500, 500], [600, 600, 600], [500, 500, 500])]
+    b1 = summarize_batch1(
+        *runs, prompts=4, max_tokens=64, warmup=[[(300, 1.0)], [], []], steady_runs=[True, True, False]
+    )
+    assert b1["warmup_tok_s"] == {"plain_before": [300.0], "spec": [], "plain_after": []}
+    assert b1["steady"] == {"plain_before": True, "spec": True, "plain_after": False}
+    report = with_speed(sample_report(), [500] * 3, [600] * 3, [500] * 3)
+    report["throughput"]["batch1"] = b1
+    validate_report(report)
+    b1["steady"]["spec"] = "yes"
+    with pytest.raises(BadInput, match="throughput.batch1.steady.spec"):
+        validate_report(report)

@@ -47,6 +47,9 @@ class EngineConfig:
     server_url: str = ""  # attach to a running server instead of starting one in-process
     env: dict[str, str] = field(default_factory=dict)  # stack engine.env: set while the engine runs
     concurrency: int = DEFAULT_CONCURRENCY  # server mode: requests in flight at once (offline engines batch all)
+    # engine.k_per_batch_size: (first batch size, last batch size, k) rows, k capped by num_speculative_tokens
+    # (speclock.spec.k_schedule); () drafts num_speculative_tokens at every load
+    k_per_batch_size: tuple[tuple[int, int, int], ...] = ()
 
 
 class EngineSession(Protocol):

@@ -24,6 +24,7 @@ from speclock.core.layout import IMAGE, in_image
 from speclock.drafter.models import draft_folder, read_model_config, target_folder
 from speclock.engines import EngineConfig, visible_arch
 from speclock.engines.sglang import launch_command
+from speclock.spec.k_schedule import vllm_speculative_config
 from speclock.spec.stack import Stack, load_stack
 
 DEFAULT_STACK = "cpu-vllm"
@@ -86,11 +87,21 @@ def server_command(
         if draft is not None:
             cmd += [
                 "--speculative-config",
-                json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}, sort_keys=True),
+                json.dumps(
+                    {
+                        "method": "eagle3",
+                        "model": str(draft),
+                        "num_speculative_tokens": k,
+                        **vllm_speculative_config(stack.k_per_batch_size),
+                    },
+                    sort_keys=True,
+                ),
             ]
         return cmd
     if engine == "sglang":
-        cmd = launch_command(EngineConfig(target, draft, k, settings), port=port, python=python)
+        cmd = launch_command(
+            EngineConfig(target, draft, k, settings, k_per_batch_size=stack.k_per_batch_size), port=port, python=python
+        )
         return cmd + ["--host", host, "--served-model-name", stack.target["name"]]
     raise BadInput(f"stack {stack.name}: engine {engine!r} has no server command here", hint="use vllm or sglang")
 

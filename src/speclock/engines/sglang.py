@@ -33,12 +33,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from speclock.core.errors import EnvironmentProblem
+from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import cache_dir
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, package_version
 from speclock.engines.http import http, map_bounded
 from speclock.engines.prometheus import counter_samples
+from speclock.spec.k_schedule import write_sglang_adaptive_config
 
 NAME = "sglang"
 
@@ -137,6 +138,15 @@ def spec_args(config: EngineConfig) -> dict[str, Any]:
             speculative_eagle_topk=1,
             speculative_num_draft_tokens=k + 1,
         )
+        if config.k_per_batch_size:  # k per load: adaptive slots with one candidate each (speclock.spec.k_schedule)
+            if k not in {row[2] for row in config.k_per_batch_size}:  # SGLang starts at one of the slots' steps
+                raise BadInput(
+                    f"k = {k} is not a k of engine.k_per_batch_size {[list(r) for r in config.k_per_batch_size]}",
+                    hint="SGLang starts its adaptive slots at one of their steps: draft one of those k "
+                    "(serve.num_speculative_tokens), or add a range that drafts this k",
+                )
+            path = write_sglang_adaptive_config(config.k_per_batch_size, cache_dir() / "sglang-adaptive")
+            args.update(speculative_adaptive=True, speculative_adaptive_config=str(path))
     return args
 
 

@@ -17,6 +17,7 @@ from speclock.core.errors import EnvironmentProblem
 from speclock.engines import EngineConfig, SpecCounters, package_version
 from speclock.engines.http import http, map_bounded
 from speclock.engines.prometheus import counter_samples
+from speclock.spec.k_schedule import vllm_speculative_config
 
 NAME = "vllm"
 _PREFIX = "vllm:spec_decode_"
@@ -36,6 +37,7 @@ def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
     if config.draft is not None:
         kwargs["speculative_config"] = {
             **extra,
+            **vllm_speculative_config(config.k_per_batch_size),
             "method": "eagle3",
             "model": str(config.draft),
             "num_speculative_tokens": config.num_speculative_tokens,

@@ -94,6 +94,15 @@ SCHEMA: dict[str, dict[str, tuple]] = {
             'environment variables the engine needs (string values), set in the image and by smoke/selfcheck on a host, e.g. { VLLM_USE_FLASHINFER_SAMPLER = "0" }; doctor checks the known import traps against it',
             None,
         ),
+        "k_per_batch_size": (
+            "list[list[int]]",
+            False,
+            [],
+            "the draft length per load: [[first batch size, last batch size, k], ...] from batch size 1, increasing, "
+            "no gaps; k from 0 (plain decoding) to smoke.num_speculative_tokens; vLLM >= 0.26.0 and SGLang >= 0.5.15 "
+            "(speclock.spec.k_schedule), e.g. [[1, 8, 3], [9, 32, 1], [33, 1024, 0]]",
+            None,
+        ),
     },
     "gpu": {
         "cuda": ("str", False, "", "CUDA release (e.g. 13.0); empty for a CPU stack", None),
@@ -253,6 +262,10 @@ def json_schema() -> dict[str, Any]:
         "bool": {"type": "boolean"},
         "list[str]": {"type": "array", "items": {"type": "string"}},
         "list[float]": {"type": "array", "items": {"type": "number"}},
+        "list[list[int]]": {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 3},
+        },
         "table": {"type": "object"},
     }
 

@@ -80,6 +80,11 @@ class Stack:
         """engine.env: the environment the engine needs (validated: names and string values)."""
         return {str(k): str(v) for k, v in (self.engine.get("env") or {}).items()}
 
+    @property
+    def k_per_batch_size(self) -> tuple[tuple[int, int, int], ...]:
+        """engine.k_per_batch_size as (first batch size, last batch size, k) rows; () when the stack sets none."""
+        return tuple((int(a), int(b), int(c)) for a, b, c in self.engine.get("k_per_batch_size") or ())
+
     def engine_settings_for(self, arch: str | None) -> dict[str, Any]:
         """engine.settings with the GPU arch's overrides (gpu.arch_settings) applied."""
         merged = dict(self.engine["settings"])
@@ -197,6 +202,7 @@ UNPINNED = (
     "smoke.speed_max_tokens",
     "smoke.speed_repeats",
     "serve.num_speculative_tokens",
+    "engine.k_per_batch_size",  # a run-time knob, like serve's k: the lock's wheels do not depend on it
 )
 
 

@@ -17,6 +17,7 @@ from speclock.core import files
 from speclock.core.args import MAX_K
 from speclock.core.errors import BadInput
 from speclock.core.names import normalize
+from speclock.spec import k_schedule
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
@@ -57,6 +58,8 @@ def _type_ok(kind: str, value: Any) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "list[float]":
         return isinstance(value, list) and all(_type_ok("float", v) for v in value)
+    if kind == "list[list[int]]":
+        return isinstance(value, list) and all(isinstance(v, list) and all(_type_ok("int", x) for x in v) for v in value)
     if kind == "table":
         return isinstance(value, dict)
     raise AssertionError(kind)
@@ -159,6 +162,10 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     _check_target_and_smoke(s, bad)
     _check_gpu_and_kernels(s, bad)
     _check_prune(s, path, bad)
+    engine = s["engine"]
+    broken = k_schedule.check(engine["k_per_batch_size"], s["smoke"]["num_speculative_tokens"], engine["name"], engine["version"])
+    if broken:
+        raise bad(k_schedule.KEY, *broken)
     n = len(s["smoke.thresholds"]["min_acceptance_per_position"])
     if n > s["smoke"]["num_speculative_tokens"]:
         raise bad(

@@ -137,6 +137,9 @@ class Batch1(TypedDict):
     speedup_low: float
     speedup_high: float
     spread: float | None
+    interval_method: NotRequired[str]  # "runs" (both spreads) or, absent, "medians" (before 2026-12-07)
+    warmup_tok_s: NotRequired[dict[str, list[float]]]  # per engine run: the runs before the kept ones
+    steady: NotRequired[dict[str, bool]]  # per engine run: whether its kept runs agreed (speclock.verify.speed)
 
 
 class Concurrent(TypedDict):

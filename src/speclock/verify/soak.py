@@ -134,7 +134,14 @@ def soak_engine_config(inp: SmokeInputs, arch: str | None = None) -> EngineConfi
     arch = visible_arch(inp.stack) if arch is None else arch
     env = inp.stack.engine_env
     return EngineConfig(
-        inp.target, inp.draft, inp.k, inp.stack.engine_settings_for(arch), inp.server_url, env, concurrency=inp.concurrency
+        inp.target,
+        inp.draft,
+        inp.k,
+        inp.stack.engine_settings_for(arch),
+        inp.server_url,
+        env,
+        concurrency=inp.concurrency,
+        k_per_batch_size=inp.stack.k_per_batch_size,
     )
 
 

@@ -6,8 +6,15 @@ engine runs: plain, drafted, plain again (on a GPU one engine fits at a time; th
 far the machine drifted while the drafted one ran). Each engine's figure is the median of its repeats.
 
     speedup      = drafted median / median of every plain run (before and after)
-    interval     = [drafted / plain-before, drafted / plain-after], widened to hold the speedup
+    interval     = [slowest drafted run / fastest plain run, fastest drafted run / slowest plain run]
+                   (`interval_method = "runs"`: the spread of the plain AND the drafted runs; reports written before
+                   2026-12-07 have no interval_method and were bracketed by the two plain medians only: "medians")
     spread       = (high - low) / speedup
+
+Warm-up (docs/smoke.md, "Warm-up"): each engine runs its batch-1 workload until the last `repeats` runs agree within
+WARMUP_TOLERANCE of their median, or until WARMUP_EXTRA runs more than `repeats` were made; only the last `repeats`
+runs are kept, the earlier ones are reported as `*_warmup_tok_s`, and `steady` says per engine whether the window
+settled. (On the H100 on 2026-12-07 the first engine's plain runs were 532-563 tok/s and the last engine's 767-793.)
 
 The report's `throughput.speedup` is this batch-1 speedup (`throughput.measured_at = "batch 1"`); the pass over
 all prompts at the engine's own concurrency is kept as `throughput.concurrent`. Batch 1 is where speculative
@@ -41,6 +48,43 @@ def tok_s(runs: Sequence[tuple[float, float]]) -> list[float]:
     return [round(tokens / seconds, 2) if seconds > 0 else 0.0 for tokens, seconds in runs]
 
 
+# The warm-up rule (docs/smoke.md): runs agree within 5% of their median, at most 4 runs more than the kept ones.
+WARMUP_TOLERANCE = 0.05
+WARMUP_EXTRA = 4
+INTERVAL_METHODS = ("runs", "medians")
+
+
+def steady(values: Sequence[float], window: int, tolerance: float = WARMUP_TOLERANCE) -> bool:
+    """The last `window` tok/s figures agree: (max - min) / median <= tolerance."""
+    if window < 1 or len(values) < window:
+        return False
+    last = list(values)[-window:]
+    mid = statistics.median(last)
+    return mid > 0 and (max(last) - min(last)) / mid <= tolerance
+
+
+def warm_runs(run_once, repeats: int, extra: int = WARMUP_EXTRA, tolerance: float = WARMUP_TOLERANCE):
+    """Call run_once() -> (tokens, seconds) until the last `repeats` runs are steady or `repeats + extra` runs were
+    made. Returns (kept runs: the last `repeats`, warm-up runs before them, steady)."""
+    runs: list[tuple[float, float]] = []
+    while True:
+        runs.append(run_once())
+        done = steady(tok_s(runs), repeats, tolerance)
+        if done or len(runs) >= repeats + extra:
+            return runs[-repeats:], runs[:-repeats], done
+
+
+def _bounds(b: list[float], s: list[float], a: list[float], method: str) -> tuple[float, float, float]:
+    plain = statistics.median(b + a)
+    spec_med = statistics.median(s)
+    speedup = spec_med / plain if plain else 0.0
+    if method == "runs":  # every pairing of a drafted run with a plain run lies inside
+        bounds = [min(s) / max(b + a), max(s) / min(b + a), speedup] if min(b + a) > 0 else [0.0, speedup]
+    else:  # "medians": reports written before 2026-12-07
+        bounds = [spec_med / x if x else 0.0 for x in (statistics.median(b), statistics.median(a))] + [speedup]
+    return speedup, min(bounds), max(bounds)
+
+
 def summarize_batch1(
     before: Sequence[tuple[float, float]],
     spec: Sequence[tuple[float, float]],
@@ -48,28 +92,34 @@ def summarize_batch1(
     *,
     prompts: int,
     max_tokens: int,
+    warmup: Sequence[Sequence[tuple[float, float]]] | None = None,
+    steady_runs: Sequence[bool] | None = None,
+    method: str = "runs",
 ) -> Batch1:
-    """The report's `throughput.batch1` from (tokens, seconds) per repeat of each engine run."""
+    """The report's `throughput.batch1` from (tokens, seconds) per repeat of each engine run; `warmup`: the runs
+    each engine (plain, drafted, plain again) made before its kept ones, `steady_runs`: whether each settled."""
     b, s, a = tok_s(before), tok_s(spec), tok_s(after)
-    plain = statistics.median(b + a)
-    spec_med = statistics.median(s)
-    speedup = spec_med / plain if plain else 0.0
-    bounds = [spec_med / x if x else 0.0 for x in (statistics.median(b), statistics.median(a))] + [speedup]
-    low, high = min(bounds), max(bounds)
-    return {
+    speedup, low, high = _bounds(b, s, a, method)
+    out: Batch1 = {
         "prompts": prompts,
         "max_tokens": max_tokens,
         "repeats": len(s),
         "plain_before_tok_s": b,
         "spec_tok_s": s,
         "plain_after_tok_s": a,
-        "plain_tok_s_median": round(plain, 2),
-        "spec_tok_s_median": round(spec_med, 2),
+        "plain_tok_s_median": round(statistics.median(b + a), 2),
+        "spec_tok_s_median": round(statistics.median(s), 2),
         "speedup": round(speedup, 4),
         "speedup_low": round(low, 4),
         "speedup_high": round(high, 4),
         "spread": round((high - low) / speedup, 4) if speedup else None,
+        "interval_method": method,
     }
+    if warmup is not None:
+        wb, ws, wa = (tok_s(w) for w in warmup)
+        out["warmup_tok_s"] = {"plain_before": wb, "spec": ws, "plain_after": wa}
+        out["steady"] = {k: bool(v) for k, v in zip(("plain_before", "spec", "plain_after"), steady_runs or (), strict=False)}
+    return out
 
 
 _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
@@ -116,12 +166,16 @@ def check_batch1(data: SmokeReport, bad: Bad) -> None:
                 f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, got {repr(values)[:80]}",
             )
         runs[key] = [(v, 1.0) for v in values]
+    method = b1.get("interval_method", "medians")  # absent: a report written before the method was named
+    if method not in INTERVAL_METHODS:
+        raise bad("throughput.batch1.interval_method", f"expected one of {', '.join(INTERVAL_METHODS)}, got {repr(method)[:40]}")
     want: Mapping[str, Any] = summarize_batch1(
         runs["plain_before_tok_s"],
         runs["spec_tok_s"],
         runs["plain_after_tok_s"],
         prompts=b1["prompts"],
         max_tokens=b1["max_tokens"],
+        method=method,
     )
     for key in ("speedup", "speedup_low", "speedup_high", "spread", "plain_tok_s_median", "spec_tok_s_median"):
         if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=5e-4)):

@@ -10,7 +10,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
@@ -36,7 +36,7 @@ from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
 from speclock.verify.smoke.worker import WorkerSession, worker_session
-from speclock.verify.speed import CPU_NOTE, summarize_batch1
+from speclock.verify.speed import CPU_NOTE, summarize_batch1, warm_runs
 
 
 def image_identity() -> ImageIdentity:
@@ -99,10 +99,10 @@ def _generate(
     passes: list[dict[str, Any] | None],
     speed: bool,
     report: SmokeReport,
-) -> tuple[list[PassResult], list[int] | None, list[tuple[int, float]]]:
+) -> tuple[list[PassResult], list[int] | None, SpeedRuns]:
     """Start one engine, warm up, generate once per pass (None = greedy, else {temperature, seed}) with counters as
-    deltas around each pass, then (speed) the batch-1 runs; stop. Returns ([(outputs, seconds, counters) per pass],
-    captured layers, [(tokens, seconds) per batch-1 run])."""
+    deltas around each pass, then (speed) the batch-1 runs until steady; stop. Returns ([(outputs, seconds,
+    counters) per pass], captured layers, the batch-1 runs)."""
     name = inp.stack.engine["name"]
     t0 = time.perf_counter()
     log(f"starting {name} {label}")
@@ -129,17 +129,32 @@ def _generate(
             results.append((outputs, seconds, session.counters() - before))
             which = f" (pass {len(results)} of {len(passes)}, {sampling})" if sampling else ""
             log(f"{label}{which}: {len(prompt_ids)} prompts, {sum(map(len, outputs))} tokens in {seconds:.1f} s")
-        runs: list[tuple[int, float]] = []
-        for _ in range(inp.speed_repeats if speed else 0):
-            outputs, seconds = _timed(session, prompt_ids[: inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
-            runs.append((sum(map(len, outputs)), seconds))
-        if runs:
+        speed_runs = SpeedRuns([], [], False)
+        if speed and inp.speed_repeats:
+
+            def once() -> tuple[int, float]:
+                outputs, seconds = _timed(session, prompt_ids[: inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
+                return sum(map(len, outputs)), seconds
+
+            speed_runs = SpeedRuns(*warm_runs(once, inp.speed_repeats))  # until steady (docs/smoke.md, Warm-up)
+            shown = ", ".join(f"{t / s:.1f}" for t, s in speed_runs.kept)
+            warm = ", ".join(f"{t / s:.1f}" for t, s in speed_runs.warmup)
             log(
-                f"{label} at batch 1: {', '.join(f'{t / s:.1f}' for t, s in runs)} tok/s "
-                f"({min(inp.speed_prompts, len(prompt_ids))} prompts x {inp.speed_max_tokens} tokens)"
+                f"{label} at batch 1: {shown} tok/s ({min(inp.speed_prompts, len(prompt_ids))} prompts x "
+                f"{inp.speed_max_tokens} tokens)"
+                + (f" after warm-up runs {warm}" if warm else "")
+                + ("" if speed_runs.steady else " (not steady: the last runs still differ by more than 5%)")
             )
         captured = session.captured_layers() if passes else None
-    return results, captured, runs
+    return results, captured, speed_runs
+
+
+class SpeedRuns(NamedTuple):
+    """One engine's batch-1 runs: the kept ones (tokens, seconds), the warm-up runs before them, whether they settled."""
+
+    kept: list[tuple[int, float]]
+    warmup: list[tuple[int, float]]
+    steady: bool
 
 
 def sampling_passes(profile: Profile | None) -> list[dict[str, Any] | None]:
@@ -257,8 +272,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
         cache_file = _plain_cache_file(inp.plain_cache, inp, report, prompt_ids) if inp.plain_cache else None
         cached = read_plain_cache(cache_file, len(prompt_ids)) if cache_file else None
         speed = inp.speed_repeats > 0
-        before: list[tuple[int, float]] = []
-        first_spec_runs: list[tuple[int, float]] = []
+        before = first_spec_runs = SpeedRuns([], [], False)
         if cached is not None:
             plain, plain_s = cached
             log(f"plain outputs reused from {cache_file}")
@@ -277,7 +291,14 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
         for backend, backend_settings in backend_variants(inp.stack, settings):
             run["stage"] = "speculative (with drafter)" + (f", attention backend {backend}" if backend else "")
             spec_cfg = EngineConfig(
-                inp.target, inp.draft, inp.k, backend_settings, inp.server_url, env, concurrency=inp.concurrency
+                inp.target,
+                inp.draft,
+                inp.k,
+                backend_settings,
+                inp.server_url,
+                env,
+                concurrency=inp.concurrency,
+                k_per_batch_size=inp.stack.k_per_batch_size,
             )
             passes = sampling_passes(inp.profile)
             # batch-1 speed with the first backend only (one more pass per backend would not change the verdict)
@@ -292,7 +313,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
             )
             run["stage"] = "compare"
             backends.append(measure(inp, backend, passes, results, captured, plain, plain_s, prompt_ids, run))
-            if spec_runs:
+            if spec_runs.kept:
                 first_spec_runs = spec_runs
         if speed:
             # plain again: the machine's drift while the drafted engine ran brackets the speedup (speclock.verify.speed)
@@ -300,11 +321,13 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
             _, _, after = _generate(inp, plain_cfg, prompt_ids, "without drafter, again", [], True, report)
             report["throughput"] = throughput_section(
                 summarize_batch1(
-                    before,
-                    first_spec_runs,
-                    after,
+                    before.kept,
+                    first_spec_runs.kept,
+                    after.kept,
                     prompts=min(inp.speed_prompts, len(prompt_ids)),
                     max_tokens=inp.speed_max_tokens,
+                    warmup=[before.warmup, first_spec_runs.warmup, after.warmup],
+                    steady_runs=[before.steady, first_spec_runs.steady, after.steady],
                 ),
                 backends[0]["concurrent"],
             )

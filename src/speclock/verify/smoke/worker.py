@@ -54,6 +54,7 @@ def _config_from(doc: dict[str, Any]) -> EngineConfig:
     doc = dict(doc)
     doc["target"] = Path(doc["target"])
     doc["draft"] = Path(doc["draft"]) if doc.get("draft") else None
+    doc["k_per_batch_size"] = tuple(tuple(row) for row in doc.get("k_per_batch_size") or ())  # JSON gave lists
     return EngineConfig(**doc)
 
 
