@@ -268,6 +268,7 @@ def plan_script(stack: str, env_dir: Path, row: dict) -> str:
     return (
         f". {HOSTENV_SH}; mkdir -p $R/bench; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py {common} "
         f"--configs {row['configs']} --out $R/bench/{row['phase']}.jsonl"
+        + (f" --k-per-batch-size '{json.dumps(row['k_per_batch_size'])}'" if row.get("k_per_batch_size") else "")
     )
 
 

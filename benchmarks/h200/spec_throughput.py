@@ -35,6 +35,11 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--settings", default="{}", help="JSON engine settings merged over the stack's")
     p.add_argument(
+        "--k-per-batch-size",
+        default="",
+        help="JSON [[first bs, last bs, k], ...] for the drafted engines (engine.k_per_batch_size; default: the stack's)",
+    )
+    p.add_argument(
         "--repeats",
         type=int,
         default=3,
@@ -59,10 +64,11 @@ def main() -> int:
     settings = dict(stack.engine_settings_for("sm_90a"), **json.loads(args.settings))
     env = stack.engine_env  # as smoke sets it
     engine = get_engine(stack.engine["name"])
+    schedule = tuple(tuple(r) for r in json.loads(args.k_per_batch_size)) if args.k_per_batch_size else stack.k_per_batch_size
 
     for item in args.configs.split(","):
         k = 0 if item == "plain" else int(item)
-        cfg = EngineConfig(target, draft if k else None, k or 1, settings, "", env)
+        cfg = EngineConfig(target, draft if k else None, k or 1, settings, "", env, k_per_batch_size=schedule if k else ())
         t0 = time.perf_counter()
         with running(engine, cfg) as session:
             start_s = time.perf_counter() - t0
@@ -73,6 +79,7 @@ def main() -> int:
                 "engine_start_s": round(start_s, 1),
                 "max_tokens": args.max_tokens,
                 "settings": settings,
+                "k_per_batch_size": [list(r) for r in schedule] if k else [],
             }
             for phase, batches in (
                 ("batch1", [[q] for q in prompts[: args.batch1_prompts]]),
