@@ -256,8 +256,10 @@ def crashing_drafter(target: Path, out: Path) -> Path:
 _FAULT_PLUGIN = '''"""speclock test fault, loaded by vLLM's general-plugin hook in every engine process (SPECLOCK_FAULT):
 pos3:N   - the draft token at position 3 is replaced by another token where its id is a multiple of N (about
            1 in N drafts: a drafter worse only at position 3; the target still verifies, so output stays lossless);
-reject:N - at temperature > 0, the same at every position (a rejection sampler that rejects more often)."""
+reject:N - at temperature > 0, the same at every position (a rejection sampler that rejects more often);
+slow:MS  - every drafted step sleeps MS milliseconds (a drafter that costs more than it saves: slower than plain)."""
 import os
+import time
 
 
 def register():
@@ -285,6 +287,12 @@ def register():
         return orig(ids.contiguous(), num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                     bonus_token_ids, sampling_metadata, *args, **kwargs)
 
+    def slow(*args, **kwargs):
+        time.sleep(every / 1000)
+        return orig(*args, **kwargs)
+
+    if kind == "slow":
+        faulty = slow
     faulty._speclock_fault = f"{kind}:{every}"
     rs.rejection_sample = faulty
 '''
@@ -292,7 +300,7 @@ def register():
 
 def engine_fault(root: Path, kind: str) -> dict[str, str]:
     """Environment that makes vLLM load a fault into its rejection step (in every engine process, via the
-    `vllm.general_plugins` entry point of a distribution written under `root`): kind 'pos3:N' or 'reject:N'.
+    `vllm.general_plugins` entry point of a distribution written under `root`): kind 'pos3:N', 'reject:N' or 'slow:MS'.
     Returns the variables to set (PYTHONPATH extended, SPECLOCK_FAULT). A process that is already running
     must also put `root` on its sys.path: vLLM spawns its engine processes with the parent's sys.path."""
     import os

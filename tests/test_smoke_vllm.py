@@ -192,6 +192,29 @@ def test_a_drafter_worse_only_at_position_3_fails_the_per_position_gate(env, hea
     assert not result.ok
 
 
+def test_a_drafter_slower_than_plain_fails_the_gate_naming_min_speedup(env, healthy, monkeypatch):
+    """Issue #39: the speed verdict end to end on a real engine. Every drafted step sleeps 250 ms (a fault loaded into
+    vLLM's rejection step; plain runs never reach it), so the drafted engine is several times slower than plain at
+    batch 1 on any machine: smoke and the gate must FAIL naming smoke.thresholds.min_speedup, and nothing else."""
+    draft, _, _ = healthy
+    plugin = env["root"] / "slow-plugin"
+    for key, value in engine_fault(plugin, "slow:250").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(plugin))
+    code, report = smoke(env, draft, "slow-drafter", *SPEED)
+    monkeypatch.delenv("SPECLOCK_FAULT")
+    b1 = report["throughput"]["batch1"]
+    assert code == 1 and report["verdict"] == "fail"
+    assert b1["speedup_high"] < 1.0, b1  # the whole interval below plain: a FAIL, never a WARN
+    assert b1["interval_method"] == "runs" and set(b1["steady"]) == {"plain_before", "spec", "plain_after"}
+    assert [f for f in report["failures"] if f.startswith(SPEED_FAILURE)], report["failures"]
+    assert not failures_besides_speed(report["failures"]), report["failures"]
+    assert report["lossless"]["mismatches"] == 0  # slow, not wrong
+    result = run_gate(env["root"] / "slow-drafter" / "report.json", baseline="none")
+    (speed,) = [c for c in result.checks if c.kind == "speed"]
+    assert not result.ok and speed.status == "FAIL" and "smoke.thresholds.min_speedup" in speed.reason()
+
+
 def test_the_sampled_profile_reports_acceptance_per_seed(env, healthy):
     draft, _, good = healthy
     code, report = smoke(env, draft, "sampled", "--profile", "sampled")
