@@ -139,7 +139,9 @@ def test_the_real_h100_sglang_run_slower_than_plain_fails_the_gate():
     result = run_gate(report, baseline="none", stack="sglang-0.5.15-torch2.11-cu130")
     assert not result.ok
     failures = result.to_json()["failures"]
-    assert len(failures) == 1 and "smoke.thresholds.min_speedup" in failures[0] and "0.613" in failures[0], failures
+    assert "smoke.thresholds.min_speedup" in failures[0] and "0.613" in failures[0], failures
+    # the stack now also asks for speed under load (min_concurrent_speedup); this report predates the measurement
+    assert len(failures) == 2 and failures[1].startswith("speedup under load") and "not measured" in failures[1]
     import json
 
     assert json.loads(report.read_text())["gpu"]["name"] == "NVIDIA H100 80GB HBM3"
@@ -209,9 +211,7 @@ def test_the_warm_up_runs_are_in_the_report_and_checked_for_shape():
     from speclock.verify.speed import summarize_batch1
 
     runs = [[(t, 1.0) for t in x] for x in ([500, 500, 500], [600, 600, 600], [500, 500, 500])]
-    b1 = summarize_batch1(
-        *runs, prompts=4, max_tokens=64, warmup=[[(300, 1.0)], [], []], steady_runs=[True, True, False]
-    )
+    b1 = summarize_batch1(*runs, prompts=4, max_tokens=64, warmup=[[(300, 1.0)], [], []], steady_runs=[True, True, False])
     assert b1["warmup_tok_s"] == {"plain_before": [300.0], "spec": [], "plain_after": []}
     assert b1["steady"] == {"plain_before": True, "spec": True, "plain_after": False}
     report = with_speed(sample_report(), [500] * 3, [600] * 3, [500] * 3)
@@ -220,3 +220,78 @@ def test_the_warm_up_runs_are_in_the_report_and_checked_for_shape():
     b1["steady"]["spec"] = "yes"
     with pytest.raises(BadInput, match="throughput.batch1.steady.spec"):
         validate_report(report)
+
+
+# --- issue #39: speed under load (smoke.speed_concurrent), judged by min_concurrent_speedup ---
+
+
+def with_loaded(report: dict, before, spec, after, requests: int = 80) -> dict:
+    from speclock.verify.speed import summarize_loaded
+
+    runs = [[(t, 1.0) for t in x] for x in (before, spec, after)]
+    report["throughput"]["loaded"] = summarize_loaded(*runs, requests=requests, max_tokens=128, batches=6)
+    return report
+
+
+LOAD = {"min_speedup": 1.1, "min_concurrent_speedup": 1.0}
+
+
+def test_a_deployment_slower_than_plain_under_load_fails_naming_min_concurrent_speedup():
+    """Scripted timings of the H100 run of 2026-12-07 (vLLM 0.50x at 80 at once): batch 1 pays, load does not."""
+    report = with_speed(sample_report(), [480] * 3, [700, 705, 695], [485] * 3)
+    report = with_loaded(report, [20000, 20200, 19800], [10000, 10100, 9900], [20100, 19900, 20000])
+    loaded = report["throughput"]["loaded"]
+    assert loaded["speedup"] == pytest.approx(10000 / 20000, abs=1e-4)
+    assert loaded["speedup_low"] == pytest.approx(9900 / 20200, abs=1e-4)
+    assert loaded["speedup_high"] == pytest.approx(10100 / 19800, abs=1e-4)
+    validate_report(report)
+    (c,) = [c for c in evaluate(report, LOAD) if c.name.startswith("speedup with 80 requests at once")]
+    assert c.status == "FAIL" and "smoke.thresholds.min_concurrent_speedup" in c.reason()
+    assert "engine.k_per_batch_size" in c.detail
+    (b1,) = [c for c in evaluate(report, LOAD) if c.name.startswith("speedup at batch 1 (")]
+    assert b1.status == "PASS"  # each load judged on its own
+
+
+def test_never_slower_under_load_passes_and_a_straddle_warns():
+    report = with_speed(sample_report(), [480] * 3, [700] * 3, [485] * 3)
+    with_loaded(report, [20000] * 3, [20500, 20600, 20400], [20100] * 3)  # k = 0 at large batches: ~1.02x
+    (c,) = [c for c in evaluate(report, LOAD) if c.name.startswith("speedup with 80")]
+    assert c.status == "PASS"
+    with_loaded(report, [20000] * 3, [19500, 20500, 20000], [20000] * 3)
+    (c,) = [c for c in evaluate(report, LOAD) if c.name.startswith("speedup with 80")]
+    assert c.status == "WARN" and "straddles smoke.thresholds.min_concurrent_speedup" in c.detail
+
+
+def test_a_floor_under_load_without_the_measurement_fails_as_not_measured():
+    report = with_speed(sample_report(), [480] * 3, [700] * 3, [485] * 3)
+    (c,) = [c for c in evaluate(report, LOAD) if c.name.startswith("speedup under load")]
+    assert c.status == "FAIL" and "not measured" in c.detail and "smoke.speed_concurrent" in c.detail
+    assert not [c for c in evaluate(report, {"min_speedup": 1.1}) if "load" in c.name]  # 0: not judged
+
+
+def test_edited_loaded_figures_are_refused():
+    report = with_loaded(with_speed(sample_report(), [480] * 3, [700] * 3, [485] * 3), [100] * 3, [90] * 3, [100] * 3)
+    report["throughput"]["loaded"]["speedup_low"] = 1.2
+    with pytest.raises(BadInput, match="throughput.loaded.speedup_low"):
+        validate_report(report)
+    report = with_loaded(with_speed(sample_report(), [480] * 3, [700] * 3, [485] * 3), [100] * 3, [90] * 3, [100] * 3)
+    report["throughput"]["loaded"]["requests"] = 7
+    with pytest.raises(BadInput, match="throughput.loaded.requests"):
+        validate_report(report)
+    report["throughput"]["loaded"]["requests"] = "80"
+    with pytest.raises(BadInput, match="throughput.loaded.requests"):
+        validate_report(report)
+
+
+def test_a_loaded_run_repeats_its_batch_until_it_is_long_enough_to_time():
+    from speclock.verify.speed import loaded_runs
+
+    # an H100 batch of 80 x 128 tokens takes ~0.4 s: a run is 8 of them (3.2 s), not one
+    assert loaded_runs(lambda: (10240, 0.4)) == (81920, pytest.approx(3.2), 8)
+    assert loaded_runs(lambda: (10240, 5.0)) == (10240, 5.0, 1)  # a CPU's batch is long enough alone
+
+
+def test_the_table_shows_the_loaded_figures():
+    report = with_loaded(with_speed(sample_report(), [480] * 3, [700] * 3, [485] * 3), [100] * 3, [90] * 3, [100] * 3)
+    text = human_table(report)
+    assert "tok/s, 80 at once, median of 3" in text and "runs of 6+ batches" in text

@@ -43,9 +43,10 @@ STATE = Path(os.environ.get("SPECLOCK_GPU_STATE", "/tmp/speclock-gpu"))  # the d
 WH, PIECES, DONE = STATE / "wh", STATE / "pieces", STATE / "done"
 BENCH_CONFIGS = ["plain", "1", "2", "3", "4", "5", "plain"]
 # Seconds a phase may need at most (measured on the H100, 2026-12-06: host-env 74 s vLLM / 105 s SGLang,
-# selfcheck 361 s / 304 s, three engine starts of 65-77 s included); a phase starts only when the
+# selfcheck 361 s / 304 s, three engine starts of 65-77 s included; since 2026-12-07 the self-check also warms up until
+# steady and times 80 requests at once in runs of 3+ s per engine, about a minute more); a phase starts only when the
 # call has that much left, so a call never runs into the device's 600 s limit and loses its results.
-ESTIMATE = {"machine": 20, "env": 150, "selfcheck": 420, "fault": 330, "bench": 150, "profile": 150}
+ESTIMATE = {"machine": 20, "env": 150, "selfcheck": 480, "fault": 330, "bench": 150, "profile": 150}
 
 
 def log(msg: str) -> None:

@@ -197,6 +197,15 @@ SCHEMA: dict[str, dict[str, tuple]] = {
             "batch-1 speed: runs per engine (plain, drafted, plain again), the median kept (0 to 20; 0 = not measured, which fails a min_speedup)",
             None,
         ),
+        "speed_concurrent": (
+            "int",
+            False,
+            0,
+            "speed under load: this many requests at once (the smoke prompts, cycled), smoke.speed_max_tokens each, "
+            "smoke.speed_repeats runs per engine of at least 3 s each, warmed up like batch 1 (0 to 4096; 0 = not "
+            "measured, which fails a min_concurrent_speedup)",
+            None,
+        ),
     },
     "serve": {
         "num_speculative_tokens": (
@@ -245,6 +254,14 @@ SCHEMA: dict[str, dict[str, tuple]] = {
             False,
             0.10,
             "largest relative drop of the batch-1 speedup against the baseline's (0 to 1; 0 = not checked)",
+            None,
+        ),
+        "min_concurrent_speedup": (
+            "float",
+            False,
+            0.0,
+            "floor on the speedup with smoke.speed_concurrent requests at once (throughput.loaded); 0 = not checked; "
+            "1.0 = never slower than plain under load; an interval across it is a WARN",
             None,
         ),
         "max_relative_drop": ("float", False, 0.05, "largest relative drop against the baseline report", None),

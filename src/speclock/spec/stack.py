@@ -201,6 +201,7 @@ UNPINNED = (
     "smoke.speed_prompts",
     "smoke.speed_max_tokens",
     "smoke.speed_repeats",
+    "smoke.speed_concurrent",
     "serve.num_speculative_tokens",
     "engine.k_per_batch_size",  # a run-time knob, like serve's k: the lock's wheels do not depend on it
 )

@@ -37,12 +37,18 @@ _THRESHOLD_RANGE = {
     "max_relative_drop": (0.0, None),
     "max_reference_gap": (0.0, None),
     "max_speedup_drop": (0.0, 1.0),
+    "min_concurrent_speedup": (0.0, None),
 }
 # Counts: beyond these a smoke run is hours long or no engine accepts it (EAGLE-3 chains of more than 16 drafts
 # accept next to nothing: the per-position rate falls geometrically).
 _COUNT_RANGE = {"num_prompts": (1, 100_000), "max_tokens": (1, 32_768), "num_speculative_tokens": (1, MAX_K)}
 # Batch-1 speed settings: (lowest, highest); beyond them a smoke run is either no measurement or hours long.
-_SPEED_RANGE = {"speed_prompts": (1, 1000), "speed_max_tokens": (1, 4096), "speed_repeats": (0, 20)}
+_SPEED_RANGE = {
+    "speed_prompts": (1, 1000),
+    "speed_max_tokens": (1, 4096),
+    "speed_repeats": (0, 20),
+    "speed_concurrent": (0, 4096),
+}
 
 
 def _type_ok(kind: str, value: Any) -> bool:

@@ -48,6 +48,17 @@ def _speed_rows(report: SmokeReport, t: Throughput) -> list[tuple[str, str]]:
         )
     else:
         rows.append(("tok/s at batch 1", "not measured (smoke.speed_repeats = 0)"))
+    loaded = t.get("loaded")
+    if isinstance(loaded, dict):
+        rows.append(
+            (
+                f"tok/s, {loaded['requests']} at once, median of {loaded['repeats']}",
+                f"plain {fmt_number(loaded['plain_tok_s_median'], 1)} -> spec "
+                f"{fmt_number(loaded['spec_tok_s_median'], 1)}  (speedup {fmt_number(loaded['speedup'], 2)}, "
+                f"interval {fmt_number(loaded['speedup_low'], 2)}-{fmt_number(loaded['speedup_high'], 2)}, "
+                f"{loaded['max_tokens']} tokens each, runs of {loaded['batches_per_run_min']}+ batches)",
+            )
+        )
     if isinstance(conc, dict):
         rows.append(
             (

@@ -142,6 +142,13 @@ class Batch1(TypedDict):
     steady: NotRequired[dict[str, bool]]  # per engine run: whether its kept runs agreed (speclock.verify.speed)
 
 
+class Loaded(Batch1):
+    """`throughput.loaded`: `requests` at once (smoke.speed_concurrent), runs of at least MIN_LOADED_RUN_S each."""
+
+    requests: int
+    batches_per_run_min: int
+
+
 class Concurrent(TypedDict):
     """`throughput.concurrent`: all prompts at once (offline: one batch; a server: --concurrency in flight)."""
 
@@ -160,6 +167,7 @@ class Throughput(TypedDict):
     measured_at: NotRequired[str | None]  # "batch 1" when the keys above hold batch1's figures
     batch1: NotRequired[Batch1 | None]
     concurrent: NotRequired[Concurrent]
+    loaded: NotRequired[Loaded]  # smoke.speed_concurrent requests at once, with repeats (speclock.verify.speed)
     note: NotRequired[str]
 
 

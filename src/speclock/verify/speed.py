@@ -34,7 +34,7 @@ from typing import Any
 
 from speclock.verify.checks import Check, warning
 from speclock.verify.plausibility import Bad
-from speclock.verify.report_types import Batch1, SmokeReport
+from speclock.verify.report_types import Batch1, Loaded, SmokeReport
 
 CPU_NOTE = (
     "measured on a CPU: with many requests at once verifying k + 1 tokens per step costs a CPU nearly k + 1 "
@@ -122,6 +122,38 @@ def summarize_batch1(
     return out
 
 
+# A loaded run lasts at least this long (the batch repeats until it has): on an H100 80 requests x 128 tokens take
+# 0.26-0.5 s, too short to time (2026-12-07); on a CPU one batch is already longer.
+MIN_LOADED_RUN_S = 3.0
+
+
+def loaded_runs(run_batch, min_seconds: float = MIN_LOADED_RUN_S):
+    """A run of the loaded measurement: run_batch() -> (tokens, seconds) of one batch of requests at once, repeated
+    until `min_seconds` have passed; (tokens, seconds, batches) of the whole run."""
+    tokens, seconds, batches = 0, 0.0, 0
+    while seconds < min_seconds or batches == 0:
+        t, s = run_batch()
+        tokens, seconds, batches = tokens + t, seconds + s, batches + 1
+    return tokens, seconds, batches
+
+
+def summarize_loaded(
+    before: Sequence[tuple[float, float]],
+    spec: Sequence[tuple[float, float]],
+    after: Sequence[tuple[float, float]],
+    *,
+    requests: int,
+    max_tokens: int,
+    batches: int,
+    warmup: Sequence[Sequence[tuple[float, float]]] | None = None,
+    steady_runs: Sequence[bool] | None = None,
+) -> Loaded:
+    """The report's `throughput.loaded`: `requests` at once, the figures as batch 1's (summarize_batch1)."""
+    b1 = summarize_batch1(before, spec, after, prompts=requests, max_tokens=max_tokens, warmup=warmup, steady_runs=steady_runs)
+    out: Loaded = {**b1, "requests": requests, "batches_per_run_min": batches}
+    return out
+
+
 _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
     "prompts": (int,),
     "max_tokens": (int,),
@@ -140,19 +172,33 @@ _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
 
 def check_batch1(data: SmokeReport, bad: Bad) -> None:
     """The batch-1 speed figures are the ones its own runs give (speclock.verify.speed.summarize_batch1), and the
-    top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS."""
+    top-level speedup is that one: an edited interval or speedup cannot turn a FAIL or WARN into a PASS. The same
+    for the loaded figures (throughput.loaded)."""
     tp = data["throughput"]
     b1: Mapping[str, Any] | None = tp.get("batch1")  # read as untrusted: each key's type is checked here
     if not isinstance(b1, dict):
         if tp.get("measured_at") == "batch 1":
             raise bad("throughput.batch1", "missing, but throughput.measured_at says 'batch 1'")
-        return
+    else:
+        _check_runs(b1, "throughput.batch1", bad)
+        if tp.get("measured_at") == "batch 1" and (
+            tp["speedup"] is None or not math.isclose(tp["speedup"], b1["speedup"], rel_tol=1e-9, abs_tol=5e-4)
+        ):
+            raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
+    loaded: Mapping[str, Any] | None = tp.get("loaded")
+    if isinstance(loaded, dict):
+        _check_runs(loaded, "throughput.loaded", bad)
+        if loaded.get("requests") != loaded.get("prompts"):
+            raise bad("throughput.loaded.requests", f"{repr(loaded.get('requests'))[:20]} differs from its prompts")
+
+
+def _check_runs(b1: Mapping[str, Any], where: str, bad: Bad) -> None:
     for key, kinds in _BATCH1_KEYS.items():  # shape first: a fuzzed or edited section is bad input, never a crash
         value = b1.get(key)
         if not isinstance(value, kinds) or isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
-            raise bad(f"throughput.batch1.{key}", f"expected {' or '.join(k.__name__ for k in kinds)}, got {repr(value)[:40]}")
+            raise bad(f"{where}.{key}", f"expected {' or '.join(k.__name__ for k in kinds)}, got {repr(value)[:40]}")
     if b1["repeats"] < 1 or b1["prompts"] < 1 or b1["max_tokens"] < 1:
-        raise bad("throughput.batch1.repeats", "repeats, prompts and max_tokens must be at least 1")
+        raise bad(f"{where}.repeats", "repeats, prompts and max_tokens must be at least 1")
     runs: dict[str, list[tuple[float, float]]] = {}
     for key in ("plain_before_tok_s", "spec_tok_s", "plain_after_tok_s"):
         values = b1[key]
@@ -162,13 +208,13 @@ def check_batch1(data: SmokeReport, bad: Bad) -> None:
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values)
         ):
             raise bad(
-                f"throughput.batch1.{key}",
-                f"expected {b1['repeats']} (throughput.batch1.repeats) positive tok/s, got {repr(values)[:80]}",
+                f"{where}.{key}",
+                f"expected {b1['repeats']} ({where}.repeats) positive tok/s, got {repr(values)[:80]}",
             )
         runs[key] = [(v, 1.0) for v in values]
     method = b1.get("interval_method", "medians")  # absent: a report written before the method was named
     if method not in INTERVAL_METHODS:
-        raise bad("throughput.batch1.interval_method", f"expected one of {', '.join(INTERVAL_METHODS)}, got {repr(method)[:40]}")
+        raise bad(f"{where}.interval_method", f"expected one of {', '.join(INTERVAL_METHODS)}, got {repr(method)[:40]}")
     want: Mapping[str, Any] = summarize_batch1(
         runs["plain_before_tok_s"],
         runs["spec_tok_s"],
@@ -179,13 +225,62 @@ def check_batch1(data: SmokeReport, bad: Bad) -> None:
     )
     for key in ("speedup", "speedup_low", "speedup_high", "spread", "plain_tok_s_median", "spec_tok_s_median"):
         if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=5e-4)):
-            raise bad(
-                f"throughput.batch1.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)"
+            raise bad(f"{where}.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)")
+
+
+def loaded_of(report: SmokeReport) -> Loaded | None:
+    """The report's speed under load (throughput.loaded), or None (smoke.speed_concurrent 0, or a report from before)."""
+    tp = report.get("throughput")
+    loaded = tp.get("loaded") if tp else None
+    return loaded if isinstance(loaded, dict) and loaded.get("speedup") is not None else None
+
+
+def loaded_checks(report: SmokeReport, thresholds: dict[str, Any]) -> list[Check]:
+    """The speedup with smoke.speed_concurrent requests at once against smoke.thresholds.min_concurrent_speedup, over
+    its interval as min_speedup is judged at batch 1 (PASS / FAIL / WARN across it)."""
+    floor = thresholds.get("min_concurrent_speedup", 0.0)
+    if not floor:
+        return []
+    loaded = loaded_of(report)
+    limit = f">= {floor} (smoke.thresholds.min_concurrent_speedup)"
+    if loaded is None:
+        return [
+            Check(
+                "speedup under load (spec / plain tok/s)",
+                False,
+                None,
+                limit,
+                "speed",
+                "not measured (the report has no throughput.loaded: smoke ran with smoke.speed_concurrent = 0, or "
+                f"speed_repeats = 0); smoke.thresholds.min_concurrent_speedup asks for >= {floor}: set "
+                "smoke.speed_concurrent (or --speed-concurrent) to the load to judge",
             )
-    if tp.get("measured_at") == "batch 1" and (
-        tp["speedup"] is None or not math.isclose(tp["speedup"], b1["speedup"], rel_tol=1e-9, abs_tol=5e-4)
-    ):
-        raise bad("throughput.speedup", f"{tp['speedup']} differs from throughput.batch1.speedup {b1['speedup']}")
+        ]
+    name = f"speedup with {loaded['requests']} requests at once (spec / plain tok/s)"
+    what = _interval(loaded).replace(f"{loaded['prompts']} prompts x", f"{loaded['requests']} at once x")
+    if loaded["speedup_low"] >= floor:
+        return [Check(name, True, loaded["speedup"], limit, "speed")]
+    if loaded["speedup_high"] < floor:
+        return [
+            Check(
+                name,
+                False,
+                loaded["speedup"],
+                limit,
+                "speed",
+                f"{what} is below smoke.thresholds.min_concurrent_speedup {floor}: under this load the drafter costs "
+                "throughput (engine.k_per_batch_size can draft less, or nothing, at large batch sizes)",
+            )
+        ]
+    return [
+        warning(
+            name,
+            loaded["speedup"],
+            limit,
+            "speed",
+            f"{what} straddles smoke.thresholds.min_concurrent_speedup {floor}: the spread is too wide to judge",
+        )
+    ]
 
 
 def batch1_of(report: SmokeReport) -> Batch1 | None:
@@ -252,6 +347,7 @@ def speed_checks(
                     "smoke.speed_repeats / speed_prompts",
                 )
             )
+    checks += loaded_checks(report, thresholds)
     limit_drop = thresholds.get("max_speedup_drop", 0.0)
     if baseline is None or not limit_drop or b1 is None:
         return checks

@@ -48,6 +48,7 @@ class SmokeOptions:
     speed_prompts: int | None = None  # batch-1 speed overrides of smoke.speed_* (--speed-prompts ...)
     speed_max_tokens: int | None = None
     speed_repeats: int | None = None
+    speed_concurrent: int | None = None  # speed under load: requests at once (--speed-concurrent)
     out: str | None = None
 
     @classmethod
@@ -76,11 +77,12 @@ class SmokeInputs:
     speed_prompts: int = 16  # batch 1: the first N prompts, one request at a time (speclock.verify.speed)
     speed_max_tokens: int = 128
     speed_repeats: int = 3  # runs per engine (plain, drafted, plain again); 0 = speed not measured
+    speed_concurrent: int = 0  # speed under load: requests at once; 0 = not measured (speclock.verify.speed)
 
 
 # ---------------------------------------------------------------- inputs
 
-SPEED_KEYS = ("speed_prompts", "speed_max_tokens", "speed_repeats")  # smoke.speed_*, and their flags
+SPEED_KEYS = ("speed_prompts", "speed_max_tokens", "speed_repeats", "speed_concurrent")  # smoke.speed_*, and their flags
 
 
 def default_out_dir(stack_name: str) -> Path:
@@ -242,4 +244,10 @@ def add_speed_arguments(p: argparse.ArgumentParser) -> None:
         help="batch-1 speed: runs per engine, median kept (default: "
         "smoke.speed_repeats; 0 = not measured, which fails a "
         "stack's min_speedup)",
+    )
+    p.add_argument(
+        "--speed-concurrent",
+        type=int_range(0, 4096),
+        help="speed under load: requests at once, speed_repeats runs of at least 3 s per engine (default: "
+        "smoke.speed_concurrent; 0 = not measured, which fails a stack's min_concurrent_speedup)",
     )

@@ -36,7 +36,7 @@ from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
 from speclock.verify.smoke.worker import WorkerSession, worker_session
-from speclock.verify.speed import CPU_NOTE, summarize_batch1, warm_runs
+from speclock.verify.speed import CPU_NOTE, loaded_runs, summarize_batch1, summarize_loaded, warm_runs
 
 
 def image_identity() -> ImageIdentity:
@@ -137,6 +137,8 @@ def _generate(
                 return sum(map(len, outputs)), seconds
 
             speed_runs = SpeedRuns(*warm_runs(once, inp.speed_repeats))  # until steady (docs/smoke.md, Warm-up)
+            if inp.speed_concurrent:  # under load: requests at once, each run at least MIN_LOADED_RUN_S long
+                speed_runs = speed_runs._replace(loaded=_loaded_runs(session, inp, prompt_ids, label))
             shown = ", ".join(f"{t / s:.1f}" for t, s in speed_runs.kept)
             warm = ", ".join(f"{t / s:.1f}" for t, s in speed_runs.warmup)
             log(
@@ -150,11 +152,36 @@ def _generate(
 
 
 class SpeedRuns(NamedTuple):
-    """One engine's batch-1 runs: the kept ones (tokens, seconds), the warm-up runs before them, whether they settled."""
+    """One engine's batch-1 runs: the kept ones (tokens, seconds), the warm-up runs before them, whether they settled;
+    `loaded`: the same under load (smoke.speed_concurrent requests at once), `batches`: the fewest batches in a run."""
 
     kept: list[tuple[int, float]]
     warmup: list[tuple[int, float]]
     steady: bool
+    loaded: SpeedRuns | None = None
+    batches: int = 0
+
+
+def _loaded_runs(session, inp: SmokeInputs, prompt_ids: list[list[int]], label: str) -> SpeedRuns:
+    """smoke.speed_concurrent requests at once (the prompts cycled), speed_max_tokens each, warmed up like batch 1."""
+    batch = [prompt_ids[i % len(prompt_ids)] for i in range(inp.speed_concurrent)]
+    counts: list[int] = []
+
+    def one_batch() -> tuple[int, float]:
+        outputs, seconds = _timed(session, batch, inp.speed_max_tokens)
+        return sum(map(len, outputs)), seconds
+
+    def one_run() -> tuple[int, float]:
+        tokens, seconds, batches = loaded_runs(one_batch)
+        counts.append(batches)
+        return tokens, seconds
+
+    kept, warmup, steady = warm_runs(one_run, inp.speed_repeats)
+    log(
+        f"{label} with {inp.speed_concurrent} at once: {', '.join(f'{t / s:.1f}' for t, s in kept)} tok/s "
+        f"(runs of {min(counts)}+ batches)" + ("" if steady else " (not steady)")
+    )
+    return SpeedRuns(kept, warmup, steady, None, min(counts))
 
 
 def sampling_passes(profile: Profile | None) -> list[dict[str, Any] | None]:
@@ -331,6 +358,19 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
                 ),
                 backends[0]["concurrent"],
             )
+            loads = [r.loaded for r in (before, first_spec_runs, after)]
+            if all(x is not None and x.kept for x in loads):
+                lb, ls, la = (x for x in loads if x is not None)
+                report["throughput"]["loaded"] = summarize_loaded(
+                    lb.kept,
+                    ls.kept,
+                    la.kept,
+                    requests=inp.speed_concurrent,
+                    max_tokens=inp.speed_max_tokens,
+                    batches=min(lb.batches, ls.batches, la.batches),
+                    warmup=[lb.warmup, ls.warmup, la.warmup],
+                    steady_runs=[lb.steady, ls.steady, la.steady],
+                )
         else:
             report["throughput"] = throughput_section(None, backends[0]["concurrent"])
         if not inp.stack.is_gpu:
