@@ -1,4 +1,4 @@
-"""`speclock selfcheck`: every stage runs, outputs land in --out, a missing doctor is not a pass."""
+"""`speclock selfcheck`: a failed stage stops the later ones, outputs land in --out, a missing doctor is not a pass."""
 
 import json
 
@@ -26,7 +26,9 @@ def test_the_worst_stage_decides_the_exit_code():
     assert _combine([0, 3, 1]) == 3
 
 
-def test_selfcheck_writes_its_outputs_when_the_engine_is_missing(tmp_path):
+def test_selfcheck_stops_after_a_failing_doctor_and_says_so(tmp_path):
+    """A failed stage stops every later one (issue #40): an engine that is not installed fails doctor (exit 3), and
+    smoke and gate are recorded as skipped, not run against an environment doctor already refused."""
     target = converted_target()
     draft = random_drafter(target, tmp_path / "draft")
     stack = write_stack(tmp_path, name="no-engine")
@@ -51,6 +53,8 @@ def test_selfcheck_writes_its_outputs_when_the_engine_is_missing(tmp_path):
     )
     assert code == 3
     summary = json.loads((out / "selfcheck.json").read_text())
-    assert summary["verdict"] == "fail" and summary["stages"]["smoke"]["exit_code"] == 3
-    assert (out / "report.json").is_file() and (out / "junit.xml").is_file() and (out / "summary.md").is_file()
-    assert json.loads((out / "gate.json").read_text())["verdict"] == "fail"
+    assert summary["verdict"] == "fail" and summary["stages"]["doctor"]["exit_code"] == 3
+    assert summary["stages"]["smoke"] == {"skipped": True, "note": "doctor failed (exit 3)"}
+    assert summary["stages"]["gate"] == {"skipped": True, "note": "doctor failed (exit 3)"}
+    assert json.loads((out / "doctor.json").read_text())["verdict"] == "fail"
+    assert not (out / "report.json").exists() and not (out / "gate.json").exists()

@@ -55,6 +55,7 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "lossless.numeric_ties": (int,),
     "run": (dict,),
     "run.completed": (bool,),
+    "run.id": (str,),
     "run.error": (str, NONE),
     "run.stage": (str,),
     "reference": (dict, NONE),

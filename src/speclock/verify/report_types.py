@@ -180,6 +180,7 @@ class ReferenceSection(TypedDict):
 
 
 class RunState(TypedDict, total=False):
+    id: str  # this smoke run's id (selfcheck binds its gate and signature to it)
     completed: bool
     stage: str
     error: str | None

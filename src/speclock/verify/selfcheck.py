@@ -2,10 +2,16 @@
 
 Writes doctor.json, report.json, gate.json, junit.xml, summary.md and selfcheck.json (the
 verdict recorded with the image), and with --sign-key KEY attestation.intoto.json (the report signed
-as an in-toto statement in a DSSE envelope, docs/attestation.md), to the output folder (default /tmp/speclock-out, since an
-image's root filesystem is read-only). Every stage runs even when an earlier one failed, so
-one run shows everything that is wrong. Exit: 3 if any stage met an environment problem,
-else 2 for bad input, else 1 if anything failed, else 0.
+as an in-toto statement in a DSSE envelope, docs/attestation.md), to the output folder (default: /tmp/speclock-out in
+an image, whose root filesystem is read-only and whose /tmp is its own; on a host /tmp/speclock-out-<uid>, made
+private to the user). Outputs of an earlier run in that folder are removed first.
+
+A signature vouches for this run only: each run has an id (run.id in report.json, run_id in selfcheck.json), and the
+gate and the signature take report.json only if it carries this run's id and is byte for byte what this run's smoke
+wrote. A stage that fails stops the later ones: a failing doctor skips smoke, a smoke refused or broken (exit 2/3:
+no report of this run) skips gate and signature, a gate refusal (exit 2/3) skips the signature. A smoke that ran and
+FAILED its checks (exit 1) is still gated and signed: that verdict is what the report says. Exit: 3 if a stage met
+an environment problem, else 2 for bad input, else 1 if anything failed, else 0.
 
 On a GPU host without a container runtime: `speclock host-env --stack S --dest DIR` builds the
 stack's locked environment laid out like the image; then `DIR/bin/speclock selfcheck` (or
@@ -16,10 +22,12 @@ prompts from DIR as an image run takes them from /opt/speclock (docs/host-env.md
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict
@@ -27,7 +35,8 @@ from typing import Any, TypedDict
 from speclock.build.hostenv import env_command, read_record
 from speclock.core import dsse
 from speclock.core.errors import BadInput, SpeclockError
-from speclock.core.files import atomic_write_text, os_error, read_json
+from speclock.core.files import atomic_write_text, os_error, read_bytes, read_json
+from speclock.core.layout import in_image
 from speclock.spec.stack import load_stack
 from speclock.verify import attest
 from speclock.verify.doctor import DOCTOR_SCHEMA, DoctorOptions, build_context, run_doctor
@@ -66,6 +75,7 @@ class SelfcheckStages(TypedDict, total=False):
 class SelfcheckSummary(TypedDict, total=False):
     """selfcheck.json: every stage's result and the verdict recorded with the image."""
 
+    run_id: str  # this run's id, also report.json's run.id
     stages: SelfcheckStages
     verdict: str  # pass | fail | smoke-skipped
     exit_code: int
@@ -113,6 +123,72 @@ def _combine(codes: list[int]) -> int:
     return 0
 
 
+# What a self-check writes into its output folder: removed at the start of a run, so nothing of an earlier run is
+# read, gated or signed as this one's.
+OUTPUT_FILES = (
+    "doctor.json",
+    "report.json",
+    "gate.json",
+    "junit.xml",
+    "summary.md",
+    "selfcheck.json",
+    attest.ATTESTATION_FILE,
+)
+
+
+def default_out() -> Path:
+    """An image's /tmp is its own; a host's is shared, so the default there is a folder of this user's."""
+    return Path("/tmp/speclock-out") if in_image() else Path(f"/tmp/speclock-out-{os.getuid()}")
+
+
+def prepare_out(out: Path, private: bool) -> list[str]:
+    """Make the output folder (private: mode 0700, and refused when it is a link or another user's) and remove the
+    outputs of an earlier run from it; returns the names removed."""
+    if out.is_symlink() and private:
+        raise BadInput(f"the output folder {out} is a symbolic link", hint="remove it, or give --out a folder of yours")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file, where the output folder belongs", hint="give a folder for the outputs")
+    try:
+        out.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o777)
+        if private:
+            st = out.stat()
+            if st.st_uid != os.getuid():
+                raise BadInput(
+                    f"the output folder {out} belongs to user {st.st_uid}, not to you ({os.getuid()})",
+                    hint="give --out a folder of yours",
+                )
+            os.chmod(out, 0o700)
+        removed = []
+        for name in OUTPUT_FILES:
+            if (out / name).is_file() or (out / name).is_symlink():
+                (out / name).unlink()
+                removed.append(name)
+    except OSError as err:
+        raise os_error(err, out, "prepare the output folder") from None
+    return removed
+
+
+def this_runs_report(report_path: Path, run_id: str) -> str:
+    """The sha256 of report.json when it is this run's (run.id == run_id); BadInput naming what it is otherwise."""
+    data = read_bytes(report_path, what="report file")
+    found = (read_json(report_path, what="report file").get("run") or {}).get("id")
+    if found != run_id:
+        raise BadInput(
+            f"{report_path} is not this run's report (run.id {found!r}, this run {run_id!r}): it is not gated or signed",
+            hint="run selfcheck again with an output folder nothing else writes to",
+        )
+    return hashlib.sha256(data).hexdigest()
+
+
+def unchanged(report_path: Path, sha256: str, stage: str) -> None:
+    """report.json is still the bytes this run's smoke wrote (a file swapped in between is refused)."""
+    if hashlib.sha256(read_bytes(report_path, what="report file")).hexdigest() != sha256:
+        raise BadInput(
+            f"{report_path} changed after this run's smoke wrote it: the {stage} refuses it",
+            hint="run selfcheck again with an output folder nothing else writes to",
+        )
+
+
 def sign_stage(report_path: Path, key, stack_arg: str | None) -> attest.AttestationInfo:
     """Sign report.json as written; the subject is the report's image digest, else the stack's lock (attest.py)."""
     report = read_json(report_path, what="report file")
@@ -128,79 +204,96 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         load_stack(opts.smoke.stack)
     # the key is read first: a bad one is exit 2 (or 3 without `cryptography`) before minutes of smoke test
     sign_key = dsse.load_private_key(opts.sign_key) if opts.sign_key else None
-    out = Path(opts.smoke.out or "/tmp/speclock-out")
+    out = Path(opts.smoke.out) if opts.smoke.out else default_out()
+    run_id = uuid.uuid4().hex
     smoke_opts = replace(opts.smoke, out=str(out))
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out} is a file, where the output folder belongs", hint="give a folder for the outputs")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise os_error(err, out, "create the output folder") from None
+    removed = prepare_out(out, private=not opts.smoke.out and not in_image())
+    if removed:
+        _log(f"removed the outputs of an earlier run from {out}: {', '.join(removed)}")
     stages: SelfcheckStages = {}
-    summary: SelfcheckSummary = {"stages": stages}
+    summary: SelfcheckSummary = {"run_id": run_id, "stages": stages}
     codes: list[int] = []
 
-    _log("doctor")
+    def skip(stage: str, why: str) -> None:
+        stages[stage] = {"skipped": True, "note": why}  # type: ignore[literal-required]
+        _log(f"{stage}: skipped ({why})")
+
+    _log(f"doctor (run {run_id})")
     code, doc = run_doctor_stage(smoke_opts)
     atomic_write_text(out / "doctor.json", json.dumps(doc, indent=2, default=str) + "\n")
     stages["doctor"] = {"exit_code": code, "error": doc.get("error")}
     codes.append(code)
     _log(f"doctor: {'ok' if code == 0 else f'FAILED (exit {code})'}{': ' + doc['error'] if doc.get('error') else ''}")
 
-    smoke_code, report_path = None, out / "report.json"
-    try:
-        inp = resolve_inputs(smoke_opts)
-        if inp.stack.is_gpu and not gpu_visible() and not inp.server_url:
-            note = f"stack {inp.stack.name} needs a GPU and none is visible: smoke test and gate skipped (doctor ran)"
-            _log(note)
-            stages["smoke"] = {"skipped": True, "note": note}
-            summary["verdict"] = "smoke-skipped" if code == 0 else "fail"
-            atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
-            return code
-        _log("smoke")
-        report, smoke_code = run_smoke(inp)
-        print(human_table(report))
-        stages["smoke"] = {
-            "exit_code": smoke_code,
-            "verdict": report["verdict"],
-            "failures": report["failures"],
-            "warnings": report.get("warnings") or [],
-        }  # e.g. a batch-1 speedup too spread to judge
-    except SpeclockError as err:
-        smoke_code = err.exit_code
-        stages["smoke"] = {"exit_code": smoke_code, "error": str(err)}
-        _log(f"smoke: {err}")
-    codes.append(smoke_code)
+    smoke_code, report_path, report_sha = None, out / "report.json", None
+    if code != 0:
+        for stage in ("smoke", "gate", "attestation"):
+            skip(stage, f"doctor failed (exit {code})")
+    else:
+        try:
+            inp = resolve_inputs(smoke_opts)
+            inp.run_id = run_id
+            if inp.stack.is_gpu and not gpu_visible() and not inp.server_url:
+                note = f"stack {inp.stack.name} needs a GPU and none is visible: smoke test and gate skipped (doctor ran)"
+                _log(note)
+                stages["smoke"] = {"skipped": True, "note": note}
+                summary["verdict"] = "smoke-skipped"
+                atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+                return code
+            _log("smoke")
+            report, smoke_code = run_smoke(inp)
+            print(human_table(report))
+            stages["smoke"] = {
+                "exit_code": smoke_code,
+                "verdict": report["verdict"],
+                "failures": report["failures"],
+                "warnings": report.get("warnings") or [],
+            }  # e.g. a batch-1 speedup too spread to judge
+            if smoke_code in (0, 1):  # a report of this run: its checks passed or failed
+                report_sha = this_runs_report(report_path, run_id)
+        except SpeclockError as err:
+            smoke_code = err.exit_code
+            stages["smoke"] = {"exit_code": smoke_code, "error": str(err)}
+            _log(f"smoke: {err}")
+        codes.append(smoke_code)
 
-    if report_path.is_file():
+    gate_code = None
+    if report_sha is None:
+        if code == 0:
+            for stage in ("gate", "attestation"):
+                skip(stage, f"smoke did not write a report of this run (exit {smoke_code})")
+    else:
         _log("gate")
         try:
+            unchanged(report_path, report_sha, "gate")
             result = run_gate(
                 report_path, baseline=opts.baseline, stack=opts.smoke.stack, junit=out / "junit.xml", md=out / "summary.md"
             )
             atomic_write_text(out / "gate.json", json.dumps(result.to_json(), indent=2) + "\n")
             print(table(result.checks))
-            stages["gate"] = {
-                "exit_code": 0 if result.ok else 1,
-                "baseline": result.baseline,
-                "warnings": result.warnings,
-            }
+            gate_code = 0 if result.ok else 1
+            stages["gate"] = {"exit_code": gate_code, "baseline": result.baseline, "warnings": result.warnings}
             for w in result.warnings:
                 _log(f"gate: WARN: {w}")
-            codes.append(0 if result.ok else 1)
         except SpeclockError as err:
-            stages["gate"] = {"exit_code": err.exit_code, "error": str(err)}
-            codes.append(err.exit_code)
+            gate_code = err.exit_code
+            stages["gate"] = {"exit_code": gate_code, "error": str(err)}
             _log(f"gate: {err}")
-    if sign_key is not None and report_path.is_file():
-        try:
-            signed = sign_stage(report_path, sign_key, opts.smoke.stack)
-            stages["attestation"] = {"exit_code": 0, **signed}
-            _log(f"attestation: {signed['file']} (key {signed['keyid'][:16]}, subject {signed['subject']['name']})")
-        except SpeclockError as err:
-            stages["attestation"] = {"exit_code": err.exit_code, "error": str(err)}
-            codes.append(err.exit_code)
-            _log(f"attestation: {err}")
+        codes.append(gate_code)
+        if sign_key is None:
+            pass
+        elif gate_code not in (0, 1):
+            skip("attestation", f"the gate refused the report (exit {gate_code})")
+        else:
+            try:
+                unchanged(report_path, report_sha, "signature")
+                signed = sign_stage(report_path, sign_key, opts.smoke.stack)
+                stages["attestation"] = {"exit_code": 0, **signed}
+                _log(f"attestation: {signed['file']} (key {signed['keyid'][:16]}, subject {signed['subject']['name']})")
+            except SpeclockError as err:
+                stages["attestation"] = {"exit_code": err.exit_code, "error": str(err)}
+                codes.append(err.exit_code)
+                _log(f"attestation: {err}")
     final = _combine(codes)
     summary["verdict"] = "pass" if final == 0 else "fail"
     summary["exit_code"] = final
@@ -208,8 +301,9 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     warned = bool((stages.get("gate") or {}).get("warnings") or (stages.get("smoke") or {}).get("warnings"))
     summary["warnings"] = warned
     print(
-        f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke {smoke_code}"
-        f"{f', gate {codes[2]}' if len(codes) > 2 else ''}); outputs in {out}"
+        f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke "
+        f"{'skipped' if smoke_code is None else smoke_code}{'' if gate_code is None else f', gate {gate_code}'}); "
+        f"outputs in {out} (run {run_id})"
     )
     return final
 

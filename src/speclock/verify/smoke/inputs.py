@@ -78,6 +78,7 @@ class SmokeInputs:
     speed_max_tokens: int = 128
     speed_repeats: int = 3  # runs per engine (plain, drafted, plain again); 0 = speed not measured
     speed_concurrent: int = 0  # speed under load: requests at once; 0 = not measured (speclock.verify.speed)
+    run_id: str = ""  # the report's run.id (selfcheck passes its own; empty: a new one)
 
 
 # ---------------------------------------------------------------- inputs

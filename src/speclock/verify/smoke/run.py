@@ -9,6 +9,7 @@ import json
 import os
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -252,7 +253,7 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> SmokeReport:
         "lossless": {"checked": 0, "mismatches": 0, "first_mismatches": []},
         "reference": None,
         "thresholds": inp.thresholds,
-        "run": {"completed": False, "stage": "start", "error": None, "seconds": None},
+        "run": {"id": inp.run_id or uuid.uuid4().hex, "completed": False, "stage": "start", "error": None, "seconds": None},
         "verdict": "fail",
         "failures": [],
     }
