@@ -133,6 +133,25 @@ def evaluate(
     return checks + speed_checks(report, thresholds, baseline, baseline_source)
 
 
+def unnamed_gpu_checks(report: SmokeReport, stack: Stack) -> list[Check]:
+    """A GPU stack's report with a GPU arch but no gpu.name was written before smoke named the GPU (2026-12-06): it
+    is judged, with a WARN saying what it cannot show (which GPU, so whose speed it may be compared with)."""
+    gpu = report.get("gpu") or {}
+    if not stack.is_gpu or gpu.get("name") or not gpu.get("arch"):
+        return []
+    return [
+        warning(
+            "GPU named in the report",
+            None,
+            "gpu.name",
+            "evidence",
+            f"the report names no GPU: it was written before smoke recorded gpu.name (2026-12-06); gpu.arch "
+            f"{gpu['arch']} says one was visible, but which GPU ran it, and so whose speed it compares with, "
+            "cannot be told (a report of a newer smoke names it)",
+        )
+    ]
+
+
 def lock_beside(stack: Stack) -> tuple[Path, bool]:
     """The lock of a stack file: <root>/locks/<name>.lock next to <root>/stacks/. Required for the repo's stacks;
     for a stack elsewhere (an upgrade candidate) it is checked when it is there."""
@@ -297,6 +316,7 @@ def run_gate(
         base_doc = load_report(base_src, what="baseline report")
         check_baseline_matches(report, base_doc, base_src, report_src)
     checks = evaluate(report, thresholds, base_doc, profile, base_src or "the baseline")
+    checks += unnamed_gpu_checks(report, st)
     if base_doc is None:
         checks.append(warning("acceptance length vs baseline", None, "a baseline report", "regression", warnings[0]))
     warnings += [c.detail for c in checks if c.warn and c.detail not in warnings]  # speed: no speed baseline, wide spread

@@ -103,7 +103,7 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "throughput.batch1.steady.plain_before": (bool,),
     "throughput.batch1.steady.spec": (bool,),
     "throughput.batch1.steady.plain_after": (bool,),
-    "throughput.loaded": (dict,),
+    "throughput.loaded": (dict, NONE),
     "throughput.loaded.prompts": (int,),
     "throughput.loaded.max_tokens": (int,),
     "throughput.loaded.repeats": (int,),

@@ -167,7 +167,7 @@ class Throughput(TypedDict):
     measured_at: NotRequired[str | None]  # "batch 1" when the keys above hold batch1's figures
     batch1: NotRequired[Batch1 | None]
     concurrent: NotRequired[Concurrent]
-    loaded: NotRequired[Loaded]  # smoke.speed_concurrent requests at once, with repeats (speclock.verify.speed)
+    loaded: NotRequired[Loaded | None]  # smoke.speed_concurrent requests at once (speclock.verify.speed); null: off
     note: NotRequired[str]
 
 

@@ -228,6 +228,25 @@ def _check_runs(b1: Mapping[str, Any], where: str, bad: Bad) -> None:
             raise bad(f"{where}.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)")
 
 
+# When smoke began to write each speed section (UTC): a report created before then has no such section because it
+# could not have one, and is judged with a WARN saying what it cannot show; a newer report without it was run
+# with the measurement off, and fails a threshold that asks for it ("not measured").
+BATCH1_SINCE = "2026-12-06T18:49:01Z"  # 89a9f2f: batch-1 speed
+LOADED_SINCE = "2026-12-07T12:30:00Z"  # speed under load (throughput.loaded)
+
+
+def predates(report: SmokeReport, since: str) -> bool:
+    """The report was created before `since` (both ISO 8601 UTC, compared as instants); a report without a valid
+    `created` is taken as new (held to every rule)."""
+    import datetime as _dt
+
+    try:
+        created = _dt.datetime.fromisoformat(str(report.get("created") or "").replace("Z", "+00:00"))
+        return created < _dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+
+
 def loaded_of(report: SmokeReport) -> Loaded | None:
     """The report's speed under load (throughput.loaded), or None (smoke.speed_concurrent 0, or a report from before)."""
     tp = report.get("throughput")
@@ -243,6 +262,17 @@ def loaded_checks(report: SmokeReport, thresholds: dict[str, Any]) -> list[Check
         return []
     loaded = loaded_of(report)
     limit = f">= {floor} (smoke.thresholds.min_concurrent_speedup)"
+    if loaded is None and predates(report, LOADED_SINCE) and "loaded" not in (report.get("throughput") or {}):
+        return [
+            warning(
+                "speedup under load (spec / plain tok/s)",
+                None,
+                limit,
+                "speed",
+                f"not measured: the report was created ({report.get('created')}) before smoke measured speed under "
+                f"load ({LOADED_SINCE}); it cannot show whether the drafter pays under load",
+            )
+        ]
     if loaded is None:
         return [
             Check(
@@ -308,7 +338,18 @@ def speed_checks(
     name = "speedup at batch 1 (spec / plain tok/s)"
     if floor:
         limit = f">= {floor} (smoke.thresholds.min_speedup)"
-        if b1 is None:
+        if b1 is None and predates(report, BATCH1_SINCE) and "batch1" not in (report.get("throughput") or {}):
+            checks.append(
+                warning(
+                    name,
+                    None,
+                    limit,
+                    "speed",
+                    f"not measured: the report was created ({report.get('created')}) before smoke measured speed at "
+                    f"batch 1 ({BATCH1_SINCE}); it cannot show whether the drafter pays",
+                )
+            )
+        elif b1 is None:
             checks.append(
                 Check(
                     name,

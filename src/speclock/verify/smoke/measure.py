@@ -146,6 +146,7 @@ def throughput_section(batch1: Batch1 | None, concurrent: Concurrent) -> Through
             "speedup": None,
             "measured_at": None,
             "batch1": None,
+            "loaded": None,
             "concurrent": concurrent,
         }
     return {
@@ -154,5 +155,6 @@ def throughput_section(batch1: Batch1 | None, concurrent: Concurrent) -> Through
         "speedup": batch1["speedup"],
         "measured_at": "batch 1",
         "batch1": batch1,
+        "loaded": None,  # replaced by the measurement when smoke.speed_concurrent asks for one
         "concurrent": concurrent,
     }
