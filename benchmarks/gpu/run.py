@@ -244,6 +244,22 @@ def fault_eager_script(stack: str, env_dir: Path) -> str:
     )
 
 
+def fault_slow_script(stack: str, env_dir: Path) -> str:
+    """SGLang's drill (the eager-drafter drill is vLLM's): every drafted step sleeps 20 ms (benchmarks/gpu/faults/
+    sitecustomize.py, loaded in every engine process through PYTHONPATH), so the drafted engine is slower than plain
+    at batch 1: smoke and the gate must FAIL naming smoke.thresholds.min_speedup."""
+    eng = engine_of(stack)
+    return (
+        f". {HOSTENV_SH}; rm -rf /tmp/speclock-gpu/res/fault-slow; "
+        f"PYTHONPATH={REPO}/benchmarks/gpu/faults SPECLOCK_FAULT=slow:20 {env_dir}/bin/speclock smoke --num-prompts 16 "
+        "--max-tokens 32 --speed-concurrent 0 --out /tmp/speclock-gpu/res/fault-slow; "
+        f"echo smoke exit $?; mkdir -p $R/{eng}-fault-slow; "
+        f"find /tmp/speclock-gpu/res/fault-slow -maxdepth 1 -type f -exec cp {{}} $R/{eng}-fault-slow/ \\; ; "
+        f"{env_dir}/bin/speclock gate $R/{eng}-fault-slow/report.json --baseline none "
+        f"--markdown $R/{eng}-fault-slow/gate.md; echo gate exit $?"
+    )
+
+
 def bench_script(stack: str, env_dir: Path, phase: str, config: str) -> str:
     return (
         f". {HOSTENV_SH}; mkdir -p $R/bench; {env_dir}/bin/python {REPO}/benchmarks/h200/spec_throughput.py "
@@ -322,6 +338,8 @@ def main() -> int:
         tasks.append((f"{eng}-selfcheck", stack, "selfcheck", ESTIMATE["selfcheck"]))
         if eng == "vllm":
             tasks.append(("vllm-fault-eager", stack, "fault", ESTIMATE["fault"]))
+        if eng == "sglang":
+            tasks.append(("sglang-fault-slow", stack, "fault-slow", ESTIMATE["fault"]))
     for stack in [] if plan else manifest["stacks"]:
         for i, config in enumerate(args.bench_configs.split(",")):
             tasks.append((f"bench-{engine_of(stack)}-{i}-{config}", stack, "bench", ESTIMATE["bench"]))
@@ -358,12 +376,14 @@ def main() -> int:
         script = {
             "selfcheck": lambda stack=stack, env_dir=env_dir: selfcheck_script(stack, env_dir),
             "fault": lambda stack=stack, env_dir=env_dir: fault_eager_script(stack, env_dir),
+            "fault-slow": lambda stack=stack, env_dir=env_dir: fault_slow_script(stack, env_dir),
             "bench": lambda stack=stack, env_dir=env_dir, phase=phase: bench_script(
                 stack, env_dir, phase, phase.rsplit("-", 1)[1]
             ),
             "plan": lambda stack=stack, env_dir=env_dir, phase=phase: plan_script(stack, env_dir, plan.get(phase, {})),
         }[kind]()
-        extra = {"expect": "gate exit 1 (batch-1 speed below smoke.thresholds.min_speedup)"} if kind == "fault" else {}
+        expect = {"expect": "gate exit 1 (batch-1 speed below smoke.thresholds.min_speedup)"}
+        extra = expect if kind.startswith("fault") else {}
         if run.sh(phase, script, estimate, stack=stack, **extra) is None:
             break
     pending = [n for n in names if n not in staged]
