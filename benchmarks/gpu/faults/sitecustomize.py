@@ -6,10 +6,7 @@ smoke.thresholds.min_speedup. Plain engines never draft, so they never reach it.
 (benchmarks/gpu/run.py, vllm-fault-eager); this is SGLang's.
 """
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 import time
 
 _MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -30,28 +27,7 @@ def _patch(module) -> None:
     cls.draft = draft
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches the module right after its own loader has run it."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != _MODULE:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 if os.environ.get("SPECLOCK_FAULT", "").startswith("slow:"):
-    sys.meta_path.insert(0, _Finder())
+    from speclock.core.import_hooks import after_import
+
+    after_import(_MODULE, _patch)

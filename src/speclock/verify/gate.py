@@ -44,6 +44,7 @@ from speclock.verify.profiles import Profile, report_profile, resolve_profile
 from speclock.verify.report import load_report
 from speclock.verify.report_types import GateRecord, SmokeReport
 from speclock.verify.speed import speed_checks
+from speclock.verify.speed_load import loaded_checks
 
 
 def evaluate(
@@ -130,7 +131,7 @@ def evaluate(
             checks += drift_checks(
                 b["metrics"], base_backends[b["backend"]]["metrics"], profile, thresholds, f", attention backend {b['backend']}"
             )
-    return checks + speed_checks(report, thresholds, baseline, baseline_source)
+    return checks + speed_checks(report, thresholds, baseline, baseline_source) + loaded_checks(report, thresholds)
 
 
 def unnamed_gpu_checks(report: SmokeReport, stack: Stack) -> list[Check]:

@@ -27,6 +27,7 @@ smoke.thresholds.max_speedup_drop (judged the same way over the interval).
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,7 @@ from typing import Any
 
 from speclock.verify.checks import Check, warning
 from speclock.verify.plausibility import Bad
-from speclock.verify.report_types import Batch1, Loaded, SmokeReport
+from speclock.verify.report_types import Batch1, SmokeReport
 
 CPU_NOTE = (
     "measured on a CPU: with many requests at once verifying k + 1 tokens per step costs a CPU nearly k + 1 "
@@ -122,38 +123,6 @@ def summarize_batch1(
     return out
 
 
-# A loaded run lasts at least this long (the batch repeats until it has): on an H100 80 requests x 128 tokens take
-# 0.26-0.5 s, too short to time (2026-12-07); on a CPU one batch is already longer.
-MIN_LOADED_RUN_S = 3.0
-
-
-def loaded_runs(run_batch, min_seconds: float = MIN_LOADED_RUN_S):
-    """A run of the loaded measurement: run_batch() -> (tokens, seconds) of one batch of requests at once, repeated
-    until `min_seconds` have passed; (tokens, seconds, batches) of the whole run."""
-    tokens, seconds, batches = 0, 0.0, 0
-    while seconds < min_seconds or batches == 0:
-        t, s = run_batch()
-        tokens, seconds, batches = tokens + t, seconds + s, batches + 1
-    return tokens, seconds, batches
-
-
-def summarize_loaded(
-    before: Sequence[tuple[float, float]],
-    spec: Sequence[tuple[float, float]],
-    after: Sequence[tuple[float, float]],
-    *,
-    requests: int,
-    max_tokens: int,
-    batches: int,
-    warmup: Sequence[Sequence[tuple[float, float]]] | None = None,
-    steady_runs: Sequence[bool] | None = None,
-) -> Loaded:
-    """The report's `throughput.loaded`: `requests` at once, the figures as batch 1's (summarize_batch1)."""
-    b1 = summarize_batch1(before, spec, after, prompts=requests, max_tokens=max_tokens, warmup=warmup, steady_runs=steady_runs)
-    out: Loaded = {**b1, "requests": requests, "batches_per_run_min": batches}
-    return out
-
-
 _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
     "prompts": (int,),
     "max_tokens": (int,),
@@ -165,7 +134,7 @@ _BATCH1_KEYS: dict[str, tuple[type, ...]] = {
     "speedup_low": (int, float),
     "speedup_high": (int, float),
     "spread": (int, float, type(None)),
-    "plain_tok_s_median": (int, float),  # printed with the verdict (_interval)
+    "plain_tok_s_median": (int, float),  # printed with the verdict (interval_text)
     "spec_tok_s_median": (int, float),
 }
 
@@ -238,79 +207,11 @@ LOADED_SINCE = "2026-12-07T12:30:00Z"  # speed under load (throughput.loaded)
 def predates(report: SmokeReport, since: str) -> bool:
     """The report was created before `since` (both ISO 8601 UTC, compared as instants); a report without a valid
     `created` is taken as new (held to every rule)."""
-    import datetime as _dt
-
     try:
         created = _dt.datetime.fromisoformat(str(report.get("created") or "").replace("Z", "+00:00"))
         return created < _dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
     except ValueError:
         return False
-
-
-def loaded_of(report: SmokeReport) -> Loaded | None:
-    """The report's speed under load (throughput.loaded), or None (smoke.speed_concurrent 0, or a report from before)."""
-    tp = report.get("throughput")
-    loaded = tp.get("loaded") if tp else None
-    return loaded if isinstance(loaded, dict) and loaded.get("speedup") is not None else None
-
-
-def loaded_checks(report: SmokeReport, thresholds: dict[str, Any]) -> list[Check]:
-    """The speedup with smoke.speed_concurrent requests at once against smoke.thresholds.min_concurrent_speedup, over
-    its interval as min_speedup is judged at batch 1 (PASS / FAIL / WARN across it)."""
-    floor = thresholds.get("min_concurrent_speedup", 0.0)
-    if not floor:
-        return []
-    loaded = loaded_of(report)
-    limit = f">= {floor} (smoke.thresholds.min_concurrent_speedup)"
-    if loaded is None and predates(report, LOADED_SINCE) and "loaded" not in (report.get("throughput") or {}):
-        return [
-            warning(
-                "speedup under load (spec / plain tok/s)",
-                None,
-                limit,
-                "speed",
-                f"not measured: the report was created ({report.get('created')}) before smoke measured speed under "
-                f"load ({LOADED_SINCE}); it cannot show whether the drafter pays under load",
-            )
-        ]
-    if loaded is None:
-        return [
-            Check(
-                "speedup under load (spec / plain tok/s)",
-                False,
-                None,
-                limit,
-                "speed",
-                "not measured (the report has no throughput.loaded: smoke ran with smoke.speed_concurrent = 0, or "
-                f"speed_repeats = 0); smoke.thresholds.min_concurrent_speedup asks for >= {floor}: set "
-                "smoke.speed_concurrent (or --speed-concurrent) to the load to judge",
-            )
-        ]
-    name = f"speedup with {loaded['requests']} requests at once (spec / plain tok/s)"
-    what = _interval(loaded).replace(f"{loaded['prompts']} prompts x", f"{loaded['requests']} at once x")
-    if loaded["speedup_low"] >= floor:
-        return [Check(name, True, loaded["speedup"], limit, "speed")]
-    if loaded["speedup_high"] < floor:
-        return [
-            Check(
-                name,
-                False,
-                loaded["speedup"],
-                limit,
-                "speed",
-                f"{what} is below smoke.thresholds.min_concurrent_speedup {floor}: under this load the drafter costs "
-                "throughput (engine.k_per_batch_size can draft less, or nothing, at large batch sizes)",
-            )
-        ]
-    return [
-        warning(
-            name,
-            loaded["speedup"],
-            limit,
-            "speed",
-            f"{what} straddles smoke.thresholds.min_concurrent_speedup {floor}: the spread is too wide to judge",
-        )
-    ]
 
 
 def batch1_of(report: SmokeReport) -> Batch1 | None:
@@ -320,7 +221,7 @@ def batch1_of(report: SmokeReport) -> Batch1 | None:
     return b1 if isinstance(b1, dict) and b1.get("speedup") is not None else None
 
 
-def _interval(b1: Batch1) -> str:
+def interval_text(b1: Batch1) -> str:
     return (
         f"{b1['speedup']:.3f} (interval {b1['speedup_low']:.3f}-{b1['speedup_high']:.3f}, spread "
         f"{b1['spread'] or 0:.1%}, plain {b1['plain_tok_s_median']} -> spec {b1['spec_tok_s_median']} tok/s, "
@@ -372,7 +273,7 @@ def speed_checks(
                     b1["speedup"],
                     limit,
                     "speed",
-                    f"{_interval(b1)} is below smoke.thresholds.min_speedup {floor}: the drafter does not pay "
+                    f"{interval_text(b1)} is below smoke.thresholds.min_speedup {floor}: the drafter does not pay "
                     "for itself at batch 1",
                 )
             )
@@ -383,12 +284,11 @@ def speed_checks(
                     b1["speedup"],
                     limit,
                     "speed",
-                    f"{_interval(b1)} straddles smoke.thresholds.min_speedup {floor}: the spread is too wide "
+                    f"{interval_text(b1)} straddles smoke.thresholds.min_speedup {floor}: the spread is too wide "
                     "to judge (a busy machine?); run smoke again on a quiet one, or with more "
                     "smoke.speed_repeats / speed_prompts",
                 )
             )
-    checks += loaded_checks(report, thresholds)
     limit_drop = thresholds.get("max_speedup_drop", 0.0)
     if baseline is None or not limit_drop or b1 is None:
         return checks
@@ -434,7 +334,7 @@ def speed_checks(
     drop = (ref - b1["speedup"]) / ref if ref else 0.0
     drop_low = (ref - b1["speedup_high"]) / ref if ref else 0.0
     drop_high = (ref - b1["speedup_low"]) / ref if ref else 0.0
-    what = f"{_interval(b1)} vs baseline {ref:.3f}: dropped {drop:.1%}"
+    what = f"{interval_text(b1)} vs baseline {ref:.3f}: dropped {drop:.1%}"
     if drop_high <= limit_drop:
         checks.append(Check(name, True, round(drop, 4), limit, "regression"))
     elif drop_low > limit_drop:

@@ -37,7 +37,8 @@ from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
 from speclock.verify.smoke.worker import WorkerSession, worker_session
-from speclock.verify.speed import CPU_NOTE, loaded_runs, summarize_batch1, summarize_loaded, warm_runs
+from speclock.verify.speed import CPU_NOTE, summarize_batch1, warm_runs
+from speclock.verify.speed_load import loaded_runs, summarize_loaded
 
 
 def image_identity() -> ImageIdentity:
