@@ -199,5 +199,5 @@ def test_selfcheck_signs_nothing_when_doctor_fails(tmp_path):
     )
     assert code == 3, err
     summary = json.loads((out / "selfcheck.json").read_text())
-    assert summary["stages"]["attestation"] == {"skipped": True, "note": "doctor failed (exit 3)"}, summary
+    assert summary["stages"]["attestation"] == {"skipped": True, "note": "doctor could not check (exit 3)"}, summary
     assert not (out / attest.ATTESTATION_FILE).exists() and not (out / "report.json").exists()

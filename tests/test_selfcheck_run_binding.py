@@ -89,8 +89,8 @@ def test_a_stale_report_is_removed_and_never_gated_or_signed_when_smoke_is_refus
     assert len(summary["run_id"]) == 32
 
 
-def test_a_failing_doctor_stops_smoke_gate_and_signature(tmp_path):
-    """Real doctor and smoke: an engine that is not installed fails doctor (exit 3); nothing later runs."""
+def test_a_doctor_that_cannot_check_stops_smoke_gate_and_signature(tmp_path):
+    """Real doctor and smoke: an engine that is not installed: doctor cannot check (exit 3); nothing later runs."""
     from smoke_faults import converted_target, random_drafter, write_stack
 
     target = converted_target()
@@ -109,7 +109,7 @@ def test_a_failing_doctor_stops_smoke_gate_and_signature(tmp_path):
     summary = json.loads((out / "selfcheck.json").read_text())
     assert summary["stages"]["doctor"]["exit_code"] == 3
     for stage in ("smoke", "gate", "attestation"):
-        assert summary["stages"][stage] == {"skipped": True, "note": "doctor failed (exit 3)"}, stage
+        assert summary["stages"][stage] == {"skipped": True, "note": "doctor could not check (exit 3)"}, stage
     assert sorted(p.name for p in out.iterdir()) == ["doctor.json", "selfcheck.json"]
 
 
@@ -183,3 +183,22 @@ def test_the_default_output_folder_on_a_host_is_the_users_own(tmp_path, monkeypa
         with pytest.raises(BadInput, match="belongs to user 12345"):
             sc.prepare_out(other, private=True)
     shutil.rmtree(private_dir)
+
+
+def test_failed_doctor_checks_still_measure_but_sign_nothing(tmp_path, monkeypatch):
+    """Doctor ran and found failures (exit 1): smoke and gate still run, so the same fault is judged twice (the upgrade's
+    wrong-layers candidate: doctor's static layer check and the gate's measured acceptance), but no signature vouches
+    for an image whose checks fail."""
+    out = tmp_path / "out"
+    private, _ = _key(tmp_path)
+    monkeypatch.setattr(sc, "run_doctor_stage", lambda opts: (1, {"verdict": "fail", "checks": [], "error": "aux-layers"}))
+    _smoke_writing(monkeypatch)
+    code = sc.selfcheck(_opts(out, private))
+    summary = json.loads((out / "selfcheck.json").read_text())
+    assert code == 1
+    assert summary["stages"]["smoke"]["exit_code"] == 0 and summary["stages"]["gate"]["exit_code"] == 0
+    assert (
+        summary["stages"]["attestation"]["skipped"] is True
+        and "doctor failed (exit 1)" in summary["stages"]["attestation"]["note"]
+    )
+    assert not (out / attest.ATTESTATION_FILE).exists()

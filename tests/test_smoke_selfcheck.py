@@ -1,4 +1,5 @@
-"""`speclock selfcheck`: a failed stage stops the later ones, outputs land in --out, a missing doctor is not a pass."""
+"""`speclock selfcheck`: a stage that could not run stops the later ones, outputs land in --out, a missing doctor is not
+a pass."""
 
 import json
 
@@ -27,8 +28,8 @@ def test_the_worst_stage_decides_the_exit_code():
 
 
 def test_selfcheck_stops_after_a_failing_doctor_and_says_so(tmp_path):
-    """A failed stage stops every later one (issue #40): an engine that is not installed fails doctor (exit 3), and
-    smoke and gate are recorded as skipped, not run against an environment doctor already refused."""
+    """A stage that could not do its work stops the later ones (issue #40): with an engine that is not installed doctor
+    cannot check (exit 3), and smoke and gate are recorded as skipped, not run in an environment that cannot run."""
     target = converted_target()
     draft = random_drafter(target, tmp_path / "draft")
     stack = write_stack(tmp_path, name="no-engine")
@@ -54,7 +55,7 @@ def test_selfcheck_stops_after_a_failing_doctor_and_says_so(tmp_path):
     assert code == 3
     summary = json.loads((out / "selfcheck.json").read_text())
     assert summary["verdict"] == "fail" and summary["stages"]["doctor"]["exit_code"] == 3
-    assert summary["stages"]["smoke"] == {"skipped": True, "note": "doctor failed (exit 3)"}
-    assert summary["stages"]["gate"] == {"skipped": True, "note": "doctor failed (exit 3)"}
+    assert summary["stages"]["smoke"] == {"skipped": True, "note": "doctor could not check (exit 3)"}
+    assert summary["stages"]["gate"] == {"skipped": True, "note": "doctor could not check (exit 3)"}
     assert json.loads((out / "doctor.json").read_text())["verdict"] == "fail"
     assert not (out / "report.json").exists() and not (out / "gate.json").exists()

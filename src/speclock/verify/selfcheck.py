@@ -8,10 +8,13 @@ private to the user). Outputs of an earlier run in that folder are removed first
 
 A signature vouches for this run only: each run has an id (run.id in report.json, run_id in selfcheck.json), and the
 gate and the signature take report.json only if it carries this run's id and is byte for byte what this run's smoke
-wrote. A stage that fails stops the later ones: a failing doctor skips smoke, a smoke refused or broken (exit 2/3:
-no report of this run) skips gate and signature, a gate refusal (exit 2/3) skips the signature. A smoke that ran and
-FAILED its checks (exit 1) is still gated and signed: that verdict is what the report says. Exit: 3 if a stage met
-an environment problem, else 2 for bad input, else 1 if anything failed, else 0.
+wrote. A stage that could not do its work stops the later ones: a doctor that could not check (exit 2/3: bad input,
+an engine that does not import) skips smoke, gate and signature; a smoke refused or broken (exit 2/3: no report of
+this run) skips gate and signature; a gate refusal (exit 2/3) skips the signature. A stage that ran and found
+failures (exit 1) does not stop the measurement: after doctor's failed checks smoke and gate still run (the same
+drafter judged twice, statically and measured: the upgrade's wrong-layers candidate is caught by both), but nothing
+is signed; a smoke that FAILED its checks is gated and, with a passing doctor, signed: the signed verdict is "fail".
+Exit: 3 if a stage met an environment problem, else 2 for bad input, else 1 if anything failed, else 0.
 
 On a GPU host without a container runtime: `speclock host-env --stack S --dest DIR` builds the
 stack's locked environment laid out like the image; then `DIR/bin/speclock selfcheck` (or
@@ -226,9 +229,9 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     _log(f"doctor: {'ok' if code == 0 else f'FAILED (exit {code})'}{': ' + doc['error'] if doc.get('error') else ''}")
 
     smoke_code, report_path, report_sha = None, out / "report.json", None
-    if code != 0:
+    if code not in (0, 1):
         for stage in ("smoke", "gate", "attestation"):
-            skip(stage, f"doctor failed (exit {code})")
+            skip(stage, f"doctor could not check (exit {code})")
     else:
         try:
             inp = resolve_inputs(smoke_opts)
@@ -259,7 +262,7 @@ def selfcheck(opts: SelfcheckOptions) -> int:
 
     gate_code = None
     if report_sha is None:
-        if code == 0:
+        if code in (0, 1):
             for stage in ("gate", "attestation"):
                 skip(stage, f"smoke did not write a report of this run (exit {smoke_code})")
     else:
@@ -282,6 +285,8 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         codes.append(gate_code)
         if sign_key is None:
             pass
+        elif code != 0:
+            skip("attestation", f"doctor failed (exit {code}): an image whose checks fail is not vouched for")
         elif gate_code not in (0, 1):
             skip("attestation", f"the gate refused the report (exit {gate_code})")
         else:
