@@ -114,11 +114,10 @@ def test_a_stack_overrides_a_profile_and_bad_overrides_name_file_and_key(tmp_pat
     ):
         d = tmp_path / str(i)
         d.mkdir()
-        st = load_stack(stack_with(d, tail=f"[smoke.profiles]\n{bad}"))
-        with pytest.raises(BadInput) as err:
-            for name in ("quick", "full", "sampled"):
-                resolve_profile(st, name)
-        assert str(st.path) in str(err.value) and key in str(err.value), err.value
+        path = stack_with(d, tail=f"[smoke.profiles]\n{bad}")
+        with pytest.raises(BadInput) as err:  # refused when the stack loads (issue #40), before any profile is used
+            load_stack(path)
+        assert str(path) in str(err.value) and key in str(err.value), err.value
 
 
 def test_a_report_without_a_profile_is_quick():

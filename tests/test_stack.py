@@ -171,3 +171,30 @@ def test_a_stack_without_prune_prunes_nothing(tmp_path):
 def test_schema_documents_prune():
     props = json_schema()["properties"]["prune"]
     assert set(props["properties"]) == {"packages", "paths"} and props["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    "profiles,key",
+    [
+        ("quick = { max_tokens = 1000000000 }", "smoke.profiles.quick.max_tokens"),
+        ("sampled = { seeds = [" + ", ".join(str(i) for i in range(100)) + "] }", "smoke.profiles.sampled.seeds"),
+        ("sampled = { temperature = 1e300 }", "smoke.profiles.sampled.temperature"),
+        ("sampled = { seeds = [5000000000] }", "smoke.profiles.sampled.seeds"),
+        ("full = { num_prompts = 0 }", "smoke.profiles.full.num_prompts"),
+        ("full = { tokens = 5 }", "smoke.profiles.full.tokens"),
+    ],
+)
+def test_profile_overrides_are_checked_with_bounds_when_the_stack_loads(tmp_path, profiles, key):
+    """Issue #40: [smoke.profiles] was not validated until a smoke resolved it, and had no upper bounds (max_tokens 1e9
+    started an engine); now the stack file is refused on load, exit 2, naming the key."""
+    # the stack's own [smoke.profiles] lines give way to the case's one
+    text = re.sub(r"^(quick|full|sampled) = .*\n", "", DEFAULT, flags=re.M)
+    text = text.replace("[smoke.profiles]\n", "[smoke.profiles]\n" + profiles + "\n", 1)
+    with pytest.raises(BadInput) as err:
+        load_stack(write_stack(tmp_path, text))
+    assert key in str(err.value) and err.value.exit_code == 2, str(err.value)
+
+
+def test_profile_overrides_within_bounds_load(tmp_path):
+    text = re.sub(r"^sampled = .*$", "sampled = { temperature = 0.8, seeds = [0, 1, 2, 3] }", DEFAULT, flags=re.M)
+    assert load_stack(write_stack(tmp_path, text)).data["smoke.profiles"]["sampled"]["seeds"] == [0, 1, 2, 3]

@@ -18,6 +18,7 @@ from speclock.core.args import MAX_K
 from speclock.core.errors import BadInput
 from speclock.core.names import normalize
 from speclock.spec import k_schedule
+from speclock.spec.profile_values import check_overrides
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
@@ -168,6 +169,7 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
     _check_target_and_smoke(s, bad)
     _check_gpu_and_kernels(s, bad)
     _check_prune(s, path, bad)
+    check_overrides(s["smoke.profiles"], s["smoke"], str(path))  # bounds too: an engine never starts with max_tokens 1e9
     engine = s["engine"]
     broken = k_schedule.check(engine["k_per_batch_size"], s["smoke"]["num_speculative_tokens"], engine["name"], engine["version"])
     if broken:

@@ -21,70 +21,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
+from speclock.spec.profile_values import BUILTIN, KEY_HELP, PROFILES, check_value
 from speclock.spec.stack import Stack
 from speclock.verify.report_types import ProfileRecord, SeedMetrics, SeedSpread, SmokeReport, Spread
 
-PROFILES = ("quick", "full", "sampled")
 DEFAULT_PROFILE = "quick"
 LEGACY_PROFILE = "quick"  # what a report without a `profile` key was (64 tokens, greedy)
-
-# Built-in values; a stack's [smoke.profiles] table overrides them per key. None = the stack's [smoke] value.
-# Tolerances: relative drift (|report - baseline| / baseline) of the mean acceptance length and of each
-# position's acceptance rate. Greedy runs repeat exactly on one machine (docs/smoke.md: spread 0 over the
-# runs measured), so their tolerance is the engines' own CI standard, 5%, which covers other CPUs' bf16
-# rounding; the sampled tolerance comes from the spread over seeds and runs (docs/smoke.md). max_mean_drift None:
-# the mean's drop limit is smoke.thresholds.max_relative_drop (one-sided), as before profiles existed.
-BUILTIN: dict[str, dict[str, Any]] = {
-    "quick": {
-        "num_prompts": None,
-        "max_tokens": None,
-        "temperature": 0.0,
-        "seeds": [0],
-        "max_mean_drift": None,
-        "max_position_drift": 0.05,
-        "two_sided": False,
-        "position_drift": True,
-        "per_request_seed": True,
-    },
-    "full": {
-        "num_prompts": None,
-        "max_tokens": 256,
-        "temperature": 0.0,
-        "seeds": [0],
-        "max_mean_drift": None,
-        "max_position_drift": 0.05,
-        "two_sided": False,
-        "position_drift": True,
-        "per_request_seed": True,
-    },
-    "sampled": {
-        "num_prompts": None,
-        "max_tokens": None,
-        "temperature": 1.0,
-        "seeds": [0, 1, 2],
-        "max_mean_drift": 0.05,
-        "max_position_drift": 0.10,
-        "two_sided": True,
-        "position_drift": True,
-        "per_request_seed": True,
-    },
-}
-_KEY_HELP = {
-    "num_prompts": "a positive integer (default: smoke.num_prompts)",
-    "max_tokens": "a positive integer (default: smoke.max_tokens)",
-    "temperature": "a number >= 0 (0 = greedy)",
-    "seeds": "a non-empty list of distinct integers >= 0",
-    "max_mean_drift": "a relative tolerance from 0 to 1 (e.g. 0.05; greedy profiles default to smoke.thresholds.max_relative_drop)",
-    "max_position_drift": "a relative tolerance from 0 to 1, or one per draft position",
-    "two_sided": "true or false: a rise beyond the tolerance fails too",
-    "position_drift": "true or false: check each draft position against the baseline",
-    "per_request_seed": "true or false: pass each seed to the engine per request (false: the passes are independent "
-    "draws from the engine's own seeded generator, for engines that crash on seeded requests)",
-}
 
 
 @dataclass(frozen=True)
@@ -127,43 +72,6 @@ class Profile:
         }
 
 
-def _check_value(key: str, value: Any, where: str, hint: str) -> Any:
-    def bad() -> BadInput:
-        return BadInput(f"{where}.{key}: {files.short_repr(value)} is not {_KEY_HELP[key]}", hint=hint)
-
-    if key in ("num_prompts", "max_tokens"):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise bad()
-    elif key == "temperature":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise bad()
-        value = float(value)
-    elif key == "seeds":
-        if (
-            not isinstance(value, list)
-            or not value
-            or len(set(map(repr, value))) != len(value)
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
-        ):
-            raise bad()
-        value = tuple(value)
-    elif key == "max_mean_drift":
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise bad()
-        value = float(value)
-    elif key == "max_position_drift":
-        items = value if isinstance(value, list) else [value]
-        if not items or not all(not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1 for v in items):
-            raise bad()
-        value = tuple(float(v) for v in value) if isinstance(value, list) else float(value)
-    elif key in ("two_sided", "position_drift", "per_request_seed"):
-        if not isinstance(value, bool):
-            raise bad()
-    return value
-
-
 def resolve_profile(stack: Stack, name: str | None = None, *, source: str = "--profile") -> Profile:
     """The named profile (default quick) with the stack's [smoke.profiles] overrides and [smoke] defaults.
 
@@ -174,15 +82,15 @@ def resolve_profile(stack: Stack, name: str | None = None, *, source: str = "--p
         raise BadInput(f"{source}: unknown smoke profile {files.short_repr(name)}", hint=f"one of {', '.join(PROFILES)}")
     overrides = (stack.data.get("smoke.profiles") or {}).get(name) or {}
     where = f"{stack.path}: key 'smoke.profiles.{name}"
-    hint = f"fix [smoke.profiles] {name} in {stack.path}; keys: {', '.join(_KEY_HELP)}"
+    hint = f"fix [smoke.profiles] {name} in {stack.path}; keys: {', '.join(KEY_HELP)}"
     if not isinstance(overrides, dict):
         raise BadInput(f"{where}': expected a table such as {{ max_tokens = 256 }}, got {files.short_repr(overrides)}", hint=hint)
     merged = dict(BUILTIN[name])
     for key, value in overrides.items():
-        if key not in _KEY_HELP:
+        if key not in KEY_HELP:
             raise BadInput(f"{where}.{key}': unknown key", hint=hint)
         merged[key] = value
-    values = {k: _check_value(k, v, where, hint) for k, v in merged.items()}
+    values = {k: check_value(k, v, where, hint) for k, v in merged.items()}
     values["num_prompts"] = values["num_prompts"] or stack.smoke["num_prompts"]
     values["max_tokens"] = values["max_tokens"] or stack.smoke["max_tokens"]
     if (name == "sampled") != (values["temperature"] > 0):
