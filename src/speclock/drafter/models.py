@@ -19,15 +19,15 @@ import hashlib
 import importlib.util
 import json
 import os
-import struct
 import sys
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
-from speclock.core.files import atomic_write_json, confined, expect, json_type, os_error, read_json
+from speclock.core.files import atomic_write_json, confined, expect, os_error, read_json
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.drafter import gguf_convert
+from speclock.drafter.weights_check import check_model_weights, read_safetensors_header
 
 DTYPES = gguf_convert.DTYPES
 DRAFT_MANIFEST = "speclock-manifest.json"
@@ -55,47 +55,6 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     )
     os.chmod(record, 0o644)
     return out
-
-
-def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
-    """(header dict, byte offset of the data section) of a safetensors file, without torch."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise BadInput(f"{path} is not a safetensors file (too short)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > 100 << 20:
-                raise BadInput(f"{path} is not a safetensors file (header size {n})")
-            blob = f.read(n)
-    except OSError as err:
-        raise os_error(err, path, "read the weights") from None
-    try:
-        header = json.loads(blob)
-    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-        raise BadInput(f"{path} is not a safetensors file (bad header: {err})") from None
-    if not isinstance(header, dict):
-        raise BadInput(f"{path} is not a safetensors file (its header is a JSON {json_type(header)}, not an object)")
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        where = f"tensor {name!r}"
-        expect(info, dict, where, path=path, hint="the weights file is damaged: copy or export it again")
-        expect(info.get("dtype"), str, f"{where}.dtype", path=path, hint="the weights file is damaged: copy or export it again")
-        shape = expect(info.get("shape"), list, f"{where}.shape", path=path, hint="the weights file is damaged")
-        for i, dim in enumerate(shape):
-            expect(dim, int, f"{where}.shape[{i}]", path=path, hint="the weights file is damaged")
-        offsets = expect(info.get("data_offsets"), list, f"{where}.data_offsets", path=path, hint="the weights file is damaged")
-        if (
-            len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-            or offsets[0] > offsets[1]
-        ):
-            raise BadInput(
-                f"{path}: {where}.data_offsets {offsets!r} is not [start, end] with 0 <= start <= end",
-                hint="the weights file is damaged: copy or export it again",
-            )
-    return header, 8 + n
 
 
 def target_sha256(model_dir: str | os.PathLike) -> str:
@@ -267,6 +226,7 @@ def require_runnable_model(
             f"{what} {folder} has a config.json but no weights ({', '.join(WEIGHT_GLOBS)})",
             hint=f"{hint} (e.g. made by `python -m speclock.drafter.models convert`)",
         )
+    check_model_weights(folder, cfg, what=what)  # headers, sizes and config shapes, before any engine loads them (#40)
     if tokenizer and not any((folder / n).is_file() for n in TOKENIZER_FILES):
         raise BadInput(
             f"{what} {folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})",

@@ -22,6 +22,7 @@ from speclock.core.args import draft_length, host_address, tcp_port
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import IMAGE, in_image
 from speclock.drafter.models import draft_folder, read_model_config, target_folder
+from speclock.drafter.weights_check import check_model_weights
 from speclock.engines import EngineConfig, visible_arch
 from speclock.engines.sglang import launch_command
 from speclock.spec.k_schedule import vllm_speculative_config
@@ -112,9 +113,10 @@ def _resolve(args: argparse.Namespace) -> tuple[Stack, Path, Path | None]:
     stack = load_stack(args.stack or (IMAGE.stack_file if inside else DEFAULT_STACK))
     target = target_folder(stack, args.target)
     draft = None if args.no_draft else draft_folder(stack, args.draft)
-    read_model_config(target, what="target", option="--target")
+    # configs and weights (headers, sizes, config shapes) before the server starts and loads them (#40)
+    check_model_weights(target, read_model_config(target, what="target", option="--target"), what="target")
     if draft is not None:
-        read_model_config(draft, what="draft", option="--draft")
+        check_model_weights(draft, read_model_config(draft, what="draft", option="--draft"), what="draft")
     return stack, target, draft
 
 

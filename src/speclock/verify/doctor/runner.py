@@ -34,6 +34,7 @@ from speclock.verify.doctor.pruned import Pruned
 from speclock.verify.doctor.torch_archs import TorchArchs
 from speclock.verify.doctor.triton_build import TritonBuild
 from speclock.verify.doctor.versions import LockVersions
+from speclock.verify.doctor.weights import Weights
 
 DOCTOR_SCHEMA = "speclock.doctor/v1"
 DESCRIPTION = """`speclock doctor`: static self-checks of an engine environment, no GPU needed.
@@ -56,6 +57,8 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
   patches         the stack's patch series is applied and every probe passes
   eagle3-target   the engine's registry resolves the target architecture and the engine's own
                   EAGLE-3 check passes on that class (the outer one, which the engine checks)
+  weights         the target's and the drafter's safetensors files are whole and fit their config.json (headers,
+                  dtypes, byte ranges inside each file, the shapes the config fixes), read by their headers alone
   aux-layers      the layers the engine will feed the drafter (engine's own convention, from
                   the config the drafter folder has) equal the drafter manifest's aux_layers_after
   gpu-archs       every compiled extension has SASS or usable PTX for each stack GPU arch
@@ -87,6 +90,7 @@ DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (
     ImportTraps(),
     Patches(),
     Eagle3Target(),
+    Weights(),
     AuxLayers(),
     GpuArchs(),
     TorchArchs(),
