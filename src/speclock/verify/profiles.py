@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from speclock.core import files
 from speclock.core.errors import BadInput
-from speclock.spec.profile_values import BUILTIN, KEY_HELP, PROFILES, check_value
+from speclock.spec.profile_values import BUILTIN, KEY_HELP, PROFILES, check_overrides, check_value
 from speclock.spec.stack import Stack
 from speclock.verify.report_types import ProfileRecord, SeedMetrics, SeedSpread, SmokeReport, Spread
 
@@ -81,31 +81,13 @@ def resolve_profile(stack: Stack, name: str | None = None, *, source: str = "--p
     if name not in PROFILES:
         raise BadInput(f"{source}: unknown smoke profile {files.short_repr(name)}", hint=f"one of {', '.join(PROFILES)}")
     overrides = (stack.data.get("smoke.profiles") or {}).get(name) or {}
+    # the stack's rules for its overrides (also applied when it loads; a Stack may be built from data directly)
+    check_overrides({name: overrides}, stack.smoke, str(stack.path))
     where = f"{stack.path}: key 'smoke.profiles.{name}"
     hint = f"fix [smoke.profiles] {name} in {stack.path}; keys: {', '.join(KEY_HELP)}"
-    if not isinstance(overrides, dict):
-        raise BadInput(f"{where}': expected a table such as {{ max_tokens = 256 }}, got {files.short_repr(overrides)}", hint=hint)
-    merged = dict(BUILTIN[name])
-    for key, value in overrides.items():
-        if key not in KEY_HELP:
-            raise BadInput(f"{where}.{key}': unknown key", hint=hint)
-        merged[key] = value
-    values = {k: check_value(k, v, where, hint) for k, v in merged.items()}
+    values = {k: check_value(k, v, where, hint) for k, v in {**BUILTIN[name], **overrides}.items()}
     values["num_prompts"] = values["num_prompts"] or stack.smoke["num_prompts"]
     values["max_tokens"] = values["max_tokens"] or stack.smoke["max_tokens"]
-    if (name == "sampled") != (values["temperature"] > 0):
-        raise BadInput(
-            f"{where}.temperature': {values['temperature']} in profile {name}",
-            hint="the sampled profile samples (temperature > 0); quick and full are greedy (0)",
-        )
-    k = stack.smoke["num_speculative_tokens"]
-    if isinstance(values["max_position_drift"], tuple) and len(values["max_position_drift"]) != k:
-        raise BadInput(
-            f"{where}.max_position_drift': {len(values['max_position_drift'])} tolerances for k = {k}",
-            hint="give one number, or one per draft position",
-        )
-    if len(values["seeds"]) > 1 and not values["temperature"]:
-        raise BadInput(f"{where}.seeds': several seeds in a greedy profile repeat the same run", hint="use one seed")
     return Profile(name=name, **values)
 
 
