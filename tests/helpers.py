@@ -91,3 +91,8 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
+# A safetensors file with no tensors: what a fixture writes where smoke only needs weights to be there and whole
+# (smoke checks every safetensors header before an engine starts: speclock.drafter.weights_check).
+EMPTY_SAFETENSORS = (8).to_bytes(8, "little") + b"{}      "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
+from helpers import EMPTY_SAFETENSORS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -135,8 +136,10 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
     (target / "config.json").write_text(json.dumps(TARGET_CFG))
     (draft / "config.json").write_text(json.dumps(DRAFT_CFG))
     (draft / "speclock-manifest.json").write_text(json.dumps(MANIFEST))
-    for placeholder in (target / "model.safetensors", target / "tokenizer.json", draft / "model.safetensors"):
-        placeholder.write_text("{}")  # smoke checks weights and a tokenizer are there before it reads the rest (#26)
+    # smoke checks weights (whole: weights_check) and a tokenizer are there before it reads the rest (#26, #40)
+    (target / "tokenizer.json").write_text("{}")
+    for placeholder in (target / "model.safetensors", draft / "model.safetensors"):
+        placeholder.write_bytes(EMPTY_SAFETENSORS)
     return target, draft
 
 

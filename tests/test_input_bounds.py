@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import EMPTY_SAFETENSORS
 
 from speclock.core.layout import REPO_ROOT
 
@@ -83,7 +84,7 @@ def test_smoke_refuses_a_target_without_weights_or_tokenizer_before_any_engine_s
     target.mkdir()
     (target / "config.json").write_text((REPO_ROOT / "models/smollm2-135m-eagle3/config.json").read_text())
     for name in files:
-        (target / name).write_bytes(b"\0" * 8)
+        (target / name).write_bytes(EMPTY_SAFETENSORS)
     r = cli(
         "smoke", "--target", str(target), "--draft", str(REPO_ROOT / "models/smollm2-135m-eagle3"), "--out", str(tmp_path / "out")
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
-from helpers import alive
+from helpers import EMPTY_SAFETENSORS, alive
 
 import speclock.verify.smoke.run as smoke_run
 from speclock import engines
@@ -89,9 +89,9 @@ def models_in(root: Path, *, manifest=MANIFEST, draft_cfg=DRAFT_CFG, target_cfg=
     write(target / "config.json", target_cfg)
     write(draft / "config.json", draft_cfg)
     # placeholders: smoke checks that weights and a tokenizer are there before anything else it reads (#26)
-    write(target / "model.safetensors", "")
+    write(target / "model.safetensors", EMPTY_SAFETENSORS)
     write(target / "tokenizer.json", "{}")
-    write(draft / "model.safetensors", "")
+    write(draft / "model.safetensors", EMPTY_SAFETENSORS)
     if manifest is not None:
         write(draft / "speclock-manifest.json", manifest)
     return target, draft
