@@ -118,3 +118,24 @@ def test_json_larger_than_any_speclock_file_is_refused_before_it_is_read(tmp_pat
         f.truncate(MAX_READ_BYTES + 1)
     with pytest.raises(BadInput, match=r"report.json: the report is 64.0 MiB, more than the 64 MiB"):
         read_json(big, what="report")
+
+
+def test_a_copy_of_a_folder_with_a_dangling_link_names_the_file(tmp_path):
+    """host-env copies the drafter folder; with its weights' link pointing at a moved file it said "could not access ?:
+    [(...)]" (shutil.Error has no errno or file name). Now: bad input naming the missing file."""
+    import shutil
+
+    from speclock.core.errors import BadInput
+    from speclock.core.files import os_error
+
+    src = tmp_path / "draft"
+    src.mkdir()
+    (src / "model.safetensors").symlink_to(tmp_path / "moved-away.safetensors")
+    try:
+        shutil.copytree(src, tmp_path / "copy")
+    except shutil.Error as err:
+        found = os_error(err, None, "copy the drafter")
+    else:
+        raise AssertionError("copytree copied a dangling link as a file")
+    assert isinstance(found, BadInput)
+    assert str(src / "model.safetensors") in str(found) and "does not exist" in str(found) and "?:" not in str(found)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -52,8 +53,24 @@ def file_where_folder_belongs(where: str | os.PathLike) -> str:
     return f"{where}: a part of this path is a file, where a folder belongs"
 
 
+def _copy_error(failures: list) -> SpeclockError:
+    """shutil.copytree's error, which carries a list of (source, destination, reason) and no errno or file name: the
+    first failure named (a dangling link, as a drafter folder whose weights link to a moved file, is bad input)."""
+    first = failures[0]
+    src, dst, why = (list(first) + ["?", "?", "?"])[:3] if isinstance(first, (list, tuple)) else ("?", "?", first)
+    more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+    if "No such file or directory" in str(why):
+        return BadInput(
+            f"{src} does not exist{more}: a link to a file that is not there?",
+            hint="check the path, and restore the file a symbolic link there points to",
+        )
+    return EnvironmentProblem(f"could not copy {src} to {dst}: {why}{more}", hint="check the disk and the files' permissions")
+
+
 def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = "access") -> SpeclockError:
     """Turn an OSError into the error a user can act on: bad input or an environment problem."""
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list) and err.args[0]:
+        return _copy_error(err.args[0])
     where = str(path or err.filename or "?")
     code = err.errno
     if code == errno.ENOSPC or code == errno.EDQUOT:
