@@ -229,6 +229,24 @@ def interval_text(b1: Batch1) -> str:
     )
 
 
+def judge_floor(name: str, b1: Batch1, floor: float, key: str, what: str, below: str, straddle: str = "") -> Check:
+    """A speedup's interval against the floor smoke.thresholds.<key>: all of it at or above PASS, all below FAIL
+    (`below` says what that means), across it WARN (the run cannot tell; `straddle` says what to do)."""
+    limit = f">= {floor} (smoke.thresholds.{key})"
+    if b1["speedup_low"] >= floor:
+        return Check(name, True, b1["speedup"], limit, "speed")
+    if b1["speedup_high"] < floor:
+        return Check(name, False, b1["speedup"], limit, "speed", f"{what} is below smoke.thresholds.{key} {floor}: {below}")
+    tail = f" {straddle}" if straddle else ""
+    return warning(
+        name,
+        b1["speedup"],
+        limit,
+        "speed",
+        f"{what} straddles smoke.thresholds.{key} {floor}: the spread is too wide to judge{tail}",
+    )
+
+
 def speed_checks(
     report: SmokeReport, thresholds: dict[str, Any], baseline: SmokeReport | None, baseline_source: str = "the baseline"
 ) -> list[Check]:
@@ -263,30 +281,16 @@ def speed_checks(
                     f"asks for >= {floor}: run `speclock smoke` with speed_repeats >= 1",
                 )
             )
-        elif b1["speedup_low"] >= floor:
-            checks.append(Check(name, True, b1["speedup"], limit, "speed"))
-        elif b1["speedup_high"] < floor:
-            checks.append(
-                Check(
-                    name,
-                    False,
-                    b1["speedup"],
-                    limit,
-                    "speed",
-                    f"{interval_text(b1)} is below smoke.thresholds.min_speedup {floor}: the drafter does not pay "
-                    "for itself at batch 1",
-                )
-            )
         else:
             checks.append(
-                warning(
+                judge_floor(
                     name,
-                    b1["speedup"],
-                    limit,
-                    "speed",
-                    f"{interval_text(b1)} straddles smoke.thresholds.min_speedup {floor}: the spread is too wide "
-                    "to judge (a busy machine?); run smoke again on a quiet one, or with more "
-                    "smoke.speed_repeats / speed_prompts",
+                    b1,
+                    floor,
+                    "min_speedup",
+                    interval_text(b1),
+                    "the drafter does not pay for itself at batch 1",
+                    "(a busy machine?); run smoke again on a quiet one, or with more smoke.speed_repeats / speed_prompts",
                 )
             )
     limit_drop = thresholds.get("max_speedup_drop", 0.0)

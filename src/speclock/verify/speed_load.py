@@ -9,7 +9,7 @@ from typing import Any
 
 from speclock.verify.checks import Check, warning
 from speclock.verify.report_types import Loaded, SmokeReport
-from speclock.verify.speed import LOADED_SINCE, interval_text, predates, summarize_batch1
+from speclock.verify.speed import LOADED_SINCE, interval_text, judge_floor, predates, summarize_batch1
 
 # A loaded run lasts at least this long (the batch repeats until it has): on an H100 80 requests x 128 tokens take
 # 0.26-0.5 s, too short to time (2026-12-07); on a CPU one batch is already longer.
@@ -84,26 +84,7 @@ def loaded_checks(report: SmokeReport, thresholds: dict[str, Any]) -> list[Check
         ]
     name = f"speedup with {loaded['requests']} requests at once (spec / plain tok/s)"
     what = interval_text(loaded).replace(f"{loaded['prompts']} prompts x", f"{loaded['requests']} at once x")
-    if loaded["speedup_low"] >= floor:
-        return [Check(name, True, loaded["speedup"], limit, "speed")]
-    if loaded["speedup_high"] < floor:
-        return [
-            Check(
-                name,
-                False,
-                loaded["speedup"],
-                limit,
-                "speed",
-                f"{what} is below smoke.thresholds.min_concurrent_speedup {floor}: under this load the drafter costs "
-                "throughput (engine.k_per_batch_size can draft less, or nothing, at large batch sizes)",
-            )
-        ]
-    return [
-        warning(
-            name,
-            loaded["speedup"],
-            limit,
-            "speed",
-            f"{what} straddles smoke.thresholds.min_concurrent_speedup {floor}: the spread is too wide to judge",
-        )
-    ]
+    below = (
+        "under this load the drafter costs throughput (engine.k_per_batch_size can draft less, or nothing, at large batch sizes)"
+    )
+    return [judge_floor(name, loaded, floor, "min_concurrent_speedup", what, below)]
