@@ -4,7 +4,6 @@ wheels, and the packages `--use-host-packages` takes from the host's Python (ver
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import platform
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.jsonread import parse_json
 from speclock.core.names import normalize
 from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_target, lock_targets, target_names
 from speclock.spec.stack import Stack
@@ -164,7 +164,8 @@ def host_versions(python: Path, names: list[str]) -> dict[str, dict[str, str] | 
             f"could not ask {python} for the host's packages: {proc.stderr.strip()[-500:]}",
             hint="check the host's Python installation",
         )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return parse_json(last, f"{python} -c ...", what="answer about the host's packages", error=EnvironmentProblem)
 
 
 def check_host_packages(python: Path, chosen: list[LockEntry], stack: Stack) -> list[HostPackageRow]:

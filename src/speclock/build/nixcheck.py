@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.jsonread import parse_json
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock import LockDoc, LockEntry, read_lock
 
@@ -77,7 +78,8 @@ def run_nix(args: list[str], *, cwd: Path, timeout: int = 300, check: bool = Tru
 
 
 def nix_eval_json(flake: Path, attr: str, *extra: str) -> Any:
-    return json.loads(run_nix(["nix", "eval", "--offline", "--json", f".#{attr}", *extra], cwd=flake).stdout)
+    out = run_nix(["nix", "eval", "--offline", "--json", f".#{attr}", *extra], cwd=flake).stdout
+    return parse_json(out, f"`nix eval .#{attr}`", what="output", expect=object, error=EnvironmentProblem, allow_nan=True)
 
 
 def double_args(flake: Path) -> list[str]:

@@ -19,7 +19,8 @@ from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, gpu_host_serve
 from speclock.build.sbom import push_sbom_referrer
 from speclock.core import dsse
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import read_bytes
+from speclock.core.files import MAX_READ_BYTES, read_bytes
+from speclock.core.jsonread import loads
 from speclock.engines.serve import DEFAULT_PORT
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
@@ -79,7 +80,7 @@ def attestation_subjects(data: bytes, source: str) -> tuple[list[str], str]:
     not checked here (push has no public key): `speclock gate --verify-key` checks it wherever the report is used."""
     envelope = dsse.parse(data, source)
     try:
-        doc = json.loads(envelope["payload"]) if envelope["payloadType"] == dsse.INTOTO_PAYLOAD_TYPE else None
+        doc = loads(envelope["payload"]) if envelope["payloadType"] == dsse.INTOTO_PAYLOAD_TYPE else None
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("subject"), list):
@@ -99,7 +100,7 @@ def push_attestation_referrer(
     must be this image: the manifest's digest, or its config's (the image ID a build's self-check names)."""
     reg = RegistryClient(registry, repository, insecure=insecure)
     subject = referrers.subject_manifest(reg, digest, then="its attestation")
-    manifest = json.loads(subject[1])
+    manifest = referrers.registry_json(reg, subject[1], f"manifest {digest}")
     ours = {digest.partition(":")[2], str((manifest.get("config") or {}).get("digest", "")).partition(":")[2]} - {""}
     subjects, predicate_type = attestation_subjects(data, source)
     if not ours & set(subjects):
@@ -138,7 +139,7 @@ def push_image(
     # read before pushing: a bad file is exit 2 with nothing pushed
     signed = None
     if attestation:
-        signed = read_bytes(attestation, what="--attestation file")
+        signed = read_bytes(attestation, what="--attestation file", max_bytes=MAX_READ_BYTES)
         attestation_subjects(signed, attestation)
     gpu_selection = parse_gpus(gpus)
     dest = destination(registry, stack_name, record["tag"], repository)

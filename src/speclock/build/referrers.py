@@ -14,10 +14,16 @@ import urllib.parse
 from typing import Any
 
 from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
-from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.jsonread import parse_json
 
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"
 EMPTY_JSON = b"{}"
+
+
+def registry_json(reg: RegistryClient, body: bytes, what: str) -> dict[str, Any]:
+    """A registry's JSON answer (a manifest, an index); a damaged one is the registry's fault (exit 3), named."""
+    return parse_json(body, f"registry {reg.host}/{reg.name}", what=what, error=EnvironmentProblem, allow_nan=True)
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -113,7 +119,9 @@ def add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[st
     """The referrers tag schema (OCI distribution spec 1.1): the index tagged <alg>-<hex> lists the subject's referrers."""
     tag = fallback_tag(subject)
     got = reg.manifest(tag)
-    index: dict[str, Any] = json.loads(got[1]) if got else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+    index: dict[str, Any] = (
+        registry_json(reg, got[1], f"index {tag}") if got else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+    )
     index["manifests"] = [m for m in index.get("manifests", []) if m.get("digest") != descriptor["digest"]] + [descriptor]
     reg.put_manifest(tag, OCI_INDEX, canonical(index))
 
@@ -124,10 +132,10 @@ def list_referrers(reg: RegistryClient, digest: str, artifact_type: str) -> list
         "GET", f"/v2/{reg.name}/referrers/{digest}?artifactType=" + urllib.parse.quote(artifact_type, safe=""), absent_ok=True
     )
     if status == 200 and (headers.get("Content-Type") or "").startswith(OCI_INDEX):
-        found = json.loads(body).get("manifests", [])
+        found = registry_json(reg, body, f"referrers of {digest}").get("manifests", [])
     else:
         got = reg.manifest(fallback_tag(digest))
-        found = json.loads(got[1]).get("manifests", []) if got else []
+        found = registry_json(reg, got[1], f"index {fallback_tag(digest)}").get("manifests", []) if got else []
     return [m for m in found if m.get("artifactType") == artifact_type]
 
 
@@ -141,7 +149,7 @@ def pull_referrer(reg: RegistryClient, digest: str, artifact_type: str, *, what:
     got = reg.manifest(ref)
     if got is None or sha256_digest(got[1]) != ref:
         raise CheckFailed(f"the referrer {ref} of {where} is missing or damaged", hint=push_hint)
-    manifest = json.loads(got[1])
+    manifest = registry_json(reg, got[1], f"manifest {ref}")
     if (manifest.get("subject") or {}).get("digest") != digest:
         raise CheckFailed(f"the referrer {ref} names another subject", hint=push_hint)
     return reg.blob(manifest["layers"][0]["digest"])

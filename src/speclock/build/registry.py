@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.jsonread import loads
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -77,7 +77,7 @@ def auth_for(host: str) -> str | None:
     ]
     for name in filter(None, candidates):
         try:
-            auths = json.loads(Path(name).read_text()).get("auths", {})
+            auths = loads(Path(name).read_text()).get("auths", {})
         except (OSError, ValueError, AttributeError):
             continue
         entry = auths.get(host) or auths.get(f"https://{host}") or {}
@@ -154,7 +154,7 @@ class RegistryClient:
             req.add_header("Authorization", "Basic " + base64.b64encode(creds.encode()).decode())
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
-                doc = json.loads(resp.read())
+                doc = loads(resp.read())
         except (urllib.error.URLError, OSError, ValueError):
             return False
         token = doc.get("token") or doc.get("access_token")

@@ -48,6 +48,7 @@ from speclock.build.sbom_referrer import sbom_from_image as sbom_from_image
 from speclock.build.sbom_referrer import sbom_referrers as sbom_referrers
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_text, confined, file_sha256
+from speclock.core.jsonread import loads
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, LockEntry, lock_path, read_lock
@@ -288,7 +289,7 @@ def stage_sbom(stack: Stack, lock: LockDoc, ctx: Path, *, progress=print) -> Pat
 
 
 def summary(text: str) -> dict[str, Any]:
-    doc = json.loads(text)
+    doc = loads(text)
     kinds: dict[str, int] = {}
     for c in doc.get("components", []):
         purl = c.get("purl", "")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from speclock.build import referrers
 from speclock.build.registry import RegistryClient
 from speclock.build.sbom_format import SBOM_IN_IMAGE, SBOM_MEDIA_TYPE
 from speclock.core.errors import BadInput, CheckFailed
+from speclock.core.jsonread import loads
 
 
 def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
@@ -21,7 +21,7 @@ def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
     if got is None:
         raise BadInput(f"registry {reg.host} has no manifest {digest} in {reg.name}", hint="push the image first")
     media_type, body = got
-    manifest = json.loads(body)
+    manifest = referrers.registry_json(reg, body, f"manifest {digest}")
     if "layers" not in manifest:
         raise BadInput(
             f"{reg.name}@{digest} is an index ({media_type}), not an image manifest",
@@ -65,7 +65,7 @@ def push_sbom_referrer(
     subject = referrers.subject_manifest(reg, digest, then="its SBOM")
     data = sbom if sbom is not None else sbom_from_image(reg, digest)
     try:
-        doc = json.loads(data)
+        doc = loads(data)
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":

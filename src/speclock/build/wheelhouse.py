@@ -25,6 +25,7 @@ from speclock.build.download import NEVER, Stopped, download, local_path
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, file_sha256, os_error, plain_name
 from speclock.core.heartbeat import ByteHeartbeat
+from speclock.core.jsonread import loads
 from speclock.core.layout import cache_dir
 from speclock.spec.lock import LockDoc, LockEntry
 
@@ -98,7 +99,7 @@ def _load_stamps(store: Path) -> None:
             return
         _stamps_loaded.add(store)
         try:
-            data = json.loads((store / STAMPS).read_text())
+            data = loads((store / STAMPS).read_text())
         except (OSError, ValueError):
             return
         if not isinstance(data, dict):

@@ -12,12 +12,12 @@ import argparse
 import base64
 import binascii
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_text
+from speclock.core.jsonread import parse_json
 
 try:  # optional: only signing and verifying need it; its absence is exit 3 then, never at import (~30 ms)
     from cryptography.exceptions import InvalidSignature
@@ -125,12 +125,9 @@ def _b64(text: Any, where: str) -> bytes:
 
 def parse(data: bytes, source: str) -> dict[str, Any]:
     """{"payloadType", "payload" (bytes), "signatures": [{"keyid", "sig" (bytes)}]} of an envelope file's bytes."""
-    try:
-        doc = json.loads(data)
-    except ValueError as err:
-        raise BadInput(
-            f"{source}: not JSON ({err})", hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote"
-        ) from None
+    doc = parse_json(
+        data, source, what="DSSE envelope", expect=object, hint="give the DSSE envelope `speclock selfcheck --sign-key` wrote"
+    )
     if not isinstance(doc, dict) or not isinstance(doc.get("payloadType"), str) or "payload" not in doc:
         raise BadInput(
             f"{source}: not a DSSE envelope (keys 'payload' and 'payloadType' missing)",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO, overload
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.jsonread import MAX_READ_BYTES, json_type, parse_json, type_names
 
 # Prefix of every temp file the writers make; `clean_stale_temps` removes those a killed run left.
 TEMP_PREFIX = ".speclock-tmp-"
@@ -104,10 +105,6 @@ def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = 
 
 # --- reading ---------------------------------------------------------------------------------
 
-# No JSON or text that speclock writes comes near this (a full smoke report is ~1 MB, a lock ~0.5 MB): a bigger
-# file is not one of ours, and reading it whole would cost several times its size in memory.
-MAX_READ_BYTES = 64 << 20
-
 
 def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> bytes:
     path = Path(path)
@@ -149,66 +146,9 @@ def read_text(
     return text
 
 
-def parse_json(
-    text: str, path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict, hint: str | None = None
-) -> Any:
-    """Parse JSON text and check its top-level type; NaN and Infinity are refused (not JSON)."""
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-
-    def finite_float(literal: str) -> float:
-        value = float(literal)
-        if not math.isfinite(value):  # 1e999 parses as inf
-            raise ValueError(f"{literal} is not a finite number")
-        return value
-
-    try:
-        data = json.loads(text, parse_constant=no_constants, parse_float=finite_float)
-    except json.JSONDecodeError as err:
-        raise BadInput(
-            f"{path}:{err.lineno}:{err.colno}: the {what} is not valid JSON: {err.msg}",
-            hint=hint or f"fix the {what} or write it again with the command that made it",
-        ) from None
-    except (ValueError, RecursionError) as err:
-        raise BadInput(
-            f"{path}: the {what} is not valid JSON: {err}",
-            hint=hint or f"fix the {what} or write it again with the command that made it",
-        ) from None
-    if not isinstance(data, expect):
-        raise BadInput(
-            f"{path}: the {what} holds a JSON {json_type(data)}, where {_type_names(expect)} belongs",
-            hint=hint or f"give the {what} that speclock wrote",
-        )
-    return data
-
-
 def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict, hint: str | None = None) -> Any:
+    """A JSON file, through the one parser (`jsonread.parse_json`): capped, no key twice, bounded nesting."""
     return parse_json(read_text(path, what=what, hint=hint), path, what=what, expect=expect, hint=hint)
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
-_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
-
-
-def _type_names(expect: type | tuple) -> str:
-    types = expect if isinstance(expect, tuple) else (expect,)
-    return " or ".join(_NAMES.get(t, t.__name__) for t in types)
 
 
 def expect(
@@ -223,7 +163,7 @@ def expect(
         ok = True
     if not ok:
         raise BadInput(
-            f"{path}: {where} is {json_type(value)} {short_repr(value)}, where {_type_names(types)} belongs",
+            f"{path}: {where} is {json_type(value)} {short_repr(value)}, where {type_names(types)} belongs",
             hint=hint or "give the file that speclock wrote, unedited",
         )
     if finite and isinstance(value, float) and not math.isfinite(value):

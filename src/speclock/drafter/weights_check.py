@@ -11,7 +11,6 @@ formats (.bin, .gguf), which only a loader reads.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -20,6 +19,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput
 from speclock.core.files import expect, json_type, os_error
+from speclock.core.jsonread import loads
 
 # Bytes per element of the safetensors dtypes (the format's own list).
 DTYPE_BYTES = {
@@ -57,7 +57,7 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
     except OSError as err:
         raise os_error(err, path, "read the weights") from None
     try:
-        header = json.loads(blob)
+        header = loads(blob, max_bytes=100 << 20)
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise BadInput(f"{path} is not a safetensors file (bad header: {err})") from None
     if not isinstance(header, dict):

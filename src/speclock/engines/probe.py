@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from speclock.core.jsonread import loads
 from speclock.engines.probe_toolchain import cuda_info, torch_archs, triton_build
 
 EAGLE3_MEMBERS = ("supports_eagle3", "set_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
@@ -202,7 +203,7 @@ def _vllm_runner_ids(config: dict):
 
 def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch: str | None = None) -> dict:
     with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
+        config = loads(f.read())
     if not isinstance(config, dict):  # doctor checks the config first; this answers, never crashes the batch
         return {"ok": False, "reason": f"{config_path} holds a JSON {type(config).__name__}, not an object"}
     ids = _draft_ids(config)
@@ -318,7 +319,7 @@ def main(argv: list[str]) -> int:
         result = cuda_info()
     elif action == "batch":
         with open(rest[0]) as f:
-            result = batch(json.load(f))
+            result = batch(loads(f.read()))
     elif action == "capture":
         inner = None
         if "--inner" in rest:

@@ -24,7 +24,6 @@ CUDA_HOME made of links to them.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.jsonread import parse_json
 from speclock.core.layout import cache_dir
 from speclock.drafter.models import config_architecture, config_layer_count, read_model_config
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, package_version
@@ -273,6 +273,12 @@ def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
     return http(url, body, timeout, server="SGLang server")
 
 
+def _reply(url: str, body: dict | None = None, *, expect: type | tuple = dict) -> Any:
+    """The server's JSON answer; a damaged one is the server's fault (exit 3), naming the URL."""
+    data = _http(url, body)
+    return parse_json(data, url, what="SGLang server's reply", expect=expect, error=EnvironmentProblem, allow_nan=True)
+
+
 class ServerSession(_MetaSession):
     """A running SGLang server; counters from its answers, /server_info read around each batch."""
 
@@ -283,18 +289,18 @@ class ServerSession(_MetaSession):
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """One /generate request per prompt, up to config.concurrency in flight; results in prompt order."""
-        before = json.loads(_http(f"{self.base}/server_info"))
+        before = _reply(f"{self.base}/server_info")
         url = f"{self.base}/metrics"
         v0 = verify_calls_from_prometheus(_http(url), url)
         params = {"temperature": 0.0, "max_new_tokens": max_tokens}
 
         def one(p: list[int]) -> dict[str, Any]:
-            result = json.loads(_http(f"{self.base}/generate", {"input_ids": p, "sampling_params": params}))
+            result = _reply(f"{self.base}/generate", {"input_ids": p, "sampling_params": params}, expect=(dict, list))
             return result[0] if isinstance(result, list) else result
 
         results = map_bounded(one, prompts, self.config.concurrency)
         outputs = self._take(results)
-        after = json.loads(_http(f"{self.base}/server_info"))
+        after = _reply(f"{self.base}/server_info")
         run = counters_from_meta([r.get("meta_info") or {} for r in results], self.config.num_speculative_tokens)
         self.server_info_lengths.append(None if v0 is None else server_info_delta(before, after, v0, run.num_drafts))
         return outputs

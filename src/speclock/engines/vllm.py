@@ -9,11 +9,11 @@ guard (`speclock` and `python -m speclock` have one).
 from __future__ import annotations
 
 import gc
-import json
 import os
 from typing import Any
 
 from speclock.core.errors import EnvironmentProblem
+from speclock.core.jsonread import parse_json
 from speclock.engines import EngineConfig, SpecCounters, package_version
 from speclock.engines.http import http, map_bounded
 from speclock.engines.prometheus import counter_samples
@@ -179,13 +179,18 @@ def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
     return http(url, body, timeout, server="vLLM server")
 
 
+def _reply(url: str, body: dict | None = None) -> dict[str, Any]:
+    """The server's JSON answer; a damaged one is the server's fault (exit 3), naming the URL."""
+    return parse_json(_http(url, body), url, what="vLLM server's reply", error=EnvironmentProblem, allow_nan=True)
+
+
 class ServerSession:
     """A running `vllm serve` (OpenAI-compatible); nothing is started or stopped here."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.base = config.server_url.rstrip("/")
-        models = json.loads(_http(f"{self.base}/v1/models"))
+        models = _reply(f"{self.base}/v1/models")
         self.model = models["data"][0]["id"]
         self._last: SpecCounters | None = None
 
@@ -195,7 +200,7 @@ class ServerSession:
 
         def one(p: list[int]) -> list[int]:
             body = {"model": self.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
-            resp = json.loads(_http(f"{self.base}/v1/completions", body))
+            resp = _reply(f"{self.base}/v1/completions", body)
             return list(resp["choices"][0]["token_ids"])
 
         return map_bounded(one, prompts, self.config.concurrency)

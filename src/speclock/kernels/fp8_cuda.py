@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import json
 import os
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import file_sha256
+from speclock.core.jsonread import loads
 from speclock.core.layout import IMAGE, cache_dir
 from speclock.kernels import build
 
@@ -40,7 +40,7 @@ def _candidate_dirs() -> list[Path]:
 
 def _manifest(folder: Path) -> dict | None:
     try:
-        return json.loads((folder / build.MANIFEST).read_text())
+        return loads((folder / build.MANIFEST).read_text())
     except (OSError, ValueError):
         return None
 

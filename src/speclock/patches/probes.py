@@ -7,13 +7,13 @@ in the engine's own Python, so its imports are fresh and its packages are the on
 from __future__ import annotations
 
 import ast
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.jsonread import loads
 from speclock.core.layout import IMPORT_ROOT
 from speclock.patches.diff import Patch
 from speclock.patches.trees import SourceTree
@@ -141,7 +141,7 @@ def engine_subprocess(
 def last_json(proc: subprocess.CompletedProcess, what: str):
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
-        return json.loads(last)
+        return loads(last)
     except ValueError:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise EnvironmentProblem(f"{what} failed: {tail}", hint="run `speclock doctor` for the engine-import check") from None

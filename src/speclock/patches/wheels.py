@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import html
 import http.client
-import json
 import os
 import re
 import ssl
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_json, clean_stale_temps, file_sha256, os_error, plain_name
+from speclock.core.jsonread import loads
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize, wheel_name_parts
 from speclock.core.versions import version_key
@@ -123,7 +123,7 @@ def locked_wheels(package: str, version: str, locks: Path | None = None) -> list
     out = []
     for lock in sorted((locks or REPO_ROOT / "locks").glob("*.lock")):
         try:
-            data = json.loads(lock.read_text(encoding="utf-8"))
+            data = loads(lock.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # not this command's input: the lock's own reader reports a broken lock
         pkgs = data.get("packages") if isinstance(data, dict) else None
@@ -155,7 +155,7 @@ def index_wheels(package: str, version: str) -> list[WheelSource]:
     entries: list[tuple[str, str, str]] = []  # filename, url, sha256
     if "json" in ctype:
         try:
-            doc = json.loads(body)
+            doc = loads(body)
         except ValueError:
             doc = None
         files = doc.get("files") if isinstance(doc, dict) else None
@@ -223,7 +223,7 @@ def _sidecar(wheel: Path) -> Path:
 
 def _read_sidecar(wheel: Path) -> tuple[str, str] | None:
     try:
-        doc = json.loads(_sidecar(wheel).read_text(encoding="utf-8"))
+        doc = loads(_sidecar(wheel).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # missing or damaged: the hash is looked up again
     if isinstance(doc, dict) and isinstance(doc.get("sha256"), str) and _SHA256.fullmatch(doc["sha256"]):

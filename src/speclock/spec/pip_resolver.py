@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.jsonread import parse_json
 from speclock.core.names import normalize
 from speclock.spec.lock_types import LockEntry
 from speclock.spec.provenance import url_basename
@@ -90,7 +90,8 @@ def pip_report(
                 f"pip could not resolve the stack {stack.name}:\n{err.strip()[-2000:]}",
                 hint="check network access to the package index (and PIP_CERT behind a proxy)",
             )
-        return json.loads(report.read_text())["install"]
+        doc = parse_json(report.read_text(), report, what="pip installation report", error=EnvironmentProblem, allow_nan=True)
+        return doc["install"]
 
 
 def report_entry(item: dict[str, Any]) -> LockEntry:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import confined, json_type, note_input, read_bytes
+from speclock.core.jsonread import loads
 
 MAX_PROMPT_FILE_BYTES = 1 << 30  # a .gz that inflates beyond this is refused (a gzip bomb, or not a prompt file)
 _HINT = "one JSON object per line, with 'turns' (a list of strings), 'prompt' (a string) or 'messages' (chat turns)"
@@ -143,10 +144,6 @@ def read_prompt_lines(path: str | os.PathLike) -> list[tuple[int, str]]:
     return lines
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def load_prompts(path: str | os.PathLike | None = None, n: int | None = None) -> list[str]:
     """The first `n` prompt texts (all if None) of a JSONL prompt file; default: MT-Bench's 80 questions."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -160,7 +157,7 @@ def load_prompts(path: str | os.PathLike | None = None, n: int | None = None) ->
             continue
         where = f"{path}:{lineno}"
         try:
-            record = json.loads(line, parse_constant=_no_constant)
+            record = loads(line, allow_nan=False)
         except (ValueError, RecursionError) as err:
             raise BadInput(f"{where}: not valid JSON ({err})", hint=_HINT) from None
         texts.append(prompt_text(record, where))

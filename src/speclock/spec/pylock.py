@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, os_error
+from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, os_error, read_text
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, LockEntry, TargetView, lock_targets, write_lock
 
@@ -220,16 +220,16 @@ def write_lock_files(lock_file: str | os.PathLike, doc: LockDoc) -> Path:
 
 
 def read_pylock(path: str | os.PathLike) -> dict[str, Any]:
-    """Parse a pylock file (tomllib). BadInput names the file: missing, unreadable or not TOML."""
+    """Parse a pylock file (tomllib). BadInput names the file: missing, not a file, over the 64 MiB cap, or not TOML."""
     path = Path(path)
+    hint = "re-create it with `speclock lock --stack NAME --no-resolve`"
+    if not path.exists() and not path.is_symlink():
+        raise BadInput(f"no pylock file {path}", hint="run `speclock lock --stack NAME --no-resolve` to write it")
+    text = read_text(path, what="pylock file", hint=hint)  # a folder, a FIFO, binary or oversized: named as such
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"no pylock file {path}", hint="run `speclock lock --stack NAME --no-resolve` to write it") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise BadInput(
-            f"{path}: not a readable TOML file ({err})", hint="re-create it with `speclock lock --stack NAME --no-resolve`"
-        ) from None
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
+        raise BadInput(f"{path}: not a readable TOML file ({err or 'nested too deeply'})", hint=hint) from None
 
 
 def _label(package: Any, i: int) -> str:
@@ -272,7 +272,7 @@ def pylock_drift(lock_file: str | os.PathLike, doc: LockDoc) -> list[str]:
     and per package what differs (missing, extra, marker, a wheel's url or sha256), then the other keys."""
     path = pylock_path(lock_file)
     name = Path(lock_file).stem
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # a folder or a FIFO there is not "missing": read_pylock names it
         return [f"{path} is missing; run `speclock lock --stack {name} --no-resolve` to write it from the lock"]
     try:
         have = read_pylock(path)

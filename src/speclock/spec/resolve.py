@@ -10,7 +10,7 @@ Running pip and reading its report: spec/pip_resolver.py; the nvcc toolchain a k
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
+import copy
 import re
 import urllib.parse
 import urllib.request
@@ -18,6 +18,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
+from speclock.core.jsonread import loads
 from speclock.core.names import normalize
 from speclock.spec import baseimage
 from speclock.spec.kernel_toolchain import KERNEL_TOOLCHAIN as KERNEL_TOOLCHAIN
@@ -53,7 +54,7 @@ def _pypi_url(entry: LockEntry) -> str | None:
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            files = json.load(resp).get("files", [])
+            files = loads(resp.read()).get("files", [])
     except Exception:
         return None
     for f in files:
@@ -162,7 +163,7 @@ def portable_lock(stack: Stack, doc: LockDoc, *, progress=print) -> LockDoc:
     [prune] or python.build_only is carried over (`_carry_unresolved`). For locks made
     before resolve did this, or while an index was unreachable. Returns the re-hashed lock; refuses (exit 3) to
     leave a file:// url."""
-    doc = json.loads(json.dumps(doc))  # a copy: the caller's lock stays as read
+    doc = copy.deepcopy(doc)  # a copy: the caller's lock stays as read
     _carry_unresolved(stack, doc, progress)
     index = stack.torch["index"] or None
     reachable = _index_reachable(index) if index else False

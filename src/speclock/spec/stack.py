@@ -6,6 +6,7 @@ in spec.schema, the checks in spec.validate.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -210,7 +211,7 @@ UNPINNED = (
 def pinned_view(data: Any) -> Any:
     """The stack as locks see it: UNPINNED keys and empty values dropped, so neither a threshold edit
     nor a new optional key with an empty default puts existing locks out of date."""
-    view = json.loads(json.dumps(data))
+    view = copy.deepcopy(data)
     for dotted in UNPINNED:
         if dotted in view:  # validated data keeps nested sections flat ("smoke.thresholds")
             view.pop(dotted)

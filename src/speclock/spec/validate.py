@@ -5,8 +5,8 @@ Errors name the file, the key and what is allowed (BadInput, exit 2).
 
 from __future__ import annotations
 
+import copy
 import datetime
-import json
 import math
 import re
 from fnmatch import fnmatchcase
@@ -140,7 +140,7 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             if key not in body:
                 if required:
                     raise bad(full, "missing", f"{kind}: {desc}")
-                result[key] = json.loads(json.dumps(default))
+                result[key] = copy.deepcopy(default)
                 continue
             value = body[key]
             odd = _not_plain_data(value, full)

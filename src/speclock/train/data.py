@@ -24,6 +24,7 @@ from typing import NotRequired, Protocol, TypedDict, cast
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonl import read_jsonl
+from speclock.core.jsonread import loads
 from speclock.engines.http import map_bounded
 from speclock.spec.prompts import chat_prompt_ids, require_chat_template
 from speclock.train.prompt_sources import PromptRecord
@@ -45,7 +46,7 @@ def _response_record(line: bytes, path: Path, lineno: int) -> ResponseRecord:
     """One line of responses.jsonl as a checked record; BadInput naming the line and key otherwise."""
     hint = f"delete {path} (or that line) and run `speclock train generate` again: it regenerates what is missing"
     try:
-        rec = json.loads(line.decode("utf-8"))
+        rec = loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise BadInput(f"{path}:{lineno}: not a JSON line ({str(err).splitlines()[0][:120]})", hint=hint) from None
     if not isinstance(rec, dict):
@@ -174,7 +175,7 @@ class OpenAIGenerator:
             try:
                 req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    data = json.loads(resp.read())
+                    data = loads(resp.read())
                 choice = data["choices"][0]
                 return self._ids(choice)
             except urllib.error.HTTPError as err:

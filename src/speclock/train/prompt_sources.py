@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
+from speclock.core.jsonread import decode_at, loads
 
 
 class PromptRecord(TypedDict):
@@ -41,7 +42,6 @@ def sharegpt_file() -> Path:
 def iter_sharegpt(path: Path | None = None) -> Iterator[dict[str, Any]]:
     """Whole ShareGPT records, one at a time (the file is a JSON list cut off mid-record)."""
     path = path or sharegpt_file()
-    dec = json.JSONDecoder()
     with open(path, encoding="utf-8") as f:
         buf = f.read(1 << 20)
         pos = buf.index("[") + 1
@@ -57,7 +57,7 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict[str, Any]]:
             if pos < len(buf) and buf[pos] == "]":
                 return
             try:
-                record, end = dec.raw_decode(buf, pos)
+                record, end = decode_at(buf, pos)
             except ValueError:
                 if eof:
                     return  # the cut-off tail
@@ -167,7 +167,7 @@ def _read_prompt_lines(path: Path, limit: int | None, skip: int) -> list[PromptR
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = loads(line)
             except (ValueError, RecursionError) as err:
                 raise BadInput(f"{path}:{lineno}: not valid JSON ({err})", hint="one JSON object per line") from None
             if not isinstance(rec, dict):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.jsonl import read_jsonl
+from speclock.core.jsonread import loads
 from speclock.spec.prompts import require_chat_template
 
 _MARK = "\x00speclock-user-text\x00"
@@ -68,7 +69,7 @@ def acceptable(text: str, min_chars: int = 12, max_chars: int = 2000) -> bool:
 def _self_prompt_record(path: Path, hint: str):
     def check(raw: bytes, lineno: int) -> tuple[str, int]:
         try:
-            rec = json.loads(raw.decode("utf-8"))
+            rec = loads(raw.decode("utf-8"))
             text = rec["conversations"][0]["value"]
             number = int(str(rec["id"]).split(":", 1)[1])
             if not isinstance(text, str) or number < 0:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.files import atomic_write_text
+from speclock.core.jsonread import loads
 from speclock.core.junit import Case
 from speclock.core.junit import junit_xml as write_junit
 from speclock.core.layout import REPO_ROOT
@@ -159,7 +160,7 @@ def _display_path(path: Path) -> str:
 
 def _current_lock_sha(stack: Stack) -> str:
     try:
-        return str(json.loads(lock_path(stack).read_bytes())["lock_sha256"])[:16]
+        return str(loads(lock_path(stack).read_bytes())["lock_sha256"])[:16]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # a summary line, not a check
         return "-"
 

@@ -16,7 +16,8 @@ from typing import Any, TypedDict
 
 from speclock.core import dsse
 from speclock.core.errors import BadInput
-from speclock.core.files import atomic_write_text, read_bytes, read_json
+from speclock.core.files import MAX_READ_BYTES, atomic_write_text, read_bytes, read_json
+from speclock.core.jsonread import loads
 from speclock.spec.lock import read_lock
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -99,7 +100,7 @@ def _statement_of(envelope: dict[str, Any], source: str) -> dict[str, Any]:
     if envelope["payloadType"] != dsse.INTOTO_PAYLOAD_TYPE:
         raise BadInput(f"{source}: payloadType is {envelope['payloadType']!r}, not {dsse.INTOTO_PAYLOAD_TYPE}", hint=_SIGN_HINT)
     try:
-        doc = json.loads(envelope["payload"])
+        doc = loads(envelope["payload"])
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
@@ -152,13 +153,13 @@ def verify_report(report_path: Path, key_path: str | Path, *, envelope_path: Pat
     subject is what the report names. Returns {"file", "keyid", "subject"}."""
     envelope_path = Path(envelope_path) if envelope_path else Path(report_path).parent / ATTESTATION_FILE
     source = str(envelope_path)
-    if not envelope_path.is_file():
+    if not envelope_path.exists() and not envelope_path.is_symlink():  # a folder or a FIFO: read_bytes names it
         raise BadInput(
             f"--verify-key: no attestation {envelope_path} for the report {report_path}",
             hint="sign the report (`speclock selfcheck --sign-key KEY`), or pass --attestation FILE",
         )
     key = dsse.load_public_key(key_path)
-    envelope = dsse.parse(read_bytes(envelope_path, what="attestation"), source)
+    envelope = dsse.parse(read_bytes(envelope_path, what="attestation", max_bytes=MAX_READ_BYTES), source)
     dsse.verify(envelope, key, source)  # first: nothing in an unverified payload is trusted
     doc = _statement_of(envelope, source)
     report = read_json(report_path, what="report file")

@@ -8,9 +8,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 from speclock.core.heartbeat import SilenceHeartbeat
+from speclock.core.jsonread import parse_json
+
+
+def tool_json(text: str, command: str, *, expect: type | tuple = dict) -> Any:
+    """A builder's JSON answer; a damaged one is the builder's fault (exit 3), naming the command."""
+    return parse_json(text, f"`{command}`", what="output", expect=expect, error=EnvironmentProblem, allow_nan=True)
 
 
 def stream(

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speclock.build.builders._proc import build_failure, capture, stream
+from speclock.build.builders._proc import build_failure, capture, stream, tool_json
 from speclock.build.builders.docker import in_docker
 from speclock.build.records import ImageLayer
 from speclock.core.errors import CheckFailed, EnvironmentProblem
@@ -48,7 +48,7 @@ class Buildah:
                 f"buildah does not work here: {proc.stderr.strip()[-500:]}",
                 hint="run as root or configure rootless buildah (subuid/subgid), or use --builder docker",
             )
-        return json.loads(proc.stdout).get("version", "?")
+        return tool_json(proc.stdout, "buildah version --json").get("version", "?")
 
     def image_exists(self, ref: str) -> bool:
         return capture(self._cmd("inspect", "--type", "image", ref)).returncode == 0
@@ -105,9 +105,9 @@ class Buildah:
 
     def layers(self, ref: str) -> list[ImageLayer]:
         proc = capture(self._cmd("inspect", "--type", "image", ref))
-        data = json.loads(proc.stdout)
+        data = tool_json(proc.stdout, f"buildah inspect {ref}")
         history = [h for h in data["History"] if not h.get("empty_layer")]
-        manifest = json.loads(data.get("Manifest") or "{}")
+        manifest = tool_json(data.get("Manifest") or "{}", f"buildah inspect {ref} (its Manifest)")
         msizes = [layer.get("size", 0) for layer in manifest.get("layers", [])]  # compressed sizes
         out: list[ImageLayer] = []
         for i, h in enumerate(history):
@@ -118,7 +118,7 @@ class Buildah:
         proc = capture(self._cmd("inspect", "--type", "image", ref))
         if proc.returncode != 0:
             raise CheckFailed(f"no image {ref} in buildah's store", hint="build it first")
-        return (json.loads(proc.stdout).get("OCIv1", {}).get("config", {}) or {}).get("Labels") or {}
+        return (tool_json(proc.stdout, f"buildah inspect {ref}").get("OCIv1", {}).get("config", {}) or {}).get("Labels") or {}
 
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         with tempfile.NamedTemporaryFile(prefix="speclock-digest-") as dfile:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from speclock.build.builders._proc import build_failure, capture, stream
+from speclock.build.builders._proc import build_failure, capture, stream, tool_json
 from speclock.build.records import ImageLayer
 from speclock.build.registry import registry_digest
 from speclock.core.errors import CheckFailed, EnvironmentProblem
@@ -75,7 +74,7 @@ class Docker:
 
     def layers(self, ref: str) -> list[ImageLayer]:
         proc = capture([docker_cli(), "history", "--no-trunc", "--format", "{{json .}}", ref])
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        rows = [tool_json(line, f"docker history {ref}") for line in proc.stdout.splitlines() if line.strip()]
         out: list[ImageLayer] = []
         for row in reversed(rows):
             size = _parse_size(row.get("Size", "0B"))
@@ -87,7 +86,7 @@ class Docker:
         proc = capture([docker_cli(), "image", "inspect", "--format", "{{json .Config.Labels}}", ref])
         if proc.returncode != 0:
             raise CheckFailed(f"no image {ref} in docker", hint="build it first")
-        return json.loads(proc.stdout or "null") or {}
+        return tool_json(proc.stdout or "null", f"docker image inspect {ref}", expect=(dict, type(None))) or {}
 
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         cli = docker_cli()

@@ -18,13 +18,13 @@ compiler the image does not have).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
+from speclock.core.jsonread import loads
 from speclock.engines import sglang as sglang_engine
 from speclock.verify import cuda_arch
 from speclock.verify.doctor.context import Check, Context
@@ -95,7 +95,7 @@ def engine_sys_path(ctx: Context, env: dict[str, str]) -> list[Path]:
             text=True,
             timeout=120,
         )
-        paths = json.loads((proc.stdout.strip().splitlines() or ["[]"])[-1])
+        paths = loads((proc.stdout.strip().splitlines() or ["[]"])[-1])
     except (OSError, subprocess.SubprocessError, ValueError):
         paths = []
     found = [Path(p) for p in paths if isinstance(p, str) and p and Path(p).is_dir()]
@@ -131,7 +131,7 @@ def ask_build(ctx: Context, env: dict[str, str], arch: str, timeout: int = 300) 
         except OSError as err:
             return {"installed": False, "error": f"cannot run {ctx.python}: {err}"}
     try:
-        return json.loads((proc.stdout.strip().splitlines() or [""])[-1])
+        return loads((proc.stdout.strip().splitlines() or [""])[-1])
     except ValueError:
         return {"installed": False, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
 

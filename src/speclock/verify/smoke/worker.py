@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.jsonread import loads
 from speclock.core.layout import cache_dir
 from speclock.engines import EngineConfig, SpecCounters, get_engine, kill_processes, running
 from speclock.verify.report_types import GpuInfo
@@ -89,7 +90,7 @@ def _serve(commands: IO[str], answers: IO[str]) -> int:
         answers.write(json.dumps(doc) + "\n")
         answers.flush()
 
-    first = json.loads(commands.readline() or "{}")
+    first = loads(commands.readline() or "{}")
     try:
         engine = get_engine(first["engine"])
         ctx = running(engine, _config_from(first["config"]))
@@ -101,7 +102,7 @@ def _serve(commands: IO[str], answers: IO[str]) -> int:
         sampling = "sampling" in inspect.signature(session.generate).parameters
         answer({"ready": True, "sampling": sampling, "gpu": gpu_info()})
         for line in commands:
-            cmd = json.loads(line)
+            cmd = loads(line)
             op = cmd.get("op")
             if op == "stop":
                 break
@@ -236,7 +237,7 @@ class WorkerSession:
         line = self.proc.stdout.readline()
         if not line:
             raise WorkerDied(self._death())
-        reply = json.loads(line)
+        reply = loads(line)
         if "error" not in reply:
             return reply
         message = f"{reply['kind']}: {reply['error']}"
