@@ -1,8 +1,34 @@
-"""The smoke report's contract as data: each key's JSON type (docs/smoke.md), kept apart from the code that checks it."""
+"""The smoke report's contract as data: each key's JSON type (docs/smoke.md), kept apart from the code that checks it,
+and when smoke began to write the keys that came after the schema's first day."""
 
 from __future__ import annotations
 
+import datetime as _dt
+from collections.abc import Mapping
+from typing import Any
+
 SCHEMA_ID = "speclock.smoke/v1"
+
+# When smoke began to write a key (UTC, the time of the commit that added it): a report created before then lacks it
+# because it could not have it, and is judged with a WARN saying what it cannot show; a newer report without it is
+# refused naming the key (a missing key never switches a rule off). The keys smoke wrote from its first day
+# (4290442, 2026-12-02T11:17:57Z) are REQUIRED below.
+GPU_ARCH_SINCE = "2026-12-02T12:29:52Z"  # 135bc69: gpu.arch, the arch smoke saw (null without a GPU)
+PROFILE_SINCE = "2026-12-05T05:50:22Z"  # eb1d048: profile {name, temperature, seeds, num_prompts, max_tokens}
+BATCH1_SINCE = "2026-12-06T18:49:01Z"  # 89a9f2f: batch-1 speed (throughput.batch1)
+GPU_NAME_SINCE = BATCH1_SINCE  # 89a9f2f too: gpu.name, driver, cuda (torch's device name, in the engine's process)
+LOADED_SINCE = "2026-12-07T12:30:00Z"  # speed under load (throughput.loaded)
+
+
+def predates(report: Mapping[str, Any], since: str) -> bool:
+    """The report was created before `since` (both ISO 8601 UTC, compared as instants); a report without a valid
+    `created` is taken as new (held to every rule)."""
+    try:
+        created = _dt.datetime.fromisoformat(str(report.get("created") or "").replace("Z", "+00:00"))
+        return created < _dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+
 
 NUM = (int, float)
 NONE = type(None)
@@ -24,6 +50,11 @@ REQUIRED: dict[str, tuple[type, ...]] = {
     "draft.aux_layer_ids": (list,),
     "draft.captured_layers": (list, NONE),
     "num_speculative_tokens": (int,),
+    # the run's size bounds its counters (speclock.verify.plausibility), and whether it completed decides which
+    # rules apply: both written from smoke's first day, so never optional
+    "max_tokens": (int,),
+    "run": (dict,),
+    "run.completed": (bool,),
     "prompts": (dict,),
     "prompts.source": (str,),
     "prompts.count": (int,),
@@ -50,11 +81,8 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "created": (str,),
     "engine.package": (str,),
     "engine.pinned_version": (str,),
-    "max_tokens": (int,),
     "metrics.acceptance_per_position": (list,),
     "lossless.numeric_ties": (int,),
-    "run": (dict,),
-    "run.completed": (bool,),
     "run.id": (str,),
     "run.error": (str, NONE),
     "run.stage": (str,),
@@ -75,6 +103,8 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "profile.name": (str,),
     "profile.temperature": NUM,
     "profile.seeds": (list,),
+    "profile.num_prompts": (int,),
+    "profile.max_tokens": (int,),
     "lossless.mode": (str,),
     "sampled": (dict,),
     "sampled.temperature": NUM,

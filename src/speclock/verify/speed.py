@@ -27,7 +27,6 @@ smoke.thresholds.max_speedup_drop (judged the same way over the interval).
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 from speclock.verify.checks import Check, warning
 from speclock.verify.plausibility import Bad
+from speclock.verify.report_schema import BATCH1_SINCE, predates  # the report's dates, shared with plausibility
 from speclock.verify.report_types import Batch1, SmokeReport
 
 CPU_NOTE = (
@@ -193,25 +193,9 @@ def _check_runs(b1: Mapping[str, Any], where: str, bad: Bad) -> None:
         method=method,
     )
     for key in ("speedup", "speedup_low", "speedup_high", "spread", "plain_tok_s_median", "spec_tok_s_median"):
-        if want[key] is not None and (b1[key] is None or not math.isclose(b1[key], want[key], rel_tol=1e-3, abs_tol=5e-4)):
-            raise bad(f"{where}.{key}", f"{repr(b1[key])[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)")
-
-
-# When smoke began to write each speed section (UTC): a report created before then has no such section because it
-# could not have one, and is judged with a WARN saying what it cannot show; a newer report without it was run
-# with the measurement off, and fails a threshold that asks for it ("not measured").
-BATCH1_SINCE = "2026-12-06T18:49:01Z"  # 89a9f2f: batch-1 speed
-LOADED_SINCE = "2026-12-07T12:30:00Z"  # speed under load (throughput.loaded)
-
-
-def predates(report: SmokeReport, since: str) -> bool:
-    """The report was created before `since` (both ISO 8601 UTC, compared as instants); a report without a valid
-    `created` is taken as new (held to every rule)."""
-    try:
-        created = _dt.datetime.fromisoformat(str(report.get("created") or "").replace("Z", "+00:00"))
-        return created < _dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
-    except ValueError:
-        return False
+        got = b1.get(key)  # spread may be null, never missing: a missing one is refused like a wrong one
+        if want[key] is not None and (got is None or not math.isclose(got, want[key], rel_tol=1e-3, abs_tol=5e-4)):
+            raise bad(f"{where}.{key}", f"{repr(got)[:40]} is not what the runs give ({want[key]}; speclock.verify.speed)")
 
 
 def batch1_of(report: SmokeReport) -> Batch1 | None:

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from speclock.verify.checks import Check, warning
+from speclock.verify.report_schema import LOADED_SINCE, predates
 from speclock.verify.report_types import Loaded, SmokeReport
-from speclock.verify.speed import LOADED_SINCE, interval_text, judge_floor, predates, summarize_batch1
+from speclock.verify.speed import interval_text, judge_floor, summarize_batch1
 
 # A loaded run lasts at least this long (the batch repeats until it has): on an H100 80 requests x 128 tokens take
 # 0.26-0.5 s, too short to time (2026-12-07); on a CPU one batch is already longer.
