@@ -349,12 +349,18 @@ def test_a_baseline_that_never_drafted_is_refused_naming_both_files(tmp_path):
 def test_a_baseline_of_other_settings_is_refused_naming_both_files(tmp_path, key, value):
     base = real()
     if key == "max_tokens":
-        base["max_tokens"] = base["reference"]["key"]["max_tokens"] = value
+        base["max_tokens"] = base["reference"]["key"]["max_tokens"] = base["profile"]["max_tokens"] = value
     elif key == "num_speculative_tokens":  # a consistent k=4 baseline
         base["num_speculative_tokens"] = base["reference"]["key"]["k"] = 4
         set_counters(base, [1314, 709, 410, 100], 2418)
+        # its reference decoder drafted 4 too (the same figures here: gap 0)
+        m = base["metrics"]
+        base["reference"]["metrics"] = {key: m[key] for key in m if key != "acceptance_per_position"}
+        base["reference"]["metrics"]["per_position_rate"] = m["acceptance_per_position"]
+        base["reference"]["gap"] = 0.0
     elif key == "prompts.count":
         base["prompts"]["count"] = base["reference"]["key"]["num_prompts"] = base["lossless"]["checked"] = value
+        base["profile"]["num_prompts"] = value  # the profile that ran them
     elif key == "stack":
         base["stack"] = value
     else:

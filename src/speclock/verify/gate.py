@@ -42,6 +42,7 @@ from speclock.verify.checks import Check, failures_of, junit_xml, markdown, tabl
 from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import Profile, report_profile, resolve_profile
 from speclock.verify.report import load_report
+from speclock.verify.report_schema import GPU_ARCH_SINCE, GPU_NAME_SINCE
 from speclock.verify.report_types import GateRecord, SmokeReport
 from speclock.verify.speed import speed_checks
 from speclock.verify.speed_load import loaded_checks
@@ -134,23 +135,39 @@ def evaluate(
     return checks + speed_checks(report, thresholds, baseline, baseline_source) + loaded_checks(report, thresholds)
 
 
-def unnamed_gpu_checks(report: SmokeReport, stack: Stack) -> list[Check]:
-    """A GPU stack's report with a GPU arch but no gpu.name was written before smoke named the GPU (2026-12-06): it
-    is judged, with a WARN saying what it cannot show (which GPU, so whose speed it may be compared with)."""
+def unshown_gpu_checks(report: SmokeReport, stack: Stack) -> list[Check]:
+    """A completed GPU-stack report written before smoke recorded a gpu key (report_schema.GPU_ARCH_SINCE,
+    GPU_NAME_SINCE) is judged, with a WARN per key saying what it cannot show; a newer one without them is refused
+    (plausibility.check_against_stack)."""
     gpu = report.get("gpu") or {}
-    if not stack.is_gpu or gpu.get("name") or not gpu.get("arch"):
+    if not stack.is_gpu or not report["run"]["completed"]:
         return []
-    return [
-        warning(
-            "GPU named in the report",
-            None,
-            "gpu.name",
-            "evidence",
-            f"the report names no GPU: it was written before smoke recorded gpu.name (2026-12-06); gpu.arch "
-            f"{gpu['arch']} says one was visible, but which GPU ran it, and so whose speed it compares with, "
-            "cannot be told (a report of a newer smoke names it)",
+    checks = []
+    if "arch" not in gpu:  # only a report from before GPU_ARCH_SINCE gets here without it
+        checks.append(
+            warning(
+                "GPU arch in the report",
+                None,
+                "gpu.arch",
+                "evidence",
+                f"the report has no gpu.arch: it was written before smoke recorded it ({GPU_ARCH_SINCE}); whether a "
+                f"GPU of the stack's archs ({', '.join(stack.gpu['archs'])}) ran it cannot be told",
+            )
         )
-    ]
+    if not gpu.get("name"):  # only a report from before GPU_NAME_SINCE gets here without it
+        seen = f"gpu.arch {gpu['arch']} says one was visible" if gpu.get("arch") else "no gpu.arch says one was visible"
+        checks.append(
+            warning(
+                "GPU named in the report",
+                None,
+                "gpu.name",
+                "evidence",
+                f"the report names no GPU: it was written before smoke recorded gpu.name ({GPU_NAME_SINCE[:10]}); "
+                f"{seen}, but which GPU ran it, and so whose speed it compares with, cannot be told (a report of a "
+                "newer smoke names it)",
+            )
+        )
+    return checks
 
 
 def lock_beside(stack: Stack) -> tuple[Path, bool]:
@@ -317,7 +334,7 @@ def run_gate(
         base_doc = load_report(base_src, what="baseline report")
         check_baseline_matches(report, base_doc, base_src, report_src)
     checks = evaluate(report, thresholds, base_doc, profile, base_src or "the baseline")
-    checks += unnamed_gpu_checks(report, st)
+    checks += unshown_gpu_checks(report, st)
     if base_doc is None:
         checks.append(warning("acceptance length vs baseline", None, "a baseline report", "regression", warnings[0]))
     warnings += [c.detail for c in checks if c.warn and c.detail not in warnings]  # speed: no speed baseline, wide spread

@@ -17,7 +17,7 @@ from typing import Any, cast
 from speclock.core import files
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number as fmt_number  # upgrade/outputs.py imports it from here
-from speclock.verify.plausibility import Bad, check_without_stack
+from speclock.verify.plausibility import Bad, check_chain_positions, check_without_stack
 from speclock.verify.profiles import PROFILES
 from speclock.verify.report_schema import NONE, NUM, OPTIONAL, REQUIRED
 from speclock.verify.report_schema import SCHEMA_ID as SCHEMA_ID
@@ -106,7 +106,7 @@ def validate_report(data: Any, source: str = "report") -> SmokeReport:
     k = report["num_speculative_tokens"]
     if k < 1:
         raise bad("num_speculative_tokens", f"{k} is below 1")
-    if "max_tokens" in report and report["max_tokens"] < 1:
+    if report["max_tokens"] < 1:
         raise bad("max_tokens", f"{report['max_tokens']} is below 1")
     count = report["prompts"]["count"]
     if count < 0:
@@ -147,32 +147,10 @@ def _check_profile(data: SmokeReport, k: int, bad: Bad) -> None:
             f"{files.short_repr(data['lossless']['mode'])} in a greedy run: greedy outputs are compared token for token",
         )
     sampled = data.get("sampled")
-    if name == "sampled" and data.get("run", {}).get("completed", True) and not isinstance(sampled, dict):
+    if name == "sampled" and data["run"]["completed"] and not isinstance(sampled, dict):
         raise bad("sampled", "missing: a completed sampled-profile run reports its counters per seed")
-    if isinstance(sampled, dict):
-        per_seed = sampled.get("per_seed") or []
-        drafts, draft_tokens, accepted, per_pos = 0, 0, 0, [0] * k
-        for i, seed in enumerate(per_seed):
-            if not isinstance(seed, dict):
-                raise bad(f"sampled.per_seed[{i}]", "expected an object of counters")
-            _check_metrics(seed, k, _nested(bad, f"sampled.per_seed[{i}]", strip="metrics."))
-            drafts += seed["num_drafts"]
-            draft_tokens += seed["num_draft_tokens"]
-            accepted += seed["num_accepted_tokens"]
-            # k positions: a seed's list is padded with zeros (a run that never drafted has none)
-            per_pos = [a + b for a, b in zip(per_pos, seed["accepted_per_position"] + [0] * k, strict=False)]
-        m = data["metrics"]
-        if per_seed and (
-            m["num_drafts"],
-            m["num_draft_tokens"],
-            m["num_accepted_tokens"],
-            list(m["accepted_per_position"]) + [0] * (k - len(m["accepted_per_position"])),
-        ) != (drafts, draft_tokens, accepted, per_pos):
-            raise bad(
-                "sampled.per_seed",
-                "the per-seed counters do not add up to metrics (num_drafts, num_draft_tokens, "
-                "num_accepted_tokens, accepted_per_position)",
-            )
+    if sampled is not None:
+        _check_sampled(sampled, data["metrics"], k, "sampled", bad)
     backends = data.get("attention_backends")
     if backends is not None:
         names = []
@@ -180,11 +158,42 @@ def _check_profile(data: SmokeReport, k: int, bad: Bad) -> None:
             if not isinstance(b, dict) or not isinstance(b.get("backend"), str) or not isinstance(b.get("metrics"), dict):
                 raise bad(f"attention_backends[{i}]", "expected {backend: name, metrics: {...}}")
             _check_metrics(b["metrics"], k, _nested(bad, f"attention_backends[{i}]"))
+            if b.get("sampled") is not None:  # a sampled run's backends each report their seeds
+                _check_sampled(b["sampled"], b["metrics"], k, f"attention_backends[{i}].sampled", bad)
             names.append(b["backend"])
         if len(set(names)) != len(names):
             raise bad("attention_backends", f"a backend is listed twice: {names}")
         if backends and backends[0]["metrics"] != data["metrics"]:
             raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
+
+
+def _check_sampled(sampled: Any, metrics: Mapping[str, Any], k: int, where: str, bad: Bad) -> None:
+    """A per-seed section: each seed's counters consistent, and together the pooled `metrics` (how many entries the
+    profile asks for is speclock.verify.plausibility.check_profile_counts)."""
+    if not isinstance(sampled, dict) or not isinstance(sampled.get("per_seed"), list):
+        raise bad(f"{where}.per_seed", f"expected a list of per-seed counters, got {files.short_repr(sampled)}")
+    drafts, draft_tokens, accepted, per_pos = 0, 0, 0, [0] * k
+    for i, seed in enumerate(sampled["per_seed"]):
+        if not isinstance(seed, dict):
+            raise bad(f"{where}.per_seed[{i}]", "expected an object of counters")
+        _check_metrics(seed, k, _nested(bad, f"{where}.per_seed[{i}]", strip="metrics."))
+        drafts += seed["num_drafts"]
+        draft_tokens += seed["num_draft_tokens"]
+        accepted += seed["num_accepted_tokens"]
+        # k positions: a seed's list is padded with zeros (a run that never drafted has none)
+        per_pos = [a + b for a, b in zip(per_pos, seed["accepted_per_position"] + [0] * k, strict=False)]
+    pooled = (
+        metrics["num_drafts"],
+        metrics["num_draft_tokens"],
+        metrics["num_accepted_tokens"],
+        list(metrics["accepted_per_position"]) + [0] * (k - len(metrics["accepted_per_position"])),
+    )
+    if pooled != (drafts, draft_tokens, accepted, per_pos):
+        raise bad(
+            f"{where}.per_seed",
+            f"the per-seed counters do not add up to {where.removesuffix('sampled')}metrics (num_drafts, "
+            "num_draft_tokens, num_accepted_tokens, accepted_per_position)",
+        )
 
 
 def _nested(bad: Bad, where: str, *, strip: str = "") -> Bad:
@@ -206,8 +215,10 @@ _COUNTER_TYPES = {
 }
 
 
-def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad) -> None:
-    """The counters must agree with each other: the derived rates are computed from them, not trusted."""
+def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad, *, rates_key: str = "acceptance_per_position") -> None:
+    """The counters must agree with each other: the derived rates are computed from them, not trusted.
+
+    `rates_key`: where the per-position rates are (the reference decoder records them as per_position_rate)."""
     for key, types in _COUNTER_TYPES.items():  # nested copies (per seed, per backend) are not in REQUIRED
         if key not in m or isinstance(m[key], bool) or not isinstance(m[key], types):
             raise bad(f"metrics.{key}", f"expected {_type_names(types)}, got {files.short_repr(m.get(key))}")
@@ -234,6 +245,7 @@ def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad) -> None:
         raise bad("metrics.accepted_per_position", f"{len(per_pos)} positions for k = {k}")
     if sum(per_pos) != accepted:
         raise bad("metrics.accepted_per_position", f"sums to {sum(per_pos)}, num_accepted_tokens is {accepted}")
+    check_chain_positions(per_pos, "metrics", bad)  # speclock.verify.plausibility: wherever counters appear
     rate = accepted / tokens if tokens else 0.0
     if not 0.0 <= m["acceptance_rate"] <= 1.0 or not _close(m["acceptance_rate"], rate):
         raise bad(
@@ -248,10 +260,10 @@ def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad) -> None:
             f"{files.short_repr(m['mean_acceptance_length'])} is not 1 + num_accepted_tokens / "
             f"num_drafts = 1 + {accepted}/{drafts} = {mal:.6f}",
         )
-    rates = m.get("acceptance_per_position")
+    rates = m.get(rates_key)
     if rates is not None:
-        if len(rates) != len(per_pos):
-            raise bad("metrics.acceptance_per_position", f"{len(rates)} rates for {len(per_pos)} positions")
+        if not isinstance(rates, list) or len(rates) != len(per_pos):
+            raise bad(f"metrics.{rates_key}", f"{files.short_repr(rates)}: expected {len(per_pos)} rates, one per position")
         for i, (r, a) in enumerate(zip(rates, per_pos, strict=True)):  # equal lengths: checked just above
             want = a / drafts if drafts else 0.0
             if (
@@ -262,7 +274,7 @@ def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad) -> None:
                 or not _close(r, want)
             ):
                 raise bad(
-                    f"metrics.acceptance_per_position[{i}]",
+                    f"metrics.{rates_key}[{i}]",
                     f"{files.short_repr(r)} is not accepted_per_position / num_drafts = {a}/{drafts}",
                 )
 
@@ -282,9 +294,16 @@ def _check_lossless(ll: Mapping[str, Any], count: int, bad: Bad) -> None:
         )
 
 
+_REFERENCE_FIGURES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "per_position_rate")
+
+
 def _check_reference(data: SmokeReport, ref: ReferenceSection, bad: Bad) -> None:
     """The reference section: its key describes this run, and its gap is the one its numbers give."""
     metrics = ref.get("metrics")
+    # A recorded reference may be a mean alone (drafter manifests allow it); where it gives per-position figures,
+    # the counters they come from are required and held to the rules of the engine's (a chain never rises).
+    if isinstance(metrics, dict) and any(key in metrics for key in _REFERENCE_FIGURES):
+        _check_metrics(metrics, data["num_speculative_tokens"], _nested(bad, "reference"), rates_key="per_position_rate")
     ref_len = metrics.get("mean_acceptance_length") if isinstance(metrics, dict) else None
     if ref_len is not None:
         if isinstance(ref_len, bool) or not isinstance(ref_len, (int, float)) or not math.isfinite(ref_len) or ref_len <= 0:
