@@ -88,7 +88,10 @@ def attestation_subjects(data: bytes, source: str) -> tuple[list[str], str]:
             f"{source}: the envelope holds no in-toto statement (payloadType {envelope['payloadType']!r})",
             hint="give the attestation.intoto.json that `speclock selfcheck --sign-key` wrote",
         )
-    digests = [str((s.get("digest") or {}).get("sha256")) for s in doc["subject"] if isinstance(s, dict)]
+    subjects = dsse.statement_subjects(
+        doc, source, hint="give the attestation.intoto.json that `speclock selfcheck --sign-key` wrote"
+    )
+    digests = [str(s["digest"].get("sha256")) for s in subjects]
     return digests, str(doc.get("predicateType") or "")
 
 

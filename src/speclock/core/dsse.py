@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.files import read_text
+from speclock.core.files import expect, json_type, read_text
 from speclock.core.jsonread import parse_json
 
 try:  # optional: only signing and verifying need it; its absence is exit 3 then, never at import (~30 ms)
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -51,6 +51,7 @@ def _crypto() -> argparse.Namespace:
         )
     return argparse.Namespace(
         InvalidSignature=InvalidSignature,
+        UnsupportedAlgorithm=UnsupportedAlgorithm,
         serialization=serialization,
         Ed25519PrivateKey=Ed25519PrivateKey,
         Ed25519PublicKey=Ed25519PublicKey,
@@ -73,6 +74,8 @@ def load_private_key(path: str | Path, option: str = "--sign-key"):
         ) from None
     except (ValueError, c.InvalidSignature) as err:
         raise BadInput(f"{option} {path}: not a PEM private key ({err})", hint=KEYGEN) from None
+    except c.UnsupportedAlgorithm as err:  # a curve OpenSSL does not know: the key is of no use here either way
+        raise BadInput(f"{option} {path}: not an Ed25519 key ({err})", hint=KEYGEN) from None
     if not isinstance(key, c.Ed25519PrivateKey):
         raise BadInput(f"{option} {path}: a {type(key).__name__}, not an Ed25519 key", hint=KEYGEN)
     return key
@@ -91,6 +94,8 @@ def load_public_key(path: str | Path, option: str = "--verify-key"):
         key = c.serialization.load_pem_public_key(data)
     except ValueError as err:
         raise BadInput(f"{option} {path}: not a PEM public key ({err})", hint=KEYGEN) from None
+    except c.UnsupportedAlgorithm as err:
+        raise BadInput(f"{option} {path}: not an Ed25519 key ({err})", hint=KEYGEN) from None
     if not isinstance(key, c.Ed25519PublicKey):
         raise BadInput(f"{option} {path}: a {type(key).__name__}, not an Ed25519 key", hint=KEYGEN)
     return key
@@ -147,6 +152,22 @@ def parse(data: bytes, source: str) -> dict[str, Any]:
             for i, s in enumerate(sigs)
         ],
     }
+
+
+def statement_subjects(statement: dict[str, Any], source: str, *, hint: str) -> list[dict[str, Any]]:
+    """The `subject` list of an in-toto statement, each entry checked for in-toto's types (name a string, digest an
+    object of algorithm -> hex string); BadInput naming the file and the key otherwise."""
+    subjects = statement.get("subject")
+    if not isinstance(subjects, list):
+        raise BadInput(f"{source}: key 'subject' is {json_type(subjects)}, where a list of subjects belongs", hint=hint)
+    for i, s in enumerate(subjects):
+        expect(s, dict, f"key 'subject[{i}]'", path=source, hint=hint)
+        if "name" in s:
+            expect(s["name"], str, f"key 'subject[{i}].name'", path=source, hint=hint)
+        expect(s.get("digest"), dict, f"key 'subject[{i}].digest'", path=source, hint=hint)
+        for algo, value in s["digest"].items():
+            expect(value, str, f"key 'subject[{i}].digest.{algo}'", path=source, hint=hint)
+    return subjects
 
 
 def verify(envelope: dict[str, Any], public_key, source: str) -> None:

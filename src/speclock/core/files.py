@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import os
-import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,8 +24,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO, overload
 
-from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
+from speclock.core.errors import BadInput
 from speclock.core.jsonread import MAX_READ_BYTES, json_type, parse_json, type_names
+from speclock.core.oserrors import file_where_folder_belongs as file_where_folder_belongs
+from speclock.core.oserrors import os_error
 
 # Prefix of every temp file the writers make; `clean_stale_temps` removes those a killed run left.
 TEMP_PREFIX = ".speclock-tmp-"
@@ -42,79 +44,56 @@ def note_input(path: str | os.PathLike) -> None:
     _last_input[:] = [Path(path)]
 
 
-# --- OS errors -------------------------------------------------------------------------------
-
-
-def file_where_folder_belongs(where: str | os.PathLike) -> str:
-    """The one message for a path that must be (or lead through) a folder but meets a file."""
-    path = Path(where)
-    for part in [path, *path.parents]:
-        if part.exists() and not part.is_dir():
-            return f"{where}: {part} is a file, where a folder belongs"
-    return f"{where}: a part of this path is a file, where a folder belongs"
-
-
-def _copy_error(failures: list) -> SpeclockError:
-    """shutil.copytree's error, which carries a list of (source, destination, reason) and no errno or file name: the
-    first failure named (a dangling link, as a drafter folder whose weights link to a moved file, is bad input)."""
-    first = failures[0]
-    src, dst, why = (list(first) + ["?", "?", "?"])[:3] if isinstance(first, (list, tuple)) else ("?", "?", first)
-    more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-    if "No such file or directory" in str(why):
-        return BadInput(
-            f"{src} does not exist{more}: a link to a file that is not there?",
-            hint="check the path, and restore the file a symbolic link there points to",
-        )
-    return EnvironmentProblem(f"could not copy {src} to {dst}: {why}{more}", hint="check the disk and the files' permissions")
-
-
-def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = "access") -> SpeclockError:
-    """Turn an OSError into the error a user can act on: bad input or an environment problem."""
-    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list) and err.args[0]:
-        return _copy_error(err.args[0])
-    where = str(path or err.filename or "?")
-    code = err.errno
-    if code == errno.ENOSPC or code == errno.EDQUOT:
-        return EnvironmentProblem(
-            f"disk full: could not {action} {where}",
-            hint=f"free space on the disk that holds {where} (df -h), then run the command again",
-        )
-    if code == errno.EROFS:
-        return EnvironmentProblem(
-            f"read-only filesystem: could not {action} {where}",
-            hint="the disk that holds it is mounted read-only: point the command at a writable folder (in an image, /tmp)",
-        )
-    if code in (errno.EACCES, errno.EPERM):
-        return EnvironmentProblem(
-            f"permission denied: could not {action} {where}",
-            hint="run as a user that may write there, or point the command at another folder",
-        )
-    if code == errno.EISDIR:
-        return BadInput(f"{where} is a directory, where a file belongs", hint="give the path of the file itself")
-    if code in (errno.ENOTDIR, errno.EEXIST):
-        # mkdir of an existing file says EEXIST, a path through one says ENOTDIR: the same mistake, one message
-        return BadInput(file_where_folder_belongs(where), hint="remove or rename that file, or choose another path")
-    if code == errno.ENOENT:
-        return BadInput(f"{where} does not exist", hint="check the path")
-    if code == errno.ELOOP:
-        return BadInput(f"{where}: too many symbolic links (a link loop)", hint="replace the link with the file")
-    return EnvironmentProblem(
-        f"could not {action} {where}: {err.strerror or err}", hint="check the disk and the file's permissions"
-    )
-
-
 # --- reading ---------------------------------------------------------------------------------
+
+
+def check_file(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> Path:
+    """`path` if a regular file stands there (or a link to one); else BadInput saying what stands there instead:
+    nothing, a dangling link, a link loop, a directory, a FIFO, a device, a socket (never "missing" for those)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ENOENT and path.is_symlink():
+            raise BadInput(
+                f"{path}: the {what} is a symbolic link to {os.readlink(path)}, which does not exist",
+                hint=hint or "point the link at the file, or give the file itself",
+            ) from None
+        if err.errno == errno.ENOENT:
+            raise BadInput(f"no {what} at {path}", hint=hint or "check the path") from None
+        raise os_error(err, path, f"read the {what}") from None  # a link loop, a too-long path, a file as a folder
+    if stat.S_ISDIR(mode):
+        raise BadInput(f"{path}: the {what} is a directory, where a file belongs", hint=hint or "give the file itself")
+    if not stat.S_ISREG(mode):  # a FIFO or a device would be read forever
+        kind = (
+            "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a file"
+        )
+        raise BadInput(f"{path}: the {what} is {kind}, not a regular file", hint=hint or "give a regular file")
+    return path
+
+
+def absent(path: str | os.PathLike) -> bool:
+    """Whether nothing at all is at `path`, not even a link: what "missing" may say. A link loop, a dangling link, a
+    folder or a FIFO is there, and `check_file` names it."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError as err:  # a too-long name, a file as a folder
+        raise os_error(err, path) from None
+    return False
 
 
 def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> bytes:
     path = Path(path)
     note_input(path)
-    if path.is_dir():
-        raise BadInput(f"{path}: the {what} is a directory, where a file belongs", hint=hint or "give the file itself")
-    if not path.exists():
-        raise BadInput(f"no {what} at {path}", hint=hint or "check the path")
-    if not path.is_file():  # a FIFO or a device would be read forever
-        raise BadInput(f"{path}: the {what} is not a regular file", hint=hint or "give a regular file")
+    check_file(path, what=what, hint=hint)
     try:
         size = path.stat().st_size
         if max_bytes is not None and size > max_bytes:

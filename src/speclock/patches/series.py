@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, confined, os_error, plain_name
+from speclock.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, confined, os_error
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.core.versions import in_range
 from speclock.patches.diff import HunkFailure, Patch, apply_hunks, parse_patch
@@ -156,8 +156,13 @@ def series_paths(stack: Stack, root: Path | None = None) -> list[Path]:
                 f"{where}: entry {name!r} is not a patch file name under {base}",
                 hint=f"list file names of {base}, e.g. '0001-fix.patch'",
             )
-        for part in name.split("/"):
-            plain_name(part, what=f"entry {name!r}: part", source=where)
+        bad = [part for part in name.split("/") if part in ("", ".", "..") or "\\" in part or "\x00" in part]
+        if bad:
+            raise BadInput(
+                f"{where}: entry {name!r} is not a path inside {base} (it has the part {bad[0]!r})",
+                hint=f"list a patch by its file name in {base} (e.g. '0001-fix.patch'), or by folder and file name "
+                "below it (e.g. 'faults/0001-x.patch'): no '..', '.', '\\' or empty parts",
+            )
         path = confined(base, name, what=f"entry {name!r} of patches.series", source=stack.path)
         if name in seen:
             raise BadInput(f"{where}: entry {name!r} is listed twice", hint="list each patch once")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from speclock.core.errors import BadInput
-from speclock.core.files import atomic_write_json, clean_stale_temps, expect, plain_name, read_json
+from speclock.core.files import absent, atomic_write_json, clean_stale_temps, expect, plain_name, read_json
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import baseimage
@@ -194,7 +194,7 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> LockDoc:
     unknown host is refused before fetch touches the disk. `stack` (when given) adds its index's host
     to the allowed ones."""
     path = Path(path)
-    if not path.exists():
+    if absent(path):  # a link loop or a FIFO is not "no lock file": read_json names it
         raise BadInput(f"no lock file {path}", hint=f"run `speclock lock --stack {path.stem}`")
     doc: dict[str, Any] = read_json(path, what="lock file", expect=dict, hint=RELOCK)
     if doc.get("schema") != LOCK_SCHEMA:

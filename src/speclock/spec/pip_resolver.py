@@ -20,6 +20,28 @@ from speclock.spec.stack import Stack
 SUITE_GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
 
 
+# pip's words for an index it could not reach (urllib3's connection errors, DNS, a proxy or TLS failure), the most
+# telling first: the first one in pip's output is named.
+_UNREACHABLE = (
+    "Connection refused",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "No route to host",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ProxyError",
+    "SSLError",
+    "NewConnectionError",
+    "Could not fetch URL",
+    "connection broken by",
+)
+
+
+class IndexUnreachable(EnvironmentProblem):
+    """pip reached no package index (offline, a proxy, DNS): exit 3, whatever pip's last line says."""
+
+
 def platform_tags(stack: Stack) -> list[str]:
     """Wheel platform tags the image accepts: manylinux up to the base's glibc."""
     glibc = SUITE_GLIBC.get(stack.base["suite"], 36) if stack.base["kind"] == "debian-rootfs" else 34
@@ -80,6 +102,14 @@ def pip_report(
         if proc.returncode != 0:
             err = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line and "Retrying" not in line)
             missing = re.search(r"No matching distribution found for (\S+)", err)
+            unreachable = next((sign for sign in _UNREACHABLE if sign in proc.stderr), None)
+            if missing and unreachable:  # pip found nothing because it reached no index: not the stack's fault
+                raise IndexUnreachable(
+                    f"pip could not reach the package index while resolving stack {stack.name} ({unreachable}), "
+                    f"so it cannot tell whether {missing[1]} exists",
+                    hint="check network access to the package index (and PIP_CERT behind a proxy), or point pip at a "
+                    "mirror (PIP_INDEX_URL); then run the command again",
+                )
             if missing:
                 raise BadInput(
                     f"stack {stack.path}: the resolver found no wheel for {missing[1]} (Python {pyver}, {platforms[0]}).",

@@ -24,7 +24,7 @@ import zlib
 from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.files import confined, json_type, note_input, read_bytes
+from speclock.core.files import absent, confined, json_type, note_input, read_bytes
 from speclock.core.jsonread import loads
 
 MAX_PROMPT_FILE_BYTES = 1 << 30  # a .gz that inflates beyond this is refused (a gzip bomb, or not a prompt file)
@@ -149,7 +149,7 @@ def load_prompts(path: str | os.PathLike | None = None, n: int | None = None) ->
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise BadInput(f"the number of prompts must be an integer of at least 1 (got {n!r})")
     path = Path(path) if path else mtbench_questions_path()
-    if not path.is_file() and not path.is_dir():
+    if absent(path):  # a FIFO or a link loop is not "not found": read_bytes names it
         raise BadInput(f"prompt file not found: {path}", hint="pass --prompts FILE (JSONL)")
     texts: list[str] = []
     for lineno, line in read_prompt_lines(path):

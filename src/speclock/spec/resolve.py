@@ -26,9 +26,9 @@ from speclock.spec.kernel_toolchain import check_kernel_toolchain as check_kerne
 from speclock.spec.kernel_toolchain import kernel_toolchain as kernel_toolchain
 from speclock.spec.lock import finish_lock, local_entries, lock_path, machine_platforms, prune_record, split_target
 from speclock.spec.lock_types import LOCK_SCHEMA, EntryList, HostTarget, LockDoc, LockEntry, TargetPlatform
+from speclock.spec.pip_resolver import IndexUnreachable, report_entry
 from speclock.spec.pip_resolver import pip_report as _pip_report  # callers here look it up in resolve, where tests replace it
 from speclock.spec.pip_resolver import platform_tags as platform_tags
-from speclock.spec.pip_resolver import report_entry
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack, pinned_view
 
@@ -271,6 +271,8 @@ def _report_keeping(
         return _pip_report(requirements, stack, **kw)
     try:
         return _pip_report(requirements, stack, constraints=keep, **kw)
+    except IndexUnreachable:
+        raise  # without the constraints pip would reach no index either
     except (BadInput, EnvironmentProblem) as err:
         missing = re.search(r"found no wheel for ([A-Za-z0-9._-]+)", str(err))
         if missing and normalize(missing[1]) not in {normalize(k.split("==")[0]) for k in keep}:

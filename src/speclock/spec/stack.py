@@ -131,7 +131,7 @@ def stack_path(name_or_path: str | os.PathLike, root: Path | None = None) -> Pat
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, os.PathLike) or "/" in text or os.sep in text or text.endswith(".toml"):
         path = Path(text)
-        if not path.exists():
+        if files.absent(path):  # a link loop or a FIFO is not "no stack file": the reader names it
             raise BadInput(
                 f"no stack file {path}",
                 hint=f"give an existing stack file, or a stack name; known stacks: {', '.join(known_stacks(root)) or 'none'}",
@@ -149,7 +149,7 @@ def _named_path(name: Any, root: Path | None, source: str | None = None) -> Path
             "a stack elsewhere is given as a path to its .toml file",
         )
     path = files.confined(stacks_dir(root), f"{name}.toml", what="stack", source=source)
-    if not path.exists():
+    if files.absent(path):
         raise BadInput(f"{where}no stack file {path}", hint=f"known stacks: {', '.join(known_stacks(root)) or 'none'}")
     return path
 
@@ -173,8 +173,6 @@ def load_stack_named(name: Any, root: Path | None = None, *, source: str | None 
 
 def _load(path: Path) -> Stack:
     hint = "give a stack file (TOML, UTF-8); see `speclock stack schema`"
-    if path.exists() and not path.is_dir() and not path.is_file():  # /dev/zero or a FIFO would never end
-        raise BadInput(f"{path}: the stack file is not a regular file", hint=hint)
     text = files.read_text(path, what="stack file", hint=hint)
     try:
         raw = tomllib.loads(text)

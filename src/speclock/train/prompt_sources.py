@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.files import atomic_output, atomic_write_text, note_input, os_error
+from speclock.core.files import absent, atomic_output, atomic_write_text, check_file, note_input, os_error
 from speclock.core.jsonread import decode_at, loads
 
 
@@ -133,8 +133,9 @@ def load_prompt_records(source: str, limit: int | None, skip: int = 0) -> list[P
                 break
     else:
         path = Path(source)
-        if not path.is_file():
+        if absent(path):
             raise BadInput(f"prompt file not found: {path}", hint="pass 'sharegpt' or a JSONL file of chats")
+        check_file(path, what="prompt file", hint="pass 'sharegpt' or a JSONL file of chats")  # a folder, a FIFO: named
 
         note_input(path)
         try:

@@ -12,9 +12,10 @@ import tomllib
 from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import atomic_write_text, clean_stale_temps, read_text
+from speclock.core.files import atomic_write_text, check_file, clean_stale_temps, read_text
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
+from speclock.core.versions import version_key
 from speclock.spec.lock import LockDoc, check_lock, lock_path, read_lock
 from speclock.spec.stack import Stack, load_stack
 
@@ -88,7 +89,22 @@ def parse_engine_spec(spec: str, stack: Stack) -> str:
             f"--engine {spec!r}: stack {stack.name} runs {stack.engine['package']}, not {name}",
             hint="an upgrade changes the version of the stack's engine package; another engine is a new stack",
         )
+    if _same_version(version, str(stack.engine["version"])):
+        raise BadInput(
+            f"--engine {spec!r}: {stack.engine['package']} {stack.engine['version']} is already the pinned version of "
+            f"stack {stack.name}: there is nothing to upgrade",
+            hint=f"give a newer version (e.g. --engine {stack.engine['package']}==X.Y.Z); to test the current pin again, "
+            f"run `speclock selfcheck --stack {stack.name}`",
+        )
     return version
+
+
+def _same_version(a: str, b: str) -> bool:
+    """0.32 and 0.32.0 are one release; a local part (+cpu) must match too."""
+    try:
+        return version_key(a) == version_key(b) and a.partition("+")[2].lower() == b.partition("+")[2].lower()
+    except ValueError:
+        return a.strip() == b.strip()
 
 
 def set_toml_value(text: str, section: str, key: str, value: str, *, source: str = "stack") -> str:
@@ -152,12 +168,7 @@ def write_candidate(
     """Write the candidate stack: the current one with `pins` changed (option name -> value), or `stack_file`."""
     if stack_file is not None:
         stack_file = Path(stack_file)
-        if not stack_file.is_file():
-            raise BadInput(
-                f"--candidate-stack {stack_file}: "
-                + ("is a directory, where a stack file belongs" if stack_file.is_dir() else "no such file"),
-                hint="give the path of a hand-edited copy of stacks/<name>.toml",
-            )
+        check_file(stack_file, what="--candidate-stack file", hint="give the path of a hand-edited copy of stacks/<name>.toml")
         load_stack(stack_file)  # the content checked (encoding, TOML, schema) before anything is written
         text = read_text(stack_file, what="candidate stack")
         try:

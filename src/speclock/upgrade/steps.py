@@ -15,7 +15,7 @@ from speclock.build.fetch import fetch as fetch_wheels
 from speclock.build.image import build_image, selfcheck_image
 from speclock.build.inputs import image_tag, inputs_hash
 from speclock.core.errors import BadInput, CheckFailed
-from speclock.core.files import read_json
+from speclock.core.files import absent, read_json
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.patches.series import check_series, load_series
@@ -60,7 +60,7 @@ def choose_profile(stack: Stack, requested: str, baseline: Path | None) -> str:
 
 def require_baseline(stack: Stack, baseline: Path | None, profile: str = "quick") -> Path:
     path = baseline or default_baseline(stack, profile=profile)
-    if not path.is_file():
+    if absent(path):  # a folder or a FIFO there is not "does not exist": load_report names it
         raise BadInput(
             f"no baseline report for the current lock of stack {stack.name} "
             f"({stack.engine['package']} {stack.engine['version']}): {path} does not exist",
