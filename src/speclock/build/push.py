@@ -95,6 +95,21 @@ def attestation_subjects(data: bytes, source: str) -> tuple[list[str], str]:
     return digests, str(doc.get("predicateType") or "")
 
 
+def check_attestation_of_build(data: bytes, source: str, record: BuildRecord) -> None:
+    """BadInput unless the envelope's subject names the build's image ID (what its self-check signs), checked before
+    anything is pushed. After the push, push_attestation_referrer checks the pushed manifest's digests as well."""
+    subjects, _ = attestation_subjects(data, source)
+    image_id = record["image_id"].removeprefix("sha256:")
+    if image_id not in subjects:
+        named = ", ".join(f"sha256:{s[:16]}" for s in subjects) or "nothing"
+        raise BadInput(
+            f"{source}: subject: the attestation is for {named}, not for the image {record['ref']} to be pushed "
+            f"(image ID sha256:{image_id[:16]}, from its build record)",
+            hint="attach the attestation of this build's own self-check (`speclock selfcheck --sign-key` in the image "
+            "names its image ID); a host run's attestation names a lock, not an image",
+        )
+
+
 def push_attestation_referrer(
     registry: str, repository: str, digest: str, data: bytes, *, insecure: bool, source: str = "the attestation"
 ) -> dict:
@@ -139,11 +154,11 @@ def push_image(
     attestation: str | None = None,
 ) -> dict:
     record = read_record(stack_name, builder_name, tag)
-    # read before pushing: a bad file is exit 2 with nothing pushed
+    # read and matched to the build before any registry call: a bad file, or one of another image, pushes nothing
     signed = None
     if attestation:
         signed = read_bytes(attestation, what="--attestation file", max_bytes=MAX_READ_BYTES)
-        attestation_subjects(signed, attestation)
+        check_attestation_of_build(signed, attestation, record)
     gpu_selection = parse_gpus(gpus)
     dest = destination(registry, stack_name, record["tag"], repository)
     refused = refusals(record, stack_name, builder_name)
