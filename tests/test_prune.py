@@ -116,6 +116,22 @@ def test_no_resolve_carries_a_prune_change_and_keeps_every_version(tmp_path, cpu
     assert resolve.portable_lock(load_stack("cpu-vllm"), out, progress=lambda m: None) == lock
 
 
+def test_no_resolve_carries_an_engine_settings_change_and_keeps_every_package(tmp_path, cpu, monkeypatch):
+    """An engine argument (a measured setting such as SGLang's drafter attention backend) is pinned, so the lock goes out
+    of date, but no wheel depends on it: --no-resolve carries it and the packages stay exactly as locked."""
+    _, lock = cpu
+    monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: False)
+    stack = stack_with(tmp_path, ("enforce_eager = true,", "enforce_eager = true, max_num_seqs = 8,"))
+    assert any("engine.settings.max_num_seqs" in d for d in check_lock(stack, lock))
+    said: list[str] = []
+    out = resolve.portable_lock(stack, lock, progress=said.append)
+    assert check_lock(stack, out) == []
+    assert out["stack_data"]["engine"]["settings"]["max_num_seqs"] == 8
+    assert out["packages"] == lock["packages"] and out["pruned"] == lock["pruned"]
+    assert out["lock_sha256"] != lock["lock_sha256"]  # the image's identity follows what it runs
+    assert any("engine.settings carried over" in m for m in said)
+
+
 def test_no_resolve_leaves_a_lock_alone_when_more_than_prune_changed(tmp_path, cpu, monkeypatch):
     _, lock = cpu
     monkeypatch.setattr(resolve, "_index_reachable", lambda url, timeout=5.0: False)

@@ -178,9 +178,10 @@ def portable_lock(stack: Stack, doc: LockDoc, *, progress=print) -> LockDoc:
 
 
 # What `lock --no-resolve` can carry into a lock without resolving the engine's packages again: [prune] (packages
-# move between `packages` and `pruned`) and python.build_only (the data wheels, pinned exactly and resolved without
-# dependencies, are resolved again alone). Any other change needs a full resolve.
-CARRIED = ("prune", "python.build_only")
+# move between `packages` and `pruned`), python.build_only (the data wheels, pinned exactly and resolved without
+# dependencies, are resolved again alone) and the engine's run-time settings (arguments the engine is started with:
+# pinned, since they change what the image does, but no wheel depends on them). Any other change needs a full resolve.
+CARRIED = ("prune", "python.build_only", "engine.settings", "gpu.arch_settings")
 
 
 def _without_carried(data: Any) -> Any:
@@ -216,6 +217,9 @@ def _carry_unresolved(stack: Stack, doc: LockDoc, progress) -> None:
             f"  [prune] carried over without resolving: {', '.join(sorted(want)) or 'no packages'} pruned, "
             f"{len(stack.prune['paths'])} path glob(s)"
         )
+    for section, key in (("engine", "settings"), ("gpu", "arch_settings")):
+        if (old.get(section) or {}).get(key) != (stack.data.get(section) or {}).get(key):
+            progress(f"  {section}.{key} carried over without resolving (run-time arguments; no wheel depends on them)")
     if (old.get("python") or {}).get("build_only") != stack.python["build_only"]:
         # (target, its Python, its platform tags, where its entries are): the image's are the stack's
         holders: list[tuple[str, str, list[str], LockDoc | HostTarget]] = [
