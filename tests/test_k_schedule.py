@@ -69,6 +69,18 @@ def test_an_engine_without_the_feature_is_refused(tmp_path):
     assert k_schedule.check([[1, 8, 3]], 3, "sglang", "0.5.15") is None
 
 
+def test_sglang_refuses_a_plain_slot_that_it_would_not_run_as_plain(tmp_path):
+    """Measured on the H100 (2026-12-07): SGLang's k = 0 slot still steps through the EAGLE worker, slower than drafting."""
+    problem, allowed = k_schedule.check([[1, 8, 3], [9, 1024, 0]], 3, "sglang", "0.5.15") or ("", "")
+    assert problem == "entry 1 drafts k = 0, which SGLang does not run as plain decoding"
+    assert allowed.startswith("a k from 1 to 3")
+    assert k_schedule.check([[1, 8, 3], [9, 1024, 1]], 3, "sglang", "0.5.15") is None
+    assert k_schedule.check([[1, 8, 3], [9, 1024, 0]], 3, "vllm", "0.26.0") is None  # vLLM's 0 is plain decoding
+    with pytest.raises(BadInput, match="which SGLang does not run as plain decoding") as err:
+        load_stack(stack_with(tmp_path, [[1, 8, 3], [9, 1024, 0]], name="sglang-0.5.15-torch2.11-cu130"))
+    assert err.value.exit_code == 2
+
+
 def test_a_non_integer_table_is_refused_by_the_schema(tmp_path):
     with pytest.raises(BadInput, match="engine.k_per_batch_size"):
         load_stack(stack_with(tmp_path, [[1, 8, 2.5]]))
@@ -93,12 +105,12 @@ def test_sglang_is_started_with_one_adaptive_slot_per_range(tmp_path, monkeypatc
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
     from speclock.engines.sglang import spec_args
 
-    schedule = ((1, 8, 3), (9, 32, 1), (33, 1024, 0))
+    schedule = ((1, 8, 3), (9, 32, 2), (33, 1024, 1))
     args = spec_args(EngineConfig(tmp_path, tmp_path / "d", 3, {}, k_per_batch_size=schedule))
     assert args["speculative_adaptive"] is True and args["speculative_num_steps"] == 3
     doc = json.loads(Path(args["speculative_adaptive_config"]).read_text())
-    assert doc == {"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [1]}, "33": {"candidate_steps": [0]}}
+    assert doc == {"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [2]}, "33": {"candidate_steps": [1]}}
     # a k that no slot drafts: SGLang would refuse to start; speclock says why first
     with pytest.raises(BadInput, match="k = 2 is not a k of engine.k_per_batch_size"):
-        spec_args(EngineConfig(tmp_path, tmp_path / "d", 2, {}, k_per_batch_size=schedule))
+        spec_args(EngineConfig(tmp_path, tmp_path / "d", 2, {}, k_per_batch_size=((1, 8, 3), (9, 1024, 1))))
     assert "speculative_adaptive" not in spec_args(EngineConfig(tmp_path, tmp_path / "d", 3, {}))

@@ -16,7 +16,10 @@ no gap, no overlap), each k is 0..smoke.num_speculative_tokens, smoke.num_specul
   - SGLang >= 0.5.15: adaptive speculative parameters (`speculative_adaptive` with a JSON file of per-batch-size
     slots, speculative/adaptive_spec_params.py): each range becomes a slot keyed by its first batch size with the
     single candidate step k, so the adaptive rule has nothing to choose between and k is fixed per load. SGLang
-    routes a batch by its CUDA-graph padded size, so a batch of 5 in a graph of 8 takes the slot of 8.
+    routes a batch by its CUDA-graph padded size, so a batch of 5 in a graph of 8 takes the slot of 8. k = 0 is
+    refused for SGLang: its slot is not plain decoding (every step still goes through the EAGLE worker, nothing
+    drafted); on the H100 on 2026-12-07 a [[1, 8, 3], [9, 1024, 0]] table ran 80 requests at once at 14135 tok/s,
+    against 22323-24353 drafting k = 1..3 and 30910-36563 plain (docs/gpu-runs/2026-12-07-h100/).
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ def check(rows: Sequence[Any], k: int, engine: str, version: str) -> tuple[str, 
             return f"entry {i} ends at {last}, before its start {first}", "a last batch size >= the first"
         if not 0 <= kk <= k:
             return f"entry {i} drafts k = {kk}", f"a k from 0 (plain decoding) to smoke.num_speculative_tokens ({k})"
+        if kk == 0 and engine == "sglang":
+            return (
+                f"entry {i} drafts k = 0, which SGLang does not run as plain decoding",
+                f"a k from 1 to {k}: SGLang {version} still runs a k = 0 slot through its EAGLE worker, and on an H100 "
+                "(2026-12-07) that was slower at 80 requests at once than drafting k = 1..3",
+            )
         end = last
     if k not in {row[2] for row in rows}:
         return (
