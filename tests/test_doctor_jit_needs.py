@@ -152,3 +152,14 @@ def test_sglang_arch_gaps_off_the_serving_path():
     assert off("sgl_kernel/flash_ops.abi3.so", "sm_90a") is None and off("flashinfer_cubin", "sm_100a") is None
     ctx.facts = {"arch": "DeepseekV3ForCausalLM"}
     assert sglang_off_path(ctx)("sgl_kernel/flashmla_ops.abi3.so", "sm_120a") is None
+
+
+def test_sglang_drafter_backend_alone_leaves_the_target_on_the_default():
+    """The SGLang stack names only speculative_draft_attention_backend = triton (measured faster on the H100,
+    2026-12-07): the target still runs fa3 on Hopper, so FA3's library stays checked there."""
+    from speclock.verify.doctor.archs import sglang_attention_backends
+
+    ctx = ctx_of(None)
+    assert ctx.stack.engine_settings_for("sm_90a").get("speculative_draft_attention_backend") == "triton"
+    assert sglang_attention_backends(ctx, "sm_90a") == {"fa3", "triton"}
+    assert sglang_attention_backends(ctx, "sm_120a") == {"triton"}  # gpu.arch_settings: all Triton there

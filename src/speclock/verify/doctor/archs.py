@@ -18,11 +18,14 @@ def sglang_attention_backends(ctx: Context, arch: str) -> set[str]:
     (engine.settings + gpu.arch_settings), else SGLang's default for MHA with EAGLE topk 1 (0.5.15:
     srt/server_args.py ServerArgs._get_default_attn_backend; 0.5.23: get_default_attn_backend): fa3 on Hopper,
     trtllm_mha on sm_100/sm_103, flashinfer elsewhere."""
-    named = {str(v).lower() for k, v in ctx.stack.engine_settings_for(arch).items() if k.endswith("attention_backend") and v}
-    if named:
-        return named
+    settings = {k: str(v).lower() for k, v in ctx.stack.engine_settings_for(arch).items() if k.endswith("attention_backend") and v}
     major, _ = cuda_arch.device_cc(arch)
-    return {"fa3"} if major == 9 else {"trtllm_mha"} if major == 10 else {"flashinfer"}
+    default = "fa3" if major == 9 else "trtllm_mha" if major == 10 else "flashinfer"
+    # Each phase falls back on attention_backend, then on SGLang's default: naming only the drafter's backend
+    # (speculative_draft_attention_backend) leaves the target on the default, whose libraries stay on the path.
+    main = settings.get("attention_backend", default)
+    prefill, decode = settings.get("prefill_attention_backend", main), settings.get("decode_attention_backend", main)
+    return {prefill, decode, settings.get("speculative_draft_attention_backend", decode), *settings.values()}
 
 
 def sglang_off_path(ctx: Context):

@@ -56,7 +56,9 @@ def flashinfer_needs(ctx: Context, fi_installed: bool) -> dict[str, str]:
         if named:
             where = "gpu.arch_settings" if stack.gpu["arch_settings"].get(arch) else "engine.settings"
             reasons.append(f"{where} sets {', '.join(named)}")
-        elif not backends:  # the engine's own default attention backend
+        # the engine's own default attention backend, wherever no setting names the target's (naming only the
+        # drafter's, SGLang's speculative_draft_attention_backend, leaves the target on the default)
+        if not set(backends) & {"attention_backend", "prefill_attention_backend", "decode_attention_backend"}:
             if engine["name"] == "vllm" and major == 10:
                 reasons.append("vLLM's default attention on sm_100/sm_103 is FLASHINFER")
             if engine["name"] == "sglang" and major == 10:
