@@ -18,7 +18,9 @@ def sglang_attention_backends(ctx: Context, arch: str) -> set[str]:
     (engine.settings + gpu.arch_settings), else SGLang's default for MHA with EAGLE topk 1 (0.5.15:
     srt/server_args.py ServerArgs._get_default_attn_backend; 0.5.23: get_default_attn_backend): fa3 on Hopper,
     trtllm_mha on sm_100/sm_103, flashinfer elsewhere."""
-    settings = {k: str(v).lower() for k, v in ctx.stack.engine_settings_for(arch).items() if k.endswith("attention_backend") and v}
+    settings = {
+        k: str(v).lower() for k, v in ctx.stack.engine_settings_for(arch).items() if k.endswith("attention_backend") and v
+    }
     major, _ = cuda_arch.device_cc(arch)
     default = "fa3" if major == 9 else "trtllm_mha" if major == 10 else "flashinfer"
     # Each phase falls back on attention_backend, then on SGLang's default: naming only the drafter's backend
