@@ -115,8 +115,9 @@ def test_consistent_counters_pass_the_same_path(smoke_inputs):
     code, err, report_path = smoke_inputs(CountingEngine(engines.SpecCounters(4, 12, 6, (3, 2, 1))))
     report = load_report(report_path)
     assert report["metrics"]["mean_acceptance_length"] == 2.5
-    assert not any("inconsistent" in f for f in report["failures"]), report["failures"]
-    assert code in (0, 1), err  # 1 only from the stack's floors on this toy run
+    # exit 1 from one failure only: speed is not measured in this toy run and cpu-vllm asks for it
+    assert code == 1, err
+    assert len(report["failures"]) == 1 and report["failures"][0].startswith("speedup at batch 1"), report["failures"]
 
 
 def test_a_prompt_missing_from_the_drafter_run_is_checked_and_mismatched(smoke_inputs):
