@@ -13,18 +13,17 @@ Lifecycle of a patch against a given engine release (`speclock patches check`):
 from __future__ import annotations
 
 import glob
-import os
 import py_compile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, confined, os_error
-from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.core.versions import in_range
 from speclock.patches.diff import HunkFailure, Patch, apply_hunks, parse_patch
 from speclock.patches.probes import eagle3_probe, run_static_probes
 from speclock.patches.trees import DirTree, Overlay, SourceTree, engine_version_in, installed_version
+from speclock.spec.path_keys import lexical_problem, patches_root
 from speclock.spec.stack import Stack
 
 RECORD_SCHEMA = "speclock.patches/v1"
@@ -136,30 +135,18 @@ def check_series(patches: list[Patch], tree: SourceTree, version: str) -> list[P
 # ---------------------------------------------------------------- the stack's series
 
 
-def patches_root() -> Path:
-    if os.environ.get("SPECLOCK_PATCHES_DIR"):  # tests and out-of-tree series
-        return Path(os.environ["SPECLOCK_PATCHES_DIR"])
-    if in_image() and IMAGE.patches_dir.is_dir():
-        return IMAGE.patches_dir
-    return REPO_ROOT / "patches"
-
-
 def series_paths(stack: Stack, root: Path | None = None) -> list[Path]:
     """The files of the stack's patches.series, each confined to patches/<engine>/ (checked before any is read)."""
     base = (root or patches_root()) / stack.engine["name"]
     where = f"{stack.path}: key 'patches.series'"
     paths, seen = [], set()
     for name in stack.patch_series:
-        # A plain file name, or plain names joined by '/' (patches/vllm/faults/... holds the example faults).
-        if not isinstance(name, str) or not name or name.startswith("/"):
+        # A plain file name, or plain names joined by '/' (patches/vllm/faults/... holds the example faults):
+        # the stack reader's rule (spec.path_keys), again here for a series staged elsewhere (`root`).
+        problem = lexical_problem(name, str(base)) if isinstance(name, str) else "is not a string"
+        if problem:
             raise BadInput(
-                f"{where}: entry {name!r} is not a patch file name under {base}",
-                hint=f"list file names of {base}, e.g. '0001-fix.patch'",
-            )
-        bad = [part for part in name.split("/") if part in ("", ".", "..") or "\\" in part or "\x00" in part]
-        if bad:
-            raise BadInput(
-                f"{where}: entry {name!r} is not a path inside {base} (it has the part {bad[0]!r})",
+                f"{where}: entry {name!r} {problem}",
                 hint=f"list a patch by its file name in {base} (e.g. '0001-fix.patch'), or by folder and file name "
                 "below it (e.g. 'faults/0001-x.patch'): no '..', '.', '\\' or empty parts",
             )

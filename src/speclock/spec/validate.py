@@ -16,8 +16,10 @@ from typing import Any
 from speclock.core import files
 from speclock.core.args import MAX_K
 from speclock.core.errors import BadInput
+from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import k_schedule
+from speclock.spec.path_keys import check_path_keys
 from speclock.spec.profile_values import check_overrides
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
 
@@ -108,8 +110,10 @@ def _flatten_sections(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return sections
 
 
-def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Check `raw` against SCHEMA; return every section with defaults. Raises BadInput."""
+def validate(raw: dict[str, Any], path: Path, repo_root: Path | None = None) -> dict[str, Any]:
+    """Check `raw` against SCHEMA; return every section with defaults. Raises BadInput.
+
+    `repo_root`: the checkout whose files the stack's repository paths name (draft.path, target.path)."""
 
     def bad(key: str, problem: str, allowed: str) -> BadInput:
         return BadInput(f"{path}: key '{key}': {problem}", hint=f"allowed: {allowed}. See `speclock stack schema`.")
@@ -156,6 +160,7 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             result[key] = value
         out[sec_name] = result
     _check_semantics(out, path, bad)
+    check_path_keys(out, sections, repo_root or REPO_ROOT, bad)  # after the rules that say which keys must be set
     top = out.pop("")
     out.update(top)
     return out
@@ -243,15 +248,6 @@ def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
     for key, (lo, hi) in _COUNT_RANGE.items():
         if not lo <= s["smoke"][key] <= hi:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is out of range", f"an integer from {lo} to {hi}")
-    for key in ("target.path", "draft.path"):
-        sec, name = key.split(".")
-        value = s[sec][name]
-        if value and (Path(value).is_absolute() or ".." in Path(value).parts or "\\" in value or "\x00" in value):
-            raise bad(
-                key,
-                f"{value!r} leaves the repository (absolute, or through '..')",
-                "a folder inside the repository, e.g. 'models/<name>'",
-            )
     for key, (lo, hi) in _SPEED_RANGE.items():
         if not lo <= s["smoke"][key] <= hi:
             raise bad(f"smoke.{key}", f"{s['smoke'][key]} is out of range", f"an integer from {lo} to {hi}")
