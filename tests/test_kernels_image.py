@@ -241,7 +241,7 @@ def test_staged_kernel_tools_build_alone_and_doctor_reads_the_arch_coverage(stag
 
 @pytest.mark.skipif(
     os.environ.get("SPECLOCK_TEST_GPU_IMAGES") != "1",
-    reason="builds a ~10 GB GPU image; set SPECLOCK_TEST_GPU_IMAGES=1 to run it",
+    reason="builds a ~10 GB GPU image: the scheduled CI job's (.ci/scheduled-gpu-image sets SPECLOCK_TEST_GPU_IMAGES=1)",
 )
 @pytest.mark.parametrize("name", GPU_STACKS)
 def test_gpu_image_builds_and_doctor_passes_inside_without_a_gpu(name):
