@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from speclock.core.errors import BadInput
 from speclock.drafter.counters import SpecCounters  # re-exported: engines hand these out
 from speclock.drafter.models import draft_aux_ids, read_model_config
+from speclock.engines.scratch import engine_run_folder
 
 # Name -> module. `reference` is speclock's own PyTorch speculative decoder (the judge).
 ENGINES: dict[str, str] = {
@@ -123,7 +125,7 @@ STOP_GRACE_S = 1.0  # after Ctrl-C: how long stop() may take before the engine's
 KILL_GRACE_S = 0.4  # after SIGTERM, before SIGKILL
 
 
-def _descendants(root: int | None = None) -> set[int]:
+def descendants(root: int | None = None) -> set[int]:
     """PIDs of every live descendant of `root` (this process), from /proc; empty where there is no /proc."""
     root = root or os.getpid()
     children: dict[int, list[int]] = {}
@@ -208,16 +210,20 @@ class running:
 
     On Ctrl-C (or any exit that is not an ordinary exception) stop() gets STOP_GRACE_S, then every
     process the engine started (its server, its engine-core workers, their process groups) is
-    killed, so the command ends within about 2 s and leaves no engine behind.
+    killed, so the command ends within about 2 s and leaves no engine behind. The engine's temp files
+    and sockets go to a run folder (speclock.engines.scratch), removed after the engine's processes.
     """
 
     def __init__(self, engine: ModuleType, config: EngineConfig):
         self.engine, self.config = engine, config
         self.session = None
         self._before: set[int] = set()
+        self._folder = ExitStack()
 
     def __enter__(self):
-        self._before = _descendants()
+        self._before = descendants()
+        if not self.config.server_url:  # an attached server keeps its files where its own process put them
+            self._folder.enter_context(engine_run_folder())
         # engine.env goes into this process's environment: the engine reads it here (vLLM's envs are read
         # when used) and its worker processes inherit it. Restored when the engine stops.
         self._saved_env = {k: os.environ.get(k) for k in self.config.env}
@@ -225,8 +231,11 @@ class running:
         try:
             self.session = self.engine.start(self.config)
         except BaseException as err:
-            self._cleanup(interrupted=not isinstance(err, Exception))
-            self._restore_env()
+            try:
+                self._cleanup(interrupted=not isinstance(err, Exception))
+            finally:
+                self._restore_env()
+                self._folder.close()
             raise
         return self.session
 
@@ -235,6 +244,7 @@ class running:
             self._cleanup(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
         finally:
             self._restore_env()
+            self._folder.close()
 
     def _restore_env(self) -> None:
         for key, value in getattr(self, "_saved_env", {}).items():
@@ -249,6 +259,8 @@ class running:
         if not interrupted:
             if session is not None:
                 session.stop()  # as always: in this thread, as long as the engine needs
+            else:  # the start failed: nothing will stop what it had started
+                kill_processes(descendants() - self._before)
             return
         # Ctrl-C: the engine gets STOP_GRACE_S to stop itself (in a thread, so a stuck shutdown cannot
         # hold the command), then whatever it started is killed.
@@ -263,4 +275,4 @@ class running:
             t = threading.Thread(target=stop, name="speclock-engine-stop", daemon=True)
             t.start()
             t.join(STOP_GRACE_S)
-        kill_processes(_descendants() - self._before)
+        kill_processes(descendants() - self._before)

@@ -11,6 +11,10 @@ private pipe (its original stdout; whatever the engine prints goes to stderr). T
 engine and its config; the answer says it is ready. A worker that dies closes that pipe: the parent sees
 end-of-file at once and fails with the worker's exit code and its last stderr lines. Ctrl-C in the parent
 kills the worker's process group (it runs in its own session) and the parent raises KeyboardInterrupt.
+
+Nothing is left behind (#40): the engine's temp files and sockets go to a run folder the parent makes and removes
+after the worker is gone (speclock.engines.scratch), and a worker whose parent dies (a SIGKILLed smoke runs no
+cleanup) stops its engine as on Ctrl-C, removes the run folder and exits; if that hangs, it kills what it started.
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ from typing import IO, Any
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.jsonread import loads
 from speclock.core.layout import cache_dir
-from speclock.engines import EngineConfig, SpecCounters, get_engine, kill_processes, running
+from speclock.engines import EngineConfig, SpecCounters, descendants, get_engine, kill_processes, running
+from speclock.engines.scratch import RUN_FOLDER, make_run_folder, remove_run_folder, run_folder_env
 from speclock.verify.report_types import GpuInfo
 
 LAST_LINES = 12  # stderr lines of a dead worker quoted in the failure
 STOP_WAIT_S = 60.0  # an engine's own shutdown (vLLM joins its engine core); then the worker is killed
+PARENT_PID = "SPECLOCK_WORKER_PARENT"  # the parent's pid, for a worker to notice that it is gone
+PARENT_POLL_S = 0.2
+ORPHAN_GRACE_S = 5.0  # an orphaned worker's own stop (its engine, as on Ctrl-C); then what is left is killed
 
 
 class WorkerDied(RuntimeError):
@@ -157,16 +165,40 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _die_with_parent(parent: int) -> None:
+    """Stop this worker once its parent is gone. Polled, not PR_SET_PDEATHSIG: that fires when the parent *thread*
+    that started the worker ends, which need not be the parent process."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)  # the orderly stop in the main thread: the engine, as on Ctrl-C
+    time.sleep(ORPHAN_GRACE_S)
+    kill_processes(descendants())  # the engine did not stop in time: its processes go, then this one
+    remove_run_folder(_run_folder())
+    os._exit(137)
+
+
+def _run_folder() -> Path | None:
+    return Path(os.environ[RUN_FOLDER]) if os.environ.get(RUN_FOLDER) else None
+
+
 def main() -> int:
     # Answers go to a private copy of stdout; fd 1 becomes stderr, so what the engine prints cannot garble them.
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     signal.signal(signal.SIGTERM, _interrupt)  # the parent's stop: the engine is stopped as on Ctrl-C
+    parent = int(os.environ.get(PARENT_PID) or 0)
+    if parent:
+        threading.Thread(target=_die_with_parent, args=(parent,), name="speclock-parent-watch", daemon=True).start()
     try:
         return _serve(sys.stdin, answers)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the parent is gone: nobody reads the answer
+        return 1
+    finally:
+        if parent and os.getppid() != parent:  # orphaned: no parent is left to remove the run folder
+            remove_run_folder(_run_folder())
 
 
 # ---------------------------------------------------------------- the parent side
@@ -207,16 +239,22 @@ class WorkerSession:
         self.sampling = False  # whether the engine adapter takes sampling parameters (the worker says when ready)
         self._tail: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
         env = worker_env(os.environ)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "speclock.verify.smoke.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
-            start_new_session=True,
-        )  # Ctrl-C reaches this process; it stops the worker's group
+        self.run_folder = make_run_folder()  # the engine's temp files and sockets; removed by stop()
+        env.update(run_folder_env(self.run_folder, env), **{PARENT_PID: str(os.getpid())})
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "speclock.verify.smoke.worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                env=env,
+                start_new_session=True,
+            )  # Ctrl-C reaches this process; it stops the worker's group
+        except BaseException:
+            remove_run_folder(self.run_folder)
+            raise
         self._log = threading.Thread(target=self._forward_stderr, name=f"speclock-worker-{self.proc.pid}", daemon=True)
         self._log.start()
 
@@ -301,6 +339,7 @@ class WorkerSession:
                     stream.close()
             except OSError:
                 pass
+        remove_run_folder(self.run_folder)  # the worker and its engine are gone: what they left goes too
 
 
 class worker_session:
