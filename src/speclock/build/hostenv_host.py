@@ -15,6 +15,7 @@ from typing import TypedDict
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import parse_json
 from speclock.core.names import normalize
+from speclock.core.toolenv import tool_env
 from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_target, lock_targets, target_names
 from speclock.spec.stack import Stack
 
@@ -200,7 +201,7 @@ def check_host_packages(python: Path, chosen: list[LockEntry], stack: Stack) -> 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for pip and the env's Python: no PIP_* settings and no pip config files (the lock decides,
-    not a find-links or constraint file of this machine), no PYTHONPATH of the caller."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    not a find-links or constraint file of this machine), no PYTHONPATH of the caller; HOME under speclock's cache."""
+    env = tool_env({k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")})
     env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, **extra)
     return env

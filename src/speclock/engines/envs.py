@@ -27,6 +27,7 @@ from speclock.core.files import atomic_write_json, os_error, read_json
 from speclock.core.layout import cache_dir
 from speclock.core.locks import exclusive
 from speclock.core.names import normalize
+from speclock.core.toolenv import tool_env
 
 MARKER = ".speclock-env.json"
 KNOWN = ("vllm", "sglang")
@@ -131,7 +132,7 @@ def _ensure_locked(spec: str, d: Path, log) -> Path:
         except OSError as err:
             raise os_error(err, d, "remove the incomplete engine env") from None
     uv_cache = cache_dir() / "uv"  # same filesystem as the envs, so installs hardlink from it
-    env = dict(os.environ, UV_CACHE_DIR=str(uv_cache), UV_LINK_MODE="hardlink")
+    env = tool_env(dict(os.environ, UV_CACHE_DIR=str(uv_cache), UV_LINK_MODE="hardlink"))
     if "SSL_CERT_FILE" not in env and Path("/etc/ssl/certs/ca-certificates.crt").exists():
         env["SSL_CERT_FILE"] = "/etc/ssl/certs/ca-certificates.crt"  # intercepting proxies
     t0 = time.time()

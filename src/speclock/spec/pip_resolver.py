@@ -12,6 +12,7 @@ from typing import Any
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import parse_json
 from speclock.core.names import normalize
+from speclock.core.toolenv import tool_env
 from speclock.spec.lock_types import LockEntry
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack
@@ -98,7 +99,7 @@ def pip_report(
             (Path(tmp) / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
             cmd += ["-c", str(Path(tmp) / "constraints.txt")]
         cmd += ["--report", str(report), *requirements]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=tool_env())  # HOME: speclock's, not the user's
         if proc.returncode != 0:
             err = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line and "Retrying" not in line)
             missing = re.search(r"No matching distribution found for (\S+)", err)
