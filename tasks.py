@@ -66,7 +66,9 @@ def nix_check(c, offline=False):
 HAND_WRITTEN = [test, lint, nix_check]
 ns = Collection(*HAND_WRITTEN)
 try:
-    from speclock.tasks_from_cli import cli_tasks
+    from speclock.tasks_from_cli import SignalForwardingLocal, cli_tasks
+
+    ns.configure({"runners": {"local": SignalForwardingLocal}})  # Ctrl-C reaches the command once; exit 130
 
     for t in cli_tasks(speclock, skip={t.name for t in HAND_WRITTEN}):
         ns.add_task(t)

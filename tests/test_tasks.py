@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("invoke")
+from fetch_server import WheelServer, make_lock, make_stack, wheel_entry
+from helpers import alive
 from invoke import Context, Result
 from invoke.exceptions import Exit
 
@@ -166,3 +171,59 @@ def test_worker_shares_keep_each_group_together_and_balance_the_rest():
     # LPT: the two loads differ by at most the largest unit placed last; here, by less than the smallest listed file
     assert abs(load[0] - load[1]) <= max(conftest.FILE_SECONDS.values()), load
     assert conftest.worker_shares(files, 2) == share  # the same on every worker and the controller
+
+
+def test_ctrl_c_on_an_invoke_task_stops_speclock_and_exits_130(tmp_path):
+    # #40: invoke wrote ^C to speclock's stdin pipe and, that pipe closed, exited 1 while speclock ran on
+    server = WheelServer()
+    try:
+        entries = [wheel_entry(server, f"demo-{c}", data=os.urandom(2_000_000), mode="slow") for c in "abcd"]
+        lock = make_lock(tmp_path / "locks" / "cpu-vllm.lock", entries)
+        stack = make_stack(tmp_path, server)
+        cache = tmp_path / "cache"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "invoke", "-r", str(ROOT), "fetch", "--stack", str(stack), "--lock", str(lock), "--jobs", "2"],
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, SPECLOCK_CACHE=str(cache)),
+            # a terminal: invoke leads the foreground group that Ctrl-C signals (SIGINT as a terminal finds it)
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not ((cache / "wheelhouse").is_dir() and list((cache / "wheelhouse").rglob(".part-*"))):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "no download started"
+                time.sleep(0.05)
+            speclock = [p for p in _children(proc.pid) if b"speclock" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            assert speclock, "speclock is not running under invoke"
+            sent = time.monotonic()
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            _, err = proc.communicate(timeout=20)
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        server.close()
+    assert proc.returncode == 130, err[-2000:]
+    assert all(not alive(p) for p in speclock), "speclock ran on after invoke exited"
+    assert "speclock fetch: interrupted" in err and "Traceback" not in err, err[-2000:]
+    assert took < 5, f"Ctrl-C took {took:.1f} s"
+    assert not list(cache.rglob(".part-*"))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            out.append(int(entry))
+    return out

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import shlex
+import signal
+import subprocess
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
-from invoke import Task
+from invoke import Local, Task
 
 from speclock.cli import build_parser
 
@@ -162,3 +166,52 @@ def cli_task(
 def cli_tasks(run: Callable[[object, list[str]], object], skip: Collection[str] = frozenset()) -> list[Task]:
     """One task per `speclock` sub-command (except those in `skip`)."""
     return [cli_task(name, words, sp, summary, run) for name, (words, sp, summary) in commands().items() if name not in skip]
+
+
+class SignalForwardingLocal(Local):
+    """invoke's local runner with Ctrl-C passed through (#40): the command runs in a process group of its own, so a
+    terminal's Ctrl-C reaches invoke alone, which sends SIGINT to the command's group once and waits for it; invoke
+    then exits with the command's code (speclock's 130). invoke's own runner writes ^C to the command's stdin pipe
+    instead, and where that pipe is closed it exits 1 at once while speclock runs on. SIGTERM and SIGHUP to invoke
+    are passed on the same way. Set as `runners.local` in tasks.py."""
+
+    PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
+
+    def start(self, command: str, shell: str, env: dict[str, Any]) -> None:
+        if self.using_pty:
+            super().start(command, shell, env)
+            return
+        self.process = subprocess.Popen(
+            command,
+            shell=True,
+            executable=shell,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            process_group=0,
+        )
+        self._saved_handlers: dict[int, Any] = {}
+        try:
+            for sig in self.PASSED_ON:
+                self._saved_handlers[sig] = signal.signal(sig, lambda signum, frame: self._pass_on(signum))
+        except ValueError:  # not the main thread: invoke's defaults stay
+            pass
+
+    def _pass_on(self, signum: int) -> None:
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the command has ended
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        if self.using_pty:
+            super().send_interrupt(interrupt)
+        else:
+            self._pass_on(signal.SIGINT)
+
+    def stop(self) -> None:
+        for sig, handler in getattr(self, "_saved_handlers", {}).items():
+            signal.signal(sig, handler)
+        self._saved_handlers = {}
+        super().stop()
