@@ -248,3 +248,10 @@ def test_the_unsupported_curve_key_really_is_unsupported_by_openssl_parsing():
     except FileNotFoundError:
         pytest.skip("no openssl")
     assert proc.returncode == 0 and "secp112r1" in proc.stdout
+
+
+def test_a_fifo_given_to_gate_as_the_report_is_named_a_fifo(tmp_path):
+    fifo = _fifo(tmp_path, "report.json")
+    code, _out, err = run_cli("gate", str(fifo), "--baseline", "none")
+    assert code == 2, err
+    assert f"{fifo}: the report file is a FIFO (named pipe), not a regular file" in err
