@@ -255,3 +255,14 @@ def test_a_fifo_given_to_gate_as_the_report_is_named_a_fifo(tmp_path):
     code, _out, err = run_cli("gate", str(fifo), "--baseline", "none")
     assert code == 2, err
     assert f"{fifo}: the report file is a FIFO (named pipe), not a regular file" in err
+
+
+def test_a_link_loop_under_a_confined_root_is_bad_input_naming_it(tmp_path):
+    from speclock.core.files import confined
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(BadInput) as err:
+        confined(tmp_path, "a/x.patch", what="patch")
+    assert f"patch 'a/x.patch': {tmp_path / 'a/x.patch'} is a symbolic link loop" in err.value.message
+    assert err.value.exit_code == 2

@@ -172,9 +172,14 @@ def confined(root: str | os.PathLike, name: str, *, what: str, source: str | os.
             f"{where}{what} {name!r} leaves its folder {root}",
             hint=f"a {what} must be a plain name inside {root} (no '/' at the start, no '..')",
         )
-    root_real = Path(root).resolve()
     target = Path(root) / name
-    real = target.resolve()
+    try:
+        root_real, real = Path(root).resolve(), target.resolve()
+    except (RuntimeError, OSError) as err:  # a link loop: RuntimeError up to Python 3.12, OSError(ELOOP) from 3.13
+        raise BadInput(
+            f"{where}{what} {name!r}: {target} is a symbolic link loop ({err})",
+            hint="replace the looping link with the file or folder itself",
+        ) from None
     if real != root_real and root_real not in real.parents:
         raise BadInput(
             f"{where}{what} {name!r} resolves outside {root} (to {real})",
