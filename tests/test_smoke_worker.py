@@ -149,3 +149,44 @@ def test_the_worker_keeps_engine_caches_under_speclocks_cache(tmp_path, monkeypa
         assert env[var].startswith(str(tmp_path / "cache" / "engine-cache")), var
     assert env["SPECLOCK_CACHE"] == str(tmp_path / "cache")
     assert "VLLM_CACHE_ROOT" in ENGINE_CACHES and "XDG_CACHE_HOME" in ENGINE_CACHES
+
+
+@pytest.mark.slow  # vLLM's start up to its first files (about 30 s)
+def test_a_killed_smoke_takes_its_worker_and_the_engines_temp_files_with_it(models, tmp_path):
+    # #40: the worker of a SIGKILLed smoke ran on (and vLLM's sockets and vllm_dist_* stayed in /tmp)
+    import shutil
+    import tempfile
+
+    from speclock.engines import descendants
+
+    target, draft = models
+    system_tmp = Path(tempfile.mkdtemp(prefix="sl-", dir="/tmp"))  # short: vLLM's socket paths must fit 108 bytes
+    argv = ["smoke", "--target", str(target), "--draft", str(draft), "--num-prompts", "2", "--max-tokens", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speclock", *argv, "--out", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(system_tmp)),
+    )
+    engine: set[int] = set()
+    try:
+        worker = wait_for_worker(proc.pid)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(not p.is_dir() for p in system_tmp.rglob("*")):
+            time.sleep(0.1)  # until the engine has written a file or socket
+        engine = descendants(worker) | {worker}
+        run_folders = list(system_tmp.iterdir())
+        assert [p.name.startswith("speclock-run-") for p in run_folders] == [True], run_folders
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in engine) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in engine if alive(p)], "the engine worker (or its engine) outlived the SIGKILLed smoke"
+        assert list(system_tmp.iterdir()) == [], "the engine's temp files were left"
+    finally:
+        proc.kill()
+        for pid in engine:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(system_tmp, ignore_errors=True)
