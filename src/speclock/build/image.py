@@ -202,9 +202,16 @@ def selfcheck_runtime(record: BuildRecord) -> str:
     return "docker"
 
 
-def selfcheck_image(stack: Stack, record: BuildRecord, *, args: list[str] | None = None, progress=print) -> SelfcheckResult:
-    """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build."""
-    runtime = selfcheck_runtime(record)
+def selfcheck_image(
+    stack: Stack, record: BuildRecord, *, args: list[str] | None = None, progress=print, runtime: str | None = None
+) -> SelfcheckResult:
+    """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build.
+
+    `runtime`: docker or podman; default selfcheck_runtime's choice (a test runs the docker path of a buildah build)."""
+    if runtime is None:
+        runtime = selfcheck_runtime(record)
+    else:
+        check_runtime(runtime)
     ref = ensure_in_podman(record) if runtime == "podman" else ensure_in_docker(record)
     out = records_dir(stack.name) / f"{record['tag']}.{record['builder']}.selfcheck"
     if out.exists():
