@@ -142,6 +142,111 @@ def test_selfcheck_runs_in_the_image_and_its_verdict_is_recorded(buildah_build, 
     assert read_record("cpu-vllm", "buildah", buildah_build["tag"])["selfcheck"]["verdict"] == result["verdict"]
 
 
+def registry_has(registry: LocalRegistry, name: str) -> bool:
+    """Whether the registry serves `name` (repository:tag)."""
+    proc = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{registry.address}/{name}"], capture_output=True, text=True
+    )
+    return proc.returncode == 0
+
+
+def test_push_without_force_follows_the_recorded_selfcheck(buildah_build, registry, repo):
+    """push-image without --force on the image the self-check above ran in: the verdict it recorded decides. A busy
+    2-core machine may fail it for speed alone (helpers.SPEED_FAILURE), so each outcome is pinned from the record;
+    the docker self-check test below pins the refusal deterministically."""
+    from speclock.build.records import read_record
+
+    record = read_record("cpu-vllm", "buildah", buildah_build["tag"])
+    verdict = record["selfcheck"]["verdict"]
+    name = f"speclock-unforced:{buildah_build['tag']}"
+    proc = speclock(
+        repo, "push-image", "--registry", registry.address, "--repository", "speclock-unforced", "--json", check=False
+    )
+    if verdict == "pass":
+        assert proc.returncode == 0, proc.stderr
+        pushed = json.loads(proc.stdout)
+        assert pushed["pushed"] == f"{registry.address}/{name}" and "forced" not in pushed
+        remote = subprocess.run(
+            ["skopeo", "inspect", "--tls-verify=false", f"docker://{pushed['pushed']}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert json.loads(remote.stdout)["Digest"] == pushed["digest"]
+    else:
+        assert proc.returncode == 1, proc.stderr
+        assert f"refusing to push {record['ref']}: its self-check verdict is {verdict!r}" in proc.stderr
+        assert "--force" in proc.stderr and proc.stdout == ""
+        assert not registry_has(registry, name)
+
+
+def test_a_buildah_image_is_copied_into_docker_and_self_checked_there(buildah_build, registry, repo, capfd):
+    """The docker path of a buildah build: the copy into docker's store (buildah push docker-daemon:), the self-check
+    under docker, and push-image refusing its recorded verdict. --speed-repeats 0 makes that verdict FAIL for speed
+    alone whatever the machine's load (the stack's min_speedup fails a speed not measured), so the refusal is exact."""
+    from speclock.build.builders import ensure_in_docker
+    from speclock.build.image import selfcheck_image
+    from speclock.build.records import read_record
+    from speclock.spec.stack import load_stack
+
+    ref = buildah_build["ref"]
+    # out of docker's store first (an earlier run or session may have copied it), so the copy really runs
+    subprocess.run([DOCKER, "image", "rm", ref], capture_output=True)
+    assert subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True).returncode != 0
+    record = read_record("cpu-vllm", "buildah", buildah_build["tag"])
+    capfd.readouterr()
+    assert ensure_in_docker(record) == ref
+    assert f"copying {ref} from buildah's store into docker" in capfd.readouterr().err
+    inspect = json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True, text=True, check=True).stdout)[0]
+    # docker holds the same layers (uncompressed digests) and config as buildah's store
+    assert inspect["RootFS"]["Layers"] == buildah_inspect(ref)["OCIv1"]["rootfs"]["diff_ids"]
+    assert inspect["Config"]["User"] == "10001:10001"
+    assert inspect["Config"]["Labels"]["io.speclock.inputs-sha256"][:16] == buildah_build["tag"]
+    assert ensure_in_docker(record) == ref and "copying" not in capfd.readouterr().err  # copied once
+
+    stack = load_stack(repo / "stacks" / "cpu-vllm.toml")
+    said: list[str] = []
+    args = ["--num-prompts", "8", "--max-tokens", "32", "--baseline", "none", "--speed-repeats", "0"]
+    result = selfcheck_image(stack, record, args=args, progress=said.append, runtime="docker")
+    assert said[0].startswith(f"self-check of {ref} under docker: "), said
+    outputs = Path(result["outputs"])
+    out = json.loads((outputs / "selfcheck.json").read_text())
+    report = json.loads((outputs / "report.json").read_text())
+    gate = json.loads((outputs / "gate.json").read_text())
+    assert out["stages"]["doctor"]["exit_code"] == 0 and result["doctor"]["verdict"] == "pass", out
+    assert report["run"]["completed"] and report["lossless"]["mismatches"] == 0 and report["metrics"]["num_drafts"] > 0
+    assert report["image"]["ref"] == ref and report["throughput"].get("batch1") is None
+    not_measured = "speedup at batch 1 (spec / plain tok/s): not measured (the report has no throughput.batch1"
+    assert len(report["failures"]) == 1 and report["failures"][0].startswith(not_measured), report["failures"]
+    assert len(gate["failures"]) == 1 and gate["failures"][0].startswith(not_measured), gate["failures"]
+    assert (result["verdict"], result["exit_code"]) == ("fail", 1), out
+    assert read_record("cpu-vllm", "buildah", buildah_build["tag"])["selfcheck"]["verdict"] == "fail"
+
+    # push-image without --force refuses that recorded verdict, naming it, before anything reaches the registry
+    proc = speclock(repo, "push-image", "--registry", registry.address, "--repository", "speclock-refused", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"refusing to push {ref}: its self-check verdict is 'fail'" in proc.stderr and "--force" in proc.stderr
+    assert not registry_has(registry, f"speclock-refused:{buildah_build['tag']}")
+
+
+def test_the_upgrades_soak_runs_in_the_image(buildah_build, tmp_path):
+    """The upgrade's soak step with its own runner (upgrade.soak.image_runner: the image under docker, hardened) on the
+    built image; the shortest soak: 1 s, which still runs the two windows a drift needs."""
+    from speclock.build.records import read_record
+    from speclock.upgrade.record import Step
+    from speclock.upgrade.soak import SOAK_PROMPTS, image_runner, run_soak_step
+
+    record = read_record("cpu-vllm", "buildah", buildah_build["tag"])
+    step = Step("soak")
+    said: list[str] = []
+    run_soak_step(step, image_runner(record), tmp_path / "soak", soak_s=1, max_drift=0.05, progress=said.append)
+    assert step.status == "pass", (step.detail, step.data)
+    assert step.data["exit_code"] == 0 and step.data["verdict"] == "pass" and step.data["failures"] == []
+    assert step.data["prompts"] == SOAK_PROMPTS and len(step.data["windows"]) == 2
+    assert step.detail.startswith("2 windows in "), step.detail
+    assert json.loads((tmp_path / "soak" / "soak.json").read_text())["verdict"] == "pass"
+
+
 def test_refused_push_is_an_environment_error(buildah_build, repo):
     proc = speclock(repo, "push-image", "--registry", "127.0.0.1:9", "--force", check=False)
     assert proc.returncode == 3
