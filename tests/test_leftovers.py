@@ -7,6 +7,7 @@ real smoke during vLLM's start."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -131,3 +132,14 @@ def test_an_engine_worker_dies_with_its_killed_parent(tmp_path, system_tmp, fake
         for pid in (json.loads(fake_engine.read_text()) if fake_engine.exists() else {"pid": 0, "child": 0}).values():
             if isinstance(pid, int) and pid and alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_an_engine_probe_leaves_nothing_in_the_temp_folder(system_tmp):
+    # importing vLLM makes torch's default compile cache, an empty /tmp/torchinductor_<user> (#40)
+    if importlib.util.find_spec("vllm") is None:  # not imported here: that would make the folder in this process
+        pytest.skip("vllm is not installed")
+    from speclock.patches.probes import engine_subprocess
+
+    proc = engine_subprocess(["import", "vllm"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(system_tmp.iterdir()) == []

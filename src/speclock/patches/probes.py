@@ -15,6 +15,7 @@ from pathlib import Path
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import loads
 from speclock.core.layout import IMPORT_ROOT
+from speclock.engines.scratch import make_run_folder, remove_run_folder, run_folder_env
 from speclock.patches.diff import Patch
 from speclock.patches.trees import SourceTree
 
@@ -125,6 +126,8 @@ def engine_subprocess(
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    run_folder = make_run_folder()  # importing vLLM makes torch's torchinductor_<user> in the temp folder (#40)
+    env.update(run_folder_env(run_folder, env))
     try:
         return subprocess.run(
             [py, "-m", "speclock.engines.probe", *args], env=env, capture_output=True, text=True, timeout=timeout
@@ -136,6 +139,8 @@ def engine_subprocess(
         ) from None
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"engine probe {' '.join(args[:2])} in {py} took over {timeout} s") from None
+    finally:
+        remove_run_folder(run_folder)
 
 
 def last_json(proc: subprocess.CompletedProcess, what: str):
