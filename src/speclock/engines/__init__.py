@@ -22,9 +22,9 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from speclock.core.errors import BadInput
+from speclock.core.scratch import engine_run_folder
 from speclock.drafter.counters import SpecCounters  # re-exported: engines hand these out
 from speclock.drafter.models import draft_aux_ids, read_model_config
-from speclock.engines.scratch import engine_run_folder
 
 # Name -> module. `reference` is speclock's own PyTorch speculative decoder (the judge).
 ENGINES: dict[str, str] = {
@@ -211,7 +211,7 @@ class running:
     On Ctrl-C (or any exit that is not an ordinary exception) stop() gets STOP_GRACE_S, then every
     process the engine started (its server, its engine-core workers, their process groups) is
     killed, so the command ends within about 2 s and leaves no engine behind. The engine's temp files
-    and sockets go to a run folder (speclock.engines.scratch), removed after the engine's processes.
+    and sockets go to a run folder (speclock.core.scratch), removed after the engine's processes.
     """
 
     def __init__(self, engine: ModuleType, config: EngineConfig):

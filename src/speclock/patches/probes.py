@@ -15,7 +15,7 @@ from pathlib import Path
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import loads
 from speclock.core.layout import IMPORT_ROOT
-from speclock.engines.scratch import make_run_folder, remove_run_folder, run_folder_env
+from speclock.core.scratch import make_run_folder, remove_run_folder, run_folder_env
 from speclock.patches.diff import Patch
 from speclock.patches.trees import SourceTree
 

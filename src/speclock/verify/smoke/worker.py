@@ -13,7 +13,7 @@ end-of-file at once and fails with the worker's exit code and its last stderr li
 kills the worker's process group (it runs in its own session) and the parent raises KeyboardInterrupt.
 
 Nothing is left behind (#40): the engine's temp files and sockets go to a run folder the parent makes and removes
-after the worker is gone (speclock.engines.scratch), and a worker whose parent dies (a SIGKILLed smoke runs no
+after the worker is gone (speclock.core.scratch), and a worker whose parent dies (a SIGKILLed smoke runs no
 cleanup) stops its engine as on Ctrl-C, removes the run folder and exits; if that hangs, it kills what it started.
 """
 
@@ -37,8 +37,8 @@ from typing import IO, Any
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.jsonread import loads
 from speclock.core.layout import cache_dir
+from speclock.core.scratch import RUN_FOLDER, make_run_folder, remove_run_folder, run_folder_env
 from speclock.engines import EngineConfig, SpecCounters, descendants, get_engine, kill_processes, running
-from speclock.engines.scratch import RUN_FOLDER, make_run_folder, remove_run_folder, run_folder_env
 from speclock.verify.report_types import GpuInfo
 
 LAST_LINES = 12  # stderr lines of a dead worker quoted in the failure
