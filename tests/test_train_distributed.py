@@ -7,6 +7,7 @@ checkpoints) does not depend on the target's size.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -307,10 +308,11 @@ def test_a_ranks_error_keeps_its_exit_code_and_message(tiny, tmp_path, capsys):
     _, target = tiny
     (tmp_path / "responses.jsonl").write_text("")
     assert _cli("fit", "--nproc", 2, "--work", tmp_path, "--target", target, "--device", "cpu", "--aux-layers", "1,2,3") == 2
-    assert (
-        "rank 0: " in capsys.readouterr().err
-        and "holds no hidden-state shards" in (tmp_path / ".dist" / "error-rank000.json").read_text()
-    )
+    # Both ranks meet the same error; whichever writes first is reported (the launcher stops the other with SIGTERM,
+    # maybe before it wrote its own): the message names that rank, and its error file holds the message.
+    m = re.search(r"rank (\d+): .*holds no hidden-state shards", capsys.readouterr().err)
+    assert m, "no rank's error in stderr"
+    assert "holds no hidden-state shards" in (tmp_path / ".dist" / f"error-rank{int(m.group(1)):03d}.json").read_text()
 
 
 @pytest.mark.slow
