@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -96,3 +97,21 @@ def alive(pid: int) -> bool:
 # A safetensors file with no tensors: what a fixture writes where smoke only needs weights to be there and whole
 # (smoke checks every safetensors header before an engine starts: speclock.drafter.weights_check).
 EMPTY_SAFETENSORS = (8).to_bytes(8, "little") + b"{}      "
+
+
+def write_build_record(cache: Path, stack: str, *, image_id: str, labels: dict | None = None) -> dict:
+    """A recorded buildah build of `stack` whose self-check passed, in the cache where push-image reads it (no image is
+    built: tests of what push checks before it pushes need the record only)."""
+    folder = cache / "images" / stack
+    folder.mkdir(parents=True)
+    record = {
+        "stack": stack,
+        "tag": "0123456789abcdef",
+        "ref": f"localhost/speclock-{stack}:0123456789abcdef",
+        "builder": "buildah",
+        "image_id": image_id,
+        "labels": labels or {},
+        "selfcheck": {"verdict": "pass", "exit_code": 0, "outputs": "/x"},
+    }
+    (folder / "latest.buildah.json").write_text(json.dumps(record))
+    return record

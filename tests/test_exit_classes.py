@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_support import run_cli
+from helpers import write_build_record
 from test_patches_series import write_tiny_stack
 
 from speclock.core import dsse
@@ -79,18 +80,7 @@ def test_selfcheck_refuses_a_sign_key_on_an_unsupported_curve_before_anything_ru
 
 
 def _record(cache: Path) -> None:
-    folder = cache / "images" / STACK
-    folder.mkdir(parents=True)
-    record = {
-        "stack": STACK,
-        "tag": "0123456789abcdef",
-        "ref": f"localhost/speclock-{STACK}:0123456789abcdef",
-        "builder": "buildah",
-        "image_id": "sha256:" + "ab" * 32,
-        "labels": {},
-        "selfcheck": {"verdict": "pass", "exit_code": 0, "outputs": "/x"},
-    }
-    (folder / "latest.buildah.json").write_text(json.dumps(record))
+    write_build_record(cache, STACK, image_id="sha256:" + "ab" * 32)
 
 
 def _unsigned_envelope(subject: object) -> bytes:

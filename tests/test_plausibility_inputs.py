@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_support import run_cli
+from test_gate_plausibility import _env, gate, real  # noqa: F401 (_env: the same autouse fixture)
 
 from speclock.core.errors import BadInput
 from speclock.spec.stack import load_stack
@@ -30,16 +30,6 @@ GPU_OLD = ROOT / "docs" / "gpu-runs" / "2026-12-05-h200" / "with-compiler" / "re
 GPU_STACK = "sglang-0.5.15-torch2.11-cu130"
 GPU_OLD_STACK = "vllm-0.26.0-torch2.11-cu130"
 COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-
-
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("SPECLOCK_IN_IMAGE", raising=False)
-
-
-def real(path: Path = REAL) -> dict:
-    return copy.deepcopy(json.loads(path.read_text()))
 
 
 def scaled(m: dict, factor: int) -> dict:
@@ -111,12 +101,6 @@ def assert_refused(doc: dict, key: str, stack: str | None = None) -> BadInput:
     assert err.value.exit_code == 2
     assert f"report.json: key '{key}'" in str(err.value), str(err.value)
     return err.value
-
-
-def gate(tmp_path: Path, doc: dict, *argv: str) -> tuple[int, str, str]:
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(doc, indent=1))
-    return run_cli("gate", str(path), "--baseline", "none", *argv)
 
 
 def test_the_real_reports_are_judged_as_before():

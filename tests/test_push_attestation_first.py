@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_support import run_cli
+from helpers import write_build_record
 
 import speclock.build.push
 from speclock.core import dsse
@@ -79,19 +80,7 @@ def build(tmp_path, monkeypatch):
     """A recorded build of the stack whose self-check passed (no image is built: the record is what push reads)."""
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(speclock.build.push, "get_builder", lambda name: ConnectingBuilder())
-    folder = tmp_path / "cache" / "images" / STACK
-    folder.mkdir(parents=True)
-    record = {
-        "stack": STACK,
-        "tag": "0123456789abcdef",
-        "ref": f"localhost/speclock-{STACK}:0123456789abcdef",
-        "builder": "buildah",
-        "image_id": IMAGE_ID,
-        "labels": {"io.speclock.dirty": "false"},
-        "selfcheck": {"verdict": "pass", "exit_code": 0, "outputs": "/x"},
-    }
-    (folder / "latest.buildah.json").write_text(json.dumps(record))
-    return record
+    return write_build_record(tmp_path / "cache", STACK, image_id=IMAGE_ID, labels={"io.speclock.dirty": "false"})
 
 
 def _envelope(path: Path, digest: str) -> Path:

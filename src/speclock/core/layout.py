@@ -91,3 +91,13 @@ def cache_dir() -> Path:
     except OSError as err:
         raise os_error(err, path, "make the cache folder") from None
     return path
+
+
+def cache_subdir(name: str, *, what: str) -> Path:
+    """`name` under the cache, made when missing; an OS error naming it (`what`: what the folder is for)."""
+    path = cache_dir() / name
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, path, f"make the {what}") from None
+    return path

@@ -13,18 +13,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from speclock.core.files import os_error
-from speclock.core.layout import cache_dir
+from speclock.core.layout import cache_dir, cache_subdir
 
 
 def tool_home() -> Path:
     """The home folder tools get: `tool-home` in speclock's cache."""
-    path = cache_dir() / "tool-home"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise os_error(err, path, "make the tools' home folder") from None
-    return path
+    return cache_subdir("tool-home", what="tools' home folder")
 
 
 def tool_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, os_error, read_json
-from speclock.core.layout import cache_dir
+from speclock.core.layout import cache_dir, cache_subdir
 from speclock.core.locks import exclusive
 from speclock.core.names import normalize
 from speclock.core.toolenv import tool_env
@@ -40,12 +40,7 @@ EXTRA = {
 
 
 def envs_root() -> Path:
-    path = cache_dir() / "envs"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise os_error(err, path, "make the engine env folder") from None
-    return path
+    return cache_subdir("envs", what="engine env folder")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
