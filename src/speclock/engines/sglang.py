@@ -39,6 +39,7 @@ from speclock.drafter.models import config_architecture, config_layer_count, rea
 from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, package_version
 from speclock.engines.http import http, map_bounded
 from speclock.engines.prometheus import counter_samples
+from speclock.spec.eagle3_layers import sglang_after_layers
 from speclock.spec.k_schedule import write_sglang_adaptive_config
 
 NAME = "sglang"
@@ -209,12 +210,8 @@ def verify_calls_from_prometheus(body: bytes | str, url: str = "/metrics") -> in
     return sum(s.value for s in samples) if samples else None
 
 
-def captured_layers_for(aux_ids: list[int], target_arch: str) -> list[int]:
-    """Layers SGLang captures for a drafter's aux ids: +1 for Llama/Qwen-style targets; for
-    DeepseekV2/V3 only when ids[0] == 1 (sglang 0.5.23 model code)."""
-    if target_arch.startswith(("DeepseekV2", "DeepseekV3")):
-        return [i + 1 for i in aux_ids] if aux_ids and aux_ids[0] == 1 else list(aux_ids)
-    return [i + 1 for i in aux_ids]
+# Layers SGLang captures for a drafter's aux ids (the rule lives in spec/, where `stack new` applies it too).
+captured_layers_for = sglang_after_layers
 
 
 class _MetaSession:

@@ -1,4 +1,4 @@
-"""`speclock stack` (check a stack file, print its JSON schema) and `speclock lock` (resolve, or --check)."""
+"""`speclock stack` (check a stack file, print its JSON schema, write a new one) and `speclock lock` (resolve, or --check)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from speclock.core.args import draft_length
 from speclock.core.errors import CheckFailed
+from speclock.spec import new_stack
 from speclock.spec.lock import check_lock, lock_path, lock_summary, portability_problems, read_lock
 from speclock.spec.pylock import pylock_drift, pylock_path, write_lock_files
 from speclock.spec.resolve import portable_lock, resolve_lock
@@ -47,6 +49,101 @@ def _add_stack_command(sub) -> None:
     show.set_defaults(func=_cmd_show)
     schema = ps.add_parser("schema", help="print the JSON schema of stack files")
     schema.set_defaults(func=_cmd_schema)
+    _add_new_command(ps)
+
+
+_NEW_EXAMPLE = """\
+example: your own target, mounted at run time, with your EAGLE-3 drafter on an H100
+
+  speclock stack new --engine sglang --engine-version 0.5.15 --gpu h100 \\
+      --target /srv/models/Llama-3.1-8B-Instruct \\
+      --draft models/llama-3.1-8b-eagle3-sglang --name llama8b-sglang
+
+  writes stacks/llama8b-sglang.toml, checked as `speclock stack check` checks it:
+    torch 2.11.0, CUDA 13.0        the engine wheel's and torch wheel's metadata (else the committed stack)
+    gpu.archs sm_90a               h100, covered by the engine's wheels (doctor's gpu-archs data)
+    engine.settings                as measured in stacks/sglang-0.5.15-torch2.11-cu130.toml
+    target.path /srv/models/...    an absolute folder: not in the image, mounted at run time
+    [smoke.thresholds]             provisional until measured
+  and refuses (exit 2, naming the input) an unknown engine version, an arch the engine's wheels
+  do not cover, a drafter whose hidden size, vocab size or layers do not fit the target, and an
+  existing stack without --force. Then:
+
+  speclock lock --stack llama8b-sglang
+  speclock build-image --stack llama8b-sglang
+  speclock run-image --stack llama8b-sglang --model /srv/models/Llama-3.1-8B-Instruct
+
+  On a CPU: --engine vllm-cpu --engine-version 0.32.0 (no --gpu).
+"""
+
+
+def _add_new_command(ps) -> None:
+    new = ps.add_parser(
+        "new",
+        help="write a stack for your own target and drafter, filled in from what speclock knows",
+        description="Write stacks/NAME.toml for your own target and EAGLE-3 drafter: torch and CUDA from the engine "
+        "release's metadata, archs for the GPU, settings measured on the engine's committed stack, the drafter "
+        "checked against the target (hidden size, vocab, the engine's layer-id convention), a [smoke] section with "
+        "provisional thresholds. The file is validated like `speclock stack check` before it is kept.",
+        epilog=_NEW_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    new.add_argument("--engine", required=True, help="the engine's distribution: vllm, sglang or vllm-cpu")
+    new.add_argument("--engine-version", required=True, metavar="VERSION", help="the engine release, e.g. 0.26.0")
+    where = new.add_mutually_exclusive_group()
+    where.add_argument("--gpu", help=f"GPU kind: {', '.join(new_stack.GPU_ARCHS)}, or cpu")
+    where.add_argument("--archs", help="GPU architectures instead of --gpu, comma-separated (e.g. sm_90a,sm_100a)")
+    new.add_argument(
+        "--target",
+        required=True,
+        metavar="DIR|ORG/NAME",
+        help="the target: a Hugging Face folder (outside the repository: mounted at run time) or a name like org/model",
+    )
+    new.add_argument("--draft", required=True, metavar="DIR", help="the EAGLE-3 drafter folder, inside the repository")
+    new.add_argument("--name", help="stack name (default: <target>-<engine>-<version>)")
+    new.add_argument("--k", type=draft_length, help="draft length for the smoke test (default: the engine's committed stack's)")
+    new.add_argument("--force", action="store_true", help="replace an existing stack of that name")
+    new.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    new.set_defaults(func=_cmd_new)
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip()) if args.archs else ()
+    req = new_stack.Request(
+        engine=args.engine,
+        engine_version=args.engine_version,
+        target=args.target,
+        draft=args.draft,
+        gpu=args.gpu,
+        archs=archs,
+        name=args.name,
+        k=args.k,
+        force=args.force,
+    )
+    result = new_stack.new_stack(req)
+    stack = result.stack
+    model = f" --model {stack.target['path']}" if stack.target["path"].startswith("/") else ""
+    steps = [
+        f"speclock lock --stack {stack.name}",
+        f"speclock build-image --stack {stack.name}",
+        f"speclock run-image --stack {stack.name}{model}",
+    ]
+    if args.json:
+        filled = [{"key": k, "value": v, "from": w} for k, v, w in result.filled]
+        print(
+            json.dumps(
+                {"stack": stack.name, "path": str(stack.path), "filled": filled, "notes": result.notes, "next": steps}, indent=2
+            )
+        )
+        return 0
+    print(f"wrote {stack.path} (valid)")
+    width = max(len(k) for k, _, _ in result.filled)
+    for key, value, source in result.filled:
+        print(f"  {key:<{width}}  {value}\n  {'':<{width}}    from {source}")
+    for note in result.notes:
+        print(f"  note: {note}")
+    print("next:\n  " + "\n  ".join(steps))
+    return 0
 
 
 def _cmd_lock(args: argparse.Namespace) -> int:

@@ -33,12 +33,13 @@ class PathKey:
     kind: str  # "folder", "file" or "glob": what must stand there when something does
     must_exist: bool  # at check time
     package: str = ""  # for PACKAGE: the key of the wheel that holds it
+    absolute_ok: bool = False  # an absolute value names a folder on the serving host, mounted at run time
 
 
 PATH_KEYS: tuple[PathKey, ...] = (
     # Model folders need not exist at check time: vllm-kimi's (1T parameters) are made on the build host, not in git.
     PathKey("draft.path", REPO, "folder", must_exist=False),
-    PathKey("target.path", REPO, "folder", must_exist=False),
+    PathKey("target.path", REPO, "folder", must_exist=False, absolute_ok=True),
     PathKey("patches.series", PATCHES, "file", must_exist=True),
     PathKey("target.gguf", PACKAGE, "file", must_exist=False, package="target.package"),
     PathKey("smoke.prompts_file", PACKAGE, "file", must_exist=False, package="smoke.prompts_package"),
@@ -88,6 +89,9 @@ def check_path_keys(s: dict[str, dict[str, Any]], given: dict[str, dict[str, Any
             if not item and not written:
                 continue  # not set: the rules across keys say whether it must be
             root, where = _home(pk, s, repo_root)
+            if pk.absolute_ok and isinstance(item, str) and item.startswith("/"):
+                # mounted at run time (`stack new` writes such stacks): not on this machine's disk, so lexical only
+                root, where, item = None, "the serving host's file system", item[1:] or "/"
             problem = lexical_problem(item, where)
             if problem:
                 optional = not SCHEMA[sec][name][1]

@@ -165,7 +165,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
             "str",
             False,
             "",
-            "a Hugging Face folder inside the repository (e.g. models/<name>, kept out of git) instead of a package",
+            "a Hugging Face folder instead of a package: inside the repository (e.g. models/<name>, kept out of git), "
+            "or an absolute path, a folder on the serving host mounted at run time (`speclock stack new` writes one)",
             None,
         ),
         "dtype": ("str", False, "bfloat16", "dtype of the converted weights", ["bfloat16", "float16", "float32"]),
