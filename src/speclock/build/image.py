@@ -25,13 +25,14 @@ from speclock.build.fetch import fetch
 from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
 from speclock.build.records import BuildRecord, DoctorSummary, ImageInfo, SelfcheckResult, records_dir, write_record
-from speclock.build.run import run_image
-from speclock.build.runtimes import check_runtime, ensure_in_podman
+from speclock.build.run import model_mount, run_image
+from speclock.build.runtimes import Mount, check_runtime, ensure_in_podman
 from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
 from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, read_json
 from speclock.core.layout import REPO_ROOT, cache_dir
+from speclock.drafter.models import stack_model_path
 from speclock.spec import baseimage
 from speclock.spec.lock import LockDoc, check_lock, lock_path, read_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
@@ -202,12 +203,28 @@ def selfcheck_runtime(record: BuildRecord) -> str:
     return "docker"
 
 
+def selfcheck_mounts(stack: Stack) -> list[Mount]:
+    """A target.path stack's image holds no target: its self-check mounts the stack's target.path folder of this build
+    host read-only where run-image --model would. Missing here: exit 3 naming target.path, before any container."""
+    if not stack.target["path"]:
+        return []
+    folder = stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
+    if not folder.exists() and not folder.is_symlink():
+        raise EnvironmentProblem(
+            f"{stack.path}: target.path {folder} is not on this host: the image's self-check needs the target mounted",
+            hint=f"build where the model is, or build with --skip-selfcheck and run `speclock run-image --stack "
+            f"{stack.name} --model DIR` where it is (only build-image records a self-check: push-image then needs --force)",
+        )
+    return [model_mount("--model", str(folder))]
+
+
 def selfcheck_image(
     stack: Stack, record: BuildRecord, *, args: list[str] | None = None, progress=print, runtime: str | None = None
 ) -> SelfcheckResult:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build.
 
     `runtime`: docker or podman; default selfcheck_runtime's choice (a test runs the docker path of a buildah build)."""
+    mounts = selfcheck_mounts(stack)
     if runtime is None:
         runtime = selfcheck_runtime(record)
     else:
@@ -217,6 +234,8 @@ def selfcheck_image(
     if out.exists():
         shutil.rmtree(out)
     progress(f"self-check of {ref} under {runtime}: doctor, smoke, gate (offline, read-only, non-root)")
+    for mount in mounts:
+        progress(f"  the target from target.path, mounted read-only: {mount.host} -> {mount.inside}")
     t0 = time.monotonic()
     # The image's own log is progress: it goes to stderr, so `--json` callers (build-image, upgrade) keep a
     # parseable stdout; the verdict is read from the files the image writes.
@@ -227,6 +246,7 @@ def selfcheck_image(
         env={"SPECLOCK_IMAGE_REF": ref, "SPECLOCK_IMAGE_DIGEST": record["image_id"]},
         stdout=2,
         runtime=runtime,
+        mounts=mounts,
     )  # fd 2: valid even where sys.stderr is replaced (tests, captured runs)
     verdict = _image_output(out / "selfcheck.json")
     said = verdict.get("verdict")

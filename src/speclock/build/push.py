@@ -15,14 +15,23 @@ from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import BuildRecord, read_record
 from speclock.build.registry import RegistryClient, registry_digest, split_registry
-from speclock.build.runtimes import GPUS_HELP, gpu_host_commands, gpu_host_serve_commands, parse_gpus
+from speclock.build.runtimes import GPUS_HELP, Mount, gpu_host_commands, gpu_host_serve_commands, parse_gpus
 from speclock.build.sbom import push_sbom_referrer
 from speclock.core import dsse
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import MAX_READ_BYTES, read_bytes
 from speclock.core.jsonread import loads
 from speclock.engines.serve import DEFAULT_PORT
-from speclock.spec.stack import DEFAULT_STACK, load_stack
+from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
+
+# The printed lines of a target.path stack mount the model (its image holds none) from this placeholder, which the
+# user replaces with the model's folder on the GPU host (a plain path, so the line stays unquoted and copyable).
+MODEL_PLACEHOLDER = "/path/to/model"
+
+
+def printed_mounts(stack: Stack) -> list[Mount]:
+    """The mounts the printed run and serve lines carry: the target's, read-only, for a target.path stack; none else."""
+    return [Mount(MODEL_PLACEHOLDER, "/opt/speclock/target", readonly=True)] if stack.target["path"] else []
 
 
 def is_loopback(registry: str) -> bool:
@@ -178,15 +187,19 @@ def push_image(
             hint="another push of the same tag came in between: push again, and pull by the digest this prints",
         )
     by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
+    stack = load_stack(stack_name)
+    mounts = printed_mounts(stack)
     result: dict[str, Any] = {
         "ref": record["ref"],
         "pushed": dest,
         "digest": digest,
         "by_digest": by_digest,
         "builder": builder_name,
-        "run": gpu_host_commands(by_digest, gpu_selection),
-        "serve": gpu_host_serve_commands(by_digest, DEFAULT_PORT[load_stack(stack_name).engine["name"]], gpu_selection),
+        "run": gpu_host_commands(by_digest, gpu_selection, mounts),
+        "serve": gpu_host_serve_commands(by_digest, DEFAULT_PORT[stack.engine["name"]], gpu_selection, mounts),
     }
+    if mounts:
+        result["model_placeholder"] = MODEL_PLACEHOLDER
     # The SBOM the image holds, beside it as an OCI referrer (images built before SBOMs have none to push).
     if f"{LABEL_PREFIX}.sbom" in (record.get("labels") or {}):
         result["sbom"] = push_sbom_referrer(registry, repository or f"speclock-{stack_name}", digest, insecure=insecure)
@@ -227,6 +240,11 @@ def _cmd_push(args: argparse.Namespace) -> int:
             f"serve it there (`speclock serve`: the engine's OpenAI API with the drafter, at the stack's serving k):\n"
             f"  {result['serve']['docker']}\n  {result['serve']['podman']}"
         )
+        if result.get("model_placeholder"):
+            print(
+                f"  replace {result['model_placeholder']} with the folder of the target model on that host: the image "
+                "holds none (target.path); it is mounted read-only at /opt/speclock/target"
+            )
         sbom = result["sbom"]
         print(
             f"  sbom {sbom['digest']} (referrer of {result['digest']})"

@@ -19,6 +19,7 @@ from speclock.build.runtimes import (
     NO_GPUS,
     RUNTIMES,
     Gpus,
+    Mount,
     check_gpus,
     default_gpus,
     ensure_in_podman,
@@ -30,9 +31,39 @@ from speclock.build.runtimes import (
     run_argv,
     runtime_cli,
 )
-from speclock.spec.stack import DEFAULT_STACK, load_stack
+from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.layout import ImageLayout
+from speclock.drafter.models import readable_model_folder
+from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
-__all__ = ["HARDENED", "run_image"]
+__all__ = ["HARDENED", "model_mounts", "run_image"]
+
+# The one documented place for models at run time (docs/run.md, "Where the model goes"): the image's own folders
+# (containers/Containerfile's SPECLOCK_HOME, whatever this host's is), mounted read-only over them.
+IN_IMAGE = ImageLayout(Path("/opt/speclock"))
+MODEL_MOUNTS = {"--model": IN_IMAGE.target_dir, "--draft": IN_IMAGE.draft_dir}
+
+
+def model_mount(option: str, value: str) -> Mount:
+    """--model/--draft DIR as a read-only mount, checked before any container starts: an existing, readable, non-empty
+    folder (not a symbolic-link loop), resolved; BadInput (exit 2) naming the flag and the path otherwise."""
+    hint = f"give {option} the host folder of the model (a Hugging Face folder: config.json, weights, tokenizer)"
+    real = readable_model_folder(value, what=f"{option} {value}", hint=hint)
+    if ":" in str(real) or "," in str(real):  # `-v HOST:INSIDE:ro` cannot carry them
+        raise BadInput(f"{option} {value}: the path {real} holds ':' or ',', which a bind mount cannot name", hint=hint)
+    return Mount(str(real), str(MODEL_MOUNTS[option]), readonly=True)
+
+
+def model_mounts(stack: Stack, model: str | None, draft: str | None) -> list[Mount]:
+    """The read-only model mounts of a run. A target.path stack's image holds no target: without --model it is
+    exit 3 naming the flag, before any container starts."""
+    if not model and stack.target["path"]:
+        raise EnvironmentProblem(
+            f"stack {stack.name} serves its target from target.path ({stack.target['path']}): its image holds no "
+            f"target, and none is mounted",
+            hint=f"add --model DIR (the model's folder on this host; mounted read-only at {IN_IMAGE.target_dir})",
+        )
+    return [model_mount(option, value) for option, value in (("--model", model), ("--draft", draft)) if value]
 
 
 def run_image(
@@ -46,15 +77,16 @@ def run_image(
     stdout=None,
     runtime: str = "docker",
     gpus: Gpus = NO_GPUS,
+    mounts: list[Mount] | None = None,
 ) -> subprocess.CompletedProcess:
     # A name of our own, so a Ctrl-C (or a timeout) can remove the container: killing the client alone
     # would leave it running.
     name = f"speclock-run-{os.getpid()}-{secrets.token_hex(4)}"
-    mounts = {}
+    mounts = list(mounts or [])
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(out_dir, 0o777)  # the image runs as uid 10001
-        mounts[str(out_dir.resolve())] = "/out"
+        mounts.insert(0, Mount(str(out_dir.resolve()), "/out"))
     # SPECLOCK_RUN_ARGS: extra `run` options, e.g. on a CI runner (ci/speclock-upgrade.yml).
     cmd = run_argv(
         runtime,
@@ -89,6 +121,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     stack = load_stack(args.stack)
     gpus_text = args.gpus or default_gpus(stack.is_gpu)
     gpus = parse_gpus(gpus_text)
+    mounts = model_mounts(stack, args.model, args.draft)
     record = read_record(stack.name, args.builder, args.tag)
     runtime = pick_runtime(args.runtime)
     check_gpus(runtime, gpus, gpus_text)
@@ -99,7 +132,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    rc = run_image(ref, extra, out_dir=Path(args.out) if args.out else None, runtime=runtime, gpus=gpus).returncode
+    for mount in mounts:
+        print(f"  mounted read-only: {mount.host} -> {mount.inside}", file=sys.stderr, flush=True)
+    out_dir = Path(args.out) if args.out else None
+    rc = run_image(ref, extra, out_dir=out_dir, runtime=runtime, gpus=gpus, mounts=mounts).returncode
     failure = gpu_failure(runtime, rc, gpus, gpus_text)
     if failure:
         raise failure
@@ -119,6 +155,15 @@ def add_commands(sub) -> None:
     p.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="which builder's build to run")
     p.add_argument("--tag", help="content tag (default: the latest build)")
     p.add_argument("--out", help="host folder mounted at /out for reports")
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help=f"the target model's folder on this host, mounted read-only at {IN_IMAGE.target_dir} (required for a "
+        "stack with target.path: its image holds no target; docs/run.md, Where the model goes)",
+    )
+    p.add_argument(
+        "--draft", metavar="DIR", help=f"a drafter folder mounted read-only at {IN_IMAGE.draft_dir}, over the image's own"
+    )
     p.add_argument(
         "--runtime",
         default="auto",

@@ -12,6 +12,7 @@ import re
 import resource
 import shlex
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,27 @@ class Gpus:
 
 
 NO_GPUS = Gpus()  # the default: a container without GPUs (Gpus is frozen, so one instance serves every call)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host folder bind-mounted into the container; `readonly` for what the image must never write (the models)."""
+
+    host: str
+    inside: str
+    readonly: bool = False
+
+    def args(self) -> list[str]:
+        # `-v HOST:INSIDE[:ro]`: the same words under docker and podman (run-image checks HOST exists first: docker
+        # would make a missing one as an empty root-owned folder)
+        return ["-v", f"{self.host}:{self.inside}" + (":ro" if self.readonly else "")]
+
+
+def as_mounts(mounts: Sequence[Mount] | Mapping[str, str] | None) -> list[Mount]:
+    """Mounts as given: Mount records, or {host: inside} for read-write ones."""
+    if isinstance(mounts, Mapping):
+        return [Mount(host, inside) for host, inside in mounts.items()]
+    return list(mounts or [])
 
 
 def parse_gpus(value: str, *, what: str = "--gpus") -> Gpus:
@@ -159,7 +181,7 @@ def run_argv(
     gpus: Gpus = NO_GPUS,
     name: str | None = None,
     env: dict[str, str] | None = None,
-    mounts: dict[str, str] | None = None,
+    mounts: Sequence[Mount] | Mapping[str, str] | None = None,
     entrypoint: str | None = None,
     extra: list[str] | None = None,
     cli: list[str] | None = None,
@@ -180,24 +202,26 @@ def run_argv(
     cmd += list(extra or [])
     for key, value in (env or {}).items():
         cmd += ["-e", f"{key}={value}"]
-    for host, inside in (mounts or {}).items():
-        cmd += ["-v", f"{host}:{inside}"]
+    for mount in as_mounts(mounts):
+        cmd += mount.args()
     if entrypoint is not None:
         cmd += ["--entrypoint", entrypoint]
     return cmd + [ref, *args]
 
 
-def gpu_host_commands(digest_ref: str, gpus: Gpus = Gpus(all=True)) -> dict[str, str]:
+def gpu_host_commands(digest_ref: str, gpus: Gpus = Gpus(all=True), mounts: Sequence[Mount] = ()) -> dict[str, str]:
     """What to type on a GPU host to run a pushed image exactly as run-image does: one line per runtime."""
-    return {rt: shlex.join(run_argv(rt, digest_ref, [], gpus=gpus, cli=[rt])) for rt in RUNTIMES}
+    return {rt: shlex.join(run_argv(rt, digest_ref, [], gpus=gpus, mounts=mounts, cli=[rt])) for rt in RUNTIMES}
 
 
-def gpu_host_serve_commands(digest_ref: str, port: int, gpus: Gpus = Gpus(all=True)) -> dict[str, str]:
+def gpu_host_serve_commands(
+    digest_ref: str, port: int, gpus: Gpus = Gpus(all=True), mounts: Sequence[Mount] = ()
+) -> dict[str, str]:
     """What to type on a GPU host to serve a pushed image (`speclock serve` in it): run-image's hardening, except
     that the engine's port is published instead of `--network none`."""
 
     def argv(rt: str) -> list[str]:
-        cmd = run_argv(rt, digest_ref, ["serve", "--host", "0.0.0.0", "--port", str(port)], gpus=gpus, cli=[rt])
+        cmd = run_argv(rt, digest_ref, ["serve", "--host", "0.0.0.0", "--port", str(port)], gpus=gpus, mounts=mounts, cli=[rt])
         at = cmd.index("--network")
         return cmd[:at] + ["-p", f"{port}:{port}"] + cmd[at + 2 :]
 

@@ -15,6 +15,7 @@ safetensors files (so it ignores sharding, file metadata and the tokenizer, and 
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import importlib.util
 import json
@@ -175,13 +176,59 @@ def stack_model_path(root: str | os.PathLike, rel: str, what: str, source) -> Pa
     return confined(root, rel, what=what, source=source)
 
 
+# Where a model is mounted into an image (docs/run.md, "Where the model goes"): read-only, at the image's own folders.
+MOUNT_TARGET_HINT = (
+    "mount the target model read-only where the image reads it: `speclock run-image --model DIR`, or "
+    "`docker run -v DIR:/opt/speclock/target:ro ...` (podman alike); in a host environment `speclock host-env --model DIR`"
+)
+
+
+def readable_model_folder(folder: str | os.PathLike, *, what: str, hint: str, absent: type[SpeclockError] = BadInput) -> Path:
+    """`folder`, resolved, when it is a folder that this process can list and that holds something. A symbolic-link
+    loop or a file is BadInput; a missing, empty or unreadable folder raises `absent` (BadInput for a path the user
+    gave, EnvironmentProblem for the image's mount point). Each names `what` (the flag and path) and `hint`."""
+    folder = Path(folder)
+    try:
+        real = folder.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 says a loop this way
+        raise BadInput(f"{what} is a symbolic link loop", hint=hint) from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BadInput(f"{what} is a symbolic link loop", hint=hint) from None
+        if err.errno in (errno.ENOENT, errno.ENOTDIR) and not folder.is_symlink():
+            raise absent(f"{what} does not exist", hint=hint) from None
+        if err.errno == errno.ENOENT:
+            raise absent(f"{what} is a symbolic link to {os.readlink(folder)}, which does not exist", hint=hint) from None
+        raise absent(f"{what} cannot be read: {err.strerror}", hint=hint) from None
+    if not real.is_dir():
+        raise BadInput(f"{what} is a file, where a model folder belongs", hint=hint)
+    try:
+        empty = next(os.scandir(real), None) is None
+    except OSError as err:
+        raise absent(
+            f"{what} cannot be read ({err.strerror})",
+            hint=f"{hint}; the image runs as uid 10001: the folder and its files must be readable by it (chmod -R o+rX)",
+        ) from None
+    if empty:
+        raise absent(f"{what} is an empty folder (nothing is mounted there?)", hint=hint)
+    return real
+
+
 def target_folder(stack, given: str | os.PathLike | None) -> Path:
     """The target a command serves or checks: --target, else the image's, else the stack's target.path. A stack that
-    ships its target in a package (converted at build) has no folder outside an image: BadInput saying how to make one."""
+    ships its target in a package (converted at build) has no folder outside an image: BadInput saying how to make one.
+    In an image the target must be there: a target.path stack's image holds none, so a missing mount is exit 3 naming
+    how to mount it, before any engine starts (doctor, smoke and selfcheck all come here)."""
     if given:
         return Path(given)
     if in_image():
-        return IMAGE.target_dir
+        where = "mounted" if stack.target["path"] else "baked into the image"
+        return readable_model_folder(
+            IMAGE.target_dir,
+            what=f"the target folder {IMAGE.target_dir} (stack {stack.name}: {where})",
+            hint=MOUNT_TARGET_HINT,
+            absent=EnvironmentProblem,
+        )
     if stack.target["path"]:
         return stack_model_path(REPO_ROOT, stack.target["path"], "target.path", stack.path)
     raise BadInput(
@@ -191,10 +238,19 @@ def target_folder(stack, given: str | os.PathLike | None) -> Path:
 
 
 def draft_folder(stack, given: str | os.PathLike | None) -> Path:
-    """The drafter: --draft, else the image's, else the stack's draft.path."""
+    """The drafter: --draft, else the image's (its own, or one mounted over it: checked like the target), else the
+    stack's draft.path."""
     if given:
         return Path(given)
-    return IMAGE.draft_dir if in_image() else stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path", stack.path)
+    if in_image():
+        return readable_model_folder(
+            IMAGE.draft_dir,
+            what=f"the drafter folder {IMAGE.draft_dir}",
+            hint="the image holds its drafter; one mounted over it (`speclock run-image --draft DIR`, "
+            "`-v DIR:/opt/speclock/draft:ro`) must be a readable drafter folder",
+            absent=EnvironmentProblem,
+        )
+    return stack_model_path(REPO_ROOT, stack.draft["path"], "draft.path", stack.path)
 
 
 def read_model_config(folder: str | os.PathLike, *, what: str = "model", option: str | None = None) -> dict:
