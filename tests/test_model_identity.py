@@ -317,3 +317,14 @@ def test_a_lock_without_identity_is_a_warning_not_a_refusal(tmp_path):
     report = {"target": {"identity": inp.identity["target"]}, "draft": {}}
     [warned] = identity_checks(report)
     assert warned.warn and "model not pinned" in warned.detail
+
+
+def test_selfcheck_passes_allow_other_model_on_as_a_switch():
+    from speclock.verify.doctor import Check, exit_code_of
+    from speclock.verify.selfcheck import env_args
+
+    assert env_args(SmokeOptions(allow_other_model=True), "auto") == ["--allow-other-model"]  # into a host environment
+    assert env_args(SmokeOptions(), "auto") == []
+    refused = Check("model-identity", "fail", "differs", {"exit_code": 2})
+    assert exit_code_of([Check("lock-versions", "fail", "drift"), refused]) == 2  # selfcheck's doctor stage: exit 2
+    assert exit_code_of([Check("lock-versions", "fail", "drift")]) is None
