@@ -23,6 +23,8 @@ Targets. A lock holds one resolved package set per target (a Python version x a 
   {"3.12-x86_64": {"python": "3.12", "machine": "x86_64", "platforms": [...], "packages": [...],
   "excluded": [...], "assets": [...]}}, entries of the same shape and the same provenance checks.
   A lock without host targets has no `targets` key (existing locks keep their bytes and their hash).
+Models (docs/lock.md): a stack with target.path (or an absolute draft.path) gets `models`, the folder's identity
+(spec.lock_models; hashed with the rest, so a different model is a different lock); `lock --check` names a changed file.
 Pruning (docs/prune.md). A stack with a [prune] section gets a `prune` record ({"packages": normalized names, sorted;
 "paths": the globs as declared}) and, per target, a `pruned` list: the entries of the pruned packages, resolved
 (version and sha256 known) but never downloaded or installed, like `excluded`. A stack without [prune] has neither
@@ -45,6 +47,7 @@ from speclock.core.files import absent, atomic_write_json, clean_stale_temps, ex
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import baseimage
+from speclock.spec.lock_models import check_models, model_diffs
 from speclock.spec.lock_types import ENTRY_LISTS, LOCK_SCHEMA, LockPython
 from speclock.spec.lock_types import LockDoc as LockDoc
 from speclock.spec.lock_types import LockEntry as LockEntry
@@ -223,6 +226,7 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> LockDoc:
         ("lock_from", str),
         ("prune", dict),
         ("pruned", list),
+        ("models", dict),
     )
     for key, types in optional:
         if key in doc:
@@ -231,6 +235,8 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> LockDoc:
     for _key, entry, where in _all_entries(doc, path):
         check_entry_shape(entry, where, path)
     check_base(doc["base"], "base", path)
+    if "models" in doc:
+        check_models(doc["models"], path)
     if "kernel_base" in doc:
         check_base(doc["kernel_base"], "kernel_base", path)
     if "prune" in doc:
@@ -333,7 +339,7 @@ def check_lock(stack: Stack, doc: LockDoc) -> list[str]:
     """What differs between the stack file and what its lock was made from (empty = in sync)."""
     if doc["stack_sha256"] == stack.source_sha256:
         # same stack: the recipes must be the ones it gives, and the host targets the ones it names
-        return _base_diffs(stack, doc) + _target_diffs(stack, doc) + prune_diffs(stack, doc)
+        return _base_diffs(stack, doc) + _target_diffs(stack, doc) + prune_diffs(stack, doc) + model_diffs(stack, doc)
     return _diff(pinned_view(doc.get("stack_data", {})), pinned_view(stack.data)) or ["stack content hash differs"]
 
 

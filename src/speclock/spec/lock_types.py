@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from speclock.spec.model_identity import ModelIdentity
+
 LOCK_SCHEMA = "speclock.lock/v1"
 # The lists of package entries a target holds.
 EntryList = Literal["packages", "assets", "excluded", "pruned"]
@@ -35,6 +37,14 @@ class PruneRecord(TypedDict):
 
     packages: list[str]
     paths: list[str]
+
+
+class ModelRecord(TypedDict):
+    """One entry of a lock's `models` (spec.lock_models): a model folder no wheel pins, by its identity."""
+
+    path: str  # as the stack gives it (target.path, or an absolute draft.path)
+    identity: ModelIdentity | None  # None: the folder was not there when the lock was made (not pinned)
+    not_pinned: NotRequired[str]  # with identity None: why
 
 
 class TargetPlatform(TypedDict):
@@ -84,3 +94,4 @@ class LockDoc(TypedDict):
     lock_from: NotRequired[str]  # ... and the lock_sha256 of the full lock it comes from
     prune: NotRequired[PruneRecord]  # stacks with [prune]
     pruned: NotRequired[list[LockEntry]]
+    models: NotRequired[dict[str, ModelRecord]]  # stacks with target.path (or an absolute draft.path): lock_models

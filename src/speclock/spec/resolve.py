@@ -25,6 +25,7 @@ from speclock.spec.kernel_toolchain import KERNEL_TOOLCHAIN as KERNEL_TOOLCHAIN
 from speclock.spec.kernel_toolchain import check_kernel_toolchain as check_kernel_toolchain
 from speclock.spec.kernel_toolchain import kernel_toolchain as kernel_toolchain
 from speclock.spec.lock import finish_lock, local_entries, lock_path, machine_platforms, prune_record, split_target
+from speclock.spec.lock_models import model_records
 from speclock.spec.lock_types import LOCK_SCHEMA, EntryList, HostTarget, LockDoc, LockEntry, TargetPlatform
 from speclock.spec.pip_resolver import IndexUnreachable, report_entry
 from speclock.spec.pip_resolver import pip_report as _pip_report  # callers here look it up in resolve, where tests replace it
@@ -174,7 +175,16 @@ def portable_lock(stack: Stack, doc: LockDoc, *, progress=print) -> LockDoc:
         for key in lists:
             _portable_urls(holder.get(key, []), progress, index=index, index_reachable=reachable)
     require_portable(stack, doc)
+    _record_models(stack, doc, progress)
     return finish_lock(doc)
+
+
+def _record_models(stack: Stack, doc: LockDoc, progress) -> None:
+    """The identity of the model folders no wheel pins (spec.lock_models), read again on every lock; no key if none."""
+    models = model_records(stack, progress=progress)
+    doc.pop("models", None)
+    if models is not None:
+        doc["models"] = models
 
 
 # What `lock --no-resolve` can carry into a lock without resolving the engine's packages again: [prune] (packages
@@ -422,4 +432,5 @@ def resolve_lock(stack: Stack, *, progress=print, keep_from: LockDoc | None = No
     if keep_from:  # the lock whose versions it kept (an upgrade reuses its candidate lock only for the same one)
         doc["resolver"]["kept_from"] = keep_from["lock_sha256"]
     require_portable(stack, doc)
+    _record_models(stack, doc, progress)
     return finish_lock(doc)

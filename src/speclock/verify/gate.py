@@ -39,6 +39,7 @@ from speclock.verify.baseline import builtin_profile, drift_checks, rel_drop, te
 from speclock.verify.baseline import check_baseline_matches as check_baseline_matches
 from speclock.verify.baseline import find_baseline as find_baseline
 from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning
+from speclock.verify.model_pin import identity_checks
 from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import Profile, report_profile, resolve_profile
 from speclock.verify.report import load_report
@@ -132,6 +133,7 @@ def evaluate(
             checks += drift_checks(
                 b["metrics"], base_backends[b["backend"]]["metrics"], profile, thresholds, f", attention backend {b['backend']}"
             )
+    checks += identity_checks(report)  # the served model against the lock's identity: WARN when allowed to differ
     return checks + speed_checks(report, thresholds, baseline, baseline_source) + loaded_checks(report, thresholds)
 
 

@@ -155,4 +155,17 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "gpu.driver": (str,),
     "gpu.cuda": (str,),
     "warnings": (list,),
+    # the served model against the lock's identity (verify.model_pin): stacks with target.path or an absolute draft.path
+    "target.identity": (dict,),
+    "target.identity.pinned": (bool,),
+    "target.identity.matches": (bool, NONE),
+    "target.identity.allowed_other": (bool,),
+    "target.identity.differs": (list,),
+    "target.identity.note": (str,),
+    "draft.identity": (dict,),
+    "draft.identity.pinned": (bool,),
+    "draft.identity.matches": (bool, NONE),
+    "draft.identity.allowed_other": (bool,),
+    "draft.identity.differs": (list,),
+    "draft.identity.note": (str,),
 }

@@ -29,10 +29,22 @@ class EngineInfo(TypedDict):
     concurrency: NotRequired[int]  # server mode: requests in flight at once
 
 
+class IdentityCheck(TypedDict):
+    """`target.identity` / `draft.identity`: the served folder against the identity its lock pins (verify.model_pin);
+    absent where the lock pins the model by a wheel (target.package)."""
+
+    pinned: bool  # false: the lock records no identity (the folder was not there when it was locked)
+    matches: bool | None  # None: not compared (not pinned)
+    allowed_other: bool  # it differs and ran anyway: --allow-other-model
+    differs: list[str]  # "file: what differs", one per file
+    note: NotRequired[str]
+
+
 class TargetInfo(TypedDict):
     path: str
     arch: str
     num_layers: NotRequired[int]
+    identity: NotRequired[IdentityCheck]
 
 
 class DraftInfo(TypedDict):
@@ -40,6 +52,7 @@ class DraftInfo(TypedDict):
     aux_layer_ids: list[int]
     captured_layers: list[int] | None
     aux_layer_ids_source: NotRequired[str]
+    identity: NotRequired[IdentityCheck]
 
 
 class PromptsInfo(TypedDict):

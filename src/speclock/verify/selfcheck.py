@@ -42,7 +42,7 @@ from speclock.core.files import atomic_write_text, os_error, read_bytes, read_js
 from speclock.core.layout import in_image
 from speclock.spec.stack import load_stack
 from speclock.verify import attest
-from speclock.verify.doctor import DOCTOR_SCHEMA, DoctorOptions, build_context, run_doctor
+from speclock.verify.doctor import DOCTOR_SCHEMA, DoctorOptions, build_context, exit_code_of, run_doctor
 from speclock.verify.gate import lock_beside, resolve_stack, run_gate, table
 from speclock.verify.report import human_table
 from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
@@ -99,13 +99,16 @@ class SelfcheckOptions:
 def run_doctor_stage(opts: SmokeOptions) -> tuple[int, dict[str, Any]]:
     """Doctor on the stack, target and drafter smoke will use; (exit code, doctor.json's content)."""
     try:
-        ctx = build_context(DoctorOptions(stack=opts.stack, target=opts.target, draft=opts.draft, json=True))
+        doctor_opts = DoctorOptions(
+            stack=opts.stack, target=opts.target, draft=opts.draft, json=True, allow_other_model=opts.allow_other_model
+        )
+        ctx = build_context(doctor_opts)
         checks = run_doctor(ctx)
     except SpeclockError as err:
         return err.exit_code, {"ok": False, "error": str(err)}
     rows = [asdict(c) for c in checks]
     failed = [r["name"] for r in rows if r.get("status") == "fail"]
-    code = 3 if ctx.python is None else (1 if failed else 0)
+    code = exit_code_of(checks) or (3 if ctx.python is None else (1 if failed else 0))  # 2: a model other than the lock's
     return code, {
         "schema": DOCTOR_SCHEMA,
         "checks": rows,
@@ -320,7 +323,8 @@ def env_args(opts: SmokeOptions, baseline: str) -> list[str]:
     for f in fields(SmokeOptions):
         value = getattr(opts, f.name)
         if value is not None and value != getattr(defaults, f.name) and f.name not in ("min_speedup", "max_reference_gap"):
-            argv += [f"--{f.name.replace('_', '-')}", str(value)]
+            flag = f"--{f.name.replace('_', '-')}"
+            argv += [flag] if value is True else [flag, str(value)]  # a switch (--allow-other-model) has no value
     return argv + (["--baseline", baseline] if baseline != "auto" else [])
 
 

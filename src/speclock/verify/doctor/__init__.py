@@ -1,7 +1,7 @@
 """`speclock doctor`: static self-checks of an engine environment, no GPU needed (see runner.DESCRIPTION).
 
 One module per check family (versions, engine_import, pruned, import_traps, patches, eagle3, aux_layers, archs,
-torch_archs, flashinfer_kernels, triton_build, jit_needs, kernels),
+torch_archs, flashinfer_kernels, triton_build, jit_needs, kernels, weights, model_identity),
 each a DoctorCheck (context.py); runner.py orders them, asks the engine once and reports.
 """
 
@@ -31,6 +31,7 @@ from speclock.verify.doctor.runner import (
     ENGINE_CHECKS,
     add_commands,
     doctor_main,
+    exit_code_of,
     run_doctor,
 )
 from speclock.verify.doctor.torch_archs import check_torch_archs
@@ -62,6 +63,7 @@ __all__ = [
     "DoctorCheck",
     "DoctorOptions",
     "ENGINE_CHECKS",
+    "exit_code_of",
     "kernels_dir",
     "load_manifest",
     "resolve_python",

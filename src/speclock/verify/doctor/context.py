@@ -47,6 +47,7 @@ class DoctorOptions:
     arch: str | None = None
     only: str | None = None  # comma-separated check names
     json: bool = False
+    allow_other_model: bool = False  # model-identity: a folder that differs from the lock's WARNs instead of failing
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Context:
     engine_answers: dict = field(default_factory=dict)
     manifest: dict | None = None  # the drafter's manifest (set by the runner)
     facts: dict = field(default_factory=dict)  # target_facts() (set by the runner)
+    allow_other_model: bool = False  # --allow-other-model (model-identity)
 
 
 class DoctorCheck(Protocol):
@@ -156,7 +158,7 @@ def build_context(opts: DoctorOptions) -> Context:
         raise BadInput(f"--site-packages {opts.site_packages} is not a folder", hint="give the engine's site-packages folder")
     if python:
         site = Path(opts.site_packages) if opts.site_packages else default_site_packages(python)
-    return Context(stack, python, note, site, lock, target, draft, opts.arch)
+    return Context(stack, python, note, site, lock, target, draft, opts.arch, allow_other_model=opts.allow_other_model)
 
 
 # ---------------------------------------------------------------- target and drafter facts

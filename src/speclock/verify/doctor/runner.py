@@ -29,6 +29,7 @@ from speclock.verify.doctor.flashinfer_kernels import FlashInferKernels
 from speclock.verify.doctor.import_traps import ImportTraps
 from speclock.verify.doctor.jit_needs import SglangJit
 from speclock.verify.doctor.kernels import Kernels
+from speclock.verify.doctor.model_identity import ModelIdentity
 from speclock.verify.doctor.patches import Patches
 from speclock.verify.doctor.pruned import Pruned
 from speclock.verify.doctor.torch_archs import TorchArchs
@@ -59,6 +60,10 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
                   EAGLE-3 check passes on that class (the outer one, which the engine checks)
   weights         the target's and the drafter's safetensors files are whole and fit their config.json (headers,
                   dtypes, byte ranges inside each file, the shapes the config fixes), read by their headers alone
+  model-identity  the target folder (and a drafter given by an absolute path) is the model the lock pins: config,
+                  tokenizer and each weight file by size, header and bytes (docs/lock.md); one that differs fails
+                  with exit 2 naming the file, unless --allow-other-model (then WARN); a lock made without the
+                  model WARNs "model not pinned"
   aux-layers      the layers the engine will feed the drafter (engine's own convention, from
                   the config the drafter folder has) equal the drafter manifest's aux_layers_after
   gpu-archs       every compiled extension has SASS or usable PTX for each stack GPU arch
@@ -80,7 +85,7 @@ Checks (each prints PASS / FAIL / WARN / SKIP and a one-line reason):
                   stack GPU arch and no PTX (cuobjdump), and is the one its kernels.json describes
 
 All engine questions go to the engine's Python in one subprocess (`speclock.engines.probe`).
-Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input, 3 engine missing.
+Exit: 0 all pass (warnings allowed), 1 a check failed, 2 bad input (a model other than the lock's), 3 engine missing.
 """
 # The order of the report.
 DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (
@@ -91,6 +96,7 @@ DOCTOR_CHECKS: tuple[DoctorCheck, ...] = (
     Patches(),
     Eagle3Target(),
     Weights(),
+    ModelIdentity(),
     AuxLayers(),
     GpuArchs(),
     TorchArchs(),
@@ -125,6 +131,12 @@ def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Ch
         except EnvironmentProblem as err:
             results.append(Check(check.name, "fail", str(err).splitlines()[0]))
     return results
+
+
+def exit_code_of(results: list[Check]) -> int | None:
+    """The exit code a failed check carries (details.exit_code: model-identity's 2), else None (a failed check: 1)."""
+    codes = [r.details["exit_code"] for r in results if r.status == "fail" and isinstance(r.details.get("exit_code"), int)]
+    return max(codes) if codes else None
 
 
 def doctor_json(ctx: Context, results: list[Check], verdict: str, seconds: float) -> dict:
@@ -176,6 +188,12 @@ def doctor_main(opts: DoctorOptions) -> int:
         print(json.dumps(doctor_json(ctx, results, verdict, time.time() - t0), indent=2))
     else:
         print_table(ctx, results, verdict, time.time() - t0)
+    carried = exit_code_of(results)
+    if carried is not None:  # a model other than the lock's: bad input, whatever else failed
+        if opts.json:
+            return carried
+        refused = next(r for r in failed if r.details.get("exit_code") == carried)
+        raise BadInput(f"doctor check {refused.name} failed", hint=refused.details.get("hint"))
     engine_missing = ctx.python is None and any(c in ENGINE_CHECKS for c in (only or CHECKS))
     if engine_missing:
         if opts.json:
@@ -204,6 +222,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             arch=args.arch,
             only=args.only,
             json=args.json,
+            allow_other_model=args.allow_other_model,
         )
     )
 
@@ -223,5 +242,10 @@ def add_commands(sub) -> None:
     p.add_argument("--draft", help="drafter folder with config.json and speclock-manifest.json")
     p.add_argument("--arch", help="target architecture, overriding the target's config.json")
     p.add_argument("--only", help=f"comma-separated checks to run: {', '.join(CHECKS)}")
+    p.add_argument(
+        "--allow-other-model",
+        action="store_true",
+        help="a target (or drafter) folder whose identity differs from the lock's WARNs instead of failing (exit 2)",
+    )
     p.add_argument("--json", action="store_true", help="print a speclock.doctor/v1 JSON report")
     p.set_defaults(func=_cmd_doctor)

@@ -19,7 +19,9 @@ from speclock.drafter.models import draft_folder, read_drafter_manifest, require
 from speclock.engines import DEFAULT_CONCURRENCY
 from speclock.spec.prompts import packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
+from speclock.verify.model_pin import ALLOW_FLAG, check_served
 from speclock.verify.profiles import PROFILES, Profile, resolve_profile
+from speclock.verify.report_types import IdentityCheck
 
 
 def log(msg: str) -> None:
@@ -50,6 +52,7 @@ class SmokeOptions:
     speed_repeats: int | None = None
     speed_concurrent: int | None = None  # speed under load: requests at once (--speed-concurrent)
     out: str | None = None
+    allow_other_model: bool = False  # serve a model folder whose identity differs from the lock's (marked in the report)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SmokeOptions:
@@ -79,6 +82,7 @@ class SmokeInputs:
     speed_repeats: int = 3  # runs per engine (plain, drafted, plain again); 0 = speed not measured
     speed_concurrent: int = 0  # speed under load: requests at once; 0 = not measured (speclock.verify.speed)
     run_id: str = ""  # the report's run.id (selfcheck passes its own; empty: a new one)
+    identity: dict[str, IdentityCheck] = field(default_factory=dict)  # "target"/"draft" against the lock (model_pin)
 
 
 # ---------------------------------------------------------------- inputs
@@ -117,6 +121,8 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     require_runnable_model(target, what="target", option="--target")  # weights and tokenizer too (#26)
     require_runnable_model(draft, what="draft", option="--draft", tokenizer=False)
     read_drafter_manifest(draft)  # optional, but when present its recorded references must be well-formed
+    # the served folders against the identity the lock pins (target.path stacks): a different model is exit 2 here
+    identity = check_served(stack, {"target": target, "draft": draft}, allow_other=opts.allow_other_model, log=log)
     thresholds = dict(stack.thresholds)
     for key in ("min_mean_acceptance_length", "min_speedup", "max_reference_gap"):
         override = getattr(opts, key)
@@ -144,6 +150,7 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
         plain_cache=plain_cache,
         concurrency=opts.concurrency,
         profile=profile,
+        identity=identity,
         **speed,
     )
 
@@ -222,6 +229,13 @@ def add_smoke_arguments(p: argparse.ArgumentParser) -> None:
         "prompts and max_tokens (for sweeps over many drafters; a self-check runs both)",
     )
     add_speed_arguments(p)
+    p.add_argument(
+        ALLOW_FLAG,
+        dest="allow_other_model",
+        action="store_true",
+        help="run a target (or drafter) folder whose identity differs from the one the stack's lock pins, instead of "
+        "refusing it (exit 2); the report marks it (target.identity.allowed_other) and the gate WARNs",
+    )
     p.add_argument(
         "--out", help="output folder for report.json (default: /tmp/speclock-out in an image, out/smoke-<stack> on the host)"
     )

@@ -25,14 +25,7 @@ from speclock.verify.checks import failures_of, warnings_of
 from speclock.verify.gate import evaluate
 from speclock.verify.profiles import Profile
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
-from speclock.verify.report_types import (
-    EngineInfo,
-    ImageIdentity,
-    ProfileRecord,
-    ReferenceKey,
-    ReferenceSection,
-    SmokeReport,
-)
+from speclock.verify.report_types import EngineInfo, ImageIdentity, ProfileRecord, ReferenceKey, ReferenceSection, SmokeReport
 from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
@@ -237,7 +230,7 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> SmokeReport:
     }
     if inp.server_url:  # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
         engine_info["concurrency"] = inp.concurrency
-    return {
+    report: SmokeReport = {
         "schema": SCHEMA_ID,
         "stack": inp.stack.name,
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -258,6 +251,11 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> SmokeReport:
         "verdict": "fail",
         "failures": [],
     }
+    if "target" in inp.identity:  # the served model against the lock's identity (verify.model_pin)
+        report["target"]["identity"] = inp.identity["target"]
+    if "draft" in inp.identity:
+        report["draft"]["identity"] = inp.identity["draft"]
+    return report
 
 
 def _profile_record(inp: SmokeInputs) -> ProfileRecord:
