@@ -4,6 +4,7 @@ starts: a different model is exit 2 naming the file, `--allow-other-model` runs 
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -147,10 +148,19 @@ def test_bad_folders_are_bad_input_naming_the_path(tmp_path, case):
         assert "truncated" in str(err.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
-def test_an_unreadable_weight_file_is_an_environment_problem_naming_it(tmp_path):
+def test_an_unreadable_weight_file_is_an_environment_problem_naming_it(tmp_path, monkeypatch):
     folder = make_model(tmp_path / "m")
-    (folder / "model.safetensors").chmod(0)
+    weights = folder / "model.safetensors"
+    weights.chmod(0)
+    if os.geteuid() == 0:  # root reads a file of mode 000 (CI runs as root): the open fails as it would for a user
+        real_open = builtins.open
+
+        def refusing_open(file, *args, **kwargs):
+            if Path(file) == weights:
+                raise PermissionError(13, "Permission denied", str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", refusing_open)
     with pytest.raises(SpeclockError) as err:
         model_identity(folder)
     assert err.value.exit_code == 3 and str(folder / "model.safetensors") in str(err.value)
