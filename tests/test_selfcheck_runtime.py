@@ -50,6 +50,7 @@ def test_selfcheck_image_runs_under_the_chosen_runtime_without_a_docker_copy(mon
 
     class Stack:
         name = "cpu-vllm"
+        target = {"path": ""}  # ships its target in a package: nothing to mount
 
     record = {"builder": "buildah", "ref": "localhost/speclock-cpu-vllm:1", "tag": "1", "image_id": "sha256:ab"}
     result = image.selfcheck_image(Stack(), record, progress=lambda m: None)
