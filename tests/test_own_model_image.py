@@ -1,16 +1,20 @@
-"""A stack that serves its own model (target.path) end to end on the CPU: its image is built by the real builder
-(buildah) and holds no target, `run-image --model DIR` mounts the converted SmolLM2 folder (outside the repository)
-read-only and the image's self-check passes; without --model it is exit 3 naming --model, from run-image before any
-container starts and from the image itself before any engine starts.
+"""Bring your own model, end to end on the CPU (#36 item 4): `speclock stack new` writes a vllm-cpu stack for the
+converted SmolLM2 folder outside the repository (target.path, absolute: mounted at run time); its lock pins that
+folder's identity; its image is built by the real builder (buildah) and holds no target; `run-image --model DIR`
+mounts the folder read-only and the image's self-check passes; a copy of the folder with one weight changed is
+refused (exit 2, naming the file) unless --allow-other-model; without --model it is exit 3 naming --model, from
+run-image before any container starts and from the image itself before any engine starts.
 
-The stack is stacks/cpu-vllm.toml with its [target] made a target.path; its lock is cpu-vllm's with the target's wheel
-left out (the same packages, so the image shares the cpu-vllm image's venv layers: no resolve, no network, and the
-build reuses the layer cache). The image sizes, own-model against baked-target, are printed for the record."""
+The lock is cpu-vllm's packages (the same engine release and pins, so the image shares the cpu-vllm image's venv
+layers: no resolve, no network, and the build reuses the layer cache) with the target's wheel left out and the
+folder's identity recorded by the lock's own code (spec.lock_models). The image sizes, own-model against
+baked-target, are printed for the record."""
 
 from __future__ import annotations
 
 import json
-import re
+import os
+import shutil
 import subprocess
 
 import pytest
@@ -22,36 +26,35 @@ from speclock.build.run import run_image
 from speclock.build.runtimes import podman_cli, podman_limit_args, run_argv
 from speclock.core.errors import BadInput
 from speclock.spec.lock import finish_lock, read_lock
+from speclock.spec.lock_models import model_records
 from speclock.spec.pylock import write_lock_files
 from speclock.spec.stack import load_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
 
 STACK = "own-vllm"
-TARGET_PATH = "models/own-target"  # not in the image, and not even on this host: --model gives the folder
-
-
-def own_model_stack(text: str) -> str:
-    """cpu-vllm.toml as a target.path stack named own-vllm."""
-    text = re.sub(r'^name = "cpu-vllm"$', f'name = "{STACK}"', text, count=1, flags=re.M)
-    target = f'[target]\nname = "SmolLM2-135M-Instruct"\npath = "{TARGET_PATH}"\n\n'
-    out, n = re.subn(r"^\[target\]\n(?:[^\[\n].*\n)*\n", target, text, count=1, flags=re.M)
-    assert n == 1, "stacks/cpu-vllm.toml has no [target] section to replace"
-    return out
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
+def model():
+    return converted_target().resolve()  # outside the repository: the host cache
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, model):
     root = copy_repo(tmp_path_factory.mktemp("own-repo"))
-    stack_file = root / "stacks" / f"{STACK}.toml"
-    stack_file.write_text(own_model_stack((root / "stacks" / "cpu-vllm.toml").read_text()))
-    stack = load_stack(stack_file)
+    new = speclock(root, "stack", "new", "--engine", "vllm-cpu", "--engine-version", "0.32.0", "--target", str(model),
+                   "--draft", "models/smollm2-135m-eagle3", "--name", STACK, "--json")  # fmt: skip
+    stack = load_stack(root / "stacks" / f"{STACK}.toml")
+    assert stack.target["path"] == str(model), new.stdout
     base = read_lock(root / "locks" / "cpu-vllm.lock")
     package = base["stack_data"]["target"]["package"].split("==")[0]
     doc = dict(base, stack=STACK, stack_sha256=stack.source_sha256, stack_data=stack.data)
     doc["assets"] = [a for a in base["assets"] if a["name"] != package]
+    doc["models"] = model_records(stack, root=root, progress=lambda m: None)  # type: ignore[typeddict-item]
+    assert doc["models"]["target"]["identity"], doc["models"]  # pinned: the folder is on this host
     write_lock_files(root / "locks" / f"{STACK}.lock", finish_lock(doc))  # type: ignore[arg-type]
-    speclock(root, "lock", "--stack", STACK, "--check")  # the derived lock is the stack's, in sync
+    speclock(root, "lock", "--stack", STACK, "--check")  # the derived lock is the stack's, in sync, model included
     return root
 
 
@@ -103,10 +106,12 @@ def test_the_image_without_a_mount_refuses_before_any_engine_starts(built):
     said = proc.stdout + proc.stderr
     assert proc.returncode == 3, said[-2000:]
     assert "/opt/speclock/target" in said and "--model" in said and "docker run -v DIR:/opt/speclock/target:ro" in said
+    doctor = run_image(built["ref"], ["doctor"], runtime="podman", capture_output=True, timeout=300)
+    said = doctor.stdout + doctor.stderr
+    assert doctor.returncode == 3 and "--model" in said, said[-2000:]  # doctor too, before a page of failing checks
 
 
-def test_run_image_with_model_mounted_read_only_self_checks(built, repo, tmp_path):
-    model = converted_target()  # outside the repository: the host cache
+def test_run_image_with_model_mounted_read_only_self_checks(built, repo, model, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
     out = tmp_path / "out"
     args = ["--num-prompts", "8", "--max-tokens", "32", "--baseline", "none", *SPEED]
@@ -141,3 +146,25 @@ def test_run_image_with_model_mounted_read_only_self_checks(built, repo, tmp_pat
     print(f"\nown-model self-check: {summary['verdict']} (exit {proc.returncode})")
     # mounted read-only: nothing in the model's folder was written
     assert {p.name: p.stat().st_mtime_ns for p in model.iterdir()} == before
+
+
+def test_a_different_model_mounted_is_refused_naming_the_file(built, repo, model, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(model, other)
+    weights = other / "model.safetensors"
+    with weights.open("r+b") as f:  # one byte of the last tensor's data: the header, sizes and config stay the same
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 0x01]))
+    os.chmod(other, 0o755)
+    proc = speclock(repo, "run-image", "--stack", STACK, "--runtime", "podman", "--model", str(other), "--", "doctor",
+                    check=False)  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert "model.safetensors" in said and "--allow-other-model" in said, said[-3000:]
+    allowed = speclock(repo, "run-image", "--stack", STACK, "--runtime", "podman", "--model", str(other), "--",
+                       "doctor", "--allow-other-model", check=False)  # fmt: skip
+    said = allowed.stdout + allowed.stderr
+    assert allowed.returncode == 0, said[-3000:]
+    assert "model.safetensors" in said, said[-3000:]  # still named, as a WARN

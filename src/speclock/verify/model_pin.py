@@ -68,7 +68,8 @@ def compare_models(
         differs = [f"{name}: {d}" for name, d in identity_differences(locked, model_identity(folder, like=locked))]
         out[what] = {"pinned": True, "matches": not differs, "allowed_other": bool(differs) and allow_other, "differs": differs}
         if differs and allow_other:
-            out[what]["note"] = f"{folder} is not the model the lock pins; run anyway ({ALLOW_FLAG})"
+            named = "; ".join(differs[:3]) + (f"; and {len(differs) - 3} more" if len(differs) > 3 else "")
+            out[what]["note"] = f"{folder} is not the model the lock pins ({named}); run anyway ({ALLOW_FLAG})"
     return out
 
 

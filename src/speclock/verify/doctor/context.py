@@ -19,6 +19,7 @@ from speclock.drafter.models import (
     read_model_config,
     require_model_folder,
     stack_model_path,
+    target_folder,
 )
 from speclock.engines import envs as engine_envs
 from speclock.engines import package_version
@@ -132,7 +133,9 @@ def build_context(opts: DoctorOptions) -> Context:
     if image:
         stack = load_stack(IMAGE.stack_file)
         lock = IMAGE.lock_file
-        target = IMAGE.target_dir
+        # A target.path stack's image holds no target: with nothing mounted, exit 3 naming --model (target_folder),
+        # as smoke does, rather than a page of checks that each find the folder empty.
+        target = target_folder(stack, None) if stack.target["path"] and in_image() and not opts.target else IMAGE.target_dir
         draft = IMAGE.draft_dir
     else:
         stack = load_stack(opts.stack or DEFAULT_STACK)
