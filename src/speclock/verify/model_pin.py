@@ -98,7 +98,8 @@ def check_served(stack: Stack, folders: dict[str, Path | None], *, allow_other: 
         raise refused
     for what, c in checks.items():
         if c.get("note"):
-            log(f"WARN: {what}: {c.get('note')}" + ("".join(f"\n  {d}" for d in c["differs"])))
+            rest = c["differs"][3:]  # the note names the first three
+            log(f"WARN: {what}: {c.get('note')}" + "".join(f"\n  {d}" for d in rest))
     return checks
 
 
