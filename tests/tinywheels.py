@@ -126,6 +126,7 @@ def tiny_lock(stack, *, python: str, packages: list, excluded: list, assets: lis
     """A finished lock document of `stack` with these entries (the base taken from the committed lock: no rootfs is
     built in the tests that use it)."""
     from speclock.spec.lock import finish_lock
+    from speclock.spec.lock_models import model_records
     from speclock.spec.pip_resolver import platform_tags
 
     doc = {
@@ -143,4 +144,7 @@ def tiny_lock(stack, *, python: str, packages: list, excluded: list, assets: lis
     }
     if targets:
         doc["targets"] = targets
+    models = model_records(stack, progress=lambda *a: None)  # target.path: pinned by identity, as `lock` writes it
+    if models is not None:
+        doc["models"] = models
     return finish_lock(doc)
