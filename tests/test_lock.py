@@ -62,6 +62,14 @@ def test_threshold_edits_need_no_relock(tmp_path):
     assert check_lock(stack, read_lock(ROOT / "locks" / "cpu-vllm.lock")) == []
 
 
+def test_check_of_another_stacks_lock_is_bad_input_naming_stack():
+    """Another stack's lock is the wrong input (exit 2), not a lock that needs relocking (exit 1 tells CI to relock)."""
+    proc = run_cli("lock", "--check", "--stack", "cpu-vllm", "--lock", str(ROOT / "locks" / "sglang-cu130.lock"))
+    assert proc.returncode == 2, proc.stderr
+    assert "stack: this is the lock of stack 'sglang-cu130', not of 'cpu-vllm'" in proc.stderr
+    assert "--stack sglang-cu130" in proc.stderr
+
+
 def test_check_cli_exits_1_when_out_of_date(tmp_path):
     repo = tmp_path / "repo"
     for sub in ("src", "stacks", "locks"):

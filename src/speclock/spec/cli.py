@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from speclock.core.args import draft_length
-from speclock.core.errors import CheckFailed
+from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec import new_stack
 from speclock.spec.lock import check_lock, lock_path, lock_summary, portability_problems, read_lock
 from speclock.spec.pylock import pylock_drift, pylock_path, write_lock_files
@@ -152,6 +152,11 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     progress = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     if args.check:
         doc = read_lock(path, stack=stack)
+        if doc.get("stack") != stack.name:  # another stack's lock: the input is wrong, not out of date (exit 2, not 1)
+            raise BadInput(
+                f"{path}: stack: this is the lock of stack {doc.get('stack')!r}, not of {stack.name!r}",
+                hint=f"check {stack.name} against its own lock ({lock_path(stack)}), or pass --stack {doc.get('stack')}",
+            )
         # the stack against its lock, then the lock's URLs, then its pylock against it: all exit 1
         diffs = check_lock(stack, doc) + portability_problems(doc, stack.name) + pylock_drift(path, doc)
         if args.json:
