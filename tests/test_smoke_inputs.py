@@ -53,9 +53,10 @@ def test_smoke_with_an_empty_prompt_file_exits_2(tmp_path, models, capsys):
     target, draft = models
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert main(["smoke", "--target", str(target), "--draft", str(draft), "--prompts", str(empty), "--out", str(tmp_path)]) == 2
+    out = tmp_path / "out"
+    assert main(["smoke", "--target", str(target), "--draft", str(draft), "--prompts", str(empty), "--out", str(out)]) == 2
     assert "holds no prompts" in capsys.readouterr().err
-    assert not (tmp_path / "report.json").exists()
+    assert not out.exists()  # refused before the output folder was made: nothing left behind
 
 
 def test_smoke_with_a_folder_that_is_not_a_model_exits_2(tmp_path, models, capsys):

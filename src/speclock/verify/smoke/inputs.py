@@ -17,7 +17,7 @@ from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.drafter.models import draft_folder, read_drafter_manifest, require_runnable_model, target_folder
 from speclock.engines import DEFAULT_CONCURRENCY
-from speclock.spec.prompts import packaged_file
+from speclock.spec.prompts import load_prompts, packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 from speclock.verify.model_pin import ALLOW_FLAG, check_served
 from speclock.verify.profiles import PROFILES, Profile, resolve_profile
@@ -121,6 +121,7 @@ def resolve_inputs(opts: SmokeOptions) -> SmokeInputs:
     require_runnable_model(target, what="target", option="--target")  # weights and tokenizer too (#26)
     require_runnable_model(draft, what="draft", option="--draft", tokenizer=False)
     read_drafter_manifest(draft)  # optional, but when present its recorded references must be well-formed
+    load_prompts(prompts)  # a bad prompt file is refused here, before --out is made (run_smoke reads it again: 80 lines)
     # the served folders against the identity the lock pins (target.path stacks): a different model is exit 2 here
     identity = check_served(stack, {"target": target, "draft": draft}, allow_other=opts.allow_other_model, log=log)
     thresholds = dict(stack.thresholds)
