@@ -103,6 +103,13 @@ def test_cli_root_rule(tmp_path):
     assert proc.returncode == 0 and ok in proc.stdout, proc.stderr
     proc = _cli("lock", "--check", cwd=ROOT / "stacks")  # a subfolder of the project
     assert proc.returncode == 0 and ok in proc.stdout, proc.stderr
+    # a command given a path runs without a project; where it fails, the error says none was found
+    stack_copy = elsewhere / "mine.toml"
+    stack_copy.write_text((ROOT / "stacks" / "cpu-vllm.toml").read_text())
+    proc = _cli("stack", "check", str(stack_copy), cwd=elsewhere)
+    assert proc.returncode == 0 and "note:" not in proc.stderr, proc.stderr
+    proc = _cli("lock", "--stack", str(stack_copy), "--check", cwd=elsewhere)
+    assert proc.returncode == 2 and f"note: no speclock project was found at or above {elsewhere}" in proc.stderr, proc.stderr
     # an explicit root that is not a folder is bad input, whatever the command
     proc = _cli("--root", str(tmp_path / "nothing"), "lock", "--check", cwd=ROOT)
     assert proc.returncode == 2 and "is not a folder" in proc.stderr

@@ -139,4 +139,7 @@ def _fail(command: str, err: SpeclockError, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     print(f"speclock {command}: error: {err}", file=sys.stderr)
+    if layout.ROOT.source == "none" and "no speclock project here" not in str(err):
+        # the paths above were taken from the working directory, for want of a project: say so
+        print(f"  note: no speclock project was found at or above {layout.ROOT.path}; {layout.NO_PROJECT_HINT}", file=sys.stderr)
     return err.exit_code
