@@ -104,7 +104,7 @@ def test_cli_root_rule(tmp_path):
     proc = _cli("lock", "--check", cwd=ROOT / "stacks")  # a subfolder of the project
     assert proc.returncode == 0 and ok in proc.stdout, proc.stderr
     # a command given a path runs without a project; where it fails, the error says none was found
-    stack_copy = elsewhere / "mine.toml"
+    stack_copy = elsewhere / "cpu-vllm.toml"
     stack_copy.write_text((ROOT / "stacks" / "cpu-vllm.toml").read_text())
     proc = _cli("stack", "check", str(stack_copy), cwd=elsewhere)
     assert proc.returncode == 0 and "note:" not in proc.stderr, proc.stderr
