@@ -20,8 +20,9 @@ from speclock.core.files import os_error
 IMPORT_ROOT = Path(__file__).resolve().parents[2]
 
 # The project (stacks/, locks/, patches/, models/, baselines/) is found as git and cargo find theirs: `--root DIR`
-# (the CLI puts it into this variable before any command module is imported), else this variable, else the
-# nearest folder at or above the working directory that holds both stacks/ and locks/ (docs/install.md).
+# (the CLI applies it with use_root() before it imports the command modules, and exports it in this variable for
+# the processes it starts), else this variable, else the nearest folder at or above the working directory that
+# holds both stacks/ and locks/ (docs/install.md).
 ROOT_ENV = "SPECLOCK_ROOT"
 ROOT_MARKERS = ("stacks", "locks")
 NO_PROJECT_HINT = f"run inside a speclock project (a folder holding {' and '.join(m + '/' for m in ROOT_MARKERS)}) or pass --root DIR / {ROOT_ENV}"
