@@ -56,7 +56,7 @@ HEAVY = {
     "tokenizers",
     "accelerate",
 }
-# Optional, not heavy: speclock's own dependencies are the standard library only (pyproject: dependencies = []).
+# Not heavy, imported on use: the CLI's declared dependencies (pyproject.toml), which an image need not carry.
 OPTIONAL = {
     "packaging",
     "prometheus_client",

@@ -12,9 +12,11 @@ import importlib
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from speclock import __version__
-from speclock.core.errors import SpeclockError
+from speclock.core import layout
+from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import current_input, os_error
 
 COMMAND_MODULES = [
@@ -51,6 +53,12 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"speclock {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    parser.add_argument(
+        "--root",
+        metavar="DIR",
+        help="the project (stacks/, locks/, patches/, models/); default: $SPECLOCK_ROOT, else the nearest folder "
+        "at or above the working directory holding stacks/ and locks/",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in modules or COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
@@ -59,6 +67,19 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> int:
     """Run the CLI. `modules` limits it to some command modules (build steps that carry only a few)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    root = _global_root(argv)
+    if root is not None:
+        # Before the command modules are imported (they bind layout.REPO_ROOT at import); the processes speclock
+        # starts (build steps, workers) find the same project through the variable.
+        path = Path(root).expanduser().absolute()
+        if not path.is_dir():
+            print(
+                f"speclock: error: --root {root}: {path} is not a folder\n  what to do: {layout.NO_PROJECT_HINT}", file=sys.stderr
+            )
+            return 2
+        os.environ[layout.ROOT_ENV] = str(path)
+        layout.use_root(path)
     parser = build_parser(modules)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -66,6 +87,7 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
         return 2
     debug = bool(args.verbose or os.environ.get("SPECLOCK_DEBUG"))
     try:
+        _check_root(args)
         return int(args.func(args) or 0)
     except SpeclockError as err:
         return _fail(args.command, err, debug)
@@ -89,8 +111,35 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
         return 3
 
 
+def _global_root(argv: list[str]) -> str | None:
+    """The value of the global --root (options before the command name), read before the parser exists."""
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            return None  # the command: what follows is its own
+        if arg == "--root":
+            return argv[i + 1] if i + 1 < len(argv) else None  # a missing value: the parser says so
+        if arg.startswith("--root="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _check_root(args: argparse.Namespace) -> None:
+    """Bad input (exit 2) when the project root cannot serve this command: an explicit root that is not a
+    folder, or no project found for a command that names a stack by name (stacks/<name>.toml of the project).
+    Commands given paths, and everything inside an image, run as they are."""
+    if layout.ROOT.problem:
+        raise BadInput(layout.ROOT.problem, hint=layout.NO_PROJECT_HINT)
+    stack = getattr(args, "stack", None)
+    named = isinstance(stack, str) and "/" not in stack and not stack.endswith(".toml")
+    if named and not layout.ROOT.found:
+        raise layout.no_project()
+
+
 def _fail(command: str, err: SpeclockError, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     print(f"speclock {command}: error: {err}", file=sys.stderr)
+    if layout.ROOT.source == "none" and "no speclock project here" not in str(err):
+        # the paths above were taken from the working directory, for want of a project: say so
+        print(f"  note: no speclock project was found at or above {layout.ROOT.path}; {layout.NO_PROJECT_HINT}", file=sys.stderr)
     return err.exit_code

@@ -7,17 +7,87 @@ Every module that runs inside an image (doctor, smoke, gate) finds its inputs th
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error
 
-# The folder holding this speclock package (src/ in a checkout): what a child Python needs on PYTHONPATH
-# to import this same copy. The one place, as is REPO_ROOT.
+# The folder holding this speclock package (src/ in a checkout, site-packages in an install): what a child
+# Python needs on PYTHONPATH to import this same copy. It says where the code is, never where the project is.
 IMPORT_ROOT = Path(__file__).resolve().parents[2]
-# The checkout this package runs from (src/speclock/core/layout.py -> the repository root).
-REPO_ROOT = IMPORT_ROOT.parent
+
+# The project (stacks/, locks/, patches/, models/, baselines/) is found as git and cargo find theirs: `--root DIR`
+# (the CLI applies it with use_root() before it imports the command modules, and exports it in this variable for
+# the processes it starts), else this variable, else the nearest folder at or above the working directory that
+# holds both stacks/ and locks/ (docs/install.md).
+ROOT_ENV = "SPECLOCK_ROOT"
+ROOT_MARKERS = ("stacks", "locks")
+NO_PROJECT_HINT = f"run inside a speclock project (a folder holding {' and '.join(m + '/' for m in ROOT_MARKERS)}) or pass --root DIR / {ROOT_ENV}"
+
+
+@dataclass(frozen=True)
+class ProjectRoot:
+    path: Path  # the project; where none was found, the working directory (so paths in messages read naturally)
+    source: str  # "--root" / SPECLOCK_ROOT, "the working directory", "the image", or "none"
+    problem: str | None = None  # why the root given explicitly cannot be used
+
+    @property
+    def found(self) -> bool:
+        return self.source != "none" and self.problem is None
+
+
+def is_project(folder: Path) -> bool:
+    return all((folder / m).is_dir() for m in ROOT_MARKERS)
+
+
+def find_root(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> ProjectRoot:
+    """The project root by the rule above. Inside an image (and a host-env, which has the image's layout) the
+    package sits in the image's own tree, whose parent is the root it always had: that stays."""
+    env = os.environ if environ is None else environ
+    if env.get("SPECLOCK_IN_IMAGE") == "1":
+        return ProjectRoot(IMPORT_ROOT.parent, "the image")
+    try:
+        here = (cwd or Path.cwd()).absolute()
+    except OSError:  # the working directory was removed under us
+        here = Path("/")
+    given = env.get(ROOT_ENV)
+    if given:
+        path = (here / given).resolve()
+        problem = None if path.is_dir() else f"{ROOT_ENV}={given}: {path} is not a folder"
+        return ProjectRoot(path, ROOT_ENV, problem)
+    for folder in [here, *here.parents]:
+        if is_project(folder):
+            return ProjectRoot(folder, "the working directory")
+    return ProjectRoot(here, "none")
+
+
+ROOT = find_root()
+# The project this process works on, found once at import (modules bind it by value; tests monkeypatch it).
+REPO_ROOT = ROOT.path
+
+
+def no_project(cwd: Path | None = None) -> BadInput:
+    """The error of a command that needs a project where none was found (exit 2)."""
+    here = cwd or ROOT.path
+    return BadInput(
+        f"no speclock project here: no folder holding {' and '.join(m + '/' for m in ROOT_MARKERS)} at or above {here}",
+        hint=NO_PROJECT_HINT,
+    )
+
+
+def use_root(path: Path, source: str = "--root") -> None:
+    """Make `path` the project root of this process after import (the CLI's --root, for callers that imported
+    speclock's modules before parsing): every loaded speclock module that bound the old REPO_ROOT is rebound."""
+    global ROOT, REPO_ROOT
+    old = REPO_ROOT
+    ROOT = ProjectRoot(path, source, None if path.is_dir() else f"--root {path} is not a folder")
+    REPO_ROOT = path
+    for name, module in list(sys.modules.items()):
+        if name.startswith("speclock.") and getattr(module, "REPO_ROOT", None) is old:
+            module.REPO_ROOT = path  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
