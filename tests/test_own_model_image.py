@@ -5,9 +5,9 @@ mounts the folder read-only and the image's self-check passes; a copy of the fol
 refused (exit 2, naming the file) unless --allow-other-model; without --model it is exit 3 naming --model, from
 run-image before any container starts and from the image itself before any engine starts.
 
-The lock is cpu-vllm's packages (the same engine release and pins, so the image shares the cpu-vllm image's venv
-layers: no resolve, no network, and the build reuses the layer cache) with the target's wheel left out and the
-folder's identity recorded by the lock's own code (spec.lock_models). The image sizes, own-model against
+The lock is `speclock lock --from-lock locks/cpu-vllm.lock`: cpu-vllm's packages carried (the same engine release
+and pins, so the image shares the cpu-vllm image's venv layers: no resolve, no network, and the build reuses the
+layer cache), the target's wheel left out and the folder's identity pinned. The image sizes, own-model against
 baked-target, are printed for the record."""
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ from speclock.build.records import read_record
 from speclock.build.run import run_image
 from speclock.build.runtimes import podman_cli, podman_limit_args, run_argv
 from speclock.core.errors import BadInput
-from speclock.spec.lock import finish_lock, read_lock
-from speclock.spec.lock_models import model_records
-from speclock.spec.pylock import write_lock_files
+from speclock.spec.lock import read_lock
 from speclock.spec.stack import load_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
@@ -47,14 +45,10 @@ def repo(tmp_path_factory, model):
                    "--draft", "models/smollm2-135m-eagle3", "--name", STACK, "--json")  # fmt: skip
     stack = load_stack(root / "stacks" / f"{STACK}.toml")
     assert stack.target["path"] == str(model), new.stdout
-    base = read_lock(root / "locks" / "cpu-vllm.lock")
-    package = base["stack_data"]["target"]["package"].split("==")[0]
-    doc = dict(base, stack=STACK, stack_sha256=stack.source_sha256, stack_data=stack.data)
-    doc["assets"] = [a for a in base["assets"] if a["name"] != package]
-    doc["models"] = model_records(stack, root=root, progress=lambda m: None)  # type: ignore[typeddict-item]
-    assert doc["models"]["target"]["identity"], doc["models"]  # pinned: the folder is on this host
-    write_lock_files(root / "locks" / f"{STACK}.lock", finish_lock(doc))  # type: ignore[arg-type]
-    speclock(root, "lock", "--stack", STACK, "--check")  # the derived lock is the stack's, in sync, model included
+    # the committed cpu-vllm lock's packages, carried without a resolve; the folder's identity pinned
+    speclock(root, "lock", "--stack", STACK, "--from-lock", "locks/cpu-vllm.lock")
+    speclock(root, "lock", "--stack", STACK, "--check")  # in sync, model included
+    assert read_lock(root / "locks" / f"{STACK}.lock")["models"]["target"]["identity"]  # pinned: on this host
     return root
 
 

@@ -11,6 +11,7 @@ from speclock.core.args import draft_length
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.spec import new_stack
 from speclock.spec.lock import check_lock, lock_path, lock_summary, portability_problems, read_lock
+from speclock.spec.lock_carry import carried_lock
 from speclock.spec.pylock import pylock_drift, pylock_path, write_lock_files
 from speclock.spec.resolve import portable_lock, resolve_lock
 from speclock.spec.schema import json_schema
@@ -181,7 +182,10 @@ def _cmd_lock(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"{path} and {pylock_path(path).name} are in sync with {stack.path}")
         return 0
-    if args.no_resolve:  # same versions and hashes: portable URLs and the pylock only
+    if args.from_lock:  # another stack's resolved packages, where nothing a wheel depends on differs (spec.lock_carry)
+        other = Path(args.from_lock)
+        doc = portable_lock(stack, carried_lock(stack, read_lock(other), str(other)), progress=progress)
+    elif args.no_resolve:  # same versions and hashes: portable URLs and the pylock only
         doc = portable_lock(stack, read_lock(path, stack=stack), progress=progress)
     else:
         doc = resolve_lock(stack, progress=progress)
@@ -221,6 +225,13 @@ def _add_lock_command(sub) -> None:
         help="keep the existing lock's versions and sha256: replace file:// URLs with their index URLs "
         "(the local copy kept as mirror_url), carry a [prune] or python.build_only change (only the data "
         "wheels are resolved again) and write the pylock",
+    )
+    mode.add_argument(
+        "--from-lock",
+        metavar="OTHER",
+        help="carry another stack's lock without resolving, where the two stacks differ only in what no wheel "
+        "depends on (a stack `stack new` wrote from a committed stack: its name, target folder, drafter, smoke "
+        "and engine settings); the data wheels follow this stack; anything else is exit 2 naming the key",
     )
     p.add_argument("--lock", metavar="PATH", help="the lock file to check or write (default locks/<stack>.lock)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")

