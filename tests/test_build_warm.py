@@ -17,7 +17,11 @@ import pytest
 from helpers import copy_repo, speclock
 
 from speclock.build import inputs, reuse, sbom_cache, tail
+from speclock.build.builders.buildah import BUILDER
+from speclock.build.containerfile import build_args_for
+from speclock.build.context import context_dir
 from speclock.build.records import BuildRecord
+from speclock.spec.lock import lock_path, read_lock
 from speclock.spec.stack import load_stack
 
 LABELS = {"io.speclock.stack": "cpu-vllm", "org.opencontainers.image.revision": "abc"}
@@ -180,6 +184,28 @@ def in_store(ref: str) -> bool:
     )
 
 
+def whole_file_image_id(record: dict) -> str:
+    """The staged context built as one Containerfile (the path before build.tail), with the record's labels."""
+    stack = load_stack("cpu-vllm")
+    lock = read_lock(lock_path(stack))
+    ctx = context_dir(stack)
+    args = build_args_for(stack, lock, ctx, f"localhost/speclock-base:{lock['base']['sha256'][:16]}")
+    whole = "localhost/speclock-test-whole:" + record["tag"]
+    try:
+        return BUILDER.build(
+            containerfile=ctx / "Containerfile",
+            context=ctx,
+            tag=whole,
+            build_args=args,
+            labels=record["labels"],
+            target="runtime",
+            no_cache=False,
+            timestamp=lock["source_date_epoch"],
+        )
+    finally:
+        BUILDER.remove(whole)
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     return copy_repo(tmp_path_factory.mktemp("repo"))
@@ -189,6 +215,8 @@ def repo(tmp_path_factory):
 @pytest.mark.buildah
 def test_no_change_answers_from_the_store_and_one_byte_calls_the_builder(repo):
     first, _ = build(repo)  # the layers test_image.py built: the tail at most
+    # The body + tail path gives the image the whole Containerfile gives (the layer cache: no new layers).
+    assert whole_file_image_id(first) == first["image_id"]
     again, log = build(repo)
     assert again["reused"] is True and again["image_id"] == first["image_id"]
     assert "COMMIT" not in log and "STEP" not in log and "not building it again" in log  # the builder never ran
