@@ -27,7 +27,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Files not listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
     "test_image.py": 930,  # +365 s on 2026-12-07: the docker copy and self-check, a push without --force, the soak in the image
-    "test_own_model_image.py": 250,  # the own-model image: cpu-vllm's venv layers plus its own, a podman self-check
+    "test_own_model_image.py": 250,
+    "test_build_warm.py": 20,  # the warm-rebuild shortcut and an interrupted build on test_image.py's layers (#37)  # the own-model image: cpu-vllm's venv layers plus its own, a podman self-check
     "test_doctor_checks.py": 475,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
     "test_smoke_vllm.py": 359,
     "test_upgrade_e2e.py": 240,  # ~1 s where this candidate's image and self-check are cached
@@ -64,12 +65,20 @@ DEFAULT_SECONDS = 4
 # them); test_run_push_runtimes reuses the image test_image built, test_own_model_image its venv layers. The second group needs the vLLM 0.33.0 engine
 # env: on a fresh machine one of them installs it, and on two workers the other worker would wait for it.
 SAME_WORKER = (
-    ("test_image.py", "test_own_model_image.py", "test_run_push_runtimes.py", "test_kernels_image.py", "test_attest_referrer.py"),
+    (
+        "test_image.py",
+        "test_own_model_image.py",
+        "test_run_push_runtimes.py",
+        "test_kernels_image.py",
+        "test_attest_referrer.py",
+        "test_build_warm.py",
+    ),
     ("test_doctor_checks.py", "test_doctor_runtime_needs.py"),
 )
 # The upgrade tests build candidates that are the cpu-vllm image plus a patch: they run last on their worker, so
 # on a fresh machine they find its layers built instead of building them a second time.
-RUN_LAST = ("test_upgrade_candidate.py", "test_upgrade_e2e.py", "test_upgrade_soak.py")
+# test_build_warm.py too: it rebuilds on test_image.py's layers (run first, it would build them cold, ~90 s more).
+RUN_LAST = ("test_upgrade_candidate.py", "test_upgrade_e2e.py", "test_upgrade_soak.py", "test_build_warm.py")
 
 
 def worker_shares(files: list[str], workers: int) -> dict[str, int]:

@@ -164,6 +164,12 @@ class Recording:
     def layers(self, ref):
         return []
 
+    def check_available(self):
+        return "1.0"
+
+    def image_exists(self, ref):  # the body (build.tail) is in the store: only the tail is built
+        return True
+
 
 def test_build_image_passes_the_labels_to_the_builder_not_into_the_containerfile(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLOCK_CACHE", str(tmp_path / "cache"))
@@ -178,7 +184,9 @@ def test_build_image_passes_the_labels_to_the_builder_not_into_the_containerfile
     monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
     monkeypatch.setattr(build, "ensure_base_image", lambda *a, **k: "localhost/speclock-base:x")
     monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
-    monkeypatch.setattr(build, "stage_sbom", lambda *a, **k: None)  # placeholder wheels: tests/test_sbom.py makes real ones
+    monkeypatch.setattr(
+        build, "stage_sbom_cached", lambda *a, **k: None
+    )  # placeholder wheels: tests/test_sbom.py makes real ones
     record = build.build_image(stack, progress=lambda m: None)
     (call,) = rec.calls
     assert (
@@ -187,7 +195,7 @@ def test_build_image_passes_the_labels_to_the_builder_not_into_the_containerfile
         == labels_for(stack, lock, record["tag"], record["inputs_sha256"], "rev", sbom=SBOM_IN_IMAGE)
     )
     assert call["labels"][f"{LABEL_PREFIX}.inputs-sha256"][:16] == record["tag"]
-    staged = Path(call["containerfile"]).read_text()
+    staged = (Path(call["context"]) / "Containerfile").read_text()
     assert not re.search(r"^LABEL ", staged, flags=re.M) and LABEL_PREFIX not in staged
     info = json.loads((Path(call["context"]) / "config" / "image.json").read_text())
     assert info["labels"] == call["labels"]  # what the image's own image.json says

@@ -474,17 +474,28 @@ def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeyp
         def build(self, **kw):
             raise KeyboardInterrupt  # Ctrl-C while the builder runs
 
+        def check_available(self):
+            return "1.0"
+
+        def image_exists(self, ref):
+            return False
+
     lock = {"lock_sha256": "0" * 64, "source_date_epoch": 0, "base": {"kind": "image", "ref": "x"}}
     monkeypatch.setattr(build, "get_builder", lambda name: Interrupted())
     monkeypatch.setattr(build, "read_lock", lambda path: lock)
     monkeypatch.setattr(build, "check_lock", lambda stack, doc: [])
     monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
     monkeypatch.setattr(build, "stage_context", lambda stack, doc, ctx, lock_file=None: ctx.mkdir(parents=True, exist_ok=True))
-    monkeypatch.setattr(build, "stage_sbom", lambda *a, **k: None)  # staging is faked: no lock to describe
-    monkeypatch.setattr(build, "inputs_hash", lambda ctx, doc: "f" * 64)
+    monkeypatch.setattr(build, "stage_sbom_cached", lambda *a, **k: None)  # staging is faked: no lock to describe
+    monkeypatch.setattr(build, "inputs_hash", lambda ctx, doc, digests=None: "f" * 64)
     monkeypatch.setattr(build, "git_revision", lambda paths: "rev")
     monkeypatch.setattr(build, "build_args_for", lambda *a, **k: {})
-    monkeypatch.setattr(build, "staged_containerfile", lambda ctx, with_kernels=False, engine_env=None: ctx / "Containerfile")
+
+    def staged(ctx, with_kernels=False, engine_env=None):
+        (ctx / "Containerfile").write_text("FROM x AS runtime\nCOPY config /opt/speclock\n")
+        return ctx / "Containerfile"
+
+    monkeypatch.setattr(build, "staged_containerfile", staged)
     code, _out, err = run_cli("build-image", "--stack", STACK, "--skip-selfcheck")
     assert code == 130, err
     records = cache / "images" / STACK

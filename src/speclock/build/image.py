@@ -18,16 +18,20 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from speclock.build.builders import Builder, ensure_in_docker, get_builder
+from speclock.build import tail
+from speclock.build.builders import Builder, builder_version, ensure_in_docker, get_builder
+from speclock.build.builders.buildah import STORAGE
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
 from speclock.build.context import context_dir, context_lock, context_name, stage_context
 from speclock.build.fetch import fetch
-from speclock.build.inputs import git_revision, image_ref, image_tag, inputs_hash
+from speclock.build.inputs import context_digests, git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
 from speclock.build.records import BuildRecord, DoctorSummary, ImageInfo, SelfcheckResult, records_dir, write_record
+from speclock.build.reuse import reusable_record
 from speclock.build.run import model_mount, run_image
 from speclock.build.runtimes import Mount, check_runtime, ensure_in_podman
-from speclock.build.sbom import SBOM_IN_IMAGE, stage_sbom
+from speclock.build.sbom_cache import stage_sbom_cached
+from speclock.build.sbom_format import SBOM_IN_IMAGE
 from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, read_json
@@ -114,8 +118,10 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     progress("[3/4] staging the build context")
     ctx = context_dir(stack, lock_file)
     stage_context(stack, lock, ctx, lock_file=lock_file)
-    stage_sbom(stack, lock, ctx, progress=progress)  # /opt/speclock/sbom.cdx.json; derived, not in the tag
-    inputs = inputs_hash(ctx, lock)
+    digests = context_digests(ctx)  # each staged file hashed once: for the tag and the SBOM's cache key
+    inputs = inputs_hash(ctx, lock, digests)
+    # /opt/speclock/sbom.cdx.json: derived, not in the tag; reused while what makes it is unchanged
+    stage_sbom_cached(stack, lock, ctx, digests, progress=progress)
     tag = image_tag(inputs)
     ref = image_ref(stack, tag)
     revision = git_revision(
@@ -142,22 +148,43 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     }
     info_path = ctx / "config" / "image.json"
     atomic_write_text(info_path, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    version = builder_version(builder)
+    kept = None if no_cache else reusable_record(stack.name, builder, version, ref=ref, tag=tag, inputs=inputs, labels=labels)
+    if kept is not None:
+        return _reused(stack, kept, lock_file, started, progress)
     build_args = build_args_for(stack, lock, ctx, base_ref, kernel_base_ref)
     if kernel_base_ref:
         progress(f"  kernels: {', '.join(stack.kernels)} for {', '.join(stack.gpu['archs'])} (nvcc stage, then only the library)")
     progress(f"[4/4] building {ref} with {builder.name} ({'no cache' if no_cache else 'layer cache on'})")
     containerfile = staged_containerfile(ctx, with_kernels=bool(stack.kernels), engine_env=stack.engine_env)
     t0 = time.monotonic()
-    image_id = builder.build(
-        containerfile=containerfile,
-        context=ctx,
-        tag=ref,
-        build_args=build_args,
-        labels=labels,
-        target="runtime",
-        no_cache=no_cache,
-        timestamp=lock["source_date_epoch"],
-    )
+    body = tail.split(containerfile.read_text()) if builder.name == "buildah" else None
+    if body is not None:  # buildah: the stages before the source layer as one image of their own (build.tail)
+        key = tail.body_key(body, build_args, lock["source_date_epoch"], version, STORAGE[1])
+        image_id = tail.build_in_two(
+            builder,
+            body=body,
+            key=key,
+            stack_name=stack.name,
+            context=ctx,
+            tag=ref,
+            build_args=build_args,
+            labels=labels,
+            no_cache=no_cache,
+            timestamp=lock["source_date_epoch"],
+            progress=progress,
+        )
+    else:
+        image_id = builder.build(
+            containerfile=containerfile,
+            context=ctx,
+            tag=ref,
+            build_args=build_args,
+            labels=labels,
+            target="runtime",
+            no_cache=no_cache,
+            timestamp=lock["source_date_epoch"],
+        )
     build_s = time.monotonic() - t0
     _check_labels(builder, ref, labels, progress)
     record: BuildRecord = {
@@ -169,12 +196,29 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
         "no_cache": no_cache,
         "built_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "layers": builder.layers(ref),
+        "builder_version": version,
     }
     if lock_file != lock_path(stack):
         record["candidate"] = True
         record["lock_file"] = str(lock_file)
     write_record(stack.name, record)
     progress(f"built {ref}\n  image id {image_id}\n  build {build_s:.1f} s, total {record['total_seconds']:.1f} s")
+    return record
+
+
+def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, progress) -> BuildRecord:
+    """The record of the image already in the store (build.reuse), rewritten as this build's (the stack's latest)."""
+    record = {**record, "reused": True, "total_seconds": round(time.monotonic() - started, 2)}
+    record.pop("candidate", None)
+    record.pop("lock_file", None)
+    if lock_file != lock_path(stack):
+        record["candidate"] = True
+        record["lock_file"] = str(lock_file)
+    write_record(stack.name, record)
+    progress(
+        f"{record['ref']} is in the store, built from these inputs by {record['builder']} {record.get('builder_version')}: not building it again"
+    )
+    progress(f"  image id {record['image_id']}\n  total {record['total_seconds']:.1f} s")
     return record
 
 

@@ -33,19 +33,25 @@ WHEEL_LISTS = (
 )
 
 
-def inputs_hash(ctx: Path, lock: LockDoc) -> str:
+def context_digests(ctx: Path) -> dict[str, str]:
+    """{relative path: sha256} of the staged context's input files (not the wheels, not DERIVED), hashed once
+    per build: the inputs hash and the SBOM's cache key (build.sbom.stage_sbom) both read them."""
+    return {
+        rel: file_sha256(path)
+        for rel, path in sorted(tree_files(ctx).items())
+        if not (rel.startswith("wheels/") and rel not in WHEEL_LISTS) and rel not in DERIVED
+    }
+
+
+def inputs_hash(ctx: Path, lock: LockDoc, digests: dict[str, str] | None = None) -> str:
     """Hash of everything that reaches the image; wheels are covered by the lock's hash."""
     h = hashlib.sha256()
     h.update(b"lock:" + lock["lock_sha256"].encode() + b"\n")
     h.update(b"containerfile:" + file_sha256(CONTAINERFILE).encode() + b"\n")
     if "kernel_base" in lock:  # the spliced kernel stage is an input of these images only
         h.update(b"kernels-containerfile:" + file_sha256(KERNELS_CONTAINERFILE).encode() + b"\n")
-    for rel, path in sorted(tree_files(ctx).items()):
-        if rel.startswith("wheels/") and rel not in WHEEL_LISTS:
-            continue
-        if rel in DERIVED:
-            continue
-        h.update(f"{rel}:{file_sha256(path)}\n".encode())
+    for rel, digest in sorted((context_digests(ctx) if digests is None else digests).items()):
+        h.update(f"{rel}:{digest}\n".encode())
     return h.hexdigest()
 
 

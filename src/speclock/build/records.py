@@ -33,6 +33,8 @@ RECORD_OPTIONAL: dict[str, type] = {
     "candidate": bool,
     "lock_file": str,
     "selfcheck": dict,
+    "builder_version": str,
+    "reused": bool,
 }
 STALE_TEMP_S = 600.0  # a record is written in milliseconds: a temp this old was left by a killed run
 
@@ -97,6 +99,8 @@ class BuildRecord(TypedDict):
     candidate: NotRequired[bool]  # an upgrade candidate's image: never the stack's latest
     lock_file: NotRequired[str]  # ... and the candidate lock it was built from
     selfcheck: NotRequired[SelfcheckResult]
+    builder_version: NotRequired[str]  # the builder's version: an input too (build.reuse)
+    reused: NotRequired[bool]  # answered from the store by the inputs hash, the builder not called (build.reuse)
 
 
 def check_tag(tag: str, *, what: str = "--tag") -> str:

@@ -54,14 +54,22 @@ class Builder(Protocol):
 
 
 BUILDERS: dict[str, Builder] = {"buildah": buildah.BUILDER, "docker": docker.BUILDER}
+_VERSIONS: dict[str, str] = {}  # what check_available said in this process (one call per builder)
 
 
 def get_builder(name: str) -> Builder:
     if name not in BUILDERS:
         raise BadInput(f"unknown builder {name!r}", hint=f"use one of: {', '.join(BUILDERS)}")
     builder = BUILDERS[name]
-    builder.check_available()
+    _VERSIONS[name] = builder.check_available()
     return builder
+
+
+def builder_version(builder: Builder) -> str:
+    """The builder's version (checked once per process): a new builder may make other layers from the same inputs."""
+    if builder.name not in _VERSIONS:
+        _VERSIONS[builder.name] = builder.check_available()
+    return _VERSIONS[builder.name]
 
 
 def ensure_in_docker(record: BuildRecord) -> str:
