@@ -27,8 +27,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Files not listed count as DEFAULT_SECONDS.
 FILE_SECONDS = {
     "test_image.py": 930,  # +365 s on 2026-12-07: the docker copy and self-check, a push without --force, the soak in the image
-    "test_own_model_image.py": 250,
-    "test_build_warm.py": 20,  # the warm-rebuild shortcut and an interrupted build on test_image.py's layers (#37)  # the own-model image: cpu-vllm's venv layers plus its own, a podman self-check
+    "test_own_model_image.py": 250,  # the own-model image: cpu-vllm's venv layers plus its own, a podman self-check
+    "test_build_warm.py": 20,  # the warm-rebuild shortcut and an interrupted build on test_image.py's layers (#37)
     "test_doctor_checks.py": 475,  # installs vLLM 0.17.1, 0.33.0 and SGLang 0.5.23 envs on a fresh machine
     "test_smoke_vllm.py": 359,
     "test_upgrade_e2e.py": 240,  # ~1 s where this candidate's image and self-check are cached
