@@ -20,7 +20,9 @@ sys.path.insert(0, str(ROOT / "src"))  # the tasks come from this checkout's CLI
 def speclock(c, argv):
     """Run the speclock CLI with this checkout's source; its exit code becomes the task's."""
     cmd = " ".join([shlex.quote(sys.executable), "-m", "speclock", *(shlex.quote(str(a)) for a in argv)])
-    return c.run(cmd, env=ENV, pty=False)
+    # the project is this checkout, also for `invoke -r CHECKOUT task` run from another folder (only the CLI's tasks:
+    # the tests make projects of their own in temp folders and find them from there)
+    return c.run(cmd, env={**ENV, "SPECLOCK_ROOT": str(ROOT)}, pty=False)
 
 
 @task(
