@@ -221,6 +221,47 @@ def selfcheck_script(stack: str, env_dir: Path) -> str:
     )
 
 
+OWN = "own-vllm"  # the stack `stack new` writes on the GPU machine (issue #36 item 5)
+
+
+def own_env_script(stack: str, env_dir: Path) -> str:
+    """Bring your own model on the GPU: `stack new` for the engine release of `stack` with the target the engine's env
+    converted (a folder outside the repository, mounted at run time), its lock carried from the committed lock
+    (`lock --from-lock`: no network here) with the folder's identity pinned, and its own environment built by host-env
+    with `--model` (the host-env form of run-image's mount)."""
+    eng, version = engine_of(stack), stack.split("-")[1]
+    cli = f"PYTHONPATH={REPO}/src python3 -m speclock"
+    return (
+        f". {HOSTENV_SH}; set -e; mkdir -p $R/{OWN}; T=$(readlink -f {env_dir}/speclock/target); "
+        f"{cli} stack new --engine {eng} --engine-version {version} --gpu {gpu_short_name()} --target $T "
+        f"--draft models/smollm2-135m-eagle3 --name {OWN} --force --json > $R/{OWN}/stack-new.json; "
+        f"cp stacks/{OWN}.toml $R/{OWN}/; "
+        f"{cli} lock --stack {OWN} --from-lock locks/{stack}.lock; {cli} lock --stack {OWN} --check; "
+        f"cp locks/{OWN}.lock $R/{OWN}/; "
+        f"{cli} host-env --stack {OWN} --dest {STATE / f'env-{OWN}'} --target 3.12-x86_64 --wheelhouse {WH} "
+        f'--use-host-packages "$HOST_PACKAGES" --model $T --json > $R/{OWN}/host-env.json'
+    )
+
+
+def own_selfcheck_script() -> str:
+    """The own-model environment's self-check (doctor with model-identity, smoke, gate), as for the committed stacks;
+    then doctor on a copy of the target with one weight byte changed, which must be exit 2 naming the file."""
+    own_dir = STATE / f"env-{OWN}"
+    res, dest, other = f"/tmp/speclock-gpu/res/{OWN}/selfcheck", f"$R/{OWN}-selfcheck", "/tmp/speclock-gpu/other-model"
+    return (
+        f". {HOSTENV_SH}; rm -rf {res}; {own_dir}/bin/speclock selfcheck --out {res} --baseline none; rc=$?; "
+        f"mkdir -p {dest}; find {res} -maxdepth 1 -type f -exec cp {{}} {dest}/ \\; ; "
+        f"rm -rf {other}; cp -r $(readlink -f {own_dir}/speclock/target) {other}; "
+        f"python3 - {other}/model.safetensors <<'PY'\n"
+        "import sys\n"
+        "with open(sys.argv[1], 'r+b') as f:\n"
+        "    f.seek(-1, 2); b = f.read(1); f.seek(-1, 2); f.write(bytes([b[0] ^ 1]))\n"
+        "PY\n"
+        f"{own_dir}/bin/speclock doctor --target {other} --only model-identity > {dest}/other-model-doctor.txt 2>&1; "
+        f'echo "other model: doctor exit $?" >> {dest}/other-model-doctor.txt; exit $rc'
+    )
+
+
 def fault_eager_script(stack: str, env_dir: Path) -> str:
     """The drafted engine with its drafter in eager mode (no CUDA graphs: each drafter pass a chain of small launches),
     slower than plain at batch 1: smoke and the gate must FAIL naming the speed threshold. 16 prompts x 32 tokens for
@@ -338,6 +379,8 @@ def main() -> int:
         tasks.append((f"{eng}-selfcheck", stack, "selfcheck", ESTIMATE["selfcheck"]))
         if eng == "vllm":
             tasks.append(("vllm-fault-eager", stack, "fault", ESTIMATE["fault"]))
+            tasks.append((f"{OWN}-env", stack, "own-env", ESTIMATE["env"]))
+            tasks.append((f"{OWN}-selfcheck", stack, "own-selfcheck", ESTIMATE["selfcheck"]))
         if eng == "sglang":
             tasks.append(("sglang-fault-slow", stack, "fault-slow", ESTIMATE["fault"]))
     for stack in [] if plan else manifest["stacks"]:
@@ -377,6 +420,8 @@ def main() -> int:
             "selfcheck": lambda stack=stack, env_dir=env_dir: selfcheck_script(stack, env_dir),
             "fault": lambda stack=stack, env_dir=env_dir: fault_eager_script(stack, env_dir),
             "fault-slow": lambda stack=stack, env_dir=env_dir: fault_slow_script(stack, env_dir),
+            "own-env": lambda stack=stack, env_dir=env_dir: own_env_script(stack, env_dir),
+            "own-selfcheck": own_selfcheck_script,
             "bench": lambda stack=stack, env_dir=env_dir, phase=phase: bench_script(
                 stack, env_dir, phase, phase.rsplit("-", 1)[1]
             ),
