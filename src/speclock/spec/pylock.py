@@ -24,7 +24,7 @@ What it holds, and why so:
   wheelhouse, so `pip install --no-index -r` / `uv pip install --offline --no-index -r` install the lock without a
   network.
 
-TOML is written by tomli_w (scripts/requirements-host.txt; only `lock` needs it) and read by tomllib.
+TOML is written by spec.toml_text (the layout tomli_w gives, byte for byte: tests/test_pylock.py) and read by tomllib.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from speclock.core.errors import BadInput, EnvironmentProblem
+from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, os_error, read_text
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, LockEntry, TargetView, lock_targets, write_lock
+from speclock.spec.toml_text import dumps_tables
 
 PYLOCK_VERSION = "1.0"
 CREATED_BY = "speclock"
@@ -174,19 +175,13 @@ def _refuse_ambiguous(doc: LockDoc, targets: dict[str, TargetView], markers: dic
 
 
 def render(doc: dict[str, Any]) -> str:
-    """The TOML text of a pylock document (tomli_w; EnvironmentProblem when it is not installed)."""
-    try:
-        import tomli_w  # optional: only `lock` writes TOML; speclock itself needs the standard library only
-    except ImportError:
-        raise EnvironmentProblem(
-            "writing pylock.toml needs the tomli_w package, which this Python lacks",
-            hint="pip install -r scripts/requirements-host.txt (it pins tomli-w)",
-        ) from None
+    """The TOML text of a pylock document (spec.toml_text: the standard library has no TOML writer, and a GPU host's
+    Python may have none either)."""
     header = (
         "# PEP 751 lock file made by speclock from the lock next to it (same wheels, URLs and sha256); do not edit:\n"
         "# run `speclock lock` to re-create both. speclock's own data is under [tool.speclock].\n"
     )
-    return header + tomli_w.dumps(doc)
+    return header + dumps_tables(doc)
 
 
 def write_lock_files(lock_file: str | os.PathLike, doc: LockDoc) -> Path:
