@@ -36,7 +36,7 @@ stamp="$VENV/.speclock-requirements.sha256"
 lock="$ROOT/scripts/requirements-host.lock.txt"
 want=$(sha256sum "$lock" | cut -d" " -f1)
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "creating the Python environment $VENV from $(basename "$lock") (a few minutes the first time)"
+  log "creating the Python environment $VENV from $(basename "$lock") (about 20 s with uv, 1-2 min with pip)"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   pip_hashed() { "$VENV/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps --only-binary :all: "$@"; }
