@@ -51,7 +51,7 @@ assert _spec and _spec.loader
 gpu_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_run)
 
-MANIFEST = HERE / "train_parts.json"
+MANIFEST = Path(os.environ.get("TRAIN_RUN_MANIFEST") or HERE / "train_parts.json")  # another one: the tests' toy parts
 WORK, DONE, FAILED, RESULTS, SITE = (STATE / n for n in ("work", "done", "failed", "results", "site"))
 # Seconds a phase needs before it is worth starting (from the H200 runs of 2026-12-03, x1.5 for an H100; generate,
 # extract and fit resume, so they only need room for useful work; reference at 256 tokens took 124 s there).
@@ -398,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads(MANIFEST.read_text())
     staged = gpu_run.stage(manifest, args.carry)
     names = [row["name"] for row in manifest["parts"]]
-    call = Call(args)
     cfg = {k: getattr(args, k) for k in SCALE_KEYS}
     cfg["ref_max_tokens"] = [int(x) for x in str(args.ref_max_tokens).split(",") if x]
     check_config(cfg)
+    call = Call(args)
     pending = [n for n in names if n not in staged]
     log(f"run {call.run_id}: {len(staged)} of {len(names)} parts staged; {call.left():.0f} s in this call")
     retry = {x for x in args.retry.split(",") if x}
@@ -431,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{phase}: not done in this call ({call.left():.0f} s left): the next call continues")
             break
     bundle = gpu_run.pack_results(call.out)
+    if call.out.is_dir() and not any(call.out.iterdir()):
+        call.out.rmdir()  # a call that ran no phase sends back no empty folder
     log(
         f"end of call: {len(staged)}/{len(names)} parts staged"
         + (f", next part {pending[0]}" if pending else "")
