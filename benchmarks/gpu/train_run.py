@@ -212,13 +212,11 @@ def fit_chunk(s, pl, device: str, deadline: float) -> dict:
     room = deadline - time.time() - 45
     start = int(prev.get("steps", 0))
     cap = start + max(1, int(rate * room * 0.85))
-    t0 = time.perf_counter()
     _, summary = train_drafter(data, model, replace(s.fit, max_steps=cap), s.work / "ckpt", device, log=plog)
-    took = time.perf_counter() - t0
-    steps = summary["steps"]
-    if steps > start:
-        rate = (steps - start) / max(took - 5, 1e-3)
-    write_json(rate_file, {"steps": steps, "steps_per_s": rate})
+    steps, seconds = summary["steps"], summary["seconds"]  # the checkpoint's training seconds, over all calls
+    if steps > start and seconds > prev.get("seconds", 0.0):
+        rate = (steps - start) / (seconds - prev.get("seconds", 0.0))
+    write_json(rate_file, {"steps": steps, "seconds": seconds, "steps_per_s": rate})
     return {"complete": steps < cap, "fit": summary, "steps_cap": cap, "steps_per_s": round(rate, 2)}
 
 
@@ -280,13 +278,17 @@ def env_script(manifest: dict, python: str, install: bool = True) -> list[str]:
     wheels = [str(staged_file(manifest, n)) for n in sorted(manifest["files"]) if n.endswith(".whl")]
     skip_numpy = subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode == 0
     wheels = [w for w in wheels if not (skip_numpy and Path(w).name.startswith("numpy-"))]
-    tmp = f"{SITE}.tmp"
+    tmp, listed = f"{SITE}.tmp", " ".join(wheels)
+    # pip where the host has it; else the wheels unpacked as they are (a wheel is laid out for site-packages)
+    unzip = f'{python} -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" {tmp}'
+    install = (
+        f"if {python} -m pip --version >/dev/null 2>&1; then {python} -m pip install --no-index --no-deps --no-compile "
+        f"-q --target {tmp} {listed}; else {unzip} {listed}; fi"
+    )
     return [
         "bash",
         "-c",
-        f"set -e; rm -rf {tmp}; {python} -m pip install --no-index --no-deps --no-compile -q --target {tmp} "
-        + " ".join(wheels)
-        + f"; PYTHONPATH={tmp} {python} -c '{check}'; rm -rf {SITE}; mv {tmp} {SITE}; {done}",
+        f"set -e; rm -rf {tmp}; {install}; PYTHONPATH={tmp} {python} -c '{check}'; rm -rf {SITE}; mv {tmp} {SITE}; {done}",
     ]
 
 
@@ -422,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 argv = [python, str(Path(__file__).resolve()), "--child", phase]
             code, res = call.run_phase(phase, argv)
+            if phase == "fit" and code == 124:  # steps slower than measured: the next chunk is shorter
+                rate = json.loads((STATE / "fit-rate.json").read_text()) if (STATE / "fit-rate.json").is_file() else {}
+                slower = 0.6 * (rate.get("steps_per_s") or float(os.environ.get("TRAIN_RUN_FIT_STEPS_PER_S", "9")))
+                write_json(STATE / "fit-rate.json", {**rate, "steps_per_s": slower})
             complete = bool(res and res["complete"])
             if res or code == 0:
                 extras(call, phase)
@@ -436,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     log(
         f"end of call: {len(staged)}/{len(names)} parts staged"
         + (f", next part {pending[0]}" if pending else "")
-        + f"; done: {sorted(p.stem for p in DONE.glob('*.json'))}; results in {bundle or call.out}"
+        + f"; done: {sorted(p.stem for p in DONE.glob('*.json'))}; results in {bundle or '(none this call)'}"
     )
     return 0
 
