@@ -176,3 +176,30 @@ def test_user_turn_end_is_the_templates_closing_token():
 
     _, tok = train_support.target_model()
     assert tok.convert_ids_to_tokens(user_turn_end(tok)) == ["<|im_end|>"]
+
+
+def test_mix_drops_mtbench_questions_and_counts_them(tmp_path):
+    """MT-Bench stays out of training: a prompt equal to a judged question (any turn, any case/punctuation/spacing),
+    or containing a long one, is dropped before the draw and counted per source in the sources record."""
+    from speclock.spec.prompts import load_prompts
+    from speclock.train.prompt_sources import judged_prompt_texts, load_prompt_records, mix_prompt_files
+
+    judged = judged_prompt_texts()
+    first = load_prompts(None, 2)
+    assert len(judged) >= 150  # 80 questions x 2 turns (a few second turns repeat)
+    a = tmp_path / "a.jsonl"
+    rows = [
+        {"id": "a:0", "prompt": first[0].upper().replace(" ", "   ") + "!!"},  # same words, other case/spacing
+        {"id": "a:1", "prompt": "Please help: " + first[1]},  # contains a long judged question
+        {"id": "a:2", "prompt": "Rewrite your previous response. Start every sentence with the letter A."},  # a 2nd turn
+        {"id": "a:3", "prompt": "Write a haiku about autumn leaves."},
+        {"id": "a:4", "prompt": "How do I sort a list in Python?"},
+    ]
+    a.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "mix.jsonl"
+    res = mix_prompt_files([(a, 0)], out, exclude=judged)
+    assert [r["id"] for r in load_prompt_records(str(out), None)] == ["a:3", "a:4"]
+    side = json.loads((tmp_path / "mix.jsonl.sources.json").read_text())
+    assert res["excluded"] == side["excluded"] == {"a.jsonl": 3} and "normalised" in side["excluded_how"]
+    # without the list nothing is dropped (the filter, not the data, removed them)
+    assert mix_prompt_files([(a, 0)], tmp_path / "all.jsonl")["prompts"] == 5

@@ -2,6 +2,8 @@
 that each fit one device call (a call carries at most 64 MiB, the working tree included).
 
     python benchmarks/gpu/make_parts.py --stacks vllm-0.26.0-torch2.11-cu130,sglang-0.5.15-torch2.11-cu130
+    python benchmarks/gpu/make_parts.py --files .carry-train/src --out .carry-train \
+        --manifest benchmarks/gpu/train_parts.json --part-bytes 40000000     # the training run (TRAINING.md)
 
 Each part is a self-contained tar (fixed order, mtime 0: the same wheelhouse gives the same bytes) of whole
 wheelhouse entries `<sha256>/<file>`, or of numbered pieces of one entry too large for a part. The first
@@ -69,6 +71,15 @@ def needed_files(stack_name: str) -> list[tuple[str, Path]]:
     return out
 
 
+def folder_files(folder: Path) -> list[tuple[str, Path]]:
+    """(`<sha256>/<file>`, path) of every file in `folder` and its subfolders (--files mode: wheels and data
+    files for the training run); the same member names as the wheelhouse's, so run.py's staging joins and checks
+    them unchanged. Wheels first (the environment is built from them), then the rest, each group by name."""
+    files = sorted((p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".log")), key=lambda p: p.name)
+    files.sort(key=lambda p: not p.name.endswith(".whl"))
+    return [(f"{hashlib.sha256(p.read_bytes()).hexdigest()}/{p.name}", p) for p in files]
+
+
 def pieces(files: list[tuple[str, Path]], limit: int):
     """(tar member name, path, offset, length) pieces, each at most `limit` bytes."""
     for rel, path in files:
@@ -99,7 +110,9 @@ def write_part(dest: Path, members: list[tuple[str, Path, int, int]]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stacks", required=True, help="comma list, in the order the device run takes them")
+    p.add_argument("--stacks", default="", help="comma list, in the order the device run takes them")
+    p.add_argument("--files", type=Path, help="instead of --stacks: carry every file of this folder (training run)")
+    p.add_argument("--manifest", type=Path, default=MANIFEST, help="where the manifest goes (default parts.json)")
     p.add_argument("--out", default=str(REPO / ".carry"), help="folder for the parts (ignored by git; default .carry)")
     p.add_argument("--part-bytes", type=int, default=PART_BYTES)
     p.add_argument(
@@ -110,6 +123,8 @@ def main() -> int:
         "so the tree that travels with every call is smaller); run.py puts it back on the device",
     )
     args = p.parse_args()
+    if bool(args.stacks) == bool(args.files):
+        p.error("give --stacks or --files (one of them)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget = args.part_bytes - 64 * 1024  # tar headers and padding
@@ -122,19 +137,22 @@ def main() -> int:
         if not path.is_file():
             raise SystemExit(f"--repo-file {rel}: no such file (restore it: git checkout -- {rel})")
         repo_files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    for stack in args.stacks.split(","):
-        new = [(rel, path) for rel, path in needed_files(stack) if rel not in seen]
+    groups = [str(args.files)] if args.files else args.stacks.split(",")
+    for stack in groups:
+        listed = folder_files(Path(stack)) if args.files else needed_files(stack)
+        new = [(rel, path) for rel, path in listed if rel not in seen]
         if not parts and repo_files:  # the first stack's parts carry the repository files
             new += [(f"repo/{rel}", REPO / rel) for rel in repo_files]
         seen.update(rel for rel, _ in new)
         first = len(parts)  # a stack's files go in parts of its own: its run needs none of the next stack's
-        for piece in pieces(sorted(new, key=lambda f: -f[1].stat().st_size), budget):
+        order = new if args.files else sorted(new, key=lambda f: -f[1].stat().st_size)  # --files: wheels first
+        for piece in pieces(order, budget):
             # first fit, largest first: fewer parts, so fewer device calls
             home = next((m for m in parts[first:] if sum(x[3] + 1024 for x in m) + piece[3] + 1024 <= budget), None)
             if home is None:
                 parts.append(home := [])
             home.append(piece)
-        ready_after[stack] = len(parts)
+        ready_after["files" if args.files else stack] = len(parts)
     for old in out.glob("part-*.tar"):
         old.unlink()
     rows = []
@@ -146,15 +164,20 @@ def main() -> int:
     manifest = {
         "schema": "speclock.gpu-parts/v1",
         "target": TARGET,
-        "stacks": args.stacks.split(","),
+        "stacks": [] if args.files else args.stacks.split(","),
         "ready_after": ready_after,
         "repo_files": repo_files,
         "parts": rows,
     }
-    tmp = MANIFEST.with_suffix(".tmp")
+    if args.files:  # what the training run finds staged: file name -> `<sha256>/<file>`
+        manifest["files"] = {rel.split("/", 1)[1]: rel for rel, _ in folder_files(args.files)}
+        manifest["total_bytes"] = sum(r["bytes"] for r in rows)
+    dest = args.manifest.resolve()
+    tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    tmp.replace(MANIFEST)
-    print(f"{len(rows)} parts in {out}; manifest {MANIFEST.relative_to(REPO)}; ready after: {ready_after}")
+    tmp.replace(dest)
+    shown = dest.relative_to(REPO) if dest.is_relative_to(REPO) else dest
+    print(f"{len(rows)} parts in {out}; manifest {shown}; ready after: {ready_after}")
     return 0
 
 

@@ -29,7 +29,7 @@ from speclock.train.export import build_manifest, export_drafter
 from speclock.train.extract import check_aux_layers, extract_hidden_states, load_index, load_shards
 from speclock.train.fit import load_checkpoint, train_drafter
 from speclock.train.judge import stage_reference
-from speclock.train.prompt_sources import load_prompt_records, mix_prompt_files
+from speclock.train.prompt_sources import is_judged, judged_prompt_texts, load_prompt_records, mix_prompt_files
 from speclock.train.selfprompt import synthesize_prompts
 from speclock.train.settings import Settings, log, pick_device
 
@@ -97,6 +97,7 @@ def stage_self_prompts(s: Settings, model, tok) -> dict[str, Any]:
             [(own, 0), (s.prompts, s.num_prompts)],
             mix,
             notes={own.name: how, Path(s.prompts).name: f"a seeded random draw of {s.num_prompts}"},
+            exclude=judged_prompt_texts(s.ref_prompts_file or None),  # the judged questions stay out of training
         )
     return res
 
@@ -104,6 +105,12 @@ def stage_self_prompts(s: Settings, model, tok) -> dict[str, Any]:
 def stage_generate(s: Settings, model, tok, device: str) -> dict[str, Any]:
     own = stage_self_prompts(s, model, tok) if s.self_prompts else None
     records = load_prompt_records(prompt_source(s), None) if own else load_prompt_records(s.prompts, s.num_prompts, s.prompt_skip)
+    if not own:  # the mix was filtered when written; a plain prompt file is filtered here
+        judged = judged_prompt_texts(s.ref_prompts_file or None)
+        kept = [r for r in records if not is_judged(r["prompt"], judged)]
+        if len(kept) < len(records):
+            log(f"generate: {len(records) - len(kept)} prompts equal to a judged (MT-Bench) question dropped")
+        records = kept
     gen: OpenAIGenerator | TokenGenerator
     if s.generator == "openai":
         if not s.server_url:

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import random
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,16 +207,56 @@ def write_prompt_file(out: Path, n: int, max_chars: int = 2000, turns: str = "fi
     return count
 
 
+# A training prompt "is" a judged question when, normalised, it equals one or contains one; containment only for
+# questions long enough not to match by chance (a short one like "Rewrite it." would drop ordinary requests).
+EXCLUDE_CONTAINED_MIN_CHARS = 40
+
+
+def normalise_prompt(text: str) -> str:
+    """Case-folded words, punctuation and whitespace collapsed: the form excluded prompts are compared in."""
+    return " ".join(re.sub(r"[\W_]+", " ", text.casefold()).split())
+
+
+def judged_prompt_texts(path: str | Path | None = None) -> list[str]:
+    """Every turn of every question of the judged prompt set (default MT-Bench's question.jsonl), normalised."""
+    # spec.prompts reads and checks the file (BadInput naming it); every turn, not only the judged first one
+    from speclock.spec.prompts import load_prompts, mtbench_questions_path, read_prompt_lines
+
+    file = Path(path) if path else mtbench_questions_path()
+    texts = load_prompts(file)
+    for _, line in read_prompt_lines(file):
+        rec = loads(line) if line.strip() else None
+        if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
+            texts += [t for t in rec["turns"][1:] if isinstance(t, str)]
+    return sorted({normalise_prompt(t) for t in texts if normalise_prompt(t)})
+
+
+def is_judged(text: str, judged: list[str]) -> bool:
+    norm = normalise_prompt(text)
+    return any(norm == q or (len(q) >= EXCLUDE_CONTAINED_MIN_CHARS and q in norm) for q in judged)
+
+
 def mix_prompt_files(
-    sources: list[tuple[Path | str, int]], out: Path, seed: int = 0, notes: dict[str, str] | None = None
+    sources: list[tuple[Path | str, int]],
+    out: Path,
+    seed: int = 0,
+    notes: dict[str, str] | None = None,
+    exclude: list[str] | None = None,
 ) -> dict[str, Any]:
     """One JSONL prompt file from several: (source, count) each, a seeded random `count` of its
     records (0 = all), ids kept (they are unique per source), written atomically, with
-    `<out>.sources.json` beside it (what came from where; the export copies it into the manifest)."""
+    `<out>.sources.json` beside it (what came from where; the export copies it into the manifest).
+    `exclude` (judged_prompt_texts): records matching a judged question are dropped before the draw,
+    counted per source under "excluded"."""
     records: list[PromptRecord] = []
     per_source: dict[str, int] = {}
+    excluded: dict[str, int] = {}
     for src, count in sources:
         recs = load_prompt_records(str(src), None)
+        if exclude is not None:
+            kept = [r for r in recs if not is_judged(r["prompt"], exclude)]
+            excluded[Path(str(src)).name] = len(recs) - len(kept)
+            recs = kept
         if count and count < len(recs):
             recs = random.Random(seed).sample(recs, count)
         per_source[Path(str(src)).name] = len(recs)
@@ -224,7 +265,16 @@ def mix_prompt_files(
     if len(set(ids)) != len(ids):
         raise BadInput("the prompt sources share ids; give each file its own id prefix")
     out = Path(out)
-    summary = {"prompts": len(records), "per_source": per_source, "seed": seed, **({"notes": notes} if notes else {})}
+    summary: dict[str, Any] = {"prompts": len(records), "per_source": per_source, "seed": seed}
+    if exclude is not None:
+        summary["excluded"] = excluded
+        summary["excluded_how"] = (
+            f"dropped when equal to, or containing (questions of {EXCLUDE_CONTAINED_MIN_CHARS}+ characters), one of "
+            f"{len(exclude)} judged prompt texts (every MT-Bench turn), both normalised: case-folded, punctuation and "
+            "whitespace collapsed (speclock.train.prompt_sources.normalise_prompt)"
+        )
+    if notes:
+        summary["notes"] = notes
     side = out.with_name(out.name + ".sources.json")
     atomic_write_text(side, json.dumps(summary, indent=1) + "\n")
     # the mix last: a run killed before this rewrites both
