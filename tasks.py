@@ -53,6 +53,13 @@ def lint(c):
         raise Exit(f"lint: findings from {', '.join(failed)} (above)", code=1)
 
 
+@task(name="lock-host", help={"check": "only say whether the inputs still resolve to the committed lock (exit 1 if not)"})
+def lock_host(c, check=False):
+    """Re-lock speclock's own host environment (scripts/requirements-host.lock.txt, hash-checked by bootstrap.sh)."""
+    argv = [shlex.quote(sys.executable), str(ROOT / "scripts" / "lock_host.py"), *(["--check"] if check else [])]
+    c.run(" ".join(argv), env=ENV, pty=False)
+
+
 @task(name="nix-check", help={"offline": "skip the test that downloads a locked wheel from PyPI"})
 def nix_check(c, offline=False):
     """Check flake.nix: .nix syntax, pins equal locks/*.lock, checks without nixpkgs, shape with a nixpkgs double."""
@@ -64,8 +71,8 @@ def nix_check(c, offline=False):
     c.run(" ".join([shlex.quote(sys.executable), "-m", "pytest", "-q", *tests]), env=ENV, pty=False)
 
 
-# Hand-written tasks (they run pytest, not the CLI) keep their names; `speclock nix-check` is the CLI's.
-HAND_WRITTEN = [test, lint, nix_check]
+# Hand-written tasks (they run pytest or a script, not the CLI) keep their names; `speclock nix-check` is the CLI's.
+HAND_WRITTEN = [test, lint, nix_check, lock_host]
 ns = Collection(*HAND_WRITTEN)
 try:
     from speclock.tasks_from_cli import SignalForwardingLocal, cli_tasks
