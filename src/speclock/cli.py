@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
     if root is not None:
         # Before the command modules are imported (they bind layout.REPO_ROOT at import); the processes speclock
         # starts (build steps, workers) find the same project through the variable.
-        path = Path(root).expanduser().absolute()
+        path = Path(os.path.abspath(Path(root).expanduser()))  # ".." folded, as SPECLOCK_ROOT is
         if not path.is_dir():
             print(
                 f"speclock: error: --root {root}: {path} is not a folder\n  what to do: {layout.NO_PROJECT_HINT}", file=sys.stderr

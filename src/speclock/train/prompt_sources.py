@@ -19,6 +19,7 @@ from typing import Any, TypedDict
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import absent, atomic_output, atomic_write_text, check_file, note_input, os_error
 from speclock.core.jsonread import decode_at, loads
+from speclock.spec.prompts import load_prompts, mtbench_questions_path, read_prompt_lines
 
 
 class PromptRecord(TypedDict):
@@ -220,8 +221,6 @@ def normalise_prompt(text: str) -> str:
 def judged_prompt_texts(path: str | Path | None = None) -> list[str]:
     """Every turn of every question of the judged prompt set (default MT-Bench's question.jsonl), normalised."""
     # spec.prompts reads and checks the file (BadInput naming it); every turn, not only the judged first one
-    from speclock.spec.prompts import load_prompts, mtbench_questions_path, read_prompt_lines
-
     file = Path(path) if path else mtbench_questions_path()
     texts = load_prompts(file)
     for _, line in read_prompt_lines(file):
