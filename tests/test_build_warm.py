@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -222,7 +223,8 @@ def test_no_change_answers_from_the_store_and_one_byte_calls_the_builder(repo):
     assert "COMMIT" not in log and "STEP" not in log and "not building it again" in log  # the builder never ran
     init = repo / "src" / "speclock" / "__init__.py"
     original = init.read_text()
-    init.write_text(original + "#")  # one byte
+    edit = f"#{time.time_ns()}"  # a one-line edit of its own each run: no earlier run on this machine built it
+    init.write_text(original + edit)  # one byte
     try:
         edited, log = build(repo)
     finally:
@@ -232,7 +234,7 @@ def test_no_change_answers_from_the_store_and_one_byte_calls_the_builder(repo):
     assert "(in the store)" in log and "RUN " not in log
     # A removed image is built again, never answered from its record.
     subprocess.run(["buildah", "--storage-driver", "overlay", "rmi", edited["ref"]], capture_output=True, check=True)
-    init.write_text(original + "#")
+    init.write_text(original + edit)
     try:
         rebuilt, _ = build(repo)
     finally:
@@ -257,6 +259,9 @@ def test_an_interrupted_build_leaves_no_image_under_its_tag(repo, tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # a pytest-xdist worker ignores SIGINT, and a child that starts with it ignored never sees Ctrl-C
+            # (CI, 2026-12-07: the build ran on to exit 0): give the child the default handler, as a shell would
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         assert proc.stderr is not None
         for line in proc.stderr:
