@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -115,3 +116,31 @@ def write_build_record(cache: Path, stack: str, *, image_id: str, labels: dict |
     }
     (folder / "latest.buildah.json").write_text(json.dumps(record))
     return record
+
+
+# ---------------------------------------------------------------- tiny Hugging Face folders (stack new, lock --from-lock)
+# A SmolLM2-shaped target config: what `stack new` checks a drafter against (hidden size, vocab, layers).
+TARGET_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "vocab_size": 49152,
+    "torch_dtype": "bfloat16",
+}
+
+
+def tiny_safetensors(path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+
+
+def hf_folder(folder: Path, config: dict, *, manifest: dict | None = None) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {}}}))
+    (folder / "tokenizer_config.json").write_text("{}")
+    tiny_safetensors(folder / "model.safetensors")
+    if manifest is not None:
+        (folder / "speclock-manifest.json").write_text(json.dumps(manifest))
+    return folder

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import speclock
+from helpers import TARGET_CONFIG, hf_folder, speclock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,26 +24,8 @@ def project(tmp_path: Path) -> Path:
 
 
 def tiny_model(folder: Path) -> Path:
-    """A Hugging Face folder shaped like SmolLM2 for the drafter checks (config only matters to `stack new`)."""
-    import numpy as np
-    from safetensors.numpy import save_file  # the host venv's; numpy arrays, no torch
-
-    folder.mkdir(parents=True)
-    cfg = json.loads((ROOT / "models" / "smollm2-135m-eagle3" / "config.json").read_text())
-    target_cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": cfg.get("target_hidden_size") or cfg["hidden_size"],
-        "vocab_size": cfg["vocab_size"],
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "intermediate_size": 1536,
-    }
-    (folder / "config.json").write_text(json.dumps(target_cfg))
-    (folder / "tokenizer.json").write_text("{}")
-    save_file({"w": np.zeros((4, 4), dtype=np.float32)}, str(folder / "model.safetensors"))
-    return folder
+    """A SmolLM2-shaped target folder (its config is what `stack new` checks the drafter against)."""
+    return hf_folder(folder, TARGET_CONFIG)
 
 
 def test_a_new_stack_carries_the_committed_lock_with_its_own_data_wheels_and_model(tmp_path):

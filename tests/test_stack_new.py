@@ -5,12 +5,12 @@ the input, and a refused stack leaves nothing behind. No engine runs: the models
 from __future__ import annotations
 
 import json
-import struct
 import tomllib
 from pathlib import Path
 
 import pytest
 from fuzz_support import run_cli
+from helpers import TARGET_CONFIG, hf_folder
 
 from speclock.core.errors import BadInput
 from speclock.core.layout import REPO_ROOT
@@ -19,30 +19,6 @@ from speclock.spec.new_stack import Request, new_stack
 
 DRAFT_CONFIG = json.loads((REPO_ROOT / "models" / "smollm2-135m-eagle3" / "config.json").read_text())
 MANIFEST = json.loads((REPO_ROOT / "models" / "smollm2-135m-eagle3" / "speclock-manifest.json").read_text())
-TARGET_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 576,
-    "num_hidden_layers": 30,
-    "vocab_size": 49152,
-    "torch_dtype": "bfloat16",
-}
-
-
-def tiny_safetensors(path: Path) -> None:
-    header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
-    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
-
-
-def hf_folder(folder: Path, config: dict, *, manifest: dict | None = None) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {}}}))
-    (folder / "tokenizer_config.json").write_text("{}")
-    tiny_safetensors(folder / "model.safetensors")
-    if manifest is not None:
-        (folder / "speclock-manifest.json").write_text(json.dumps(manifest))
-    return folder
 
 
 @pytest.fixture
