@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tiny_safetensors
 
 from speclock.core.errors import BadInput
 from speclock.engines import envs as engine_envs
@@ -29,6 +30,7 @@ from speclock.verify.doctor import (
     run_doctor,
     target_facts,
 )
+from speclock.verify.doctor.weights import Weights
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SMOL = {
@@ -66,6 +68,7 @@ def make_models(root: Path, target_cfg: dict, ids: list[int] | None, after: list
     if ids is not None:
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
     write_json(draft / "config.json", cfg)
+    tiny_safetensors(draft / "model.safetensors")  # a drafter without weights fails the weights check
     if after is not None:
         write_json(
             draft / "speclock-manifest.json",
@@ -143,13 +146,21 @@ def test_cpu_stack_passes_every_check_that_applies(cpu_run):
         "sglang-jit": "skip",
         # this Python is not built from the lock: triton and opencv, pruned by cpu-vllm, are installed (a warning)
         "pruned": "warn",
-        "weights": "warn",  # these models are config files only: no weights to check
+        "weights": "pass",  # the drafter's one tiny tensor; the target is a config file only
         "model-identity": "skip",  # cpu-vllm ships its target in a wheel: no folder to pin
     }
-    assert "no safetensors weights to check" in res["weights"].reason
+    assert "drafter: 1 tensors" in res["weights"].reason and "not checked: target" in res["weights"].reason
     assert "triton pruned by [prune].packages" in res["triton-build"].reason
     assert "LlamaForCausalLM" in res["eagle3-target"].reason
     assert res["aux-layers"].details["after_layers"] == [2, 15, 27]
+
+
+def test_drafter_that_lost_its_weights_fails_naming_the_folder(cpu_run, tmp_path):
+    ctx, _ = cpu_run
+    _, draft = make_models(tmp_path, SMOL, ids=[2, 15, 27], after=[2, 15, 27])
+    (draft / "model.safetensors").unlink()
+    r = Weights().run(Context(**{**ctx.__dict__, "draft_dir": draft}))
+    assert r.status == "fail" and str(draft) in r.reason and "no weights" in r.reason
 
 
 def test_lock_drift_fails_naming_the_package(cpu_run, tmp_path):

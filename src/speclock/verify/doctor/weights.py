@@ -11,6 +11,12 @@ from speclock.drafter.models import read_model_config
 from speclock.drafter.weights_check import check_model_weights
 from speclock.verify.doctor.context import Check, Context
 
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def _any_weights(folder: str | Path) -> bool:
+    return any(next(Path(folder).glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS)
+
 
 class Weights:
     name = "weights"
@@ -23,6 +29,15 @@ class Weights:
         seen, missing = [], []
         for what, folder in (("target", ctx.target_dir), ("drafter", ctx.draft_dir)):
             if not folder or not Path(folder).is_dir() or not list(Path(folder).glob("*.safetensors")):
+                # A drafter folder with a config and no weights in any format is a copy that lost its weights: the
+                # engine would start, then die loading it minutes later. (A target may be loaded from elsewhere.)
+                if what == "drafter" and folder and (Path(folder) / "config.json").is_file() and not _any_weights(folder):
+                    return Check(
+                        self.name,
+                        "fail",
+                        f"the drafter folder {folder} has config.json but no weights (*.safetensors, *.bin, *.pt, *.gguf): "
+                        "copy the drafter's weight files next to its config",
+                    )
                 missing.append(f"{what} ({folder})")
                 continue
             try:
