@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 
-def _number(text: str, kind: type) -> float | int:
+def _number(text: str, kind: type[_N]) -> _N:
     try:
         value = kind(text)
     except ValueError:
@@ -20,10 +24,10 @@ def _number(text: str, kind: type) -> float | int:
     return value
 
 
-def _bounded(kind: type, ok, allowed: str, name: str, doc: str):
+def _bounded(kind: type[_N], ok: Callable[[_N], bool], allowed: str, name: str, doc: str) -> Callable[[str], _N]:
     """A type that parses `kind` and accepts what `ok` allows; the message says what to give."""
 
-    def check(text: str):
+    def check(text: str) -> _N:
         value = _number(text, kind)
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{value} is not allowed: give {allowed}")
@@ -59,7 +63,7 @@ probability = _bounded(
 )
 
 
-def int_range(low: int, high: int):
+def int_range(low: int, high: int) -> Callable[[str], int]:
     """An integer in [low, high] (for example k, the number of speculative tokens)."""
     return _bounded(
         int,

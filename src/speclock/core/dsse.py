@@ -13,7 +13,7 @@ import base64
 import binascii
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import expect, json_type, read_text
@@ -31,6 +31,21 @@ except ImportError as _err:
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 INSTALL = "pip install cryptography (images have it: the lock pins it; a host venv may not)"
+
+
+class Signature(TypedDict):
+    keyid: str
+    sig: str  # base64
+
+
+class Envelope(TypedDict):
+    """A DSSE envelope as written: payload and signatures in standard base64."""
+
+    payload: str
+    payloadType: str
+    signatures: list[Signature]
+
+
 KEYGEN = (
     "make a key pair with `openssl genpkey -algorithm ed25519 -out key.pem` and "
     "`openssl pkey -in key.pem -pubout -out key.pub.pem`"
@@ -62,7 +77,7 @@ def _pem(path: str | Path, option: str) -> bytes:
     return read_text(path, what=f"{option} key file").encode()
 
 
-def load_private_key(path: str | Path, option: str = "--sign-key"):
+def load_private_key(path: str | Path, option: str = "--sign-key") -> Ed25519PrivateKey:
     """The Ed25519 private key of a PEM file (PKCS#8, no passphrase); BadInput naming the option and file otherwise."""
     c = _crypto()
     try:
@@ -76,12 +91,12 @@ def load_private_key(path: str | Path, option: str = "--sign-key"):
         raise BadInput(f"{option} {path}: not a PEM private key ({err})", hint=KEYGEN) from None
     except c.UnsupportedAlgorithm as err:  # a curve OpenSSL does not know: the key is of no use here either way
         raise BadInput(f"{option} {path}: not an Ed25519 key ({err})", hint=KEYGEN) from None
-    if not isinstance(key, c.Ed25519PrivateKey):
+    if not isinstance(key, Ed25519PrivateKey):  # _crypto() above: the import succeeded
         raise BadInput(f"{option} {path}: a {type(key).__name__}, not an Ed25519 key", hint=KEYGEN)
     return key
 
 
-def load_public_key(path: str | Path, option: str = "--verify-key"):
+def load_public_key(path: str | Path, option: str = "--verify-key") -> Ed25519PublicKey:
     """The Ed25519 public key of a PEM file (SubjectPublicKeyInfo); BadInput naming the option and file otherwise."""
     c = _crypto()
     data = _pem(path, option)
@@ -96,18 +111,18 @@ def load_public_key(path: str | Path, option: str = "--verify-key"):
         raise BadInput(f"{option} {path}: not a PEM public key ({err})", hint=KEYGEN) from None
     except c.UnsupportedAlgorithm as err:
         raise BadInput(f"{option} {path}: not an Ed25519 key ({err})", hint=KEYGEN) from None
-    if not isinstance(key, c.Ed25519PublicKey):
+    if not isinstance(key, Ed25519PublicKey):  # _crypto() above: the import succeeded
         raise BadInput(f"{option} {path}: a {type(key).__name__}, not an Ed25519 key", hint=KEYGEN)
     return key
 
 
-def keyid(public_key) -> str:
+def keyid(public_key: Ed25519PublicKey) -> str:
     c = _crypto()
     der = public_key.public_bytes(c.serialization.Encoding.DER, c.serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).hexdigest()
 
 
-def sign(payload: bytes, payload_type: str, private_key) -> dict[str, Any]:
+def sign(payload: bytes, payload_type: str, private_key: Ed25519PrivateKey) -> Envelope:
     """The envelope {payload, payloadType, signatures: [{keyid, sig}]} (standard base64, as the DSSE examples)."""
     sig = private_key.sign(pae(payload_type, payload))
     return {
@@ -117,7 +132,7 @@ def sign(payload: bytes, payload_type: str, private_key) -> dict[str, Any]:
     }
 
 
-def _b64(text: Any, where: str) -> bytes:
+def _b64(text: object, where: str) -> bytes:
     """DSSE allows standard or URL-safe base64, padded or not."""
     if not isinstance(text, str):
         raise BadInput(f"{where} is not a base64 string", hint="the file is not a DSSE envelope speclock can read")
@@ -128,6 +143,8 @@ def _b64(text: Any, where: str) -> bytes:
         raise BadInput(f"{where} is not valid base64", hint="the envelope is damaged: sign the report again") from None
 
 
+# dict[str, Any], not a TypedDict: verify/attest.py takes the parsed envelope as dict[str, Any] (its shape is in the
+# docstring); a TypedDict here is for when verify/ is typed as strictly.
 def parse(data: bytes, source: str) -> dict[str, Any]:
     """{"payloadType", "payload" (bytes), "signatures": [{"keyid", "sig" (bytes)}]} of an envelope file's bytes."""
     doc = parse_json(
@@ -154,6 +171,7 @@ def parse(data: bytes, source: str) -> dict[str, Any]:
     }
 
 
+# An in-toto statement is open-ended (its predicate is the signed report; a subject may carry annotations).
 def statement_subjects(statement: dict[str, Any], source: str, *, hint: str) -> list[dict[str, Any]]:
     """The `subject` list of an in-toto statement, each entry checked for in-toto's types (name a string, digest an
     object of algorithm -> hex string); BadInput naming the file and the key otherwise."""
@@ -170,7 +188,7 @@ def statement_subjects(statement: dict[str, Any], source: str, *, hint: str) -> 
     return subjects
 
 
-def verify(envelope: dict[str, Any], public_key, source: str) -> None:
+def verify(envelope: dict[str, Any], public_key: Ed25519PublicKey, source: str) -> None:
     """BadInput unless one of the envelope's signatures verifies over PAE(payloadType, payload) with `public_key`."""
     c = _crypto()
     message = pae(envelope["payloadType"], envelope["payload"])

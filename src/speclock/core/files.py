@@ -22,12 +22,13 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TextIO, overload
+from typing import Any, BinaryIO, Literal, TextIO, TypeVar, overload
 
 from speclock.core.errors import BadInput
-from speclock.core.jsonread import MAX_READ_BYTES, json_type, parse_json, type_names
+from speclock.core.jsonread import MAX_READ_BYTES, parse_json, type_names
+from speclock.core.jsonread import json_type as json_type
 from speclock.core.oserrors import file_where_folder_belongs as file_where_folder_belongs
-from speclock.core.oserrors import os_error
+from speclock.core.oserrors import os_error as os_error
 
 # Prefix of every temp file the writers make; `clean_stale_temps` removes those a killed run left.
 TEMP_PREFIX = ".speclock-tmp-"
@@ -40,14 +41,14 @@ def current_input() -> Path | None:
     return _last_input[-1] if _last_input else None
 
 
-def note_input(path: str | os.PathLike) -> None:
+def note_input(path: str | os.PathLike[str]) -> None:
     _last_input[:] = [Path(path)]
 
 
 # --- reading ---------------------------------------------------------------------------------
 
 
-def check_file(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> Path:
+def check_file(path: str | os.PathLike[str], *, what: str = "file", hint: str | None = None) -> Path:
     """`path` if a regular file stands there (or a link to one); else BadInput saying what stands there instead:
     nothing, a dangling link, a link loop, a directory, a FIFO, a device, a socket (never "missing" for those)."""
     path = Path(path)
@@ -78,7 +79,7 @@ def check_file(path: str | os.PathLike, *, what: str = "file", hint: str | None 
     return path
 
 
-def absent(path: str | os.PathLike) -> bool:
+def absent(path: str | os.PathLike[str]) -> bool:
     """Whether nothing at all is at `path`, not even a link: what "missing" may say. A link loop, a dangling link, a
     folder or a FIFO is there, and `check_file` names it."""
     try:
@@ -90,7 +91,9 @@ def absent(path: str | os.PathLike) -> bool:
     return False
 
 
-def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> bytes:
+def read_bytes(
+    path: str | os.PathLike[str], *, what: str = "file", hint: str | None = None, max_bytes: int | None = None
+) -> bytes:
     path = Path(path)
     note_input(path)
     check_file(path, what=what, hint=hint)
@@ -107,7 +110,7 @@ def read_bytes(path: str | os.PathLike, *, what: str = "file", hint: str | None 
 
 
 def read_text(
-    path: str | os.PathLike, *, what: str = "file", hint: str | None = None, max_bytes: int | None = MAX_READ_BYTES
+    path: str | os.PathLike[str], *, what: str = "file", hint: str | None = None, max_bytes: int | None = MAX_READ_BYTES
 ) -> str:
     """A UTF-8 text file; a binary or non-UTF-8 file is BadInput naming the line of the first bad byte."""
     data = read_bytes(path, what=what, hint=hint, max_bytes=max_bytes)
@@ -125,14 +128,50 @@ def read_text(
     return text
 
 
-def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | tuple = dict, hint: str | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike[str], *, what: str = "JSON file", expect: type | tuple[type, ...] = dict, hint: str | None = None
+) -> Any:  # a parsed document whose shape the caller checks next (see parse_json)
     """A JSON file, through the one parser (`jsonread.parse_json`): capped, no key twice, bounded nesting."""
     return parse_json(read_text(path, what=what, hint=hint), path, what=what, expect=expect, hint=hint)
 
 
+_T = TypeVar("_T")
+_U = TypeVar("_U")
+
+
+@overload
 def expect(
-    value: Any, types: type | tuple, where: str, *, path: str | os.PathLike, hint: str | None = None, finite: bool = True
-) -> Any:
+    value: object, types: type[_T], where: str, *, path: str | os.PathLike[str], hint: str | None = None, finite: bool = True
+) -> _T: ...
+@overload
+def expect(
+    value: object,
+    types: tuple[type[_T], type[_U]],
+    where: str,
+    *,
+    path: str | os.PathLike[str],
+    hint: str | None = None,
+    finite: bool = True,
+) -> _T | _U: ...
+@overload
+def expect(
+    value: object,
+    types: tuple[type, ...],
+    where: str,
+    *,
+    path: str | os.PathLike[str],
+    hint: str | None = None,
+    finite: bool = True,
+) -> object: ...
+def expect(
+    value: object,
+    types: type | tuple[type, ...],
+    where: str,
+    *,
+    path: str | os.PathLike[str],
+    hint: str | None = None,
+    finite: bool = True,
+) -> object:
     """Check one field's JSON type (bool is never a number here; numbers must be finite)."""
     want = types if isinstance(types, tuple) else (types,)
     ok = isinstance(value, want)
@@ -153,7 +192,7 @@ def expect(
     return value
 
 
-def short_repr(value: Any) -> str:
+def short_repr(value: object) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return f"({text[:60]}{'...' if len(text) > 60 else ''})"
 
@@ -161,7 +200,7 @@ def short_repr(value: Any) -> str:
 # --- confinement -----------------------------------------------------------------------------
 
 
-def confined(root: str | os.PathLike, name: str, *, what: str, source: str | os.PathLike | None = None) -> Path:
+def confined(root: str | os.PathLike[str], name: str, *, what: str, source: str | os.PathLike[str] | None = None) -> Path:
     """`root/name`, refused (BadInput) when `name` is absolute, has `..`, or resolves outside `root`."""
     where = f"{source}: " if source else ""
     if not isinstance(name, str) or not name or "\x00" in name:
@@ -188,7 +227,7 @@ def confined(root: str | os.PathLike, name: str, *, what: str, source: str | os.
     return target
 
 
-def plain_name(name: Any, *, what: str, source: str | os.PathLike | None = None) -> str:
+def plain_name(name: object, *, what: str, source: str | os.PathLike[str] | None = None) -> str:
     """A single path component (a file name from data): no separators, no '..'."""
     where = f"{source}: " if source else ""
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
@@ -202,7 +241,7 @@ def plain_name(name: Any, *, what: str, source: str | os.PathLike | None = None)
 # --- writing ---------------------------------------------------------------------------------
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -217,18 +256,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 @overload
 def atomic_output(
-    path: str | os.PathLike, *, binary: Literal[False] = False, mode: int | None = None
+    path: str | os.PathLike[str], *, binary: Literal[False] = False, mode: int | None = None
 ) -> AbstractContextManager[TextIO]: ...
 @overload
 def atomic_output(
-    path: str | os.PathLike, *, binary: Literal[True], mode: int | None = None
+    path: str | os.PathLike[str], *, binary: Literal[True], mode: int | None = None
 ) -> AbstractContextManager[BinaryIO]: ...
 @overload
 def atomic_output(
-    path: str | os.PathLike, *, binary: bool, mode: int | None = None
+    path: str | os.PathLike[str], *, binary: bool, mode: int | None = None
 ) -> AbstractContextManager[TextIO | BinaryIO]: ...
 def atomic_output(
-    path: str | os.PathLike, *, binary: bool = False, mode: int | None = None
+    path: str | os.PathLike[str], *, binary: bool = False, mode: int | None = None
 ) -> AbstractContextManager[TextIO | BinaryIO]:
     """Write `path` through a temp file in its folder; on success fsync, rename, fsync the folder.
 
@@ -263,7 +302,7 @@ def _atomic_output(path: Path, *, binary: bool, mode: int | None) -> Iterator[Te
     fsync_dir(path.parent)
 
 
-def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
+def publish(tmp: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
     """Put a finished file that another writer made at `tmp` (a library, a subprocess) in place as `dest`,
     atomically: fsync it, rename it over `dest`, fsync the folder. OSError propagates: the caller names what it stored."""
     with open(tmp, "rb") as fh:
@@ -272,7 +311,7 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     fsync_dir(Path(dest).parent)
 
 
-def move_aside(path: str | os.PathLike, to: str | os.PathLike, *, what: str) -> Path:
+def move_aside(path: str | os.PathLike[str], to: str | os.PathLike[str], *, what: str) -> Path:
     """Rename a bad file (corrupt, mismatching) out of the way, kept for a look; OSError becomes a user error."""
     try:
         os.replace(path, to)
@@ -294,19 +333,19 @@ def _umask() -> int:
     return _UMASK
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> Path:
     with atomic_output(path, binary=True, mode=mode) as fh:
         fh.write(data)
     return Path(path)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None) -> Path:
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int | None = None) -> Path:
     with atomic_output(path, mode=mode) as fh:
         fh.write(text)
     return Path(path)
 
 
-def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, sort_keys: bool = False) -> Path:
+def atomic_write_json(path: str | os.PathLike[str], data: object, *, indent: int | None = 2, sort_keys: bool = False) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n")
 
 
@@ -323,7 +362,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def clean_stale_temps(
-    folder: str | os.PathLike, *, prefixes: tuple[str, ...] = (TEMP_PREFIX,), older_than_s: float = 0.0
+    folder: str | os.PathLike[str], *, prefixes: tuple[str, ...] = (TEMP_PREFIX,), older_than_s: float = 0.0
 ) -> list[Path]:
     """Remove temp files a killed run left in `folder` (not recursive). Returns what was removed."""
     removed: list[Path] = []
@@ -343,7 +382,7 @@ def clean_stale_temps(
     return removed
 
 
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     """sha256 of a file's bytes (the one helper; OSError becomes a user error)."""
     h = hashlib.sha256()
     try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 
@@ -14,7 +15,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, then: Callable[[ModuleType], None]):
         self.name, self.then = name, then
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> ModuleSpec | None:
         if name != self.name:
             return None
         sys.meta_path.remove(self)  # the real finders locate the module; this one only wraps its loading
@@ -30,7 +31,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             run(module)
             self.then(module)
 
-        spec.loader.exec_module = exec_module
+        # wrapping the loader's own method on this one loader object is the point of the hook
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 

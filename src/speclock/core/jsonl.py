@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, read_bytes
+
+_R = TypeVar("_R")
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -23,14 +25,14 @@ def split_lines(data: bytes) -> list[bytes]:
 
 
 def read_jsonl(
-    path: str | os.PathLike,
-    check: Callable[[bytes, int], Any],
+    path: str | os.PathLike[str],
+    check: Callable[[bytes, int], _R],
     *,
     what: str = "JSONL file",
     hint: str | None = None,
     torn_last: bool = False,
     bad_last_is_torn: bool = False,
-) -> list[tuple[int, Any]]:
+) -> list[tuple[int, _R]]:
     """[(line number, check(line, line number))] for each non-blank line of `path`.
 
     `check` gets the raw line (bytes, with its newline) and raises BadInput naming `path:lineno`
@@ -40,7 +42,8 @@ def read_jsonl(
     path = Path(path)
     data = read_bytes(path, what=what, hint=hint)
     lines = split_lines(data)
-    out, good = [], 0
+    out: list[tuple[int, _R]] = []
+    good = 0
     for lineno, line in enumerate(lines, 1):
         last = lineno == len(lines)
         if torn_last and last and not line.endswith(b"\n"):

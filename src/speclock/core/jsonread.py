@@ -17,7 +17,7 @@ import math
 import os
 import re
 from itertools import accumulate
-from typing import Any
+from typing import Any, NoReturn
 
 from speclock.core.errors import BadInput, SpeclockError
 
@@ -46,7 +46,10 @@ class _DuplicateKey(Exception):
         self.key = key
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+# Any in this module: parsed JSON is open-ended until the caller checks its shape (files.expect, a reader's checks).
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:  # one JSON object, any keys and values
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
@@ -57,7 +60,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
@@ -164,9 +167,13 @@ def loads(
     if not isinstance(text, str):
         text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does with bytes
     _check_depth(text, max_depth)
-    numbers: dict[str, Any] = {} if allow_nan else {"parse_constant": _no_constant, "parse_float": _finite_float}
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, **numbers)
+        return json.loads(  # json.loads passes on only the hooks that are not None
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=None if allow_nan else _no_constant,
+            parse_float=None if allow_nan else _finite_float,
+        )
     except _DuplicateKey as dup:
         raise JSONRefused(
             f"has the key {dup.key!r} twice in one object",
@@ -193,10 +200,10 @@ def decode_at(text: str, pos: int, *, max_depth: int = MAX_DEPTH) -> tuple[Any, 
 
 def parse_json(
     text: str | bytes | bytearray,
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     what: str = "JSON file",
-    expect: type | tuple = dict,
+    expect: type | tuple[type, ...] = dict,
     hint: str | None = None,
     error: type[SpeclockError] = BadInput,
     allow_nan: bool = False,
@@ -223,7 +230,7 @@ def parse_json(
     return data
 
 
-def _at(source: str | os.PathLike, line: int | None, column: int | None = None) -> str:
+def _at(source: str | os.PathLike[str], line: int | None, column: int | None = None) -> str:
     """file:line:column for a file; a URL or a command (it has '://' or a space) gets its line in words."""
     name = str(source)
     if line is None:
@@ -233,7 +240,7 @@ def _at(source: str | os.PathLike, line: int | None, column: int | None = None) 
     return f"{name}:{line}" + (f":{column}" if column else "")
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -252,6 +259,6 @@ def json_type(value: Any) -> str:
 _NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
-def type_names(expect: type | tuple) -> str:
+def type_names(expect: type | tuple[type, ...]) -> str:
     types = expect if isinstance(expect, tuple) else (expect,)
     return " or ".join(_NAMES.get(t, "null" if t is type(None) else t.__name__) for t in types)

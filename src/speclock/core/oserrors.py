@@ -19,7 +19,7 @@ def _stat_errno(path: Path) -> int | None:
     return None
 
 
-def file_where_folder_belongs(where: str | os.PathLike) -> str:
+def file_where_folder_belongs(where: str | os.PathLike[str]) -> str:
     """The one message for a path that must be (or lead through) a folder but meets a file (or a link loop)."""
     path = Path(where)
     for part in [path, *path.parents]:
@@ -55,7 +55,7 @@ PSEUDO_FILESYSTEMS = {
 }
 
 
-def filesystem_type(path: str | os.PathLike) -> str | None:
+def filesystem_type(path: str | os.PathLike[str]) -> str | None:
     """The type of the filesystem that holds `path` (the longest mount point above it in /proc/self/mounts)."""
     try:
         mounts = Path("/proc/self/mounts").read_text()
@@ -88,7 +88,7 @@ def _cannot_create(where: str) -> SpeclockError | None:
     return None
 
 
-def _copy_error(failures: list) -> SpeclockError:
+def _copy_error(failures: list[object]) -> SpeclockError:
     """shutil.copytree's error, which carries a list of (source, destination, reason) and no errno or file name: the
     first failure named (a dangling link, as a drafter folder whose weights link to a moved file, is bad input)."""
     first = failures[0]
@@ -102,7 +102,7 @@ def _copy_error(failures: list) -> SpeclockError:
     return EnvironmentProblem(f"could not copy {src} to {dst}: {why}{more}", hint="check the disk and the files' permissions")
 
 
-def os_error(err: OSError, path: str | os.PathLike | None = None, action: str = "access") -> SpeclockError:
+def os_error(err: OSError, path: str | os.PathLike[str] | None = None, action: str = "access") -> SpeclockError:
     """Turn an OSError into the error a user can act on: bad input or an environment problem."""
     if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list) and err.args[0]:
         return _copy_error(err.args[0])

@@ -38,7 +38,9 @@ DTYPE_BYTES = {
 _HINT = "the weights file is damaged or not the model's: copy or export it again"
 
 
-def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+# A header is dict[str, Any]: tensor name -> {dtype, shape, data_offsets} (checked here), and beside those the format's
+# free-form "__metadata__" object, which no TypedDict can hold next to arbitrary tensor names.
+def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
     """(header dict, byte offset of the data section) of a safetensors file, without torch."""
     try:
         with open(path, "rb") as f:

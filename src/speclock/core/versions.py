@@ -22,7 +22,7 @@ _PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2}
 _OPS = (">=", "<=", "==", "!=", ">", "<")
 
 
-def version_key(text: str) -> tuple:
+def version_key(text: str) -> tuple[tuple[int, ...], tuple[int, int], int, float]:
     """A sort key for a release version; raises ValueError for text that is not one."""
     m = _VERSION.match(text.strip())
     if not m:
@@ -44,7 +44,7 @@ def version_key(text: str) -> tuple:
 
 def parse_range(text: str, where: str = "version range") -> list[tuple[str, str]]:
     """`>=0.15.0, <0.18.0` -> [(">=", "0.15.0"), ("<", "0.18.0")]. Raises BadInput naming `where`."""
-    clauses = []
+    clauses: list[tuple[str, str]] = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         op = next((o for o in _OPS if part.startswith(o)), None)
         if op is None:

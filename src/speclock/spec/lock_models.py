@@ -68,7 +68,7 @@ def model_records(stack: Stack, *, root: Path | None = None, progress=print) -> 
     return out
 
 
-def check_models(value: Any, path: str | os.PathLike) -> None:
+def check_models(value: Any, path: str | os.PathLike[str]) -> None:
     """A read lock's `models` of the right shape (read_lock): BadInput naming the key."""
     expect(value, dict, "models", path=path, hint=RELOCK)
     for what, rec in value.items():

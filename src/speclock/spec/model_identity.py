@@ -164,7 +164,7 @@ def _weight_identity(path: Path, size: int, sampled: bool, sampling: Sampling) -
 
 
 def model_identity(
-    folder: str | os.PathLike, *, whole_limit: int = WHOLE_LIMIT, like: ModelIdentity | None = None
+    folder: str | os.PathLike[str], *, whole_limit: int = WHOLE_LIMIT, like: ModelIdentity | None = None
 ) -> ModelIdentity:
     """The identity of a model folder (see the module's docstring for what it covers).
 
@@ -218,7 +218,7 @@ def identity_differences(locked: ModelIdentity, actual: ModelIdentity) -> list[t
     return out
 
 
-def check_identity(value: Any, where: str, path: str | os.PathLike, hint: str) -> ModelIdentity:
+def check_identity(value: Any, where: str, path: str | os.PathLike[str], hint: str) -> ModelIdentity:
     """A recorded identity (a lock's) of the right shape: BadInput naming the key otherwise."""
     expect(value, dict, where, path=path, hint=hint)
     if value.get("schema") != IDENTITY_SCHEMA:

@@ -119,7 +119,7 @@ def _inflate(data: bytes, path: Path) -> bytes:
     return bytes(out)
 
 
-def read_prompt_lines(path: str | os.PathLike) -> list[tuple[int, str]]:
+def read_prompt_lines(path: str | os.PathLike[str]) -> list[tuple[int, str]]:
     """(line number, text) of each line of a prompt file (.gz inflated), after the encoding checks."""
     path = Path(path)
     data = read_bytes(path, what="prompt file", hint="pass --prompts FILE (JSONL)")
@@ -144,7 +144,7 @@ def read_prompt_lines(path: str | os.PathLike) -> list[tuple[int, str]]:
     return lines
 
 
-def load_prompts(path: str | os.PathLike | None = None, n: int | None = None) -> list[str]:
+def load_prompts(path: str | os.PathLike[str] | None = None, n: int | None = None) -> list[str]:
     """The first `n` prompt texts (all if None) of a JSONL prompt file; default: MT-Bench's 80 questions."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise BadInput(f"the number of prompts must be an integer of at least 1 (got {n!r})")

@@ -45,7 +45,7 @@ CREATED_BY = "speclock"
 PYLOCK_SCHEMA = "speclock.pylock/v1"
 
 
-def pylock_path(lock_file: str | os.PathLike) -> Path:
+def pylock_path(lock_file: str | os.PathLike[str]) -> Path:
     """locks/<stack>.lock -> locks/pylock.<stack>.toml (dots of the name as '_': PEP 751 names have none)."""
     lock_file = Path(lock_file)
     return lock_file.with_name(f"pylock.{lock_file.stem.replace('.', '_')}.toml")
@@ -184,7 +184,7 @@ def render(doc: dict[str, Any]) -> str:
     return header + dumps_tables(doc)
 
 
-def write_lock_files(lock_file: str | os.PathLike, doc: LockDoc) -> Path:
+def write_lock_files(lock_file: str | os.PathLike[str], doc: LockDoc) -> Path:
     """Write the lock and its pylock: both or neither. Returns the pylock's path.
 
     Both texts are made first (an error there writes nothing), then each goes to a fsynced temp file beside its
@@ -214,7 +214,7 @@ def write_lock_files(lock_file: str | os.PathLike, doc: LockDoc) -> Path:
     return target
 
 
-def read_pylock(path: str | os.PathLike) -> dict[str, Any]:
+def read_pylock(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a pylock file (tomllib). BadInput names the file: missing, not a file, over the 64 MiB cap, or not TOML."""
     path = Path(path)
     hint = "re-create it with `speclock lock --stack NAME --no-resolve`"
@@ -262,7 +262,7 @@ def _diff_values(have: Any, want: Any, where: str) -> list[str]:
     return [] if have == want else [f"{where}: pylock has {have!r}, the lock gives {want!r}"]
 
 
-def pylock_drift(lock_file: str | os.PathLike, doc: LockDoc) -> list[str]:
+def pylock_drift(lock_file: str | os.PathLike[str], doc: LockDoc) -> list[str]:
     """How the pylock next to a lock differs from what the lock gives (empty = in sync): a missing or unreadable file,
     and per package what differs (missing, extra, marker, a wheel's url or sha256), then the other keys."""
     path = pylock_path(lock_file)
@@ -311,7 +311,7 @@ def pylock_drift(lock_file: str | os.PathLike, doc: LockDoc) -> list[str]:
     return out
 
 
-def offline_pylock(pylock: dict[str, Any], wheel_files: dict[str, str | os.PathLike]) -> dict[str, Any]:
+def offline_pylock(pylock: dict[str, Any], wheel_files: dict[str, str | os.PathLike[str]]) -> dict[str, Any]:
     """The pylock with each wheel's local file as its `path` (absolute), from {sha256: file}: what pip and uv install
     from without a network. A wheel whose sha256 is not in `wheel_files` keeps only its url."""
     out = {**pylock, "packages": []}

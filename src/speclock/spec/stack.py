@@ -122,7 +122,7 @@ def stacks_dir(root: Path | None = None) -> Path:
     return (root or REPO_ROOT) / "stacks"
 
 
-def stack_path(name_or_path: str | os.PathLike, root: Path | None = None) -> Path:
+def stack_path(name_or_path: str | os.PathLike[str], root: Path | None = None) -> Path:
     """Where a stack is: a NAME is a plain name resolved inside stacks/ (stacks/<name>.toml); a PATH is
     explicit (a Path object, or a string that ends in .toml or holds a '/') and must exist.
 
