@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +100,12 @@ def _reusable(out: Path) -> str | None:
     return None
 
 
-def build_rootfs(rec: dict[str, Any], *, progress=print) -> Path:
+def build_rootfs(rec: dict[str, Any], *, progress: Callable[[str], None] = print) -> Path:
     """Build (or reuse) the rootfs tarball for a recipe; atomic: a failed or interrupted run leaves nothing behind."""
     return _built_rootfs(rec, progress=progress)[0]
 
 
-def _built_rootfs(rec: dict[str, Any], *, progress=print) -> tuple[Path, str]:
+def _built_rootfs(rec: dict[str, Any], *, progress: Callable[[str], None] = print) -> tuple[Path, str]:
     """(tarball, its sha256): reused when its hash still matches the recorded one, built otherwise."""
     out = cached_tar(rec)
     sha = _reusable(out)
@@ -151,7 +152,11 @@ def _built_rootfs(rec: dict[str, Any], *, progress=print) -> tuple[Path, str]:
 
 
 def lock_base(
-    stack: Stack, *, previous_epoch: int | None = None, extra_packages: list[str] | None = None, progress=print
+    stack: Stack,
+    *,
+    previous_epoch: int | None = None,
+    extra_packages: list[str] | None = None,
+    progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The lock's `base` entry: the recipe and the sha256 of the tarball it produces (or the image ref).
 
@@ -173,7 +178,7 @@ def lock_base(
     }
 
 
-def verified_rootfs(base: dict[str, Any], *, progress=print) -> Path:
+def verified_rootfs(base: dict[str, Any], *, progress: Callable[[str], None] = print) -> Path:
     """The cached tarball for a locked base, rebuilt if missing and checked against the lock's sha256.
 
     A cached tarball that does not match is moved aside and built again before the mirror is blamed

@@ -18,7 +18,7 @@ from speclock.spec.schema import json_schema
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_stack_command(sub)
     _add_lock_command(sub)
 
@@ -41,7 +41,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_stack_command(sub) -> None:
+def _add_stack_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stack", help="validate and show a stack file", description="Validate a stack file and show what it pins.")
     ps = p.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
     show = ps.add_parser("check", help="validate a stack and print its pins")
@@ -78,7 +78,7 @@ example: your own target, mounted at run time, with your EAGLE-3 drafter on an H
 """
 
 
-def _add_new_command(ps) -> None:
+def _add_new_command(ps: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     new = ps.add_parser(
         "new",
         help="write a stack for your own target and drafter, filled in from what speclock knows",
@@ -201,7 +201,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_lock_command(sub) -> None:
+def _add_lock_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "lock",
         help="resolve a stack to exact wheels and a base digest (writes locks/<stack>.lock and locks/pylock.<stack>.toml)",

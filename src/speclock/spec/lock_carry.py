@@ -17,9 +17,9 @@ import copy
 
 from speclock.core.errors import BadInput
 from speclock.core.names import normalize
-from speclock.spec.lock import _diff, pinned_view
+from speclock.spec.lock import _diff
 from speclock.spec.lock_types import LockDoc
-from speclock.spec.stack import Stack
+from speclock.spec.stack import Stack, pinned_view
 
 # Stack keys no wheel depends on: they may differ between the stack and the lock it is carried from (pinned_view
 # already leaves out what a lock never pins, such as thresholds). Everything else must be equal.

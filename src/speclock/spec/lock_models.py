@@ -15,6 +15,7 @@ key: their locks keep their bytes. What an identity covers, and what not: spec.m
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,9 @@ def _relock(stack: Stack) -> str:
     return f"`speclock lock --stack {stack.name} --no-resolve` (on a machine that has the model, to pin it)"
 
 
-def model_records(stack: Stack, *, root: Path | None = None, progress=print) -> dict[str, ModelRecord] | None:
+def model_records(
+    stack: Stack, *, root: Path | None = None, progress: Callable[[str], None] = print
+) -> dict[str, ModelRecord] | None:
     """The lock's `models` for this stack (None: it names no such folder, and the lock gets no `models` key).
     A folder that is not there is recorded as not pinned, with a WARN; one that is there but broken is refused."""
     folders = pinned_folders(stack, root)

@@ -34,7 +34,7 @@ import stat
 import struct
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 from speclock.core.errors import BadInput
 from speclock.core.files import expect, os_error
@@ -234,4 +234,4 @@ def check_identity(value: Any, where: str, path: str | os.PathLike[str], hint: s
             for field in DEFAULT_SAMPLING:
                 if expect(samples.get(field), int, f"{key}.samples.{field}", path=path, hint=hint) < 1:
                     raise BadInput(f"{path}: {key}.samples.{field} is below 1", hint=hint)
-    return value  # its keys checked above
+    return cast(ModelIdentity, value)  # its keys checked above

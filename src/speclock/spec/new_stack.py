@@ -341,7 +341,18 @@ def _header(name: str, source: Stack, archs: list[str]) -> str:
     )
 
 
-def _document(req, source: Stack, name, torch, cuda, archs, tname, tpath, dpath) -> dict[str, Any]:
+# The stack file to write, as TOML tables (toml_text.dumps): dict[str, Any], the shape spec.validate checks on reading.
+def _document(
+    req: Request,
+    source: Stack,
+    name: str,
+    torch: str,
+    cuda: str,
+    archs: list[str],
+    tname: str,
+    tpath: str,
+    dpath: str,
+) -> dict[str, Any]:
     python = {k: source.python[k] for k in ("version", "host_targets", "extra", "exclude", "build_only") if source.python[k]}
     doc: dict[str, Any] = {
         "schema": 1,

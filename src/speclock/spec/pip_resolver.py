@@ -122,9 +122,12 @@ def pip_report(
                 hint="check network access to the package index (and PIP_CERT behind a proxy)",
             )
         doc = parse_json(report.read_text(), report, what="pip installation report", error=EnvironmentProblem, allow_nan=True)
-        return doc["install"]
+        install: list[dict[str, Any]] = doc["install"]  # pip's report format: a list of objects, one per wheel
+        return install
 
 
+# An item of pip's installation report (pip's JSON format: `metadata` holds every core metadata field): dict[str, Any],
+# of which report_entry reads the few keys a lock entry needs.
 def report_entry(item: dict[str, Any]) -> LockEntry:
     """The lock entry of one item of pip's installation report."""
     info = item["download_info"]

@@ -22,6 +22,7 @@ import json
 import os
 import zlib
 from pathlib import Path
+from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import absent, confined, json_type, note_input, read_bytes
@@ -58,7 +59,7 @@ def mtbench_questions_path() -> Path:
     )
 
 
-def _user_text(value, where: str, key: str) -> str:
+def _user_text(value: object, where: str, key: str) -> str:
     if not isinstance(value, str):
         raise BadInput(f"{where}: {key} is a JSON {json_type(value)}, where the prompt text (a string) belongs", hint=_HINT)
     if not value.strip():
@@ -66,7 +67,7 @@ def _user_text(value, where: str, key: str) -> str:
     return value
 
 
-def prompt_text(record: dict, where: str) -> str:
+def prompt_text(record: object, where: str) -> str:
     """The user text of one prompt record (first turn of MT-Bench, a plain prompt, or chat messages)."""
     if not isinstance(record, dict):
         raise BadInput(f"{where}: expected a JSON object, found a JSON {json_type(record)}", hint=_HINT)
@@ -170,7 +171,7 @@ def load_prompts(path: str | os.PathLike[str] | None = None, n: int | None = Non
     return texts
 
 
-def require_chat_template(tokenizer, where: str = "the target") -> None:
+def require_chat_template(tokenizer: object, where: str = "the target") -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise BadInput(
             f"{where} has no chat template; EAGLE-3 prompts and training data must use the target's chat format",
@@ -178,7 +179,8 @@ def require_chat_template(tokenizer, where: str = "the target") -> None:
         )
 
 
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+# tokenizer: a Hugging Face tokenizer (transformers is optional and untyped here), hence Any.
+def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of `text` as a single user turn in the target's chat template, ready for the reply."""
     require_chat_template(tokenizer)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)

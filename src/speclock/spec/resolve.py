@@ -14,6 +14,7 @@ import copy
 import re
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
@@ -60,7 +61,8 @@ def _pypi_url(entry: LockEntry) -> str | None:
         return None
     for f in files:
         if f.get("filename") == entry["filename"] and f.get("hashes", {}).get("sha256") == entry["sha256"]:
-            return f["url"]
+            url = f["url"]
+            return url if isinstance(url, str) else None  # PyPI's JSON, not ours: a url that is no string is none
     return None
 
 
@@ -88,7 +90,8 @@ def _index_url(index: str, entry: LockEntry) -> str | None:
             html = resp.read().decode("utf-8", "replace")
     except Exception:
         return None
-    for href in _HREF.findall(html):
+    hrefs: list[str] = _HREF.findall(html)  # one group: each match a string
+    for href in hrefs:
         url, _, fragment = urllib.parse.urljoin(page, href).partition("#")
         if url_basename(url) != entry["filename"]:
             continue
@@ -122,7 +125,9 @@ def portable_url(
     return None, "not on PyPI" + (f" nor on {index}" if index else "")
 
 
-def _portable_urls(entries: list[LockEntry], progress, *, index: str | None = None, index_reachable: bool = False) -> None:
+def _portable_urls(
+    entries: list[LockEntry], progress: Callable[[str], None], *, index: str | None = None, index_reachable: bool = False
+) -> None:
     """Record an index URL for every wheel found in a local folder or mirror (file://), keeping the local copy as
     mirror_url (fetch uses it where it exists), so the lock works on machines without that folder. A wheel no index
     is known to serve keeps its file:// url: `require_portable` refuses the lock, `lock --check` fails on it."""
@@ -158,7 +163,7 @@ def require_portable(stack: Stack, doc: LockDoc) -> None:
         )
 
 
-def portable_lock(stack: Stack, doc: LockDoc, *, progress=print) -> LockDoc:
+def portable_lock(stack: Stack, doc: LockDoc, *, progress: Callable[[str], None] = print) -> LockDoc:
     """The lock with portable URLs, WITHOUT resolving again: every version, file and sha256 stays; only a file:// url
     becomes its index URL (by the same code `resolve_lock` uses), the local copy kept as mirror_url. A changed
     [prune] or python.build_only is carried over (`_carry_unresolved`). For locks made
@@ -179,7 +184,7 @@ def portable_lock(stack: Stack, doc: LockDoc, *, progress=print) -> LockDoc:
     return finish_lock(doc)
 
 
-def _record_models(stack: Stack, doc: LockDoc, progress) -> None:
+def _record_models(stack: Stack, doc: LockDoc, progress: Callable[[str], None]) -> None:
     """The identity of the model folders no wheel pins (spec.lock_models), read again on every lock; no key if none."""
     models = model_records(stack, progress=progress)
     doc.pop("models", None)
@@ -204,7 +209,7 @@ def _without_carried(data: Any) -> Any:
     return view
 
 
-def _carry_unresolved(stack: Stack, doc: LockDoc, progress) -> None:
+def _carry_unresolved(stack: Stack, doc: LockDoc, progress: Callable[[str], None]) -> None:
     """Apply a changed [prune] or python.build_only to a lock without resolving its packages (versions and sha256
     stay): only where CARRIED keys are ALL that changed; otherwise the lock is left to `lock --check` to report."""
     old = doc.get("stack_data", {})
@@ -277,7 +282,7 @@ def kept_versions(stack: Stack, current: LockDoc, target: str | None = None) -> 
 
 
 def _report_keeping(
-    requirements: list[str], stack: Stack, *, keep: list[str] | None, progress, **kw: Any
+    requirements: list[str], stack: Stack, *, keep: list[str] | None, progress: Callable[[str], None], **kw: Any
 ) -> list[dict[str, Any]]:
     """pip's report with the `keep` constraints; where the candidate's requirements need other versions, pip's
     report without them (the packages that moved are then the upgrade's to show)."""
@@ -299,7 +304,13 @@ def _report_keeping(
 
 
 def _resolve_set(
-    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress, keep: list[str] | None = None
+    stack: Stack,
+    *,
+    python: str,
+    platforms: list[str],
+    index: str | None,
+    progress: Callable[[str], None],
+    keep: list[str] | None = None,
 ) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip
     (at the `keep` versions where they fit). `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
@@ -338,7 +349,13 @@ def _resolve_set(
 
 
 def _pruned_set(
-    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress, keep: list[str] | None = None
+    stack: Stack,
+    *,
+    python: str,
+    platforms: list[str],
+    index: str | None,
+    progress: Callable[[str], None],
+    keep: list[str] | None = None,
 ) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(installed, excluded, assets, pruned) of one target: `_resolve_set` with the [prune].packages split off the
     install set (resolved, so the lock knows them, but neither downloaded nor installed)."""
@@ -352,7 +369,7 @@ def _pruned_set(
 
 
 def resolve_target(
-    stack: Stack, key: str, *, index: str | None = None, progress=print, keep: list[str] | None = None
+    stack: Stack, key: str, *, index: str | None = None, progress: Callable[[str], None] = print, keep: list[str] | None = None
 ) -> HostTarget:
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
@@ -360,13 +377,20 @@ def resolve_target(
     installed, excluded, assets, pruned = _pruned_set(
         stack, python=doc["python"], platforms=doc["platforms"], index=index, progress=progress, keep=keep
     )
-    target: HostTarget = {**doc, "packages": installed, "excluded": excluded, "assets": assets}
+    target: HostTarget = {
+        "python": doc["python"],
+        "machine": doc["machine"],
+        "platforms": doc["platforms"],
+        "packages": installed,
+        "excluded": excluded,
+        "assets": assets,
+    }
     if pruned:
         target["pruned"] = pruned
     return target
 
 
-def torch_index(stack: Stack, progress=print) -> str | None:
+def torch_index(stack: Stack, progress: Callable[[str], None] = print) -> str | None:
     index = stack.torch["index"] or None
     if index and not _index_reachable(index):
         progress(f"  note: torch index {index} is unreachable; resolving torch from the configured pip sources")
@@ -374,7 +398,7 @@ def torch_index(stack: Stack, progress=print) -> str | None:
     return index
 
 
-def resolve_lock(stack: Stack, *, progress=print, keep_from: LockDoc | None = None) -> LockDoc:
+def resolve_lock(stack: Stack, *, progress: Callable[[str], None] = print, keep_from: LockDoc | None = None) -> LockDoc:
     """Resolve the stack to a complete lock document (not yet written). With `keep_from` (an upgrade's current lock),
     every package the stack does not pin itself keeps that lock's version wherever the stack allows it."""
     index = torch_index(stack, progress)

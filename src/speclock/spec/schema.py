@@ -26,7 +26,8 @@ ARCH_MIN_CUDA = {
 
 # Field table: section -> key -> (type, required, default, description, allowed or None).
 # type is one of: str, int, float, bool, list[str], list[float], table
-SCHEMA: dict[str, dict[str, tuple]] = {
+Field = tuple[str, bool, object, str, list[object] | None]
+SCHEMA: dict[str, dict[str, Field]] = {
     "": {
         "schema": ("int", True, None, "stack file format version", [1]),
         "name": ("str", True, None, "stack name; must equal the file name without .toml", None),
@@ -311,8 +312,9 @@ def json_schema() -> dict[str, Any]:
         "table": {"type": "object"},
     }
 
-    def section_schema(fields: dict[str, tuple]) -> dict[str, Any]:
-        props, required = {}, []
+    def section_schema(fields: dict[str, Field]) -> dict[str, Any]:
+        props: dict[str, dict[str, Any]] = {}
+        required: list[str] = []
         for key, (kind, req, default, desc, allowed) in fields.items():
             prop = dict(types[kind], description=desc)
             if allowed is not None:

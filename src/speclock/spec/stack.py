@@ -30,47 +30,51 @@ class Stack:
 
     name: str
     path: Path
+    # The validated document: section name -> its table, and the top-level keys (schema, name, description) beside
+    # them. Each table's keys and value types are spec.schema.SCHEMA's, checked by spec.validate; a TypedDict per
+    # section is for when every reader (verify/ too) is strictly typed.
     data: dict[str, Any] = field(repr=False)
     source_sha256: str = ""
 
     def section(self, name: str) -> dict[str, Any]:
-        return self.data[name]
+        table: dict[str, Any] = self.data[name]  # validate() makes every section a table (see `data`)
+        return table
 
     @property
     def base(self) -> dict[str, Any]:
-        return self.data["base"]
+        return self.section("base")
 
     @property
     def python(self) -> dict[str, Any]:
-        return self.data["python"]
+        return self.section("python")
 
     @property
     def torch(self) -> dict[str, Any]:
-        return self.data["torch"]
+        return self.section("torch")
 
     @property
     def engine(self) -> dict[str, Any]:
-        return self.data["engine"]
+        return self.section("engine")
 
     @property
     def gpu(self) -> dict[str, Any]:
-        return self.data["gpu"]
+        return self.section("gpu")
 
     @property
     def target(self) -> dict[str, Any]:
-        return self.data["target"]
+        return self.section("target")
 
     @property
     def draft(self) -> dict[str, Any]:
-        return self.data["draft"]
+        return self.section("draft")
 
     @property
     def smoke(self) -> dict[str, Any]:
-        return self.data["smoke"]
+        return self.section("smoke")
 
     @property
     def thresholds(self) -> dict[str, Any]:
-        return self.data["smoke.thresholds"]
+        return self.section("smoke.thresholds")
 
     @property
     def patch_series(self) -> list[str]:

@@ -19,7 +19,7 @@ from speclock.core.errors import BadInput
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import k_schedule
-from speclock.spec.path_keys import check_path_keys
+from speclock.spec.path_keys import Bad, check_path_keys
 from speclock.spec.profile_values import check_overrides
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
 
@@ -166,7 +166,7 @@ def validate(raw: dict[str, Any], path: Path, repo_root: Path | None = None) -> 
     return out
 
 
-def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad: Bad) -> None:
     """Rules across keys, in a fixed order (the first broken rule is the one reported)."""
     _check_names(s, path, bad)
     _check_threshold_ranges(s, bad)
@@ -188,7 +188,7 @@ def _check_semantics(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
         )
 
 
-def _check_names(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+def _check_names(s: dict[str, dict[str, Any]], path: Path, bad: Bad) -> None:
     if s[""]["name"] != path.stem:
         raise bad("name", f"{s['']['name']!r} differs from the file name {path.stem!r}", f"'{path.stem}'")
     if not STACK_NAME.match(s[""]["name"]):
@@ -204,7 +204,7 @@ def _check_names(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
         raise bad("engine.version", f"{s['engine']['version']!r} is not a version", "e.g. '0.32.0'")
 
 
-def _check_threshold_ranges(s: dict[str, dict[str, Any]], bad) -> None:
+def _check_threshold_ranges(s: dict[str, dict[str, Any]], bad: Bad) -> None:
     for key, (lo, hi) in _THRESHOLD_RANGE.items():
         value = s["smoke.thresholds"][key]
         for v in value if isinstance(value, list) else [value]:
@@ -216,7 +216,7 @@ def _check_threshold_ranges(s: dict[str, dict[str, Any]], bad) -> None:
                 )
 
 
-def _check_base_and_pins(s: dict[str, dict[str, Any]], bad) -> None:
+def _check_base_and_pins(s: dict[str, dict[str, Any]], bad: Bad) -> None:
     base = s["base"]
     if base["kind"] == "image":
         if not _DIGEST_REF.match(base["ref"]):
@@ -235,7 +235,7 @@ def _check_base_and_pins(s: dict[str, dict[str, Any]], bad) -> None:
             raise bad(key, f"{value!r} is not an exact pin", "name==version")
 
 
-def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
+def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad: Bad) -> None:
     target = s["target"]
     if bool(target["package"]) == bool(target["path"]):
         raise bad(
@@ -259,7 +259,7 @@ def _check_target_and_smoke(s: dict[str, dict[str, Any]], bad) -> None:
         )
 
 
-def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
+def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad: Bad) -> None:
     base = s["base"]
     cuda, archs = s["gpu"]["cuda"], s["gpu"]["archs"]
     if archs and not cuda:
@@ -324,7 +324,7 @@ def _check_gpu_and_kernels(s: dict[str, dict[str, Any]], bad) -> None:
         )
 
 
-def _check_prune(s: dict[str, dict[str, Any]], path: Path, bad) -> None:
+def _check_prune(s: dict[str, dict[str, Any]], path: Path, bad: Bad) -> None:
     """[prune]: plain distribution names that are neither the engine nor torch, and globs that stay inside
     site-packages, name something literal, and cannot take a whole engine/torch tree or a package's metadata."""
     engine = s["engine"]
