@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO, TypeVar, overload
 
 from speclock.core.errors import BadInput
-from speclock.core.jsonread import MAX_READ_BYTES, parse_json, type_names
+from speclock.core.jsonread import MAX_READ_BYTES as MAX_READ_BYTES  # re-exported: readers import these from here
 from speclock.core.jsonread import json_type as json_type
+from speclock.core.jsonread import parse_json as parse_json
+from speclock.core.jsonread import type_names
 from speclock.core.oserrors import file_where_folder_belongs as file_where_folder_belongs
 from speclock.core.oserrors import os_error as os_error
 
