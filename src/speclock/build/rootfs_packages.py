@@ -11,6 +11,7 @@ from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_json, read_json
 from speclock.core.layout import cache_dir
 from speclock.spec import baseimage
+from speclock.spec.lock_types import LockBase
 
 
 def parse_dpkg_status(text: str) -> list[dict[str, str]]:
@@ -78,7 +79,7 @@ def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
     return {"os": osr, "packages": parse_dpkg_status(found["status"])}
 
 
-def base_packages(base: dict[str, Any], *, progress=print) -> dict[str, Any] | None:
+def base_packages(base: LockBase, *, progress=print) -> dict[str, Any] | None:
     """The Debian packages of a locked debian-rootfs base (None for a base image by ref: not enumerated).
 
     Read once from the tarball (verified against the lock's sha256) and kept beside the cache, keyed by

@@ -13,6 +13,7 @@ from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, LockEntry
+from speclock.spec.lock_types import LockBase
 from speclock.spec.stack import Stack
 
 
@@ -28,7 +29,7 @@ def _pypi_purl(cdx, pkg: LockEntry):
     return cdx.PackageURL(type="pypi", name=normalize(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
 
 
-def base_components(cdx, base: dict[str, Any], *, progress) -> tuple[Any, list[Any]]:
+def base_components(cdx, base: LockBase, *, progress) -> tuple[Any, list[Any]]:
     """(the base, its Debian packages) of the lock's `base`: a Debian rootfs with every installed package, or a
     base image by reference (its packages not listed)."""
     sha = functools.partial(sha256_hashes, cdx)

@@ -16,15 +16,15 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, move_aside, os_error, pid_alive, publish
 from speclock.core.layout import cache_dir
+from speclock.spec.lock_types import BaseRecipe, LockBase
 from speclock.spec.stack import Stack
 
 
-def recipe(stack: Stack, source_date_epoch: int, extra_packages: list[str] | None = None) -> dict[str, Any]:
+def recipe(stack: Stack, source_date_epoch: int, extra_packages: list[str] | None = None) -> BaseRecipe:
     base = stack.base
     return {
         "tool": "mmdebstrap",
@@ -38,18 +38,18 @@ def recipe(stack: Stack, source_date_epoch: int, extra_packages: list[str] | Non
     }
 
 
-def recipe_command(rec: dict[str, Any], out: Path) -> list[str]:
+def recipe_command(rec: BaseRecipe, out: Path) -> list[str]:
     cmd = ["mmdebstrap", f"--mode={rec['mode']}", f"--variant={rec['variant']}", f"--format={rec['format']}"]
     if rec["packages"]:
         cmd.append("--include=" + ",".join(rec["packages"]))
     return cmd + [rec["suite"], str(out), rec["mirror"]]
 
 
-def recipe_hash(rec: dict[str, Any]) -> str:
+def recipe_hash(rec: BaseRecipe) -> str:
     return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
 
 
-def cached_tar(rec: dict[str, Any]) -> Path:
+def cached_tar(rec: BaseRecipe) -> Path:
     return cache_dir() / "base" / f"{recipe_hash(rec)[:24]}.tar"
 
 
@@ -100,12 +100,12 @@ def _reusable(out: Path) -> str | None:
     return None
 
 
-def build_rootfs(rec: dict[str, Any], *, progress: Callable[[str], None] = print) -> Path:
+def build_rootfs(rec: BaseRecipe, *, progress: Callable[[str], None] = print) -> Path:
     """Build (or reuse) the rootfs tarball for a recipe; atomic: a failed or interrupted run leaves nothing behind."""
     return _built_rootfs(rec, progress=progress)[0]
 
 
-def _built_rootfs(rec: dict[str, Any], *, progress: Callable[[str], None] = print) -> tuple[Path, str]:
+def _built_rootfs(rec: BaseRecipe, *, progress: Callable[[str], None] = print) -> tuple[Path, str]:
     """(tarball, its sha256): reused when its hash still matches the recorded one, built otherwise."""
     out = cached_tar(rec)
     sha = _reusable(out)
@@ -157,7 +157,7 @@ def lock_base(
     previous_epoch: int | None = None,
     extra_packages: list[str] | None = None,
     progress: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> LockBase:
     """The lock's `base` entry: the recipe and the sha256 of the tarball it produces (or the image ref).
 
     `extra_packages`: the kernel builder base (`kernel_base` in the lock) is the same recipe plus these."""
@@ -178,7 +178,7 @@ def lock_base(
     }
 
 
-def verified_rootfs(base: dict[str, Any], *, progress: Callable[[str], None] = print) -> Path:
+def verified_rootfs(base: LockBase, *, progress: Callable[[str], None] = print) -> Path:
     """The cached tarball for a locked base, rebuilt if missing and checked against the lock's sha256.
 
     A cached tarball that does not match is moved aside and built again before the mirror is blamed

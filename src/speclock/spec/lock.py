@@ -330,8 +330,9 @@ def _base_diffs(stack: Stack, doc: LockDoc) -> list[str]:
         if stack.base["kind"] == "image":
             out += _diff({"kind": have.get("kind"), "ref": have.get("ref")}, {"kind": "image", "ref": stack.base["ref"]}, key)
             continue
-        rec = have.get("recipe") or {}
-        out += _diff(rec, baseimage.recipe(stack, rec.get("source_date_epoch", 0), extra), f"{key}.recipe")
+        rec = have.get("recipe")
+        epoch = rec.get("source_date_epoch", 0) if rec else 0
+        out += _diff(rec or {}, baseimage.recipe(stack, epoch, extra), f"{key}.recipe")
     return out
 
 

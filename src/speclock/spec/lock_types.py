@@ -73,21 +73,64 @@ class TargetView(TargetPlatform):
     pruned: list[LockEntry]
 
 
+class BaseRecipe(TypedDict):
+    """mmdebstrap's inputs for a debian-rootfs base (spec.baseimage.recipe; provenance.check_base checks a read one)."""
+
+    tool: str  # mmdebstrap
+    suite: str
+    mirror: str
+    variant: str
+    packages: list[str]  # Debian package names, sorted
+    source_date_epoch: int
+    format: str  # tar
+    mode: str  # root
+
+
+class LockBase(TypedDict):
+    """`base` and `kernel_base` of a lock (spec.baseimage.lock_base): an image reference (kind "image", `ref`), or a
+    debian-rootfs recipe with its tarball's sha256 (kind "debian-rootfs", every key but `ref`)."""
+
+    kind: str
+    ref: NotRequired[str]
+    recipe: NotRequired[BaseRecipe]
+    command: NotRequired[str]  # the recipe as an mmdebstrap command line, for people
+    sha256: NotRequired[str]
+    size: NotRequired[int]
+    source_date_epoch: NotRequired[int]
+
+
+class CarriedFrom(TypedDict):
+    """`resolver.carried_from` of a lock carried from another stack's (spec.lock_carry)."""
+
+    stack: str
+    lock_sha256: str
+
+
+class ResolverRecord(TypedDict, total=False):
+    """`resolver` of a lock: what resolved it and from which requirements (spec.resolve), the lock an upgrade kept to,
+    the lock it was carried from. Every key optional: read_lock checks only that it is an object."""
+
+    tool: str  # pip
+    requirements: list[str]
+    kept_from: str  # the lock_sha256 of the lock whose versions it kept
+    carried_from: CarriedFrom
+
+
 class LockDoc(TypedDict):
     """A lock document (schema speclock.lock/v1). Optional keys are absent from locks that do not need them."""
 
     schema: str
     stack: str
     stack_sha256: str
-    base: dict[str, Any]  # the base recipe: spec.baseimage (provenance.check_base checks it)
+    base: LockBase  # the base: spec.baseimage (provenance.check_base checks it)
     packages: list[LockEntry]  # the image target's install set
     assets: list[LockEntry]  # its data wheels (python.build_only)
     lock_sha256: NotRequired[str]  # set by finish_lock: every finished, written or read lock has it
     excluded: NotRequired[list[LockEntry]]
-    stack_data: NotRequired[dict[str, Any]]  # the validated stack it was made from
+    stack_data: NotRequired[dict[str, Any]]  # the validated stack it was made from (spec.stack.Stack.data)
     python: NotRequired[LockPython]
-    resolver: NotRequired[dict[str, Any]]
-    kernel_base: NotRequired[dict[str, Any]]  # stacks with kernels.build
+    resolver: NotRequired[ResolverRecord]
+    kernel_base: NotRequired[LockBase]  # stacks with kernels.build
     source_date_epoch: NotRequired[int]
     targets: NotRequired[dict[str, HostTarget]]  # stacks with python.host_targets
     target: NotRequired[str]  # a target's own view (target_lock): which target
