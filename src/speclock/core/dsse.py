@@ -188,7 +188,7 @@ def statement_subjects(statement: dict[str, Any], source: str, *, hint: str) -> 
     return subjects
 
 
-def verify(envelope: dict[str, Any], public_key: Ed25519PublicKey, source: str) -> None:
+def verify(envelope: dict[str, Any], public_key: Ed25519PublicKey, source: str) -> None:  # envelope: parse's
     """BadInput unless one of the envelope's signatures verifies over PAE(payloadType, payload) with `public_key`."""
     c = _crypto()
     message = pae(envelope["payloadType"], envelope["payload"])

@@ -81,7 +81,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any
     return header, 8 + n
 
 
-def check_safetensors(path: Path) -> dict[str, Any]:
+def check_safetensors(path: Path) -> dict[str, Any]:  # a header, as read_safetensors_header
     """The header of one safetensors file, every tensor's dtype, size and byte range checked against the file."""
     header, base = read_safetensors_header(path)
     try:

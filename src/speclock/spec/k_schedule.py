@@ -29,7 +29,6 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 # The first release of each engine whose source was read to have the feature (older ones may, but are not known to).
 MIN_VERSION = {"vllm": (0, 26, 0), "sglang": (0, 5, 15)}
@@ -42,7 +41,7 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(x or 0) for x in m.groups()) if m else ()
 
 
-def check(rows: Sequence[Any], k: int, engine: str, version: str) -> tuple[str, str] | None:
+def check(rows: Sequence[object], k: int, engine: str, version: str) -> tuple[str, str] | None:
     """(problem, what is allowed) for the first broken rule of a stack's k_per_batch_size, or None when it holds."""
     if not rows:
         return None
@@ -51,6 +50,7 @@ def check(rows: Sequence[Any], k: int, engine: str, version: str) -> tuple[str, 
         known = ", ".join(f"{e} >= {'.'.join(map(str, v))}" for e, v in MIN_VERSION.items())
         return f"{engine} {version} is not known to choose k per batch size", f"an engine release with it ({known}), or no {KEY}"
     end = 0
+    drafted: set[int] = set()  # each row's k, once checked
     for i, row in enumerate(rows):
         if not (isinstance(row, list) and len(row) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in row)):
             return f"entry {i} is {row!r}", "[first batch size, last batch size, k] of integers"
@@ -69,7 +69,8 @@ def check(rows: Sequence[Any], k: int, engine: str, version: str) -> tuple[str, 
                 "(2026-12-07) that was slower at 80 requests at once than drafting k = 1..3",
             )
         end = last
-    if k not in {row[2] for row in rows}:
+        drafted.add(kk)
+    if k not in drafted:
         return (
             f"no range drafts smoke.num_speculative_tokens ({k})",
             "the largest k the drafted engine starts with, in some range",
@@ -90,11 +91,11 @@ def k_for_batch(schedule: Schedule, batch_size: int, k: int) -> int:
     return min(chosen, k)
 
 
-def vllm_speculative_config(schedule: Schedule) -> dict[str, Any]:
+def vllm_speculative_config(schedule: Schedule) -> dict[str, list[list[int]]]:
     return {"num_speculative_tokens_per_batch_size": [list(r) for r in schedule]} if schedule else {}
 
 
-def sglang_adaptive_config(schedule: Schedule) -> dict[str, Any]:
+def sglang_adaptive_config(schedule: Schedule) -> dict[str, dict[str, list[int]]]:
     """SGLang's adaptive-config document: one slot per range, keyed by its first batch size, one candidate step."""
     return {str(first): {"candidate_steps": [kk]} for first, _last, kk in schedule}
 

@@ -199,6 +199,7 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> LockDoc:
     path = Path(path)
     if absent(path):  # a link loop or a FIFO is not "no lock file": read_json names it
         raise BadInput(f"no lock file {path}", hint=f"run `speclock lock --stack {path.stem}`")
+    # dict[str, Any] until every key is checked below (then returned as a LockDoc): JSON as read, not yet a lock
     doc: dict[str, Any] = read_json(path, what="lock file", expect=dict, hint=RELOCK)
     if doc.get("schema") != LOCK_SCHEMA:
         raise BadInput(f"{path}: schema is {str(doc.get('schema'))[:80]!r}, expected {LOCK_SCHEMA!r}", hint=RELOCK)
@@ -273,7 +274,7 @@ def _check_target(key: Any, target: Any, path: Path) -> None:
             raise BadInput(f"{path}: {where}.platforms[{i}] {tag[:80]!r} is not a wheel platform tag of {machine}", hint=RELOCK)
 
 
-def _all_entries(doc: dict[str, Any], path: Path) -> Iterator[tuple[str, Any, str]]:
+def _all_entries(doc: dict[str, Any], path: Path) -> Iterator[tuple[str, Any, str]]:  # doc: read_lock's, unchecked
     """(list key, entry, where) for every package entry of every target, host targets' shapes checked first."""
     for key in ENTRY_LISTS:
         for i, entry in enumerate(expect(doc.get(key, []), list, key, path=path, hint=RELOCK)):

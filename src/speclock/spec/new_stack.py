@@ -188,6 +188,7 @@ def _choose_archs(req: Request, source: Stack, data_root: Path) -> tuple[list[st
     return wanted, [("gpu.archs", ", ".join(wanted), source_line)]
 
 
+# A Hugging Face config.json: open-ended (every architecture has its own keys); _size reads the few it needs.
 def _model_config(folder: Path, what: str) -> dict[str, Any]:
     cfg = files.read_json(folder / "config.json", what=f"{what} config", hint=f"give a Hugging Face {what} folder")
     text = cfg.get("text_config")

@@ -72,6 +72,7 @@ def lexical_problem(value: str, where: str) -> str | None:
     return None
 
 
+# s: validate's sections (section -> key -> value, types checked); given: the file's own, as parsed (dict[str, Any]: TOML)
 def check_path_keys(s: dict[str, dict[str, Any]], given: dict[str, dict[str, Any]], repo_root: Path, bad: Bad) -> None:
     """Refuse any path-valued key that is empty, absolute, climbs out with '..', or (for files of the repository)
     resolves through symbolic links to outside its folder, loops, or is missing where it must exist.

@@ -59,7 +59,7 @@ def pip_report(
     python: str | None = None,
     platforms: list[str] | None = None,
     constraints: list[str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]]:  # pip's report items (see report_entry)
     """Run pip's resolver for a target's interpreter and platform (default: the image's); return the report's
     install list. `constraints` (`name==version` lines) go to pip as a constraints file."""
     pyver = python or stack.python["version"]

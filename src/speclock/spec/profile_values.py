@@ -22,6 +22,8 @@ BOUNDS = {"num_prompts": 100_000, "max_tokens": 32_768, "temperature": 10.0, "se
 # runs measured), so their tolerance is the engines' own CI standard, 5%, which covers other CPUs' bf16
 # rounding; the sampled tolerance comes from the spread over seeds and runs (docs/smoke.md). max_mean_drift None:
 # the mean's drop limit is smoke.thresholds.max_relative_drop (one-sided), as before profiles existed.
+# dict[str, Any] per profile: values of several types (None, numbers, lists, booleans), looked up by key name strings
+# (check_value, verify/profiles.py); a TypedDict is for when verify/ is strictly typed too.
 BUILTIN: dict[str, dict[str, Any]] = {
     "quick": {
         "num_prompts": None,
@@ -114,6 +116,7 @@ def check_value(key: str, value: Any, where: str, hint: str) -> Any:
     return value
 
 
+# profiles: a stack's [smoke.profiles] as parsed (TOML, not yet checked); smoke: its [smoke] section
 def check_overrides(profiles: dict[str, Any], smoke: dict[str, Any], where: str) -> None:
     """Every [smoke.profiles] override of a stack, merged over the built-in values and checked as resolve_profile
     checks it, cross-key rules included (BadInput naming the key): a stack file is refused whole when it loads."""

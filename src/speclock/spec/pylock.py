@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, clean_stale_temps, fsync_dir, os_error, read_text
@@ -66,6 +66,17 @@ def _version_key(python: str) -> tuple[int, ...]:
     return tuple(int(x) for x in python.split(".") if x.isdigit())
 
 
+# pylock documents are dict[str, Any]: PEP 751's TOML tables, one shape for the document written (pylock_doc) and the one
+# read back (read_pylock: any valid TOML), which pylock_drift compares key by key; toml_text.dumps_tables writes them.
+
+
+class _Group(TypedDict):
+    """One (name, version) of pylock_doc: the targets that lock it and its wheels by file name."""
+
+    targets: list[str]
+    wheels: dict[str, LockEntry]
+
+
 def _wheel(entry: LockEntry) -> dict[str, Any]:
     return {"name": entry["filename"], "url": entry["url"], "hashes": {"sha256": entry["sha256"]}}
 
@@ -94,7 +105,7 @@ def pylock_doc(doc: LockDoc) -> dict[str, Any]:
     }
     markers = {key: environment_marker(t["python"], t["machine"]) for key, t in targets.items()}
     # (name, version) -> the targets that lock it, and its wheels by file name
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str], _Group] = {}
     for key, target in targets.items():
         for entry in target["packages"]:
             group = groups.setdefault((normalize(entry["name"]), entry["version"]), {"targets": [], "wheels": {}})

@@ -283,7 +283,7 @@ def kept_versions(stack: Stack, current: LockDoc, target: str | None = None) -> 
 
 def _report_keeping(
     requirements: list[str], stack: Stack, *, keep: list[str] | None, progress: Callable[[str], None], **kw: Any
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]]:  # pip's report items (see pip_resolver.report_entry)
     """pip's report with the `keep` constraints; where the candidate's requirements need other versions, pip's
     report without them (the packages that moved are then the upgrade's to show)."""
     if not keep:

@@ -296,7 +296,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 }
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, Any]:  # a JSON Schema document: open-ended by nature
     """A JSON schema for stack files, generated from SCHEMA (editors validate TOML with it)."""
     types: dict[str, dict[str, Any]] = {
         "str": {"type": "string"},

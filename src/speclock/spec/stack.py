@@ -90,7 +90,7 @@ class Stack:
         """engine.k_per_batch_size as (first batch size, last batch size, k) rows; () when the stack sets none."""
         return tuple((int(a), int(b), int(c)) for a, b, c in self.engine.get("k_per_batch_size") or ())
 
-    def engine_settings_for(self, arch: str | None) -> dict[str, Any]:
+    def engine_settings_for(self, arch: str | None) -> dict[str, Any]:  # free-form: passed through to the engine
         """engine.settings with the GPU arch's overrides (gpu.arch_settings) applied."""
         merged = dict(self.engine["settings"])
         if arch:

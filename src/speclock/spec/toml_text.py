@@ -36,6 +36,7 @@ def value(v: Any) -> str:
     raise TypeError(f"{type(v).__name__} has no place in a stack file")
 
 
+# dict[str, Any]: any TOML document (a stack file, a pylock); `value` refuses what TOML cannot hold.
 def dumps(doc: dict[str, Any], comments: dict[str, str] | None = None) -> str:
     """`doc`: top-level keys with plain values, then sections (dicts) by name, dotted names for nested sections."""
     comments = comments or {}

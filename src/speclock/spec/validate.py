@@ -1,6 +1,9 @@
 """Stack-file validation: types, allowed values and the rules that tie keys together.
 
 Errors name the file, the key and what is allowed (BadInput, exit 2).
+
+dict[str, Any] here: a stack as tomllib parsed it, and its sections while they are being checked (any TOML value may
+stand under any key until SCHEMA's types are checked); `validate` returns the checked document (spec.stack.Stack.data).
 """
 
 from __future__ import annotations
