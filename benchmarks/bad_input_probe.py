@@ -180,7 +180,7 @@ def report_groups(path: Path, *keys: str) -> list[list[str]]:
 
 # ---------------------------------------------------------------------------------------------------------- cases
 
-# The smoke report's required keys (speclock.verify.report_schema.REQUIRED), by hand so that the probe does not
+# The smoke report's required keys (speclock.verify.report_types.SmokeReport's), by hand so that the probe does not
 # take its expectations from the code under test; the date-bound ones the base report (2026-12-06) must hold too.
 REQUIRED = (
     "schema stack image image.ref image.digest engine engine.name engine.version target target.path target.arch "

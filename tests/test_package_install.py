@@ -195,6 +195,8 @@ def test_every_third_party_import_outside_train_is_declared():
         "torch": "torch",
         "transformers": "transformers",
         "invoke": "invoke",
+        "pydantic": "pydantic",
+        "typing_extensions": "typing-extensions",
     }
     # the engines and the GPU stacks' libraries: imported only inside an engine's environment (an image, host-env)
     engine_side = {"vllm", "sglang", "triton", "cuda", "tvm_ffi"}

@@ -2,7 +2,7 @@
 
 Each rule's inputs are listed below; each is removed, then set null, in turn, on a real report, and the report is
 refused (BadInput, exit 2) naming that input, never judged with the rule skipped. A report written before smoke
-recorded a key (speclock.verify.report_schema: GPU_ARCH_SINCE, PROFILE_SINCE, GPU_NAME_SINCE) is judged with a WARN
+recorded a key (speclock.verify.report_dates: GPU_ARCH_SINCE, PROFILE_SINCE, GPU_NAME_SINCE) is judged with a WARN
 instead. The five forgeries of 2026-12-07 that passed these rules come first: each passed before this change.
 """
 

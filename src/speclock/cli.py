@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "speclock.train.cli",
     "speclock.upgrade.cli",
     "speclock.verify.soak",
+    "speclock.verify.schemas",
 ]
 
 

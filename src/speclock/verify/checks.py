@@ -9,7 +9,7 @@ output (table, JSON `warnings`, JUnit as a skipped case, Markdown as a WARN line
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from speclock.core.junit import Case
 from speclock.core.junit import junit_xml as write_junit
@@ -27,7 +27,7 @@ class Check:
     warn: bool = False  # not failed, but not judged either (no baseline, a spread too wide): shown as WARN everywhere
 
     @property
-    def status(self) -> str:
+    def status(self) -> Literal["PASS", "WARN", "FAIL"]:
         return "WARN" if self.warn else ("PASS" if self.ok else "FAIL")
 
     def reason(self) -> str:

@@ -25,7 +25,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
@@ -39,12 +39,13 @@ from speclock.verify.baseline import builtin_profile, drift_checks, rel_drop, te
 from speclock.verify.baseline import check_baseline_matches as check_baseline_matches
 from speclock.verify.baseline import find_baseline as find_baseline
 from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning
+from speclock.verify.docmodel import DocModel, validate
 from speclock.verify.model_pin import identity_checks
 from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import Profile, report_profile, resolve_profile
 from speclock.verify.report import load_report
-from speclock.verify.report_schema import GPU_ARCH_SINCE, GPU_NAME_SINCE
-from speclock.verify.report_types import GateRecord, SmokeReport
+from speclock.verify.report_dates import GPU_ARCH_SINCE, GPU_NAME_SINCE
+from speclock.verify.report_types import GATE_SCHEMA_ID, GateRecord, SmokeReport
 from speclock.verify.speed import speed_checks
 from speclock.verify.speed_load import loaded_checks
 
@@ -138,7 +139,7 @@ def evaluate(
 
 
 def unshown_gpu_checks(report: SmokeReport, stack: Stack) -> list[Check]:
-    """A completed GPU-stack report written before smoke recorded a gpu key (report_schema.GPU_ARCH_SINCE,
+    """A completed GPU-stack report written before smoke recorded a gpu key (report_dates.GPU_ARCH_SINCE,
     GPU_NAME_SINCE) is judged, with a WARN per key saying what it cannot show; a newer one without them is refused
     (plausibility.check_against_stack)."""
     gpu = report.get("gpu") or {}
@@ -264,6 +265,26 @@ def thresholds_for(report: SmokeReport, stack_arg: str | None) -> tuple[dict[str
     return dict(stack.thresholds), str(stack.path)
 
 
+# gate.json and `gate --json`: a key the model does not know is refused (speclock.verify.report_types.GateRecord)
+GATE_RESULT = DocModel(
+    GateRecord,
+    GATE_SCHEMA_ID,
+    "gate-result.schema.json",
+    "speclock gate result",
+    "refuse",
+    "give the gate.json `speclock gate --json` or `speclock selfcheck` wrote, unedited",
+)
+
+
+def read_gate_result(path: str | Path) -> GateRecord:
+    """Read and validate a gate result (gate.json); BadInput naming the file and the key path."""
+    data = files.read_json(path, what="gate result", expect=object, hint=GATE_RESULT.hint)
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: not a JSON object (a {files.json_type(data)})", hint=GATE_RESULT.hint)
+    validate(GATE_RESULT, data, str(path))
+    return cast(GateRecord, data)
+
+
 @dataclass
 class GateResult:
     ok: bool
@@ -273,6 +294,7 @@ class GateResult:
 
     def to_json(self) -> GateRecord:
         return {
+            "schema": GATE_SCHEMA_ID,
             "verdict": "pass" if self.ok else "fail",
             "baseline": self.baseline,
             "warnings": list(self.warnings),
@@ -306,7 +328,8 @@ def run_gate(
     Nothing is written until every input has been read and checked.
     """
     report_src = str(report_path)
-    report = load_report(report_path)
+    unknown_keys: list[str] = []  # keys the report's model does not know (a newer speclock's): WARN, in the result
+    report = load_report(report_path, warn=unknown_keys.append)
     st = resolve_stack(report, stack, report_src)
     thresholds = dict(st.thresholds)
     profile = resolve_profile(st, report_profile(report), source=f"{report_src}: key 'profile.name'")
@@ -333,13 +356,14 @@ def run_gate(
     else:
         base_src = str(baseline)
     if base_src is not None:
-        base_doc = load_report(base_src, what="baseline report")
+        base_doc = load_report(base_src, what="baseline report", warn=unknown_keys.append)
         check_baseline_matches(report, base_doc, base_src, report_src)
     checks = evaluate(report, thresholds, base_doc, profile, base_src or "the baseline")
     checks += unshown_gpu_checks(report, st)
     if base_doc is None:
         checks.append(warning("acceptance length vs baseline", None, "a baseline report", "regression", warnings[0]))
     warnings += [c.detail for c in checks if c.warn and c.detail not in warnings]  # speed: no speed baseline, wide spread
+    warnings += unknown_keys
     result = GateResult(all(c.ok for c in checks), checks, base_src, warnings)
     if junit:
         files.atomic_write_text(junit, junit_xml(checks))
@@ -350,7 +374,7 @@ def run_gate(
 
 def verify_origin(report_path: Path, key: str, *, attestation: str | None, stack: str | None) -> attest.AttestationInfo:
     """--verify-key: the report is the one the key's holder signed, for the image (or lock) it names (attest.py)."""
-    st = resolve_stack(load_report(report_path), stack, str(report_path))
+    st = resolve_stack(load_report(report_path, warn=lambda _: None), stack, str(report_path))  # run_gate warns
     lock, _ = lock_beside(st)
     return attest.verify_report(
         report_path,

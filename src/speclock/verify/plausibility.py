@@ -1,10 +1,10 @@
 """What a run of a report's shape can produce: rules a forged or relabelled report breaks even when its numbers
 agree with each other (issue #26). Each refusal is BadInput (exit 2) naming the key.
 
-Every key a rule reads is required for the report's schema version (speclock.verify.report_schema: the keys
-smoke wrote from its first day are REQUIRED; a key that came later is required of reports created since, and an
-older report without it is judged with a WARN saying what it cannot show). A missing or null key is a refusal
-naming it, never a skipped rule.
+Every key a rule reads is required for the report's schema version (the model, verify.report_types, requires
+the keys smoke wrote from its first day; a key that came later, speclock.verify.report_dates, is required of
+reports created since, and an older report without it is judged with a WARN saying what it cannot show). A
+missing or null key is a refusal naming it, never a skipped rule.
 
 Without the stack (validate_report runs these on every report read):
   - counters bounded by the run's size: each draft step emits at least one token, so per pass num_drafts <=
@@ -36,7 +36,7 @@ from typing import Any
 
 from speclock.core.errors import BadInput
 from speclock.spec.stack import Stack
-from speclock.verify.report_schema import GPU_ARCH_SINCE, GPU_NAME_SINCE, PROFILE_SINCE, predates
+from speclock.verify.report_dates import GPU_ARCH_SINCE, GPU_NAME_SINCE, PROFILE_SINCE, predates
 from speclock.verify.report_types import GpuInfo, ProfileRecord, SmokeReport
 
 Bad = Callable[[str, str], BadInput]

@@ -1,34 +1,37 @@
 """The smoke report (`"schema": "speclock.smoke/v1"`, docs/smoke.md): validation, reading, writing.
 
 `speclock smoke` writes it, `speclock gate` and CI read it. `validate_report` is the one
-definition of what a valid report is: every key the gate reads has the right JSON type, and the
-counters agree with each other (a report whose numbers contradict each other is forged or broken,
-never judged). Errors name the file and the key that is wrong. The keys and their types are
-speclock.verify.report_schema; the table for people is speclock.verify.report_table.
+definition of what a valid report is: it fits the model (speclock.verify.report_types.SmokeReport, validated
+by speclock.verify.docmodel: every key the right JSON type, errors naming the file and the key path), and the
+counters agree with each other (a report whose numbers contradict each other is forged or broken, never
+judged). The model's JSON Schema is schemas/report.schema.json; the table for people is
+speclock.verify.report_table.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from speclock.core import files
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number as fmt_number  # upgrade/outputs.py imports it from here
+from speclock.verify.docmodel import DocModel, validate
 from speclock.verify.plausibility import Bad, check_chain_positions, check_without_stack
 from speclock.verify.profiles import PROFILES
-from speclock.verify.report_schema import NONE, NUM, OPTIONAL, REQUIRED
-from speclock.verify.report_schema import SCHEMA_ID as SCHEMA_ID
 from speclock.verify.report_table import human_table as human_table
-from speclock.verify.report_types import ReferenceSection, SmokeReport
+from speclock.verify.report_types import SMOKE_SCHEMA_ID as SCHEMA_ID
+from speclock.verify.report_types import ReferenceSection, SampledSection, SmokeReport
 from speclock.verify.speed import check_batch1
 
 _INT_LIMIT = 2**63  # counters are 64-bit in every engine; a larger integer is no measurement
 # Counters written by smoke are exact ratios; a hand-rounded copy (3 decimals) still agrees.
 _TOLERANCE = 5e-4
 _HINT = "a report written by `speclock smoke` (schema speclock.smoke/v1), unedited; see docs/smoke.md"
+
+REPORT = DocModel(SmokeReport, SCHEMA_ID, "report.schema.json", "speclock smoke report", "warn", _HINT)
 
 
 def dotted_get(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
@@ -39,21 +42,6 @@ def dotted_get(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
             return False, None
         node = node[part]
     return True, node
-
-
-def _type_names(types: tuple[type, ...]) -> str:
-    return " or ".join("null" if t is NONE else t.__name__ for t in types)
-
-
-def _check_type(source: str, key: str, value: Any, types: tuple[type, ...]) -> None:
-    ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
-    if not ok:
-        raise BadInput(
-            f"{source}: key '{key}': expected {_type_names(types)}, got {files.json_type(value)} {files.short_repr(value)}",
-            hint=_HINT,
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BadInput(f"{source}: key '{key}': {value} is not a finite number", hint=_HINT)
 
 
 def _non_finite(node: Any, where: str) -> str | None:
@@ -72,8 +60,10 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=_TOLERANCE)
 
 
-def validate_report(data: Any, source: str = "report") -> SmokeReport:
-    """Check a parsed report against the contract; raise BadInput naming the wrong key."""
+def validate_report(data: Any, source: str = "report", warn: Callable[[str], None] | None = None) -> SmokeReport:
+    """Check a parsed report against the model and its counters; raise BadInput naming the wrong key.
+
+    A key the model does not know is a WARN naming it, passed to `warn` (default: printed to stderr)."""
     if not isinstance(data, dict):
         raise BadInput(f"{source}: not a JSON object (a {files.json_type(data)})", hint=_HINT)
     if data.get("schema") != SCHEMA_ID:
@@ -81,26 +71,13 @@ def validate_report(data: Any, source: str = "report") -> SmokeReport:
     odd = _non_finite(data, "")
     if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused; 10**400 overflows a float
         raise BadInput(f"{source}: key '{odd}': not a finite number in range (|x| < 2**63)", hint=_HINT)
-    for key, types in REQUIRED.items():
-        found, value = dotted_get(data, key)
-        if not found:
-            raise BadInput(f"{source}: key '{key}': missing", hint=_HINT)
-        _check_type(source, key, value, types)
-    for key, types in OPTIONAL.items():
-        found, value = dotted_get(data, key)
-        if found:
-            _check_type(source, key, value, types)
-    # Every key of the contract has its JSON type now (nested sections the contract lists only as a list or an
-    # object, such as sampled.per_seed, are checked where they are read below): the document is a SmokeReport.
+    validate(REPORT, data, source, warn)
+    # Every key has the model's JSON type now: the document is a SmokeReport.
     report = cast(SmokeReport, data)
 
     def bad(key: str, problem: str) -> BadInput:
         return BadInput(f"{source}: key '{key}': {problem}", hint=_HINT)
 
-    if report["verdict"] not in ("pass", "fail"):
-        raise bad("verdict", f"{files.short_repr(report['verdict'])} is not 'pass' or 'fail'")
-    if not all(isinstance(f, str) for f in report["failures"]):
-        raise bad("failures", "expected a list of strings")
     if report["verdict"] == "pass" and report["failures"]:
         raise bad("verdict", f"'pass' with {len(report['failures'])} failures listed")
     k = report["num_speculative_tokens"]
@@ -147,7 +124,7 @@ def _check_profile(data: SmokeReport, k: int, bad: Bad) -> None:
             f"{files.short_repr(data['lossless']['mode'])} in a greedy run: greedy outputs are compared token for token",
         )
     sampled = data.get("sampled")
-    if name == "sampled" and data["run"]["completed"] and not isinstance(sampled, dict):
+    if name == "sampled" and data["run"]["completed"] and sampled is None:
         raise bad("sampled", "missing: a completed sampled-profile run reports its counters per seed")
     if sampled is not None:
         _check_sampled(sampled, data["metrics"], k, "sampled", bad)
@@ -155,8 +132,6 @@ def _check_profile(data: SmokeReport, k: int, bad: Bad) -> None:
     if backends is not None:
         names = []
         for i, b in enumerate(backends):
-            if not isinstance(b, dict) or not isinstance(b.get("backend"), str) or not isinstance(b.get("metrics"), dict):
-                raise bad(f"attention_backends[{i}]", "expected {backend: name, metrics: {...}}")
             _check_metrics(b["metrics"], k, _nested(bad, f"attention_backends[{i}]"))
             if b.get("sampled") is not None:  # a sampled run's backends each report their seeds
                 _check_sampled(b["sampled"], b["metrics"], k, f"attention_backends[{i}].sampled", bad)
@@ -167,15 +142,11 @@ def _check_profile(data: SmokeReport, k: int, bad: Bad) -> None:
             raise bad("attention_backends[0].metrics", "differs from metrics (the first backend's run is the report's)")
 
 
-def _check_sampled(sampled: Any, metrics: Mapping[str, Any], k: int, where: str, bad: Bad) -> None:
+def _check_sampled(sampled: SampledSection, metrics: Mapping[str, Any], k: int, where: str, bad: Bad) -> None:
     """A per-seed section: each seed's counters consistent, and together the pooled `metrics` (how many entries the
     profile asks for is speclock.verify.plausibility.check_profile_counts)."""
-    if not isinstance(sampled, dict) or not isinstance(sampled.get("per_seed"), list):
-        raise bad(f"{where}.per_seed", f"expected a list of per-seed counters, got {files.short_repr(sampled)}")
     drafts, draft_tokens, accepted, per_pos = 0, 0, 0, [0] * k
     for i, seed in enumerate(sampled["per_seed"]):
-        if not isinstance(seed, dict):
-            raise bad(f"{where}.per_seed[{i}]", "expected an object of counters")
         _check_metrics(seed, k, _nested(bad, f"{where}.per_seed[{i}]", strip="metrics."))
         drafts += seed["num_drafts"]
         draft_tokens += seed["num_draft_tokens"]
@@ -205,23 +176,18 @@ def _nested(bad: Bad, where: str, *, strip: str = "") -> Bad:
     return nested_bad
 
 
-_COUNTER_TYPES = {
-    "num_drafts": (int,),
-    "num_draft_tokens": (int,),
-    "num_accepted_tokens": (int,),
-    "accepted_per_position": (list,),
-    "acceptance_rate": NUM,
-    "mean_acceptance_length": NUM,
-}
+_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "acceptance_rate")
 
 
 def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad, *, rates_key: str = "acceptance_per_position") -> None:
     """The counters must agree with each other: the derived rates are computed from them, not trusted.
 
     `rates_key`: where the per-position rates are (the reference decoder records them as per_position_rate)."""
-    for key, types in _COUNTER_TYPES.items():  # nested copies (per seed, per backend) are not in REQUIRED
-        if key not in m or isinstance(m[key], bool) or not isinstance(m[key], types):
-            raise bad(f"metrics.{key}", f"expected {_type_names(types)}, got {files.short_repr(m.get(key))}")
+    # The model gives every key its type; a reference's counters are each optional there (a mean alone is allowed),
+    # but per-position figures come with all of them.
+    for key in (*_COUNTERS, "mean_acceptance_length"):
+        if key not in m:
+            raise bad(f"metrics.{key}", "missing: per-position figures come with every counter")
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         if m[key] < 0:
             raise bad(f"metrics.{key}", f"negative ({m[key]})")
@@ -232,8 +198,8 @@ def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad, *, rates_key: str = "
         m["accepted_per_position"],
     )
     for i, v in enumerate(per_pos):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad(f"metrics.accepted_per_position[{i}]", f"expected a count, got {files.short_repr(v)}")
+        if v < 0:
+            raise bad(f"metrics.accepted_per_position[{i}]", f"negative ({v})")
         if v > drafts:
             raise bad(f"metrics.accepted_per_position[{i}]", f"{v} acceptances at one position exceed num_drafts {drafts}")
     # A draft proposes at most k tokens (vLLM may propose fewer near max_tokens), never more.
@@ -262,17 +228,11 @@ def _check_metrics(m: Mapping[str, Any], k: int, bad: Bad, *, rates_key: str = "
         )
     rates = m.get(rates_key)
     if rates is not None:
-        if not isinstance(rates, list) or len(rates) != len(per_pos):
+        if len(rates) != len(per_pos):
             raise bad(f"metrics.{rates_key}", f"{files.short_repr(rates)}: expected {len(per_pos)} rates, one per position")
         for i, (r, a) in enumerate(zip(rates, per_pos, strict=True)):  # equal lengths: checked just above
             want = a / drafts if drafts else 0.0
-            if (
-                isinstance(r, bool)
-                or not isinstance(r, (int, float))
-                or not math.isfinite(r)
-                or not 0.0 <= r <= 1.0
-                or not _close(r, want)
-            ):
+            if not 0.0 <= r <= 1.0 or not _close(r, want):
                 raise bad(
                     f"metrics.{rates_key}[{i}]",
                     f"{files.short_repr(r)} is not accepted_per_position / num_drafts = {a}/{drafts}",
@@ -302,11 +262,11 @@ def _check_reference(data: SmokeReport, ref: ReferenceSection, bad: Bad) -> None
     metrics = ref.get("metrics")
     # A recorded reference may be a mean alone (drafter manifests allow it); where it gives per-position figures,
     # the counters they come from are required and held to the rules of the engine's (a chain never rises).
-    if isinstance(metrics, dict) and any(key in metrics for key in _REFERENCE_FIGURES):
+    if metrics is not None and any(key in metrics for key in _REFERENCE_FIGURES):
         _check_metrics(metrics, data["num_speculative_tokens"], _nested(bad, "reference"), rates_key="per_position_rate")
-    ref_len = metrics.get("mean_acceptance_length") if isinstance(metrics, dict) else None
+    ref_len = metrics.get("mean_acceptance_length") if metrics is not None else None
     if ref_len is not None:
-        if isinstance(ref_len, bool) or not isinstance(ref_len, (int, float)) or not math.isfinite(ref_len) or ref_len <= 0:
+        if ref_len <= 0:
             raise bad("reference.metrics.mean_acceptance_length", f"{files.short_repr(ref_len)} is not a positive number")
     gap = ref.get("gap")
     if gap is None and ref_len is not None and data.get("run", {}).get("completed") is not False:
@@ -319,7 +279,7 @@ def _check_reference(data: SmokeReport, ref: ReferenceSection, bad: Bad) -> None
         if gap < 0 or not _close(gap, want):
             raise bad("reference.gap", f"{gap} is not |reference - engine| / reference mean acceptance length = {want:.6f}")
     key: Mapping[str, Any] | None = ref.get("key")
-    if isinstance(key, dict):
+    if key is not None:
         for name in ("target_sha256", "drafter_sha256", "prompts_sha256"):
             value = key.get(name)
             if value is not None and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
@@ -333,12 +293,13 @@ def _check_reference(data: SmokeReport, ref: ReferenceSection, bad: Bad) -> None
                 raise bad(f"reference.key.{name}", f"{key[name]} differs from the report's {label} {mine}")
 
 
-def load_report(path: str | Path, *, what: str = "report file") -> SmokeReport:
-    """Read and validate a report file (UTF-8 JSON, the contract's shape and consistent counters)."""
+def load_report(path: str | Path, *, what: str = "report file", warn: Callable[[str], None] | None = None) -> SmokeReport:
+    """Read and validate a report file (UTF-8 JSON, the model's shape and consistent counters); `warn`: see
+    validate_report."""
     hint = "give the JSON written by `speclock smoke --out DIR` (DIR/report.json)"
     # files.read_text names what stands there when it is not a regular file (a FIFO or /dev/zero would never end)
     data = files.parse_json(files.read_text(path, what=what, hint=hint), path, what=what, expect=object, hint=hint)
-    return validate_report(data, str(path))
+    return validate_report(data, str(path), warn)
 
 
 def write_report(path: str | Path, report: SmokeReport) -> Path:

@@ -1,18 +1,27 @@
-"""The typed shapes of the JSON documents verify writes and reads: the smoke report (`speclock.smoke/v1`,
-docs/smoke.md), the gate's result and the soak's result (`speclock.soak/v1`).
+"""The typed models of the JSON documents verify writes and reads: the smoke report (`speclock.smoke/v1`,
+docs/smoke.md), the gate's result (`speclock.gate/v1`) and the soak's result (`speclock.soak/v1`).
 
-These are the documents as JSON on disk: TypedDicts, so code indexes them with ["key"] as before and the
-files keep their format. A key `speclock smoke` always writes but an older report may lack is NotRequired
-(speclock.verify.report_schema: REQUIRED and OPTIONAL are the contract; verify.report.validate_report checks a
-document before it is treated as a SmokeReport).
+Each model is its document's one contract: code indexes the documents with ["key"] (they are TypedDicts, so the
+files keep their format), speclock.verify.docmodel validates a parsed document against the model (pydantic, strict:
+no coercion, bool is no number, numbers finite) and writes its JSON Schema (schemas/*.schema.json, generated from
+these classes by `speclock schemas`). A key `speclock smoke` always writes but an older report may lack is
+NotRequired; when such a key became mandatory is speclock.verify.report_dates (the plausibility rules judge it).
+
+What a key holds beyond its type (counters that agree, a gap that is the one its numbers give) is judged by
+speclock.verify.report and speclock.verify.plausibility, on a document that already fits its model.
 """
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired
 
-# the drafter manifest's reference key is the report's too (the gate compares them)
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12 on
+
+# the drafter manifest's reference key (smoke writes it into the report's reference.key)
 from speclock.drafter.manifest import ReferenceKey as ReferenceKey
+
+SMOKE_SCHEMA_ID: Final = "speclock.smoke/v1"
+GATE_SCHEMA_ID: Final = "speclock.gate/v1"
 
 
 class ImageIdentity(TypedDict):
@@ -75,7 +84,7 @@ class Metrics(TypedDict):
 class SeedMetrics(Metrics):
     """One seed's counters in a sampled run (`sampled.per_seed`)."""
 
-    seed: int
+    seed: NotRequired[int]  # smoke writes it; the counters are what the rules read
 
 
 class Spread(TypedDict):
@@ -95,11 +104,13 @@ class SeedSpread(TypedDict):
 
 
 class SampledSection(TypedDict):
-    temperature: float
-    seeds: list[int]
-    per_request_seed: bool
+    """A sampled run's counters per seed; together they are the report's pooled `metrics`."""
+
     per_seed: list[SeedMetrics]
-    spread: SeedSpread
+    temperature: NotRequired[float]
+    seeds: NotRequired[list[int]]
+    per_request_seed: NotRequired[bool]
+    spread: NotRequired[SeedSpread]
 
 
 class Divergence(TypedDict):
@@ -169,8 +180,8 @@ class Concurrent(TypedDict):
     baseline_tok_s: float
     spec_tok_s: float
     speedup: float
-    baseline_s: float
-    spec_s: float
+    baseline_s: NotRequired[float]  # the seconds each run took (smoke writes them; the gate reads the rates)
+    spec_s: NotRequired[float]
 
 
 class Throughput(TypedDict):
@@ -182,22 +193,53 @@ class Throughput(TypedDict):
     concurrent: NotRequired[Concurrent]
     loaded: NotRequired[Loaded | None]  # smoke.speed_concurrent requests at once (speclock.verify.speed); null: off
     note: NotRequired[str]
+    baseline_s: NotRequired[float]  # reports before 2026-12-06: the timed runs' seconds (now in batch1/concurrent)
+    spec_s: NotRequired[float]
+
+
+class ReportReferenceKey(TypedDict, total=False):
+    """`reference.key`: what the reference was measured on (speclock.drafter.manifest.ReferenceKey). Each key may be
+    absent here; comparing a report with a baseline requires the drafter's (speclock.verify.baseline)."""
+
+    target_sha256: str
+    drafter_sha256: str
+    prompts_sha256: str
+    num_prompts: int
+    k: int
+    max_tokens: int
+
+
+class ReferenceMetrics(TypedDict, total=False):
+    """`reference.metrics`: the reference decoder's counters as the drafter's manifest records them (a mean alone is
+    allowed; per-position figures come with every counter). The manifest's other keys are carried as they are."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position_rate: list[float]
+
+
+# its own config: strict like the report's, but the manifest's other keys pass (they are the drafter's contract)
+setattr(ReferenceMetrics, "__pydantic_config__", {"strict": True, "allow_inf_nan": False, "extra": "allow"})  # noqa: B010
 
 
 class ReferenceSection(TypedDict):
-    status: str  # recorded | live | not computed
-    key: ReferenceKey | None
-    metrics: dict[str, Any] | None  # the reference decoder's counters (as recorded in the drafter's manifest)
-    gap: float | None
-    note: str
+    status: NotRequired[str]  # recorded | live | not computed
+    key: NotRequired[ReportReferenceKey | None]
+    metrics: NotRequired[ReferenceMetrics | None]
+    gap: NotRequired[float | None]
+    note: NotRequired[str]
 
 
-class RunState(TypedDict, total=False):
-    id: str  # this smoke run's id (selfcheck binds its gate and signature to it)
-    completed: bool
-    stage: str
-    error: str | None
-    seconds: float | None
+class RunState(TypedDict):
+    completed: bool  # which rules apply depends on it: written from smoke's first day
+    id: NotRequired[str]  # this smoke run's id (selfcheck binds its gate and signature to it)
+    stage: NotRequired[str]
+    error: NotRequired[str | None]
+    seconds: NotRequired[float | None]
 
 
 class GpuInfo(TypedDict, total=False):
@@ -233,27 +275,29 @@ class BackendRun(TypedDict):
 
 
 class SmokeReport(TypedDict):
-    """`report.json` (schema speclock.smoke/v1): what `speclock smoke` writes and `speclock gate` reads."""
+    """report.json, what `speclock smoke` writes and `speclock gate` reads (docs/smoke.md)."""
 
-    schema: str
+    schema: Literal["speclock.smoke/v1"]
     stack: str
     image: ImageIdentity
     engine: EngineInfo
     target: TargetInfo
     draft: DraftInfo
     num_speculative_tokens: int
+    # the run's size bounds its counters (speclock.verify.plausibility), and whether it completed decides which
+    # rules apply: both written from smoke's first day, so never optional
+    max_tokens: int
+    run: RunState
     prompts: PromptsInfo
     metrics: Metrics
     throughput: Throughput
     lossless: LosslessSection
-    verdict: str  # pass | fail
+    verdict: Literal["pass", "fail"]
     failures: list[str]
     created: NotRequired[str]
-    max_tokens: NotRequired[int]
-    profile: NotRequired[ProfileRecord]
+    profile: NotRequired[ProfileRecord]  # a report without one is a quick (greedy) one
     reference: NotRequired[ReferenceSection | None]
     thresholds: NotRequired[dict[str, Any]]  # the stack's smoke.thresholds the run was judged by
-    run: NotRequired[RunState]
     warnings: NotRequired[list[str]]
     gpu: NotRequired[GpuInfo]
     sampled: NotRequired[SampledSection]
@@ -270,20 +314,22 @@ class CheckRecord(TypedDict):
     ok: bool
     value: Any
     limit: str
-    kind: str
+    kind: str  # engine | lossless | drafter | integration | speed | regression
     detail: str
     warn: bool
-    status: str  # PASS | WARN | FAIL
+    status: Literal["PASS", "WARN", "FAIL"]
 
 
 class GateRecord(TypedDict):
-    """gate.json, `speclock gate --json` (speclock.verify.gate.GateResult.to_json)."""
+    """gate.json and `speclock gate --json` (speclock.verify.gate.GateResult.to_json): the verdict on one report."""
 
-    verdict: str
+    schema: NotRequired[Literal["speclock.gate/v1"]]  # absent in gate.json written before 2026-12-08
+    verdict: Literal["pass", "fail"]
     baseline: str | None
     warnings: list[str]
     checks: list[CheckRecord]
     failures: list[str]
+    attestation: NotRequired[dict[str, Any]]  # --verify-key: the envelope checked (speclock.verify.attest)
 
 
 # ---------------------------------------------------------------- the soak's result (soak.json)

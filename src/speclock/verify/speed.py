@@ -34,7 +34,7 @@ from typing import Any
 
 from speclock.verify.checks import Check, warning
 from speclock.verify.plausibility import Bad
-from speclock.verify.report_schema import BATCH1_SINCE, predates  # the report's dates, shared with plausibility
+from speclock.verify.report_dates import BATCH1_SINCE, predates  # the report's dates, shared with plausibility
 from speclock.verify.report_types import Batch1, SmokeReport
 
 CPU_NOTE = (

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from speclock.verify.checks import Check, warning
-from speclock.verify.report_schema import LOADED_SINCE, predates
+from speclock.verify.report_dates import LOADED_SINCE, predates
 from speclock.verify.report_types import Loaded, SmokeReport
 from speclock.verify.speed import interval_text, judge_floor, summarize_batch1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from speclock.core.files import expect, read_json
 from speclock.drafter.manifest import load_drafter
@@ -13,13 +13,13 @@ from speclock.drafter.models import DRAFT_MANIFEST, check_drafter_manifest, chec
 from speclock.drafter.models import target_sha256 as weights_sha256
 from speclock.drafter.reference import load_target, run_reference
 from speclock.spec.prompts import prompts_sha256
-from speclock.verify.report_types import Metrics, ReferenceKey, ReferenceSection
+from speclock.verify.report_types import Metrics, ReferenceMetrics, ReferenceSection, ReportReferenceKey
 from speclock.verify.smoke.inputs import SmokeInputs, log
 
 MANIFEST = DRAFT_MANIFEST
 
 
-def reference_key(inp: SmokeInputs, texts: list[str]) -> ReferenceKey:
+def reference_key(inp: SmokeInputs, texts: list[str]) -> ReportReferenceKey:
     # Tensors only (config excluded): a drafter keeps its identity when only its config changes,
     # so a recorded reference still judges an engine that is fed the wrong layers.
 
@@ -88,11 +88,12 @@ def reference_section(
         return section
     metrics = lookup_recorded(inp.draft / MANIFEST, key)
     if metrics is not None:
-        section["status"], section["metrics"] = "recorded", metrics
+        # the drafter manifest's record (checked there); the report's model checks it again with the report
+        section["status"], section["metrics"] = "recorded", cast(ReferenceMetrics, metrics)
     elif inp.reference == "live":
         log(f"running the reference decoder live on {len(prompt_ids)} prompts (slow on a CPU)")
         metrics = run_live_reference(inp, prompt_ids)
-        section["status"], section["metrics"] = "live", metrics
+        section["status"], section["metrics"] = "live", cast(ReferenceMetrics, metrics)
     else:
         section["note"] = (
             f"no reference recorded in {inp.draft / MANIFEST} for this (target, drafter, prompts, k, max_tokens); "

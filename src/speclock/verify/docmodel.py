@@ -1,0 +1,249 @@
+"""A document's typed model put to work: validating what core.jsonread parsed, and writing the JSON Schema.
+
+A model is a TypedDict (speclock.verify.report_types); pydantic validates a parsed document against it, strict:
+no coercion ("3" is no int), bool is no number, an int is a number, numbers are finite. Its errors carry the
+location of each fault, and `validate` turns the first into speclock's message: the file, the dotted key path
+(`metrics.accepted_per_position[1]`), what was found there, what belongs there (read from the model's own JSON
+Schema) and the fix (the document's hint).
+
+A key the model does not know is decided per document (`DocModel.unknown`, written into its schema): "warn" (a
+newer speclock's key: a WARN naming it, the key ignored) or "refuse" (exit 2 naming it).
+
+pydantic is imported on first use: commands that read no document (--help, doctor) do not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from speclock.core.errors import BadInput
+from speclock.core.files import atomic_write_text, short_repr
+from speclock.core.jsonread import json_type
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMAS_DIR = "schemas"  # in speclock's source tree: the generated files, one per document
+
+
+@dataclass(frozen=True)
+class DocModel:
+    """One document: its model, its schema id (the value of its `schema` key) and file, and its unknown-key rule."""
+
+    model: type
+    schema_id: str
+    schema_file: str  # under schemas/
+    title: str
+    unknown: Literal["warn", "refuse"]
+    hint: str  # the fix, for every refusal
+
+    def config(self) -> dict[str, Any]:
+        # pydantic's ConfigDict is a TypedDict: a plain dict here, so defining a model needs no pydantic.
+        # Nested models inherit it; one with its own __pydantic_config__ (ReferenceMetrics) keeps that.
+        return {"strict": True, "allow_inf_nan": False, "extra": "forbid"}
+
+
+_ADAPTERS: dict[type, Any] = {}
+
+
+def adapter(doc: DocModel) -> Any:
+    """The pydantic TypeAdapter of the document's model, built once per process."""
+    found = _ADAPTERS.get(doc.model)
+    if found is None:
+        # pydantic: 0.1-0.2 s to import (docs/benchmarks.md, "Document models"), paid only where a document is read
+        from pydantic import TypeAdapter
+
+        doc.model.__pydantic_config__ = doc.config()  # type: ignore[attr-defined]
+        found = _ADAPTERS[doc.model] = TypeAdapter(doc.model)
+    return found
+
+
+def dotted(path: list[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out or "(top level)"
+
+
+def _resolve(data: Any, loc: tuple[str | int, ...], missing: bool) -> tuple[list[str | int], Any, bool]:
+    """The key path an error location names in `data`, the value found there, and whether it was found.
+
+    pydantic adds the name of the union branch it tried (`float`, `list[float]`) to a location: a part that is
+    no key of the value reached ends the path there."""
+    node: Any = data
+    path: list[str | int] = []
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif missing and i == len(loc) - 1 and isinstance(node, dict):
+            return [*path, part], None, False
+        else:
+            break
+        path.append(part)
+    return path, node, True
+
+
+def _deref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+def _child(root: dict[str, Any], node: dict[str, Any], part: str | int) -> dict[str, Any] | None:
+    node = _deref(root, node)
+    for branch in node.get("anyOf", [node]):
+        branch = _deref(root, branch)
+        if isinstance(part, int) and isinstance(branch.get("items"), dict):
+            return branch["items"]
+        if isinstance(part, str):
+            if part in branch.get("properties", {}):
+                return branch["properties"][part]
+            if isinstance(branch.get("additionalProperties"), dict):
+                return branch["additionalProperties"]
+    return None
+
+
+_JSON_NAMES = {"integer": "integer", "number": "number", "string": "string", "boolean": "true or false", "null": "null"}
+
+
+def _describe(root: dict[str, Any], node: dict[str, Any]) -> str:
+    """What a schema node admits, in words: "integer or null", "array of integer", "'pass' or 'fail'"."""
+    node = _deref(root, node)
+    if "anyOf" in node:
+        return " or ".join(dict.fromkeys(_describe(root, b) for b in node["anyOf"]))
+    if "const" in node:
+        return json.dumps(node["const"])
+    if "enum" in node:
+        return " or ".join(json.dumps(v) for v in node["enum"])
+    kind = node.get("type")
+    if kind == "array":
+        items = node.get("items")
+        return f"array of {_describe(root, items)}" if isinstance(items, dict) and items else "array"
+    if kind == "object":
+        return f"object ({node['title']})" if node.get("properties") and node.get("title") else "object"
+    return _JSON_NAMES.get(str(kind), "any JSON value")
+
+
+def expected_at(doc: DocModel, path: list[str | int]) -> str:
+    """What the model puts at a key path, in words ("" where the path leaves the model)."""
+    root = json_schema(doc, plain=True)
+    node: dict[str, Any] | None = root
+    for part in path:
+        node = _child(root, node, part) if node is not None else None
+    return _describe(root, node) if node is not None else ""
+
+
+def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str]:
+    """(dotted key path, what is wrong there) for one pydantic error."""
+    kind = err["type"]
+    path, found, present = _resolve(data, tuple(err["loc"]), missing=kind == "missing")
+    want = expected_at(doc, path)
+    if not present:
+        return dotted(path), "missing" + (f" ({want} belongs there)" if want else "")
+    if kind == "extra_forbidden":
+        return dotted(path), f"not a key of {doc.schema_id} ({SCHEMAS_DIR}/{doc.schema_file})"
+    got = f"{json_type(found)} {short_repr(found)}"
+    if kind == "finite_number":
+        return dotted(path), f"{found} is not a finite number"
+    return dotted(path), f"expected {want or err['msg']}, got {got}"
+
+
+def validate(doc: DocModel, data: Any, source: str, warn: Callable[[str], None] | None = None) -> None:
+    """Check a parsed document against its model: BadInput naming the file, the key path, what was found and what
+    belongs there; an unknown key is a WARN passed to `warn` ("warn" documents) or BadInput ("refuse")."""
+    from pydantic import ValidationError  # see adapter()
+
+    try:
+        adapter(doc).validate_python(data)
+        return
+    except ValidationError as err:
+        errors = err.errors(include_url=False, include_context=False, include_input=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    wrong = [e for e in errors if e["type"] != "extra_forbidden"] or (unknown if doc.unknown == "refuse" else [])
+    if wrong:
+        key, problem = _problem(doc, data, wrong[0])
+        others = {dotted(_resolve(data, tuple(e["loc"]), e["type"] == "missing")[0]) for e in wrong[1:]} - {key}
+        more = (
+            f" (and {len(others)} more key{'s' if len(others) > 1 else ''}: {', '.join(sorted(others)[:3])}{', ...' if len(others) > 3 else ''})"
+            if others
+            else ""
+        )
+        raise BadInput(f"{source}: key '{key}': {problem}{more}", hint=doc.hint)
+    for e in unknown:
+        key = dotted(_resolve(data, tuple(e["loc"]), False)[0])
+        (warn or _stderr_warn)(f"{source}: key '{key}' is not in {doc.schema_id} (written by a newer speclock?): ignored")
+
+
+def _stderr_warn(message: str) -> None:
+    print(f"WARN: {message}", file=sys.stderr)
+
+
+_SCHEMAS: dict[tuple[type, bool], dict[str, Any]] = {}
+
+
+def json_schema(doc: DocModel, *, plain: bool = False) -> dict[str, Any]:
+    """The document's JSON Schema (draft 2020-12), generated from its model; what schemas/<file> holds.
+
+    `plain`: pydantic's own output, which error messages read (unknown keys still forbidden everywhere)."""
+    cached = _SCHEMAS.get((doc.model, plain))
+    if cached is not None:
+        return cached
+    from pydantic.json_schema import GenerateJsonSchema  # see adapter()
+
+    warn = doc.unknown == "warn" and not plain
+
+    class _Gen(GenerateJsonSchema):
+        def typed_dict_schema(self, schema: Any) -> Any:
+            out = super().typed_dict_schema(schema)
+            if warn and out.get("additionalProperties") is False:
+                del out["additionalProperties"]  # another key is allowed: a reader WARNs naming it
+            return out
+
+    body = adapter(doc).json_schema(schema_generator=_Gen)
+    if plain:
+        _SCHEMAS[(doc.model, plain)] = body
+        return body
+    rule = (
+        "Unknown keys: a key this schema does not name is allowed, for forward compatibility (a newer speclock's "
+        "key): speclock reads the document with a WARN naming the key, and ignores it."
+        if doc.unknown == "warn"
+        else "Unknown keys: refused (additionalProperties: false): a reader that skipped a key it does not know could "
+        "misread the verdict, so a new key comes with a new schema id."
+    )
+    head = {
+        "$schema": SCHEMA_DIALECT,
+        "$id": f"{SCHEMAS_DIR}/{doc.schema_file}",
+        "title": doc.title,
+        "description": f"{body.pop('description', '').strip()}\n\nSchema id (the document's `schema` key): "
+        f"{doc.schema_id}. {rule} Generated from {doc.model.__module__}.{doc.model.__name__} by `speclock schemas`; "
+        "do not edit.".strip(),
+        "x-speclock-schema-id": doc.schema_id,
+        "x-speclock-unknown-keys": doc.unknown,
+    }
+    body.pop("title", None)
+    out = {**head, **body}
+    _SCHEMAS[(doc.model, plain)] = out
+    return out
+
+
+def schema_text(doc: DocModel) -> str:
+    return json.dumps(json_schema(doc), indent=2, ensure_ascii=False) + "\n"
+
+
+def write_schemas(docs: list[DocModel], root: Path, *, check: bool) -> list[Path]:
+    """Write each document's schema under root/schemas (check: write nothing); the files that differed."""
+    stale = []
+    for doc in docs:
+        path = root / SCHEMAS_DIR / doc.schema_file
+        text = schema_text(doc)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            stale.append(path)
+            if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, text)
+    return stale
