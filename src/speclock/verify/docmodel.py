@@ -9,7 +9,9 @@ Schema) and the fix (the document's hint).
 A key the model does not know is decided per document (`DocModel.unknown`, written into its schema): "warn" (a
 newer speclock's key: a WARN naming it, the key ignored) or "refuse" (exit 2 naming it).
 
-pydantic is imported on first use: commands that read no document (--help, doctor) do not pay for it.
+pydantic is imported on first use: commands that read no document (--help, doctor) do not pay for it. A list
+stops at its first bad item, so a huge bad document costs one error per list, not one per value; a key in a list
+of objects that the model does not know is named for the first object that holds it.
 """
 
 from __future__ import annotations
@@ -47,17 +49,45 @@ class DocModel:
 
 
 _ADAPTERS: dict[type, Any] = {}
+_VALIDATORS: dict[tuple[type, str], Any] = {}
 
 
 def adapter(doc: DocModel) -> Any:
     """The pydantic TypeAdapter of the document's model, built once per process."""
     found = _ADAPTERS.get(doc.model)
     if found is None:
-        # pydantic: 0.1-0.2 s to import (docs/benchmarks.md, "Document models"), paid only where a document is read
+        # pydantic: 0.2-0.3 s to import and 0.3-0.5 s to build a report's validator on this loaded 2-core machine
+        # (docs/benchmarks.md, "Document models (#38)"), paid only where a document is read
         from pydantic import TypeAdapter
 
         doc.model.__pydantic_config__ = doc.config()  # type: ignore[attr-defined]
         found = _ADAPTERS[doc.model] = TypeAdapter(doc.model)
+    return found
+
+
+def _tuned(node: Any, extra: str) -> Any:
+    """A copy of a pydantic-core schema where every list stops at its first bad item (a 64 MiB report of wrong
+    tokens would otherwise make millions of errors: minutes and gigabytes) and, with extra="ignore", the
+    models that forbid unknown keys ignore them instead."""
+    if isinstance(node, list):
+        return [_tuned(v, extra) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _tuned(v, extra) for k, v in node.items()}
+    if out.get("type") == "list":
+        out["fail_fast"] = True
+    if extra == "ignore" and out.get("type") == "typed-dict" and out.get("extra_behavior") == "forbid":
+        out["extra_behavior"] = "ignore"
+    return out
+
+
+def validator(doc: DocModel, extra: str = "forbid") -> Any:
+    """The model's pydantic-core validator: unknown keys are errors ("forbid") or passed over ("ignore")."""
+    found = _VALIDATORS.get((doc.model, extra))
+    if found is None:
+        from pydantic_core import SchemaValidator  # with pydantic: see adapter()
+
+        found = _VALIDATORS[(doc.model, extra)] = SchemaValidator(_tuned(adapter(doc).core_schema, extra))
     return found
 
 
@@ -156,15 +186,22 @@ def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str
 def validate(doc: DocModel, data: Any, source: str, warn: Callable[[str], None] | None = None) -> None:
     """Check a parsed document against its model: BadInput naming the file, the key path, what was found and what
     belongs there; an unknown key is a WARN passed to `warn` ("warn" documents) or BadInput ("refuse")."""
-    from pydantic import ValidationError  # see adapter()
+    from pydantic_core import ValidationError  # with pydantic: see adapter()
 
     try:
-        adapter(doc).validate_python(data)
+        validator(doc).validate_python(data)
         return
     except ValidationError as err:
         errors = err.errors(include_url=False, include_context=False, include_input=False)
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     wrong = [e for e in errors if e["type"] != "extra_forbidden"] or (unknown if doc.unknown == "refuse" else [])
+    if not wrong:
+        # Only unknown keys so far, but a list stops at its first bad item, unknown keys included: check every item
+        # again with unknown keys passed over (a second pass only for documents that hold unknown keys).
+        try:
+            validator(doc, "ignore").validate_python(data)
+        except ValidationError as err:
+            wrong = err.errors(include_url=False, include_context=False, include_input=False)
     if wrong:
         key, problem = _problem(doc, data, wrong[0])
         others = {dotted(_resolve(data, tuple(e["loc"]), e["type"] == "missing")[0]) for e in wrong[1:]} - {key}

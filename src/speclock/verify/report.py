@@ -18,7 +18,7 @@ from typing import Any, cast
 from speclock.core import files
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number as fmt_number  # upgrade/outputs.py imports it from here
-from speclock.verify.docmodel import DocModel, validate
+from speclock.verify.docmodel import DocModel, dotted, validate
 from speclock.verify.plausibility import Bad, check_chain_positions, check_without_stack
 from speclock.verify.profiles import PROFILES
 from speclock.verify.report_table import human_table as human_table
@@ -44,16 +44,22 @@ def dotted_get(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _non_finite(node: Any, where: str) -> str | None:
-    """The key of the first non-finite (or absurdly large) number anywhere in the document, or None."""
-    if (isinstance(node, float) and not math.isfinite(node)) or (isinstance(node, int) and abs(node) >= _INT_LIMIT):
-        return where or "(top level)"
+def _out_of_range(value: Any) -> bool:
+    return (isinstance(value, float) and not math.isfinite(value)) or (isinstance(value, int) and abs(value) >= _INT_LIMIT)
+
+
+def _non_finite(node: Any) -> list[str | int] | None:
+    """The key path of the first non-finite (or absurdly large) number anywhere in the document, or None (the path
+    is built only when one is found: a 64 MiB report holds millions of numbers)."""
     items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
     for k, v in items:
-        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k)))
-        if found:
-            return found
-    return None
+        if isinstance(v, (dict, list)):
+            below = _non_finite(v)
+            if below is not None:
+                return [k, *below]
+        elif _out_of_range(v):
+            return [k]
+    return [] if _out_of_range(node) else None
 
 
 def _close(a: float, b: float) -> bool:
@@ -68,9 +74,9 @@ def validate_report(data: Any, source: str = "report", warn: Callable[[str], Non
         raise BadInput(f"{source}: not a JSON object (a {files.json_type(data)})", hint=_HINT)
     if data.get("schema") != SCHEMA_ID:
         raise BadInput(f"{source}: key 'schema': {files.short_repr(data.get('schema'))} is not {SCHEMA_ID!r}", hint=_HINT)
-    odd = _non_finite(data, "")
-    if odd:  # 1e999 parses as inf even where NaN/Infinity literals are refused; 10**400 overflows a float
-        raise BadInput(f"{source}: key '{odd}': not a finite number in range (|x| < 2**63)", hint=_HINT)
+    odd = _non_finite(data)
+    if odd is not None:  # a number no counter or rate can be (10**400 overflows a float; inf from a Python caller)
+        raise BadInput(f"{source}: key '{dotted(odd)}': not a finite number in range (|x| < 2**63)", hint=_HINT)
     validate(REPORT, data, source, warn)
     # Every key has the model's JSON type now: the document is a SmokeReport.
     report = cast(SmokeReport, data)
