@@ -15,6 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 from fuzz_support import assert_clean_refusal, run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from smoke_faults import sample_report
 
 from speclock.core.errors import BadInput
@@ -198,7 +200,7 @@ def test_a_report_model_key_the_gate_reads_is_not_refused_as_unknown():
 
 
 def test_a_report_full_of_wrong_values_is_one_error_per_list_not_one_per_value():
-    """Before lists stopped at their first bad item, 3.2 million wrong tokens (a 33 MiB report) took 172 s and
+    """Before lists stopped at their first bad item, 6.4 million wrong tokens (a 33 MiB report) took 172 s and
     6 GiB to refuse: one pydantic error per value."""
     doc = json.loads(REAL.read_text())
     doc["lossless"]["first_mismatches"] = [
@@ -224,3 +226,48 @@ def test_an_unknown_key_early_in_a_list_does_not_hide_a_wrong_value_later(tmp_pa
     assert unknown == [
         f"report.json: key 'lossless.first_mismatches[0].note' is not in {SCHEMA_ID} (written by a newer speclock?): ignored"
     ]
+
+
+# ---------------------------------------------------------------- the gate result's reader, fuzzed
+
+GATE_DOC = json.loads((ROOT / "docs" / "gpu-runs" / "2026-12-06-h100" / "sglang-selfcheck" / "gate.json").read_text())
+
+
+def _paths(node, prefix=()):
+    out = []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        out += [(*prefix, k), *_paths(v, (*prefix, k))]
+    return out
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.just(10**400),
+)
+_values = st.recursive(_scalars, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=6), v, max_size=3))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(_paths(GATE_DOC)), value=_values, delete=st.booleans())
+def test_fuzz_the_gate_result_reader_refuses_cleanly_naming_the_key(tmp_path, path, value, delete):
+    """A committed gate.json mutated at a random key: read back, or BadInput (exit 2) naming the file and a key;
+    never another exception."""
+    doc = copy.deepcopy(GATE_DOC)
+    parent = doc
+    for p in path[:-1]:
+        parent = parent[p]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    file = tmp_path / "gate.json"
+    file.write_text(json.dumps(doc))
+    try:
+        read_gate_result(file)
+    except BadInput as err:
+        assert err.exit_code == 2 and err.message.startswith(f"{file}: key '"), err.message
