@@ -21,7 +21,7 @@ from smoke_faults import sample_report
 
 from speclock.core.errors import BadInput
 from speclock.verify.docmodel import SCHEMAS_DIR, schema_text, write_schemas
-from speclock.verify.gate import GATE_RESULT, read_gate_result
+from speclock.verify.gate_result import GATE_RESULT, read_gate_result
 from speclock.verify.report import REPORT, SCHEMA_ID, load_report, validate_report
 from speclock.verify.schemas import DOCUMENTS
 

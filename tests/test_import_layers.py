@@ -62,6 +62,7 @@ OPTIONAL = {
     "prometheus_client",
     "tomli_w",
     "pydantic",  # the document models' validator (0.2-0.6 s with a model's schema build): loaded when a document is read
+    "pydantic_core",  # pydantic's own core, the same
     "cyclonedx",
     "packageurl",
 }  # the SBOM library: 4.6 s to import, loaded only when an SBOM is made

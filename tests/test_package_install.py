@@ -196,6 +196,7 @@ def test_every_third_party_import_outside_train_is_declared():
         "transformers": "transformers",
         "invoke": "invoke",
         "pydantic": "pydantic",
+        "pydantic_core": "pydantic-core",
         "typing_extensions": "typing-extensions",
     }
     # the engines and the GPU stacks' libraries: imported only inside an engine's environment (an image, host-env)

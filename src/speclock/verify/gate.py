@@ -23,9 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput, EnvironmentProblem
@@ -39,13 +38,13 @@ from speclock.verify.baseline import builtin_profile, drift_checks, rel_drop, te
 from speclock.verify.baseline import check_baseline_matches as check_baseline_matches
 from speclock.verify.baseline import find_baseline as find_baseline
 from speclock.verify.checks import Check, failures_of, junit_xml, markdown, table, warning
-from speclock.verify.docmodel import DocModel, validate
+from speclock.verify.gate_result import GateResult
 from speclock.verify.model_pin import identity_checks
 from speclock.verify.plausibility import check_against_stack
 from speclock.verify.profiles import Profile, report_profile, resolve_profile
 from speclock.verify.report import load_report
 from speclock.verify.report_dates import GPU_ARCH_SINCE, GPU_NAME_SINCE
-from speclock.verify.report_types import GATE_SCHEMA_ID, GateRecord, SmokeReport
+from speclock.verify.report_types import SmokeReport
 from speclock.verify.speed import speed_checks
 from speclock.verify.speed_load import loaded_checks
 
@@ -263,44 +262,6 @@ def thresholds_for(report: SmokeReport, stack_arg: str | None) -> tuple[dict[str
     """The stack's thresholds (see resolve_stack) and the stack file they came from."""
     stack = resolve_stack(report, stack_arg)
     return dict(stack.thresholds), str(stack.path)
-
-
-# gate.json and `gate --json`: a key the model does not know is refused (speclock.verify.report_types.GateRecord)
-GATE_RESULT = DocModel(
-    GateRecord,
-    GATE_SCHEMA_ID,
-    "gate-result.schema.json",
-    "speclock gate result",
-    "refuse",
-    "give the gate.json `speclock gate --json` or `speclock selfcheck` wrote, unedited",
-)
-
-
-def read_gate_result(path: str | Path) -> GateRecord:
-    """Read and validate a gate result (gate.json); BadInput naming the file and the key path."""
-    data = files.read_json(path, what="gate result", expect=object, hint=GATE_RESULT.hint)
-    if not isinstance(data, dict):
-        raise BadInput(f"{path}: not a JSON object (a {files.json_type(data)})", hint=GATE_RESULT.hint)
-    validate(GATE_RESULT, data, str(path))
-    return cast(GateRecord, data)
-
-
-@dataclass
-class GateResult:
-    ok: bool
-    checks: list[Check]
-    baseline: str | None
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> GateRecord:
-        return {
-            "schema": GATE_SCHEMA_ID,
-            "verdict": "pass" if self.ok else "fail",
-            "baseline": self.baseline,
-            "warnings": list(self.warnings),
-            "checks": [c.to_json() for c in self.checks],
-            "failures": failures_of(self.checks),
-        }
 
 
 def _stored_baseline(stack: Stack, baselines_dir: Path | None, profile: str = "quick") -> tuple[Path | None, str]:

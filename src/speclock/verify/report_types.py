@@ -321,7 +321,7 @@ class CheckRecord(TypedDict):
 
 
 class GateRecord(TypedDict):
-    """gate.json and `speclock gate --json` (speclock.verify.gate.GateResult.to_json): the verdict on one report."""
+    """gate.json and `speclock gate --json` (speclock.verify.gate_result.GateResult.to_json): the verdict on one report."""
 
     schema: NotRequired[Literal["speclock.gate/v1"]]  # absent in gate.json written before 2026-12-08
     verdict: Literal["pass", "fail"]

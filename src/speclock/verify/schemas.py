@@ -14,7 +14,7 @@ from pathlib import Path
 from speclock.core.errors import BadInput
 from speclock.core.layout import IMPORT_ROOT
 from speclock.verify.docmodel import SCHEMAS_DIR, DocModel, write_schemas
-from speclock.verify.gate import GATE_RESULT
+from speclock.verify.gate_result import GATE_RESULT
 from speclock.verify.report import REPORT
 
 DOCUMENTS: tuple[DocModel, ...] = (REPORT, GATE_RESULT)

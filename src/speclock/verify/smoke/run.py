@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import inspect
@@ -25,14 +26,7 @@ from speclock.verify.checks import failures_of, warnings_of
 from speclock.verify.gate import evaluate
 from speclock.verify.profiles import Profile
 from speclock.verify.report import SCHEMA_ID, validate_report, write_report
-from speclock.verify.report_types import (
-    EngineInfo,
-    ImageIdentity,
-    ProfileRecord,
-    ReferenceSection,
-    ReportReferenceKey,
-    SmokeReport,
-)
+from speclock.verify.report_types import EngineInfo, ImageIdentity, ProfileRecord, ReferenceSection, SmokeReport
 from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
@@ -414,11 +408,9 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
         else:
             reference = reference_section(inp, texts, prompt_ids, report["metrics"] if run["completed"] else None)
     except (BadInput, EnvironmentProblem) as err:
-        try:  # keep the key: without it the report cannot be matched to a baseline's drafter
-            ref_key: ReportReferenceKey | None = reference_key(inp, texts)
-        except (BadInput, EnvironmentProblem):
-            ref_key = None
-        reference = {"status": "not computed", "key": ref_key, "metrics": None, "gap": None, "note": str(err)}
+        reference = {"status": "not computed", "key": None, "metrics": None, "gap": None, "note": str(err)}
+        with contextlib.suppress(BadInput, EnvironmentProblem):  # keep the key: a report without it matches no baseline
+            reference["key"] = reference_key(inp, texts)
         if isinstance(err, BadInput):  # a damaged recorded reference is bad input, never a silent "no reference"
             reference_error = err
     report["reference"] = reference
