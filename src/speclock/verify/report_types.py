@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, NotRequired
 
-from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12 on
+try:  # pydantic reads typing.TypedDict only from Python 3.12 on; it brings typing_extensions wherever it is installed
+    from typing_extensions import TypedDict
+except ImportError:  # an environment without pydantic (a stack whose engine has none): the types still read as types
+    from typing import TypedDict
 
 # the drafter manifest's reference key (smoke writes it into the report's reference.key)
 from speclock.drafter.manifest import ReferenceKey as ReferenceKey
