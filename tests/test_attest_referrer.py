@@ -1,5 +1,5 @@
 """A signed smoke report beside its image in a real registry (Debian's docker-registry, as tests/test_sbom.py): pushed
-as an OCI referrer (artifactType application/vnd.dsse.envelope.v1+json) through build/referrers.py, found again by
+as an OCI referrer (artifactType application/vnd.dsse.envelope.v1+json) through build/registry/referrers.py, found again by
 artifactType next to the SBOM, read back byte for byte; an attestation of another image is refused before any push."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from helpers import LocalRegistry
 
-from speclock.build import referrers
 from speclock.build.push import push_attestation_referrer
-from speclock.build.registry import OCI_MANIFEST, RegistryClient
+from speclock.build.registry import referrers
+from speclock.build.registry.client import OCI_MANIFEST, RegistryClient
 from speclock.core import dsse
 from speclock.core.errors import BadInput
 from speclock.verify import attest

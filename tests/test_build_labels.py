@@ -20,7 +20,7 @@ from speclock.build.builders import buildah as buildah_mod
 from speclock.build.builders import docker as docker_mod
 from speclock.build.builders import ensure_in_docker
 from speclock.build.labels import LABEL_PREFIX, LICENSES, OCI_PREFIX, base_labels, labels_for
-from speclock.build.sbom import SBOM_IN_IMAGE
+from speclock.build.sbom.document import SBOM_IN_IMAGE
 from speclock.core.errors import EnvironmentProblem
 from speclock.patches.series import load_series, series_label
 from speclock.spec.lock import read_lock

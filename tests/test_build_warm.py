@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from helpers import copy_repo, speclock
 
-from speclock.build import inputs, reuse, sbom_cache, tail
+from speclock.build import inputs, reuse, tail
 from speclock.build.builders.buildah import BUILDER
 from speclock.build.containerfile import build_args_for
 from speclock.build.context import context_dir
 from speclock.build.records import BuildRecord
+from speclock.build.sbom import cache as sbom_cache
 from speclock.spec.lock import lock_path, read_lock
 from speclock.spec.stack import load_stack
 
@@ -38,7 +39,7 @@ def staged(root: Path) -> Path:
         "draft/config.json": '{"layers": [1, 2]}\n',
         "config/stacks/cpu-vllm.toml": "name = 'cpu-vllm'\n",
         "config/src/speclock/__init__.py": "__version__ = '0.1.0'\n",
-        "config/src/speclock/build/sbom.py": "# the SBOM's code\n",
+        "config/src/speclock/build/sbom/document.py": "# the SBOM's code\n",
         "config/src/speclock/serve.py": "# other source\n",
     }
     for rel, text in files.items():
@@ -151,7 +152,7 @@ def test_the_sbom_is_reused_only_while_what_makes_it_is_unchanged(tmp_path, monk
         ("draft/config.json", "{}\n"),
         ("patches/vllm/0001-fix.patch", "+y\n"),
         ("config/stacks/cpu-vllm.toml", "# edited\n"),
-        ("config/src/speclock/build/sbom.py", "# the SBOM's code, edited\n"),
+        ("config/src/speclock/build/sbom/document.py", "# the SBOM's code, edited\n"),
     ):
         (ctx / rel).write_text(text)
         changed = sbom_cache.sbom_key(stack, lock, inputs.context_digests(ctx))

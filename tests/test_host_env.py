@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tinywheels import ROOT, entry, make_wheel, tiny_lock, tiny_wheels, write_stack
 
-from speclock.build.hostenv import glibc_needed, version_matches
+from speclock.build.hostenv.command import glibc_needed, version_matches
 from speclock.spec.lock import MACHINE_PLATFORMS, read_lock, write_lock
 from speclock.spec.resolve import KERNEL_TOOLCHAIN
 from speclock.spec.stack import load_stack
@@ -525,7 +525,7 @@ def test_the_host_run_environment_is_the_images_env():
     import re as _re
 
     from speclock.build.containerfile import CONTAINERFILE
-    from speclock.build.hostenv import RUN_ENV
+    from speclock.build.hostenv.command import RUN_ENV
 
     text = CONTAINERFILE.read_text()
     block = text[text.index("ENV PATH=") : text.index("USER 10001")]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import DOCKER, SPEED, SPEED_FAILURE, LocalRegistry, copy_repo, failures_besides_speed, speclock
 
-from speclock.build.sbom import pull_sbom_referrer
+from speclock.build.sbom.document import pull_sbom_referrer
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.buildah]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from speclock.build import sbom
 from speclock.build.labels import LABEL_PREFIX, labels_for, prune_label
 from speclock.build.prune import prune_script
+from speclock.build.sbom import document as sbom
 from speclock.core.errors import BadInput
 from speclock.spec import resolve
 from speclock.spec.lock import check_lock, lock_path, prune_diffs, read_lock

@@ -18,8 +18,9 @@ import pytest
 from fuzz_support import run_cli
 from helpers import LocalRegistry
 
-from speclock.build import context, inputs, sbom
-from speclock.build.registry import RegistryClient
+from speclock.build import context, inputs
+from speclock.build.registry.client import RegistryClient
+from speclock.build.sbom import document as sbom
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.names import normalize
 from speclock.spec.lock import read_lock

@@ -58,7 +58,7 @@ def test_tools_keep_the_users_config_and_toolchain_readable(tmp_path, monkeypatc
 
 
 def test_host_env_pip_runs_with_speclocks_home_and_still_no_pip_config(tmp_path, monkeypatch):
-    from speclock.build.hostenv_host import clean_env
+    from speclock.build.hostenv.host import clean_env
 
     home = tmp_path / "home"
     (home / ".pip").mkdir(parents=True)

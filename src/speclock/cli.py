@@ -22,10 +22,10 @@ from speclock.core.files import current_input, os_error
 COMMAND_MODULES = [
     "speclock.spec.cli",
     "speclock.build.fetch",
-    "speclock.build.hostenv",
+    "speclock.build.hostenv.command",
     "speclock.build.image",
     "speclock.build.push",
-    "speclock.build.sbom",
+    "speclock.build.sbom.document",
     "speclock.build.run",
     "speclock.build.nixcheck",
     "speclock.verify.smoke.cli",

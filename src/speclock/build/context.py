@@ -123,7 +123,7 @@ def stage_context(stack: Stack, lock: LockDoc, ctx: Path, *, lock_file: Path | N
 
     The wheelhouse must hold the lock's files (`speclock.build.fetch.fetch` first). `lock_file` is the
     lock to stage (default locks/<stack>.lock; `speclock upgrade` passes a candidate's). Image builds then add
-    config/sbom.cdx.json (`build.sbom.stage_sbom`: it reads the base rootfs and two asset wheels)."""
+    config/sbom.cdx.json (`build.sbom.document.stage_sbom`: it reads the base rootfs and two asset wheels)."""
     plan = plan_environment(stack, lock)
     _stage_wheels(plan, ctx / "wheels")
 

@@ -30,8 +30,8 @@ from speclock.build.records import BuildRecord, DoctorSummary, ImageInfo, Selfch
 from speclock.build.reuse import reusable_record
 from speclock.build.run import model_mount, run_image
 from speclock.build.runtimes import Mount, check_runtime, ensure_in_podman
-from speclock.build.sbom_cache import stage_sbom_cached
-from speclock.build.sbom_format import SBOM_IN_IMAGE
+from speclock.build.sbom.cache import stage_sbom_cached
+from speclock.build.sbom.format import SBOM_IN_IMAGE
 from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, read_json

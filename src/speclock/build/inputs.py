@@ -35,7 +35,7 @@ WHEEL_LISTS = (
 
 def context_digests(ctx: Path) -> dict[str, str]:
     """{relative path: sha256} of the staged context's input files (not the wheels, not DERIVED), hashed once
-    per build: the inputs hash and the SBOM's cache key (build.sbom.stage_sbom) both read them."""
+    per build: the inputs hash and the SBOM's cache key (build.sbom.document.stage_sbom) both read them."""
     return {
         rel: file_sha256(path)
         for rel, path in sorted(tree_files(ctx).items())

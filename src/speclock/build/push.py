@@ -10,13 +10,13 @@ import json
 import sys
 from typing import Any
 
-from speclock.build import referrers
 from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
 from speclock.build.records import BuildRecord, read_record
-from speclock.build.registry import RegistryClient, registry_digest, split_registry
+from speclock.build.registry import referrers
+from speclock.build.registry.client import RegistryClient, registry_digest, split_registry
 from speclock.build.runtimes import GPUS_HELP, Mount, gpu_host_commands, gpu_host_serve_commands, parse_gpus
-from speclock.build.sbom import push_sbom_referrer
+from speclock.build.sbom.document import push_sbom_referrer
 from speclock.core import dsse
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import MAX_READ_BYTES, read_bytes

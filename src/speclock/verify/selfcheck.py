@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from speclock.build.hostenv import env_command, read_record
+from speclock.build.hostenv.command import env_command, read_record
 from speclock.core import dsse
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import atomic_write_text, os_error, read_bytes, read_json

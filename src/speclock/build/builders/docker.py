@@ -10,7 +10,7 @@ from pathlib import Path
 
 from speclock.build.builders._proc import build_failure, capture, stream, tool_json
 from speclock.build.records import ImageLayer
-from speclock.build.registry import registry_digest
+from speclock.build.registry.client import registry_digest
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 
 # dockerd's default data root (layers land here): the heartbeat of silent build steps watches its disk.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speclock.build.hostenv import RECORD, read_record, version_matches
+from speclock.build.hostenv.command import RECORD, read_record, version_matches
 from speclock.core.errors import BadInput
 from speclock.core.files import expect, read_json
 from speclock.core.layout import IMAGE, in_image

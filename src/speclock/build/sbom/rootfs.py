@@ -1,5 +1,5 @@
 """The Debian packages of a locked debian-rootfs base, read from its tarball's dpkg status (and os-release), for the
-image's SBOM (build/sbom.py). dpkg records no .deb hash, so a package is named by name, version and arch."""
+image's SBOM (build/sbom/document.py). dpkg records no .deb hash, so a package is named by name, version and arch."""
 
 from __future__ import annotations
 

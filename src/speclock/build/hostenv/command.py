@@ -22,7 +22,7 @@ temp folder, and the parent folders this run made, and leaves no DIR (a temp fol
 removed by the next run).
 
 What goes in is the image's plan (build.envplan): the same wheels, the same [prune] hook, the same kernel build
-(build.hostenv_build carries it out; build.hostenv_host asks the host).
+(build.hostenv.venv carries it out; build.hostenv.host asks the host).
 
 `--use-host-packages torch,triton,nvidia-*` takes those packages from the host's Python instead
 (`--system-site-packages`): each must be installed there at the lock's version. A local version label
@@ -46,9 +46,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from speclock.build.envplan import plan_environment
+from speclock.build.hostenv.host import (  # noqa: F401
+    check_glibc,
+    choose_target,
+    glibc_needed,
+    model_folders,
+    select_host_packages,
+    version_matches,
+)
 
 # RUN_ENV, glibc_needed, version_matches, select_host_packages: host-env's API, used by fetch, doctor and the tests.
-from speclock.build.hostenv_build import (  # noqa: F401
+from speclock.build.hostenv.venv import (  # noqa: F401
     HOME,
     HOST_ENV_SCHEMA,
     RECORD,
@@ -57,14 +65,6 @@ from speclock.build.hostenv_build import (  # noqa: F401
     HostEnvRecord,
     build_env,
     find_wheels,
-)
-from speclock.build.hostenv_host import (  # noqa: F401
-    check_glibc,
-    choose_target,
-    glibc_needed,
-    model_folders,
-    select_host_packages,
-    version_matches,
 )
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, pid_alive, read_json

@@ -1,5 +1,5 @@
 """OCI referrers (distribution spec 1.1): an artifact pushed beside an image manifest, naming it as its `subject`,
-found again by artifactType. What the SBOM (build/sbom.py) and the signed smoke report (attestation) share.
+found again by artifactType. What the SBOM (build/sbom/document.py) and the signed smoke report (attestation) share.
 
 A registry with the referrers API answers OCI-Subject when the artifact manifest is stored and lists it under
 /v2/<name>/referrers/<digest>; one without it (Debian's distribution 2.8) gets the tag-schema fallback: the index
@@ -13,7 +13,7 @@ import json
 import urllib.parse
 from typing import Any
 
-from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from speclock.build.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.jsonread import parse_json
 

@@ -1,4 +1,4 @@
-"""The image's SBOM as an OCI referrer: read from the pushed image, pushed beside it, listed and pulled (see build/referrers.py)."""
+"""The image's SBOM as an OCI referrer: read from the pushed image, pushed beside it, listed and pulled (see build/registry/referrers.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from speclock.build import referrers
-from speclock.build.registry import RegistryClient
-from speclock.build.sbom_format import SBOM_IN_IMAGE, SBOM_MEDIA_TYPE
+from speclock.build.registry import referrers
+from speclock.build.registry.client import RegistryClient
+from speclock.build.sbom.format import SBOM_IN_IMAGE, SBOM_MEDIA_TYPE
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.jsonread import loads
 

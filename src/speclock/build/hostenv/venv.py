@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 from speclock import __version__
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, kernel_build_args, patch_files
-from speclock.build.hostenv_host import HostPackageRow, check_host_packages, clean_env, host_versions, running_target
+from speclock.build.hostenv.host import HostPackageRow, check_host_packages, clean_env, host_versions, running_target
 from speclock.build.prune import run_prune
 from speclock.build.wheelhouse import entry_path, requirements_text, store_dir
 from speclock.core.errors import CheckFailed, EnvironmentProblem

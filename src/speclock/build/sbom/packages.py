@@ -7,8 +7,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from speclock.build.rootfs_packages import base_packages
-from speclock.build.sbom_format import file_component, sha256_hashes, speclock_property
+from speclock.build.sbom.format import file_component, sha256_hashes, speclock_property
+from speclock.build.sbom.rootfs import base_packages
 from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
 from speclock.core.names import normalize

@@ -5,7 +5,7 @@ The key is read from digests build-image computes anyway (build.inputs.context_d
 hashing of its own: the lock (its packages, assets and base rootfs), the staged stack file, patches and
 drafter, speclock's version, the CycloneDX library's version, and the code that writes the document
 (SBOM_CODE, as staged under config/src). Documents live under $SPECLOCK_CACHE/sbom/documents/<key>.json,
-written whole (atomic) after the fresh document passed validation (build.sbom.sbom_text); one that is not a
+written whole (atomic) after the fresh document passed validation (build.sbom.document.sbom_text); one that is not a
 whole JSON document is made again."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from speclock import __version__
 from speclock.build.context import sync_text
-from speclock.build.sbom import stage_sbom
-from speclock.build.sbom_format import SBOM_IN_CONTEXT
+from speclock.build.sbom.document import stage_sbom
+from speclock.build.sbom.format import SBOM_IN_CONTEXT
 from speclock.core.files import atomic_write_text
 from speclock.core.layout import cache_dir
 from speclock.spec.lock import LockDoc
@@ -27,11 +27,11 @@ from speclock.spec.stack import Stack
 # any of them makes a new document; an edit of the rest of speclock's source reuses the old one.
 SBOM_INPUTS = ("draft/", "patches/", "config/stacks/")
 SBOM_CODE = (
-    "config/src/speclock/build/sbom.py",
-    "config/src/speclock/build/sbom_format.py",
-    "config/src/speclock/build/sbom_packages.py",
-    "config/src/speclock/build/sbom_cache.py",
-    "config/src/speclock/build/rootfs_packages.py",
+    "config/src/speclock/build/sbom/document.py",
+    "config/src/speclock/build/sbom/format.py",
+    "config/src/speclock/build/sbom/packages.py",
+    "config/src/speclock/build/sbom/cache.py",
+    "config/src/speclock/build/sbom/rootfs.py",
     "config/src/speclock/build/context.py",
     "config/src/speclock/core/names.py",
     "config/src/speclock/spec/baseimage.py",
@@ -57,7 +57,7 @@ def documents_dir() -> Path:
 
 
 def stage_sbom_cached(stack: Stack, lock: LockDoc, ctx: Path, digests: dict[str, str], *, progress=print) -> Path:
-    """build.sbom.stage_sbom, answered from the cache when the key names a document made before."""
+    """build.sbom.document.stage_sbom, answered from the cache when the key names a document made before."""
     key = sbom_key(stack, lock, digests)
     kept = documents_dir() / f"{key}.json"
     dest = ctx / SBOM_IN_CONTEXT

@@ -11,8 +11,8 @@ Nothing in it depends on the wall clock or the machine: the timestamp is the loc
 every bom-ref is named, and the serial number is derived from the rest of the document, so the same
 inputs give the same bytes (and the image keeps its reproducible digest).
 
-Its parts: build/sbom_format.py (CycloneDX, imported on use; where the document lives), build/sbom_packages.py
-(the components of the lock's packages), build/sbom_referrer.py (the OCI referrer beside the pushed image).
+Its parts: build/sbom/format.py (CycloneDX, imported on use; where the document lives), build/sbom/packages.py
+(the components of the lock's packages), build/sbom/referrer.py (the OCI referrer beside the pushed image).
 """
 
 from __future__ import annotations
@@ -33,19 +33,19 @@ from typing import Any
 from speclock import __version__
 from speclock.build import wheelhouse
 from speclock.build.context import patch_files, sync_text, tree_files
-from speclock.build.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - their old home; importers keep working
-from speclock.build.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - idem (tests use OCI_*)
-from speclock.build.rootfs_packages import base_packages, parse_dpkg_status, parse_os_release, read_rootfs_packages  # noqa: F401 - idem
-from speclock.build.sbom_format import INSTALL, cyclonedx, file_component, schema, sha256_hashes, speclock_property
-from speclock.build.sbom_format import SBOM_IN_CONTEXT as SBOM_IN_CONTEXT
-from speclock.build.sbom_format import SBOM_IN_IMAGE as SBOM_IN_IMAGE
-from speclock.build.sbom_format import SBOM_MEDIA_TYPE as SBOM_MEDIA_TYPE
-from speclock.build.sbom_format import SCHEMA_VERSION as SCHEMA_VERSION
-from speclock.build.sbom_packages import base_components, build_asset_components, venv_components
-from speclock.build.sbom_referrer import pull_sbom_referrer as pull_sbom_referrer
-from speclock.build.sbom_referrer import push_sbom_referrer as push_sbom_referrer
-from speclock.build.sbom_referrer import sbom_from_image as sbom_from_image
-from speclock.build.sbom_referrer import sbom_referrers as sbom_referrers
+from speclock.build.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - idem (tests use OCI_*)
+from speclock.build.registry.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - their old home; importers keep working
+from speclock.build.sbom.format import INSTALL, cyclonedx, file_component, schema, sha256_hashes, speclock_property
+from speclock.build.sbom.format import SBOM_IN_CONTEXT as SBOM_IN_CONTEXT
+from speclock.build.sbom.format import SBOM_IN_IMAGE as SBOM_IN_IMAGE
+from speclock.build.sbom.format import SBOM_MEDIA_TYPE as SBOM_MEDIA_TYPE
+from speclock.build.sbom.format import SCHEMA_VERSION as SCHEMA_VERSION
+from speclock.build.sbom.packages import base_components, build_asset_components, venv_components
+from speclock.build.sbom.referrer import pull_sbom_referrer as pull_sbom_referrer
+from speclock.build.sbom.referrer import push_sbom_referrer as push_sbom_referrer
+from speclock.build.sbom.referrer import sbom_from_image as sbom_from_image
+from speclock.build.sbom.referrer import sbom_referrers as sbom_referrers
+from speclock.build.sbom.rootfs import base_packages, parse_dpkg_status, parse_os_release, read_rootfs_packages  # noqa: F401 - idem
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_text, confined, file_sha256
 from speclock.core.jsonread import loads
@@ -141,7 +141,7 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
     components: list[Any] = []
     top: list[Any] = []
 
-    # The base rootfs and its Debian packages (build/sbom_packages.py).
+    # The base rootfs and its Debian packages (build/sbom/packages.py).
     base_c, debs = base_components(cdx, lock["base"], progress=progress)
     components += [base_c, *debs]
     top.append(base_c)
@@ -236,7 +236,7 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
     if draft_text.count(placeholder.urn) != 1:
         raise CheckFailed(
             f"the SBOM holds its placeholder serial {draft_text.count(placeholder.urn)} times, not once",
-            hint="this is a bug in speclock.build.sbom; report it with the stack name",
+            hint="this is a bug in speclock.build.sbom.document; report it with the stack name",
         )
     text = draft_text.replace(placeholder.urn, serial.urn)
     validate_sbom(text)
@@ -270,7 +270,7 @@ def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
     if error is not None:
         raise CheckFailed(
             f"{where} does not validate against CycloneDX {SCHEMA_VERSION}: {str(error)[:500]}",
-            hint="this is a bug in speclock.build.sbom; report it with the stack name",
+            hint="this is a bug in speclock.build.sbom.document; report it with the stack name",
         )
     try:
         atomic_write_text(marker, "")
