@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from speclock.build.hostenv.command import select_host_packages
+from speclock.build.hostenv.host import select_host_packages
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, save_stamps, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem

@@ -16,7 +16,7 @@ from speclock.build.records import BuildRecord, read_record
 from speclock.build.registry import referrers
 from speclock.build.registry.client import RegistryClient, registry_digest, split_registry
 from speclock.build.runtimes import GPUS_HELP, Mount, gpu_host_commands, gpu_host_serve_commands, parse_gpus
-from speclock.build.sbom.document import push_sbom_referrer
+from speclock.build.sbom.referrer import push_sbom_referrer
 from speclock.core import dsse
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import MAX_READ_BYTES, read_bytes

@@ -46,6 +46,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from speclock.build.envplan import plan_environment
+
+# RUN_ENV, RECORD, glibc_needed, version_matches: host-env's API, as doctor, selfcheck and the tests import it.
 from speclock.build.hostenv.host import (  # noqa: F401
     check_glibc,
     choose_target,
@@ -54,8 +56,6 @@ from speclock.build.hostenv.host import (  # noqa: F401
     select_host_packages,
     version_matches,
 )
-
-# RUN_ENV, glibc_needed, version_matches, select_host_packages: host-env's API, used by fetch, doctor and the tests.
 from speclock.build.hostenv.venv import (  # noqa: F401
     HOME,
     HOST_ENV_SCHEMA,
