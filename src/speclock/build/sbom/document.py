@@ -33,8 +33,8 @@ from typing import Any
 from speclock import __version__
 from speclock.build import wheelhouse
 from speclock.build.context import patch_files, sync_text, tree_files
-from speclock.build.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - idem (tests use OCI_*)
-from speclock.build.registry.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - their old home; importers keep working
+from speclock.build.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - their old home; importers keep working (tests use OCI_*)
+from speclock.build.registry.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - idem
 from speclock.build.sbom.format import INSTALL, cyclonedx, file_component, schema, sha256_hashes, speclock_property
 from speclock.build.sbom.format import SBOM_IN_CONTEXT as SBOM_IN_CONTEXT
 from speclock.build.sbom.format import SBOM_IN_IMAGE as SBOM_IN_IMAGE
