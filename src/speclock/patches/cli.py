@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.versions import version_key
-from speclock.patches.series import LABEL_KEY, PatchResult, apply_series, check_series, load_series, series_label, verify_series
+from speclock.patches.probes import ProbeResult
+from speclock.patches.series import (
+    LABEL_KEY,
+    PatchResult,
+    SeriesRecord,
+    apply_series,
+    check_series,
+    load_series,
+    series_label,
+    verify_series,
+)
 from speclock.patches.trees import DirTree, SourceTree, WheelTree, default_site_packages, engine_version_in
 from speclock.patches.wheels import fetch_wheel
 from speclock.spec.stack import DEFAULT_STACK, load_stack
@@ -74,7 +85,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(r.state == "conflict" for r in results) else 0
 
 
-def _print_record(rec: dict, as_json: bool, line) -> None:
+def _print_record(rec: SeriesRecord, as_json: bool, line: Callable[[str, ProbeResult], str]) -> None:
     """An apply/verify record: the JSON itself, or one line per probe (`line(patch name, probe result)`)."""
     if as_json:
         print(json.dumps(rec, indent=2))
@@ -121,7 +132,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "patches",
         help="check, apply and verify engine patch series",

@@ -26,14 +26,19 @@ the engine's own EAGLE-3 check passes on that class, the outer one the engine ch
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.files import read_text
 from speclock.core.versions import parse_range
+
+# bad(line number, problem, hint): the BadInput that names the patch file and line
+_Bad = Callable[[int, str, str], BadInput]
 
 HEADER_MAGIC = "speclock-patch:"
 REQUIRED_KEYS = ("title", "engine", "versions", "why", "probe")
@@ -206,7 +211,7 @@ def parse_patch(path: Path) -> Patch:
                 "every patch needs Title, Engine, Versions, Why and at least one Probe",
             )
     for lineno, probe in probes:
-        _check_probe(probe, lambda problem, hint, n=lineno: bad(n, problem, hint))
+        _check_probe(probe, functools.partial(bad, lineno))
     clauses = parse_range(header["versions"][0], where=f"{path}:{key_line['versions']}: Versions")
     files = _parse_diff(lines, i, bad)
     return Patch(
@@ -223,7 +228,7 @@ def parse_patch(path: Path) -> Patch:
     )
 
 
-def _check_probe(probe: list[str], bad) -> None:
+def _check_probe(probe: list[str], bad: Callable[[str, str], BadInput]) -> None:
     """A Probe: line's shape: a known kind, enough arguments, each argument of its kind."""
     kind = probe[0] if probe else ""
     need = STATIC_PROBES.get(kind) or RUNTIME_PROBES.get(kind)
@@ -247,7 +252,7 @@ def _check_probe(probe: list[str], bad) -> None:
             raise bad(f"Probe: {kind} argument {name!r} is not a Python name", hint)
 
 
-def _parse_diff(lines: list[str], i: int, bad) -> list[FileDiff]:
+def _parse_diff(lines: list[str], i: int, bad: _Bad) -> list[FileDiff]:
     files: list[FileDiff] = []
     # split("\n") leaves one empty string after the final newline: not a line of the patch.
     n = len(lines) - 1 if lines[-1] == "" else len(lines)
@@ -306,7 +311,7 @@ def _parse_diff(lines: list[str], i: int, bad) -> list[FileDiff]:
     return files
 
 
-def _parse_hunk(lines: list[str], i: int, n: int, m: re.Match, diff: FileDiff, bad) -> int:
+def _parse_hunk(lines: list[str], i: int, n: int, m: re.Match[str], diff: FileDiff, bad: _Bad) -> int:
     """Read one hunk starting at its @@ line; its body must hold exactly the counted lines."""
     old_len = int(m[2]) if m[2] is not None else 1
     new_len = int(m[4]) if m[4] is not None else 1

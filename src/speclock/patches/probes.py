@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import loads
@@ -20,6 +21,14 @@ from speclock.patches.diff import Patch
 from speclock.patches.trees import SourceTree
 
 # ---------------------------------------------------------------- static probes
+
+
+class ProbeResult(TypedDict):
+    """One probe's outcome, as the apply/verify records and the doctor's patches check carry it."""
+
+    probe: str
+    passed: bool
+    reason: str
 
 
 def _class_node(tree: ast.AST, cls: str) -> ast.ClassDef | None:
@@ -87,25 +96,29 @@ def run_static_probe(probe: list[str], tree: SourceTree) -> tuple[bool, str]:
     raise BadInput(f"unknown static probe {kind!r}")
 
 
-def run_static_probes(patch: Patch, tree: SourceTree) -> list[dict]:
+def run_static_probes(patch: Patch, tree: SourceTree) -> list[ProbeResult]:
     return [
-        dict(probe=" ".join(p), passed=ok, reason=why) for p in patch.static_probes for ok, why in [run_static_probe(p, tree)]
+        ProbeResult(probe=" ".join(p), passed=ok, reason=why)
+        for p in patch.static_probes
+        for ok, why in [run_static_probe(p, tree)]
     ]
 
 
 # ---------------------------------------------------------------- runtime probes
 
 
-def run_runtime_probes(patch: Patch, engine: str, python: str | None = None, site_packages: Path | None = None) -> list[dict]:
+def run_runtime_probes(
+    patch: Patch, engine: str, python: str | None = None, site_packages: Path | None = None
+) -> list[ProbeResult]:
     """Run the patch's runtime probes in the engine's Python (a subprocess, so imports are fresh)."""
-    out = []
+    out: list[ProbeResult] = []
     for probe in patch.runtime_probes:
         if probe[0] == "eagle3-supported":
             res = eagle3_probe(engine, probe[1:], python=python, site_packages=site_packages)
             for arch in probe[1:]:
                 r = res[arch]
                 out.append(
-                    dict(
+                    ProbeResult(
                         probe=f"eagle3-supported {arch}",
                         passed=bool(r.get("resolved") and r.get("eagle3")),
                         reason=r.get("reason", ""),
@@ -116,7 +129,7 @@ def run_runtime_probes(patch: Patch, engine: str, python: str | None = None, sit
 
 def engine_subprocess(
     args: list[str], python: str | None = None, site_packages: Path | None = None, timeout: int = 300
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m speclock.engines.probe ARGS` in the engine's Python; `site_packages` first on its path."""
     py = python or sys.executable
     env = dict(os.environ)
@@ -143,7 +156,7 @@ def engine_subprocess(
         remove_run_folder(run_folder)
 
 
-def last_json(proc: subprocess.CompletedProcess, what: str):
+def last_json(proc: subprocess.CompletedProcess[str], what: str) -> Any:  # any JSON value: each caller checks its shape
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
         return loads(last)
@@ -154,7 +167,7 @@ def last_json(proc: subprocess.CompletedProcess, what: str):
 
 def eagle3_probe(
     engine: str, archs: list[str], python: str | None = None, site_packages: Path | None = None, timeout: int = 300
-) -> dict:
+) -> dict[str, dict[str, Any]]:  # another process's answer, checked below only for the fields read here
     """{arch: {resolved, class, module, eagle3, reason}} from the engine's own registry and EAGLE-3 check."""
     proc = engine_subprocess(["eagle3", engine, *archs], python, site_packages, timeout)
     what = f"importing {engine} in {python or sys.executable}"

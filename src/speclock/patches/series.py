@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import glob
 import py_compile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, confined, os_error
 from speclock.core.versions import in_range
 from speclock.patches.diff import HunkFailure, Patch, apply_hunks, parse_patch
-from speclock.patches.probes import eagle3_probe, run_static_probes
+from speclock.patches.probes import ProbeResult, eagle3_probe, run_static_probes
 from speclock.patches.trees import DirTree, Overlay, SourceTree, engine_version_in, installed_version
 from speclock.spec.path_keys import lexical_problem, patches_root
 from speclock.spec.stack import Stack
@@ -34,6 +36,38 @@ LABEL_KEY = "io.speclock.patches"
 # ---------------------------------------------------------------- lifecycle
 
 
+class SeriesEntry(TypedDict):
+    """One patch in an apply/verify record."""
+
+    patch: str
+    sha256: str
+    title: str
+    versions: str
+    upstream: str
+    state: str | None  # applied | already-applied | upstream; None when verify ran alone
+    probes: list[ProbeResult]
+    ok: bool
+
+
+class EngineRef(TypedDict):
+    name: str
+    package: str
+    version: str
+
+
+class SeriesRecord(TypedDict):
+    """The apply/verify record (`--record` writes it as JSON; schema RECORD_SCHEMA)."""
+
+    schema: str
+    stack: str
+    engine: EngineRef
+    site_packages: str
+    patches: list[SeriesEntry]
+    label: str
+    ok: bool
+    failures: list[str]
+
+
 @dataclass
 class PatchResult:
     patch: Patch
@@ -41,10 +75,10 @@ class PatchResult:
     in_range: bool
     reason: str
     failures: list[HunkFailure] = field(default_factory=list)
-    probes_before: list[dict] = field(default_factory=list)
+    probes_before: list[ProbeResult] = field(default_factory=list)
     new_texts: dict[str, str] = field(default_factory=dict)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:  # the check report's JSON, which upgrade/ passes on as an open document
         return {
             "patch": self.patch.name,
             "sha256": self.patch.sha256,
@@ -182,8 +216,13 @@ def load_series(stack: Stack, root: Path | None = None) -> list[Patch]:
 
 
 def apply_series(
-    stack: Stack, site_packages: Path, python: str | None = None, record: Path | None = None, run_probes: bool = True, log=print
-) -> dict:
+    stack: Stack,
+    site_packages: Path,
+    python: str | None = None,
+    record: Path | None = None,
+    run_probes: bool = True,
+    log: Callable[[str], None] = print,
+) -> SeriesRecord:
     """Apply the stack's series to an installed engine, all or nothing; verify; write a JSON record."""
     site_packages = Path(site_packages)
     patches = load_series(stack)
@@ -294,21 +333,22 @@ def verify_series(
     run_probes: bool = True,
     patches: list[Patch] | None = None,
     version: str | None = None,
-    states: dict | None = None,
-) -> dict:
+    states: dict[str, str] | None = None,
+) -> SeriesRecord:
     """Run every patch's probes against the installed engine; a record of what holds."""
     patches = patches if patches is not None else load_series(stack)
     version = version or installed_version(site_packages, stack.engine["package"]) or "?"
     tree = DirTree(site_packages)
-    entries, failures = [], []
-    runtime_all: list[dict] = []
+    entries: list[SeriesEntry] = []
+    failures: list[str] = []
+    runtime_all: list[ProbeResult] = []
     if run_probes:
         archs = sorted({a for p in patches for probe in p.runtime_probes for a in probe[1:]})
         runtime_all = []
         if archs:
             res = eagle3_probe(stack.engine["name"], archs, python=python, site_packages=site_packages)
             runtime_all = [
-                dict(
+                ProbeResult(
                     probe=f"eagle3-supported {a}",
                     passed=bool(res[a].get("resolved") and res[a].get("eagle3")),
                     reason=res[a].get("reason", ""),

@@ -12,8 +12,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import urllib.response
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_json, clean_stale_temps, file_sha256, os_error, plain_name
@@ -73,7 +76,7 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _open(url: str, what: str, accept: str = "*/*"):
+def _open(url: str, what: str, accept: str = "*/*") -> http.client.HTTPResponse | urllib.response.addinfourl:
     """urlopen with the errors sorted: 404/410 -> BadInput (never retried), other 4xx -> EnvironmentProblem,
     5xx and connection errors -> _Transient."""
     parsed = urllib.parse.urlparse(url)
@@ -83,7 +86,11 @@ def _open(url: str, what: str, accept: str = "*/*"):
         url += "index.html"  # a simple index laid out on disk
     req = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": "speclock"})
     try:
-        return urllib.request.urlopen(req, timeout=60, context=_ssl_context() if parsed.scheme == "https" else None)
+        # an HTTPResponse for http(s), an addinfourl for file: (typeshed says Any)
+        resp: http.client.HTTPResponse | urllib.response.addinfourl = urllib.request.urlopen(
+            req, timeout=60, context=_ssl_context() if parsed.scheme == "https" else None
+        )
+        return resp
     except urllib.error.HTTPError as err:
         if err.code in (404, 410):
             raise BadInput(
@@ -103,8 +110,11 @@ def _open(url: str, what: str, accept: str = "*/*"):
         raise _Transient(f"{url}: {err}") from None
 
 
-def _retrying(fn, what: str):
-    last = None
+_T = TypeVar("_T")
+
+
+def _retrying(fn: Callable[[], _T], what: str) -> _T:
+    last: _Transient | None = None
     for attempt in range(_TRIES):
         try:
             return fn()
@@ -201,7 +211,7 @@ def _rank(sources: list[WheelSource]) -> list[WheelSource]:
 
         order = {str(t): n for n, t in enumerate(sys_tags())}
 
-        def key(s: WheelSource) -> tuple:
+        def key(s: WheelSource) -> tuple[int, str]:
             try:
                 return (
                     min((order.get(str(t), 1 << 30) for t in parse_wheel_filename(s.filename)[3]), default=1 << 30),
@@ -211,7 +221,7 @@ def _rank(sources: list[WheelSource]) -> list[WheelSource]:
                 return (1 << 30, s.filename)
     except ImportError:
 
-        def key(s: WheelSource) -> tuple:
+        def key(s: WheelSource) -> tuple[int, str]:
             return (0 if "x86_64" in s.filename or "none-any" in s.filename else 1, s.filename)
 
     return sorted(sources, key=key)
@@ -239,11 +249,11 @@ def _discard(path: Path) -> None:
             raise os_error(err, p, "remove the corrupt cached wheel") from None
 
 
-def _write_block(fh, block: bytes) -> None:
+def _write_block(fh: BinaryIO, block: bytes) -> None:
     fh.write(block)  # one place for writes, so a test can make the disk full
 
 
-def _download(src: WheelSource, dest: Path, log) -> Path:
+def _download(src: WheelSource, dest: Path, log: Callable[[str], None]) -> Path:
     target = dest / plain_name(src.filename, what="wheel file name", source=src.url)
     what = f"downloading {src.filename}"
 
@@ -270,7 +280,7 @@ def _download(src: WheelSource, dest: Path, log) -> Path:
     return target
 
 
-def fetch_wheel(package: str, version: str, log=print) -> Path:
+def fetch_wheel(package: str, version: str, log: Callable[[str], None] = print) -> Path:
     """The engine's wheel (no dependencies) from the cache, verified by sha256 on every use; downloaded if
     absent or corrupt. The expected hash comes from a committed lock, else from the index at download time."""
     dest = cache_dir() / "wheels"
