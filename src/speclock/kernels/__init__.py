@@ -13,9 +13,14 @@ torch and triton are imported on first call, never at import time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.kernels import fp8_cuda
 from speclock.kernels.reference import eagle3_loss_reference, fp8_pack_reference, fp8_unpack_reference
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["eagle3_loss", "fp8_pack", "fp8_unpack"]
 
@@ -30,7 +35,15 @@ def _no_gpu(what: str) -> EnvironmentProblem:
     )
 
 
-def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str = "auto", chunk_tokens: int | None = None):
+def eagle3_loss(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    target_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    backend: str = "auto",
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-3 training loss of the draft lm_head: soft cross-entropy and top-1 matches.
 
     Args:
@@ -79,7 +92,7 @@ def eagle3_loss(hidden, lm_head_weight, target_probs, mask=None, *, backend: str
     return eagle3_loss_triton(hidden, lm_head_weight, target_probs, mask, chunk_tokens)
 
 
-def _check_loss_inputs(hidden, weight, probs, mask) -> None:
+def _check_loss_inputs(hidden: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor | None) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or probs.dim() != 2:
         raise BadInput(
             f"eagle3_loss: want hidden [T,H], lm_head_weight [V,H], target_probs [T,V]; got "
@@ -100,7 +113,7 @@ def _check_loss_inputs(hidden, weight, probs, mask) -> None:
         raise BadInput(f"eagle3_loss: inputs are on different devices: {sorted(map(str, devs))}")
 
 
-def fp8_pack(x, *, backend: str = "auto"):
+def fp8_pack(x: torch.Tensor, *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Pack hidden states [T, H] into float8 e4m3 codes with one float32 scale per token.
 
     Returns (q [T, H] torch.float8_e4m3fn, scale [T] float32), half the bytes of bf16
@@ -126,7 +139,7 @@ def fp8_pack(x, *, backend: str = "auto"):
     return fp8_cuda.pack(x)
 
 
-def fp8_unpack(q, scale, dtype=None, *, backend: str = "auto"):
+def fp8_unpack(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype | None = None, *, backend: str = "auto") -> torch.Tensor:
     """Inverse of fp8_pack: dtype(float32(q) * scale[:, None]), bfloat16 by default.
 
     q may be float8_e4m3fn or its uint8 bytes; the result is [T, H] on q's device.

@@ -26,12 +26,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
 from speclock.spec.schema import ARCH_MIN_CUDA
-from speclock.spec.stack import load_stack
+from speclock.spec.stack import Stack, load_stack
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FP8_SOURCE = CSRC / "fp8_pack.cu"
@@ -138,6 +140,19 @@ def validate_archs(
     return seen
 
 
+class KernelsManifest(TypedDict):
+    """kernels.json next to the library (fp8_cuda reads it back as plain JSON)."""
+
+    abi: int
+    library: str
+    archs: list[str]
+    nvcc: str
+    source_sha256: str
+    library_sha256: str
+    command: list[str]
+    cubins: NotRequired[list[str]]  # `--check` adds what cuobjdump shows (printed, never written)
+
+
 def gencode_flags(archs: list[str]) -> list[str]:
     """One -gencode per arch, machine code only (no PTX): exactly the targets asked for."""
     flags = []
@@ -154,8 +169,8 @@ def build_fp8_library(
     nvcc: str | None = None,
     cuda: str | None = None,
     cuda_key: str = "gpu.cuda",
-    progress=print,
-) -> dict:
+    progress: Callable[[str], None] = print,
+) -> KernelsManifest:
     """Compile csrc/fp8_pack.cu for `archs` into out_dir/libspeclock_fp8.so; returns the manifest.
 
     `cuda` is the release the stack declares (gpu.cuda); the nvcc found must be of that major
@@ -201,7 +216,7 @@ def build_fp8_library(
                 f"nvcc failed building {FP8_SOURCE.name} for {', '.join(archs)}:\n{proc.stderr.strip()}",
                 hint="a target nvcc rejects belongs out of gpu.archs",
             )
-        manifest = {
+        manifest: KernelsManifest = {
             "abi": ABI_VERSION,
             "library": FP8_LIBRARY,
             "archs": archs,
@@ -258,7 +273,7 @@ def check_library(out_dir: Path, archs: list[str]) -> list[str]:
     return found
 
 
-def archs_for_stack(stack) -> tuple[list[str], str]:
+def archs_for_stack(stack: Stack) -> tuple[list[str], str]:
     """gpu.archs and gpu.cuda of a GPU stack that asks for kernels; BadInput for a CPU stack."""
     if not stack.gpu["cuda"]:
         raise BadInput(
@@ -317,7 +332,7 @@ def _parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`speclock kernels-build`: the same as `python -m speclock.kernels.build`."""
     _parser(
         sub.add_parser(
@@ -337,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        rc: int = args.func(args)  # _run or a caller's handler: both return the exit status
+        return rc
     except SpeclockError as err:
         print(f"speclock.kernels.build: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 import triton
@@ -31,7 +32,9 @@ from speclock.core.errors import BadInput
 DEFAULT_CHUNK_BUDGET = 768 << 20  # bytes for one chunk's float32 logits (+ bf16 logit gradient when not in place)
 
 
-def _row_kernel(
+# Triton reads a kernel's annotations (tl.constexpr marks compile-time arguments), so the pointers and sizes stay
+# unannotated, as Triton expects them.
+def _row_kernel(  # type: ignore[no-untyped-def]
     logits_ptr,
     probs_ptr,
     mask_ptr,
@@ -99,7 +102,7 @@ def _row_kernel(
 
 
 @functools.cache
-def _kernel(interpret: bool):
+def _kernel(interpret: bool) -> Any:  # a triton JITFunction (triton has no type information)
     # Triton picks compiler or interpreter from TRITON_INTERPRET when it is imported (its own
     # library functions are decorated then), so the interpreter cannot be chosen per call.
     if interpret and not os.environ.get("TRITON_INTERPRET") == "1":
@@ -116,7 +119,7 @@ DW_ACCUM = ["float32"]  # grad_weight accumulator across chunks: "float32" or "w
 _ADDMM_DTYPE_OK = [True]
 
 
-def _logits_f32(h, w):
+def _logits_f32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """float32 logits of bf16/fp16 operands without rounding them to the input dtype."""
     if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
         if _MM_DTYPE_OK[0]:
@@ -128,7 +131,7 @@ def _logits_f32(h, w):
     return h.float() @ w.float().t()
 
 
-def _accumulate_dw(dw32, g, h, first: bool):
+def _accumulate_dw(dw32: torch.Tensor, g: torch.Tensor, h: torch.Tensor, first: bool) -> None:
     """dw32 (+)= g^T @ h with low-precision operands; the first chunk writes instead of adding."""
     if dw32.dtype == g.dtype:
         if first:
@@ -162,12 +165,20 @@ def default_chunk(T: int, V: int, budget: int = DEFAULT_CHUNK_BUDGET) -> int:
     return min(T, c)
 
 
-def _launch_rows(logits, probs, mask_f, grad, loss_rows, hits, interpret):
+def _launch_rows(
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    mask_f: torch.Tensor | None,
+    grad: torch.Tensor | None,
+    loss_rows: torch.Tensor,
+    hits: torch.Tensor,
+    interpret: bool,
+) -> None:
     rows, V = logits.shape
     block = min(4096, triton.next_power_of_2(V))
     kern = _kernel(interpret)
     write_grad = grad is not None
-    g = grad if write_grad else logits  # unused pointer when WRITE_GRAD is False
+    g = grad if grad is not None else logits  # unused pointer when WRITE_GRAD is False
     kern[(rows,)](
         logits,
         probs,
@@ -188,7 +199,14 @@ def _launch_rows(logits, probs, mask_f, grad, loss_rows, hits, interpret):
 
 class Eagle3LossFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target_probs, mask, chunk_tokens):
+    def forward(
+        ctx: Any,  # torch's FunctionCtx, with the attributes this function sets on it
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        target_probs: torch.Tensor,
+        mask: torch.Tensor | None,
+        chunk_tokens: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         T, H = hidden.shape
         V = weight.shape[0]
         interpret = not hidden.is_cuda
@@ -208,7 +226,7 @@ class Eagle3LossFunction(torch.autograd.Function):
             c1 = min(T, c0 + C)
             hc = hidden[c0:c1]
             logits = _logits_f32(hc, weight)
-            g = None
+            g: torch.Tensor | None = None
             if need_grad and INPLACE_GRAD[0] and grad_dtype.itemsize == 2 and logits.dtype == torch.float32:
                 # Row r's gradient lands in the first half of row r's own float32 logits; each
                 # program reads a block before it writes, and writes only bytes it has read.
@@ -219,19 +237,19 @@ class Eagle3LossFunction(torch.autograd.Function):
                 logits, probs[c0:c1], None if mask_f is None else mask_f[c0:c1], g, loss_rows[c0:c1], hits[c0:c1], interpret
             )
             del logits
-            if need_dh:
+            if dh is not None and g is not None:  # need_dh: dh and g were allocated
                 if g.dtype == hidden.dtype:
                     torch.mm(g, weight, out=dh[c0:c1])
                 else:
                     dh[c0:c1] = (g @ weight.float()).to(hidden.dtype)
-            if need_dw:
+            if dw32 is not None and g is not None:  # need_dw: dw32 and g were allocated
                 _accumulate_dw(dw32, g.to(hidden.dtype) if g.dtype != hidden.dtype and hidden.is_cuda else g, hc, c0 == 0)
             del g
         count = (torch.full((), float(T), device=dev) if mask_f is None else mask_f.sum()).clamp_min(1.0)
         loss = loss_rows.sum() / count
         correct = hits.sum(dtype=torch.int64)
         dw = None
-        if need_dw:
+        if dw32 is not None:  # need_dw
             dw = dw32 if dw32.dtype == weight.dtype else dw32.to(weight.dtype)
             del dw32
         ctx.save_for_backward(dh, dw, count)
@@ -240,7 +258,9 @@ class Eagle3LossFunction(torch.autograd.Function):
         return loss, correct
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_correct):
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, _grad_correct: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         if ctx.done:
             raise RuntimeError("eagle3_loss: backward may run once per forward (the gradients are scaled in place)")
         ctx.done = True
@@ -253,5 +273,15 @@ class Eagle3LossFunction(torch.autograd.Function):
         return dh, dw, None, None, None
 
 
-def eagle3_loss_triton(hidden, lm_head_weight, target_probs, mask=None, chunk_tokens=None):
-    return Eagle3LossFunction.apply(hidden, lm_head_weight, target_probs, mask, chunk_tokens)
+def eagle3_loss_triton(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    target_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # torch declares Function.apply without types; it returns what forward returns
+    out: tuple[torch.Tensor, torch.Tensor] = Eagle3LossFunction.apply(  # type: ignore[no-untyped-call]
+        hidden, lm_head_weight, target_probs, mask, chunk_tokens
+    )
+    return out

@@ -14,16 +14,22 @@ import contextlib
 import ctypes
 import functools
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import file_sha256
 from speclock.core.jsonread import loads
 from speclock.core.layout import IMAGE, cache_dir
 from speclock.kernels import build
+from speclock.spec.schema import ARCH_MIN_CUDA
+
+if TYPE_CHECKING:
+    import torch
 
 
-def _device_archs(torch, device) -> list[str]:
+def _device_archs(torch: Any, device: int) -> list[str]:  # torch: the module, imported by the caller
     major, minor = torch.cuda.get_device_capability(device)
     plain = f"sm_{major}{minor}"
     # An sm_XYa cubin runs only on exactly that compute capability; a plain one as well.
@@ -38,9 +44,10 @@ def _candidate_dirs() -> list[Path]:
     return dirs
 
 
-def _manifest(folder: Path) -> dict | None:
+def _manifest(folder: Path) -> dict[str, Any] | None:  # kernels.json as read: not checked, each field read with .get
     try:
-        return loads((folder / build.MANIFEST).read_text())
+        man: dict[str, Any] | None = loads((folder / build.MANIFEST).read_text())
+        return man
     except (OSError, ValueError):
         return None
 
@@ -82,7 +89,7 @@ def load_library(device_index: int = 0) -> ctypes.CDLL:
             "to a folder built with `python -m speclock.kernels.build`",
         )
     src = file_sha256(build.FP8_SOURCE)[:16]
-    arch = wanted[0] if wanted[0] in build.ARCH_MIN_CUDA else wanted[1]
+    arch = wanted[0] if wanted[0] in ARCH_MIN_CUDA else wanted[1]
     folder = cache_dir() / "kernels" / f"{src}-{arch}"
     if _manifest(folder) is None:
         build.build_fp8_library([arch], folder, nvcc=nvcc, progress=lambda m: None)
@@ -131,7 +138,7 @@ def _open(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def _on(device):
+def _on(device: torch.device) -> AbstractContextManager[object]:
     """The device guard only when the tensor is not on the current device (it costs ~10 us a call)."""
     # heavy, optional (torch): imported only where it is used
     import torch
@@ -141,12 +148,14 @@ def _on(device):
     return torch.cuda.device(device)
 
 
-def _check(lib, err: int, what: str) -> None:
+def _check(lib: ctypes.CDLL, err: int, what: str) -> None:
     if err != 0:
         raise RuntimeError(f"{what}: CUDA error {err}: {lib.speclock_fp8_error_string(err).decode()}")
 
 
-def pack(x, q=None, scale=None, variant: int = 0):
+def pack(
+    x: torch.Tensor, q: torch.Tensor | None = None, scale: torch.Tensor | None = None, variant: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q/scale: optional preallocated outputs (tests poison them to prove every element is written).
     variant: 0 lets the library choose; 1 row in registers, 2/4/5 two passes, 3 scalar (benchmarks)."""
     # heavy, optional (torch): imported only where it is used
@@ -177,7 +186,7 @@ def pack(x, q=None, scale=None, variant: int = 0):
     return q, scale
 
 
-def unpack(q, scale, dtype, out=None):
+def unpack(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     # heavy, optional (torch): imported only where it is used
     import torch
 

@@ -6,11 +6,18 @@ agree with them (the loss within bf16 rounding, the fp8 codes bit for bit).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 AMAX_FLOOR = 1e-30  # keeps the scale of an all-zero row finite (its codes are all zero anyway)
 
 
-def eagle3_loss_reference(hidden, lm_head_weight, target_probs, mask=None):
+def eagle3_loss_reference(
+    hidden: torch.Tensor, lm_head_weight: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Soft cross-entropy of softmax(hidden @ W^T) against target_probs, and top-1 matches.
 
     Computed in float32 (logits from the inputs upcast), differentiable by autograd.
@@ -31,7 +38,9 @@ def eagle3_loss_reference(hidden, lm_head_weight, target_probs, mask=None):
     return loss, correct
 
 
-def eagle3_loss_eager(hidden, lm_head_weight, target_probs, mask=None):
+def eagle3_loss_eager(
+    hidden: torch.Tensor, lm_head_weight: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same loss written the way training code usually does (logits in the input dtype, then
     float32 softmax): the eager and torch.compile baselines of the benchmark."""
     # heavy, optional (torch): imported only where it is used
@@ -46,7 +55,7 @@ def eagle3_loss_eager(hidden, lm_head_weight, target_probs, mask=None):
     return loss, correct
 
 
-def fp8_pack_reference(x):
+def fp8_pack_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token fp8 e4m3 quantisation: returns (q float8_e4m3fn [T,H], scale float32 [T]).
 
     amax = max(|x|, 1e-30) per row; q = e4m3(x * (448 / amax)); scale = amax / 448.
@@ -63,7 +72,7 @@ def fp8_pack_reference(x):
     return q, scale
 
 
-def fp8_unpack_reference(q, scale, dtype=None):
+def fp8_unpack_reference(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Inverse of fp8_pack_reference: dtype(float32(q) * scale[:, None]) (bfloat16 by default)."""
     # heavy, optional (torch): imported only where it is used
     import torch
