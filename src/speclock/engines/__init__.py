@@ -18,13 +18,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import Any, Protocol
 
 from speclock.core.errors import BadInput
 from speclock.core.scratch import engine_run_folder
-from speclock.drafter.counters import SpecCounters  # re-exported: engines hand these out
+from speclock.drafter.counters import SpecCounters as SpecCounters  # re-exported: engines hand these out
 from speclock.drafter.models import draft_aux_ids, read_model_config
+from speclock.spec.stack import Stack
 
 # Name -> module. `reference` is speclock's own PyTorch speculative decoder (the judge).
 ENGINES: dict[str, str] = {
@@ -78,7 +79,7 @@ class EngineModule(Protocol):
     def version(self, package: str) -> str: ...
 
 
-def visible_arch(stack) -> str | None:
+def visible_arch(stack: Stack) -> str | None:
     """The stack arch name of the visible GPU (sm_100 -> sm_100a when the stack targets that), or None."""
     if not stack.is_gpu:
         return None
@@ -159,7 +160,7 @@ def kill_processes(pids: set[int], grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM each process and its own process group (a server started with a new session), then SIGKILL."""
     own_group = os.getpgrp()
 
-    def send(sig) -> None:
+    def send(sig: int) -> None:
         for pid in pids:
             try:
                 pgid = os.getpgid(pid)
@@ -216,11 +217,11 @@ class running:
 
     def __init__(self, engine: ModuleType, config: EngineConfig):
         self.engine, self.config = engine, config
-        self.session = None
+        self.session: EngineSession | None = None
         self._before: set[int] = set()
         self._folder = ExitStack()
 
-    def __enter__(self):
+    def __enter__(self) -> EngineSession:
         self._before = descendants()
         if not self.config.server_url:  # an attached server keeps its files where its own process put them
             self._folder.enter_context(engine_run_folder())
@@ -229,7 +230,8 @@ class running:
         self._saved_env = {k: os.environ.get(k) for k in self.config.env}
         os.environ.update({str(k): str(v) for k, v in self.config.env.items()})
         try:
-            self.session = self.engine.start(self.config)
+            session: EngineSession = self.engine.start(self.config)  # the engine module's start (EngineModule)
+            self.session = session
         except BaseException as err:
             try:
                 self._cleanup(interrupted=not isinstance(err, Exception))
@@ -237,9 +239,9 @@ class running:
                 self._restore_env()
                 self._folder.close()
             raise
-        return self.session
+        return session
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         try:
             self._cleanup(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
         finally:

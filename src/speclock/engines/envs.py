@@ -20,7 +20,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, os_error, read_json
@@ -97,7 +99,7 @@ def _uv() -> list[str]:
     return [exe]
 
 
-def ensure(spec: str, log=print) -> Path:
+def ensure(spec: str, log: Callable[[str], None] = print) -> Path:
     """Install `spec` (e.g. vllm==0.33.0) into its cached env unless already complete; return its python.
 
     One process installs at a time (a lock beside the env): another one that asked for the same env meanwhile
@@ -112,7 +114,7 @@ def ensure(spec: str, log=print) -> Path:
         return _ensure_locked(spec, d, log)
 
 
-def _ensure_locked(spec: str, d: Path, log) -> Path:
+def _ensure_locked(spec: str, d: Path, log: Callable[[str], None]) -> Path:
     py = env_python(spec)
     if py:  # made by the process this one waited for
         return py
@@ -150,7 +152,8 @@ def _ensure_locked(spec: str, d: Path, log) -> Path:
     return d / "bin" / "python"
 
 
-def _run(cmd: list[str], *, env: dict, what: str, **kw) -> subprocess.CompletedProcess:
+# kw goes to subprocess.run as given (stdout=, capture_output=, text=): its output is str or bytes as text= says
+def _run(cmd: list[str], *, env: dict[str, str], what: str, **kw: Any) -> subprocess.CompletedProcess[Any]:
     """Run uv; a missing uv or a failed step is an environment problem (exit 3), not a traceback."""
     try:
         proc = subprocess.run(cmd, env=env, **kw)

