@@ -44,28 +44,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from speclock.build.envplan import plan_environment
+from speclock.build.hostenv.host import check_glibc, choose_target, model_folders, select_host_packages
 
-# RUN_ENV, RECORD, glibc_needed, version_matches: host-env's API, as doctor, selfcheck and the tests import it.
-from speclock.build.hostenv.host import (  # noqa: F401
-    check_glibc,
-    choose_target,
-    glibc_needed,
-    model_folders,
-    select_host_packages,
-    version_matches,
-)
-from speclock.build.hostenv.venv import (  # noqa: F401
-    HOME,
-    HOST_ENV_SCHEMA,
-    RECORD,
-    RUN_ENV,
-    HostEnvOptions,
-    HostEnvRecord,
-    build_env,
-    find_wheels,
-)
+# glibc_needed, version_matches, RECORD, RUN_ENV: host-env's API, as doctor, selfcheck and the tests import it
+# (the `X as X` form re-exports them for mypy's strict mode).
+from speclock.build.hostenv.host import glibc_needed as glibc_needed
+from speclock.build.hostenv.host import version_matches as version_matches
+from speclock.build.hostenv.venv import HOME, HOST_ENV_SCHEMA, HostEnvOptions, HostEnvRecord, build_env, find_wheels
+from speclock.build.hostenv.venv import RECORD as RECORD
+from speclock.build.hostenv.venv import RUN_ENV as RUN_ENV
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, pid_alive, read_json
 from speclock.core.names import normalize
@@ -83,7 +74,7 @@ def read_record(env_dir: Path) -> HostEnvRecord:
             f"{env_dir} is not a speclock host environment (no {HOME}/{RECORD})",
             hint="make one with `speclock host-env --stack S --dest DIR`",
         )
-    doc = read_json(path, what="host environment record", expect=dict)
+    doc: HostEnvRecord = read_json(path, what="host environment record", expect=dict)  # its schema is checked next
     if doc.get("schema") != HOST_ENV_SCHEMA:
         raise BadInput(
             f"{path}: schema is {str(doc.get('schema'))[:40]!r}, expected {HOST_ENV_SCHEMA!r}",
@@ -273,7 +264,9 @@ def _cmd_host_env(args: argparse.Namespace) -> int:
     )
     out = (lambda m: print(m, file=sys.stderr)) if args.json else print
 
-    def on_term(signum, frame):  # a `kill` cleans up like Ctrl-C: the temp folder goes, exit 130
+    def on_term(
+        signum: int, frame: FrameType | None
+    ) -> NoReturn:  # a `kill` cleans up like Ctrl-C: the temp folder goes, exit 130
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
@@ -302,7 +295,7 @@ def _cmd_host_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "host-env",
         help="build a stack's locked environment on a host without containers (a venv)",

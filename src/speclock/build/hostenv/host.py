@@ -168,7 +168,10 @@ def host_versions(python: Path, names: list[str]) -> dict[str, dict[str, str] | 
             hint="check the host's Python installation",
         )
     last = (proc.stdout.strip().splitlines() or [""])[-1]
-    return parse_json(last, f"{python} -c ...", what="answer about the host's packages", error=EnvironmentProblem)
+    answer: dict[str, dict[str, str] | None] = parse_json(
+        last, f"{python} -c ...", what="answer about the host's packages", error=EnvironmentProblem
+    )
+    return answer
 
 
 def check_host_packages(python: Path, chosen: list[LockEntry], stack: Stack) -> list[HostPackageRow]:

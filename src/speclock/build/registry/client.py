@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import os
 import re
 import shutil
@@ -12,8 +13,8 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
+from email.message import Message
 from pathlib import Path
-from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.jsonread import loads
@@ -104,15 +105,16 @@ class RegistryClient:
         *,
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
-        ok=(200,),
+        ok: tuple[int, ...] = (200,),
         absent_ok: bool = False,
-    ) -> tuple[int, Any, bytes]:
+    ) -> tuple[int, Message, bytes]:
         url = path if path.startswith("http") else self.base + path
         for attempt in range(2):
             req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
             if self.token:
                 req.add_header("Authorization", self.token)
             try:
+                resp: http.client.HTTPResponse  # what urlopen gives for http(s) (typeshed says Any)
                 with urllib.request.urlopen(req, timeout=120) as resp:
                     return resp.status, resp.headers, resp.read()
             except urllib.error.HTTPError as err:
@@ -194,7 +196,7 @@ class RegistryClient:
         )
         return digest
 
-    def put_manifest(self, reference: str, media_type: str, body: bytes):
+    def put_manifest(self, reference: str, media_type: str, body: bytes) -> Message:  # the answer's headers
         return self.call(
             "PUT", f"/v2/{self.name}/manifests/{reference}", data=body, ok=(201,), headers={"Content-Type": media_type}
         )[1]

@@ -23,7 +23,9 @@ EMPTY_JSON = b"{}"
 
 def registry_json(reg: RegistryClient, body: bytes, what: str) -> dict[str, Any]:
     """A registry's JSON answer (a manifest, an index); a damaged one is the registry's fault (exit 3), named."""
-    return parse_json(body, f"registry {reg.host}/{reg.name}", what=what, error=EnvironmentProblem, allow_nan=True)
+    # OCI JSON from the server: open-ended (media types, annotations), read field by field by the callers
+    doc: dict[str, Any] = parse_json(body, f"registry {reg.host}/{reg.name}", what=what, error=EnvironmentProblem, allow_nan=True)
+    return doc
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
