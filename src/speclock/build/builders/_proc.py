@@ -15,7 +15,7 @@ from speclock.core.heartbeat import SilenceHeartbeat
 from speclock.core.jsonread import parse_json
 
 
-def tool_json(text: str, command: str, *, expect: type | tuple = dict) -> Any:
+def tool_json(text: str, command: str, *, expect: type | tuple[type, ...] = dict) -> Any:  # the caller reads its fields
     """A builder's JSON answer; a damaged one is the builder's fault (exit 3), naming the command."""
     return parse_json(text, f"`{command}`", what="output", expect=expect, error=EnvironmentProblem, allow_nan=True)
 
@@ -70,7 +70,7 @@ def build_failure(builder: str, rc: int, tail: str) -> Exception:
     )
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 1.5) -> None:
+def stop(proc: subprocess.Popen[str], grace_s: float = 1.5) -> None:
     """SIGTERM, then SIGKILL after `grace_s`: a Ctrl-C ends the command within about 2 s."""
     if proc.poll() is not None:
         return
@@ -84,7 +84,7 @@ def stop(proc: subprocess.Popen, grace_s: float = 1.5) -> None:
         pass
 
 
-def capture(cmd: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def capture(cmd: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(cmd), capture_output=True, text=True, env=env)
     except FileNotFoundError:

@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from speclock.build.builders._proc import build_failure, capture, stream, tool_json
 from speclock.build.builders.docker import in_docker
@@ -37,7 +38,8 @@ class Buildah:
     def __init__(self) -> None:
         # The last `buildah inspect` answer: build-image reads labels and layers of the image it just built, one
         # call for both (25-40 ms each on 2 cores). Forgotten by every build and removal in this process.
-        self._inspected: tuple[str, dict] | None = None
+        # (ref, `buildah inspect` JSON: buildah's own open-ended document, read field by field)
+        self._inspected: tuple[str, dict[str, Any]] | None = None
 
     def _cmd(self, *args: str) -> list[str]:
         return ["buildah", *STORAGE, *args]
@@ -53,12 +55,13 @@ class Buildah:
                 f"buildah does not work here: {proc.stderr.strip()[-500:]}",
                 hint="run as root or configure rootless buildah (subuid/subgid), or use --builder docker",
             )
-        return tool_json(proc.stdout, "buildah version --json").get("version", "?")
+        version: str = tool_json(proc.stdout, "buildah version --json").get("version", "?")
+        return version
 
     def image_exists(self, ref: str) -> bool:
         return capture(self._cmd("inspect", "--type", "image", ref)).returncode == 0
 
-    def _inspect(self, ref: str) -> dict:
+    def _inspect(self, ref: str) -> dict[str, Any]:
         if self._inspected is None or self._inspected[0] != ref:
             proc = capture(self._cmd("inspect", "--type", "image", ref))
             if proc.returncode != 0:
@@ -66,7 +69,18 @@ class Buildah:
             self._inspected = (ref, tool_json(proc.stdout, f"buildah inspect {ref}"))
         return self._inspected[1]
 
-    def build(self, *, containerfile, context, tag, build_args, labels, target, no_cache, timestamp) -> str:
+    def build(
+        self,
+        *,
+        containerfile: Path,
+        context: Path,
+        tag: str,
+        build_args: dict[str, str],
+        labels: dict[str, str],
+        target: str | None,
+        no_cache: bool,
+        timestamp: int,
+    ) -> str:
         self._inspected = None
         with tempfile.TemporaryDirectory(prefix="speclock-buildah-") as tmp:
             if labels:  # buildah reads this copy; the context (and its inputs hash) stays as staged
@@ -128,7 +142,8 @@ class Buildah:
         return out
 
     def labels(self, ref: str) -> dict[str, str]:
-        return (self._inspect(ref).get("OCIv1", {}).get("config", {}) or {}).get("Labels") or {}
+        labels: dict[str, str] = (self._inspect(ref).get("OCIv1", {}).get("config", {}) or {}).get("Labels") or {}
+        return labels
 
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         with tempfile.NamedTemporaryFile(prefix="speclock-digest-") as dfile:

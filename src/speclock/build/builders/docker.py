@@ -48,7 +48,18 @@ class Docker:
     def image_exists(self, ref: str) -> bool:
         return capture([docker_cli(), "image", "inspect", ref]).returncode == 0
 
-    def build(self, *, containerfile, context, tag, build_args, labels, target, no_cache, timestamp) -> str:
+    def build(
+        self,
+        *,
+        containerfile: Path,
+        context: Path,
+        tag: str,
+        build_args: dict[str, str],
+        labels: dict[str, str],
+        target: str | None,
+        no_cache: bool,
+        timestamp: int,
+    ) -> str:
         cmd = [docker_cli(), "build", "--progress", "plain", "--network", "none", "-f", str(containerfile), "-t", tag]
         if no_cache:
             cmd.append("--no-cache")
@@ -86,7 +97,8 @@ class Docker:
         proc = capture([docker_cli(), "image", "inspect", "--format", "{{json .Config.Labels}}", ref])
         if proc.returncode != 0:
             raise CheckFailed(f"no image {ref} in docker", hint="build it first")
-        return tool_json(proc.stdout or "null", f"docker image inspect {ref}", expect=(dict, type(None))) or {}
+        labels: dict[str, str] = tool_json(proc.stdout or "null", f"docker image inspect {ref}", expect=(dict, type(None))) or {}
+        return labels
 
     def push(self, ref: str, dest: str, *, insecure: bool) -> str:
         cli = docker_cli()
