@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from speclock.build import uvwheel, wheelhouse
@@ -169,7 +169,7 @@ def context_dir(stack: Stack, lock_file: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def context_lock(stack_name: str, progress=print) -> Iterator[None]:
+def context_lock(stack_name: str, progress: Callable[[str], None] = print) -> Iterator[None]:
     """One build per stack at a time: builds share the staged context folder."""
     path = cache_dir() / "contexts" / f"{stack_name}.lock"
     with exclusive(path, on_wait=lambda: progress(f"another build of stack {stack_name} is running; waiting for it to finish")):

@@ -19,7 +19,7 @@ from speclock.build.hostenv.host import select_host_packages
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, save_stamps, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
-from speclock.spec.lock import IMAGE_TARGET, LockDoc, lock_path, lock_targets, read_lock, target_lock
+from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_path, lock_targets, read_lock, target_lock
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
 # After Ctrl-C (or the first failure), how long running downloads get to notice the stop and clean up
@@ -43,10 +43,11 @@ def fetch(lock: LockDoc, *, store: Path | None = None, jobs: int = 4, progress: 
     started = time.monotonic()
     counts: dict[str, int] = {}
     stop = threading.Event()
-    tasks: queue.SimpleQueue = queue.SimpleQueue()
+    tasks: queue.SimpleQueue[LockEntry] = queue.SimpleQueue()
     for pkg in wanted:
         tasks.put(pkg)
-    results: queue.SimpleQueue = queue.SimpleQueue()
+    # (the entry, (its path, what happened) or None, None or what stopped it)
+    results: queue.SimpleQueue[tuple[LockEntry, tuple[Path, str] | None, BaseException | None]] = queue.SimpleQueue()
 
     def worker() -> None:
         while not stop.is_set():
@@ -78,6 +79,7 @@ def fetch(lock: LockDoc, *, store: Path | None = None, jobs: int = 4, progress: 
                         ) from None
             if err is not None:
                 raise err
+            assert result is not None  # a worker sends a result or an error
             path, outcome = result
             done[pkg["filename"]] = path
             counts[outcome.split(" ")[0]] = counts.get(outcome.split(" ")[0], 0) + 1
@@ -93,7 +95,7 @@ def fetch(lock: LockDoc, *, store: Path | None = None, jobs: int = 4, progress: 
     return done
 
 
-def _stop_workers(stop: threading.Event, tasks: queue.SimpleQueue, threads: list[threading.Thread]) -> None:
+def _stop_workers(stop: threading.Event, tasks: queue.SimpleQueue[LockEntry], threads: list[threading.Thread]) -> None:
     """Cancel what is queued, give running downloads STOP_GRACE_S to stop, then remove their temp files."""
     stop.set()
     while True:
@@ -137,7 +139,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "fetch",
         help="download and verify every locked wheel into the wheelhouse",

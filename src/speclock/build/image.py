@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,7 +44,12 @@ from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 
 def ensure_base_image(
-    stack: Stack, lock: LockDoc, builder: Builder, *, progress=print, key: Literal["base", "kernel_base"] = "base"
+    stack: Stack,
+    lock: LockDoc,
+    builder: Builder,
+    *,
+    progress: Callable[[str], None] = print,
+    key: Literal["base", "kernel_base"] = "base",
 ) -> str:
     """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
     base = lock[key]
@@ -79,7 +85,12 @@ def ensure_base_image(
 
 
 def build_image(
-    stack: Stack, *, builder_name: str = "buildah", no_cache: bool = False, lock_file: Path | None = None, progress=print
+    stack: Stack,
+    *,
+    builder_name: str = "buildah",
+    no_cache: bool = False,
+    lock_file: Path | None = None,
+    progress: Callable[[str], None] = print,
 ) -> BuildRecord:
     """Build the stack's image; return the build record (also written to the cache).
 
@@ -89,7 +100,9 @@ def build_image(
         return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, lock_file=lock_file, progress=progress)
 
 
-def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress) -> BuildRecord:
+def _build_image_locked(
+    stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress: Callable[[str], None]
+) -> BuildRecord:
     started = time.monotonic()
     builder = get_builder(builder_name)
     lock_file = lock_file or lock_path(stack)
@@ -188,7 +201,14 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     build_s = time.monotonic() - t0
     _check_labels(builder, ref, labels, progress)
     record: BuildRecord = {
-        **info,
+        # info's keys one by one, in its order (a ** of it leaves mypy unsure of BuildRecord's optional keys)
+        "stack": info["stack"],
+        "tag": info["tag"],
+        "ref": info["ref"],
+        "inputs_sha256": info["inputs_sha256"],
+        "lock_sha256": info["lock_sha256"],
+        "labels": info["labels"],
+        "patches": info["patches"],
         "builder": builder.name,
         "image_id": image_id,
         "build_seconds": round(build_s, 2),
@@ -206,7 +226,7 @@ def _build_image_locked(stack: Stack, *, builder_name: str, no_cache: bool, lock
     return record
 
 
-def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, progress) -> BuildRecord:
+def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, progress: Callable[[str], None]) -> BuildRecord:
     """The record of the image already in the store (build.reuse), rewritten as this build's (the stack's latest)."""
     record = {**record, "reused": True, "total_seconds": round(time.monotonic() - started, 2)}
     record.pop("candidate", None)
@@ -222,7 +242,7 @@ def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, 
     return record
 
 
-def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress) -> None:
+def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress: Callable[[str], None]) -> None:
     """Say so when the built image does not carry exactly the labels asked for (the record and image.json
     say what was asked): a builder that reused a cached image with older labels, for one."""
     carried = builder.labels(ref)
@@ -263,7 +283,12 @@ def selfcheck_mounts(stack: Stack) -> list[Mount]:
 
 
 def selfcheck_image(
-    stack: Stack, record: BuildRecord, *, args: list[str] | None = None, progress=print, runtime: str | None = None
+    stack: Stack,
+    record: BuildRecord,
+    *,
+    args: list[str] | None = None,
+    progress: Callable[[str], None] = print,
+    runtime: str | None = None,
 ) -> SelfcheckResult:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build.
 
@@ -344,7 +369,9 @@ def _image_output(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {"verdict": "fail", "error": f"no {path.name} written"}
     try:
-        return read_json(path, what="self-check result")
+        # the image's own JSON, open-ended: the caller reads "verdict" and checks its type
+        doc: dict[str, Any] = read_json(path, what="self-check result")
+        return doc
     except BadInput as err:
         return {"verdict": "fail", "error": err.message}
 
@@ -374,7 +401,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "build-image",
         help="build a stack's image (tag = hash of all inputs)",

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def require_nix() -> str:
     return nix
 
 
-def run_nix(args: list[str], *, cwd: Path, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+def run_nix(args: list[str], *, cwd: Path, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a nix command in `cwd`; CheckFailed with its stderr when it fails and `check` is set."""
     proc = subprocess.run(args, cwd=cwd, env=nix_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -192,7 +193,7 @@ def compare_pins(flake: Path) -> dict[str, int]:
 def build_checks(flake: Path, *, override: list[str] | None = None) -> list[str]:
     """Build every check offline; by default with nixpkgs poisoned, proving they do not need it."""
     override = poisoned_nixpkgs(flake) if override is None else override
-    names = nix_eval_json(flake, f"checks.{SYSTEM}", "--apply", "builtins.attrNames", *(override or []))
+    names: list[str] = nix_eval_json(flake, f"checks.{SYSTEM}", "--apply", "builtins.attrNames", *(override or []))
     run_nix(
         ["nix", "build", "--offline", "--no-link", *(override or []), *[f'.#checks.{SYSTEM}."{n}"' for n in names]], cwd=flake
     )
@@ -203,7 +204,7 @@ def flake_check_with_double(flake: Path) -> None:
     run_nix(["nix", "flake", "check", "--offline", *double_args(flake)], cwd=flake)
 
 
-def run_all(repo: Path = REPO_ROOT, progress=print) -> dict[str, Any]:
+def run_all(repo: Path = REPO_ROOT, progress: Callable[[str], None] = print) -> dict[str, Any]:
     require_nix()
     with tempfile.TemporaryDirectory(prefix="speclock-nix-") as tmp:
         flake = flake_copy(Path(tmp) / "repo", repo)
@@ -234,7 +235,7 @@ def _cmd_nix_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "nix-check",
         help="check flake.nix against the lock files, offline",

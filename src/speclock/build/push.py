@@ -8,7 +8,7 @@ import argparse
 import ipaddress
 import json
 import sys
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from speclock.build.builders import get_builder
 from speclock.build.labels import LABEL_PREFIX, OCI_PREFIX, is_dirty
@@ -121,7 +121,7 @@ def check_attestation_of_build(data: bytes, source: str, record: BuildRecord) ->
 
 def push_attestation_referrer(
     registry: str, repository: str, digest: str, data: bytes, *, insecure: bool, source: str = "the attestation"
-) -> dict:
+) -> dict[str, Any]:  # an OCI descriptor (open-ended: annotations, artifactType)
     """Push a DSSE envelope beside the image manifest `digest` as an OCI referrer (artifactType
     application/vnd.dsse.envelope.v1+json: the bytes are the envelope; its payload's type is in-toto's). Its subject
     must be this image: the manifest's digest, or its config's (the image ID a build's self-check names)."""
@@ -150,6 +150,22 @@ def push_attestation_referrer(
     return pushed
 
 
+class PushResult(TypedDict):
+    """What push-image did (its --json answer)."""
+
+    ref: str
+    pushed: str
+    digest: str
+    by_digest: str
+    builder: str
+    run: dict[str, str]  # runtime -> the command line that runs the pushed image on a GPU host
+    serve: dict[str, str]  # runtime -> the command line that serves it
+    model_placeholder: NotRequired[str]
+    sbom: NotRequired[dict[str, Any] | None]  # the SBOM referrer's OCI descriptor (registry JSON)
+    attestation: NotRequired[dict[str, Any] | None]  # the attestation referrer's OCI descriptor (registry JSON)
+    forced: NotRequired[list[str]]
+
+
 def push_image(
     stack_name: str,
     registry: str,
@@ -161,7 +177,7 @@ def push_image(
     force: bool = False,
     gpus: str = "all",
     attestation: str | None = None,
-) -> dict:
+) -> PushResult:
     record = read_record(stack_name, builder_name, tag)
     # read and matched to the build before any registry call: a bad file, or one of another image, pushes nothing
     signed = None
@@ -189,7 +205,7 @@ def push_image(
     by_digest = f"{dest.rsplit(':', 1)[0]}@{digest}"
     stack = load_stack(stack_name)
     mounts = printed_mounts(stack)
-    result: dict[str, Any] = {
+    result: PushResult = {
         "ref": record["ref"],
         "pushed": dest,
         "digest": digest,
@@ -256,7 +272,7 @@ def _cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "push-image",
         help="push a built image to an OCI registry and print its digest",

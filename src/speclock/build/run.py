@@ -74,11 +74,11 @@ def run_image(
     capture_output: bool = False,
     timeout: int | None = None,
     env: dict[str, str] | None = None,
-    stdout=None,
+    stdout: int | None = None,  # a file descriptor for the run's output (None: this process's stdout)
     runtime: str = "docker",
     gpus: Gpus = NO_GPUS,
     mounts: list[Mount] | None = None,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:  # str output with capture_output
     # A name of our own, so a Ctrl-C (or a timeout) can remove the container: killing the client alone
     # would leave it running.
     name = f"speclock-run-{os.getpid()}-{secrets.token_hex(4)}"
@@ -142,7 +142,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return rc
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run-image",
         help="run a built image hardened (non-root, read-only, no network)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+from collections.abc import Callable
 from pathlib import Path
 
 from speclock import __version__
@@ -56,7 +57,9 @@ def documents_dir() -> Path:
     return cache_dir() / "sbom" / "documents"
 
 
-def stage_sbom_cached(stack: Stack, lock: LockDoc, ctx: Path, digests: dict[str, str], *, progress=print) -> Path:
+def stage_sbom_cached(
+    stack: Stack, lock: LockDoc, ctx: Path, digests: dict[str, str], *, progress: Callable[[str], None] = print
+) -> Path:
     """build.sbom.document.stage_sbom, answered from the cache when the key names a document made before."""
     key = sbom_key(stack, lock, digests)
     kept = documents_dir() / f"{key}.json"

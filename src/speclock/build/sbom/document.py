@@ -27,12 +27,14 @@ import sys
 import time
 import uuid
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from speclock import __version__
 from speclock.build import wheelhouse
-from speclock.build.context import patch_files, sync_text, tree_files
+from speclock.build.context import sync_text, tree_files
+from speclock.build.envplan import patch_files
 from speclock.build.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient  # noqa: F401 - their old home; importers keep working (tests use OCI_*)
 from speclock.build.registry.referrers import EMPTY_JSON, OCI_EMPTY  # noqa: F401 - idem
 from speclock.build.sbom.format import INSTALL, cyclonedx, file_component, schema, sha256_hashes, speclock_property
@@ -117,7 +119,9 @@ def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
 # ---- the document -----------------------------------------------------------------------------------
 
 
-def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: dict[str, Path], progress=print) -> str:
+def sbom_text(
+    stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: dict[str, Path], progress: Callable[[str], None] = print
+) -> str:
     """The SBOM (CycloneDX JSON) of the image built from `lock`; `patches` = {"<engine>/<file>": path} in series
     order, `draft` = {"<file>": path}. Validated against the CycloneDX schema before it is returned."""
     cdx = cyclonedx()
@@ -225,7 +229,8 @@ def sbom_text(stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: d
         bom.register_dependency(root, top)
         if debs:
             bom.register_dependency(base_c, debs)
-        return cdx.make_outputter(bom, cdx.OutputFormat.JSON, schema(cdx)).output_as_string(indent=1) + "\n"
+        text: str = cdx.make_outputter(bom, cdx.OutputFormat.JSON, schema(cdx)).output_as_string(indent=1)
+        return text + "\n"
 
     # The serial number: a name-based UUID of the document itself, so the same inputs give the same bytes. The
     # document is made once with a placeholder serial, which occurs exactly once, then the serial is put in its
@@ -278,7 +283,7 @@ def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
         pass  # best effort: a read-only cache only means validating again next time
 
 
-def stage_sbom(stack: Stack, lock: LockDoc, ctx: Path, *, progress=print) -> Path:
+def stage_sbom(stack: Stack, lock: LockDoc, ctx: Path, *, progress: Callable[[str], None] = print) -> Path:
     """Write the SBOM into the staged context (config/ -> /opt/speclock/sbom.cdx.json in the image)."""
     engine = stack.engine["name"]
     patches = {f"{engine}/{name}": ctx / "patches" / engine / name for name in stack.patch_series}
@@ -317,7 +322,10 @@ def _cmd_sbom(args: argparse.Namespace) -> int:
             f"{lock_file} is the lock of stack {lock['stack']}, not {stack.name}",
             hint=f"pass --stack {lock['stack']}, or the lock of {stack.name}",
         )
-    err = lambda m: print(m, file=sys.stderr)  # noqa: E731
+
+    def err(m: str) -> None:
+        print(m, file=sys.stderr)
+
     started = time.monotonic()
     patches, draft = repo_inputs(stack)
     text = sbom_text(stack, lock, patches=patches, draft=draft, progress=err)
@@ -338,7 +346,7 @@ def _cmd_sbom(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sbom",
         help="write a stack's SBOM (CycloneDX JSON), the one build-image puts into the image",

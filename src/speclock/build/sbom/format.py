@@ -17,7 +17,11 @@ SCHEMA_VERSION = "1.7"  # the newest the pinned cyclonedx-python-lib writes and 
 INSTALL = "pip install -r scripts/requirements-host.txt (cyclonedx-python-lib[json-validation]), or run scripts/bootstrap.sh"
 
 
-def cyclonedx():
+# cyclonedx-python-lib's classes, imported on use (see cyclonedx()); each attribute is one of the library's names
+Cdx = argparse.Namespace
+
+
+def cyclonedx() -> Cdx:
     """The library's modules, imported on use (speclock --help stays fast; the image never makes SBOMs)."""
     try:
         # optional and slow to import (4.6 s): only SBOM makers need it, never `speclock --help` or the image
@@ -54,21 +58,21 @@ def cyclonedx():
     )
 
 
-def schema(cdx):
+def schema(cdx: Cdx) -> Any:  # a cyclonedx SchemaVersion (the library is imported on use)
     return cdx.SchemaVersion.from_version(SCHEMA_VERSION)
 
 
-def sha256_hashes(cdx, hexdigest: str) -> list[Any]:
+def sha256_hashes(cdx: Cdx, hexdigest: str) -> list[Any]:
     """A component's `hashes`: its sha256."""
     return [cdx.HashType(alg=cdx.HashAlgorithm.SHA_256, content=hexdigest)]
 
 
-def speclock_property(cdx, key: str, value: Any) -> Any:
+def speclock_property(cdx: Cdx, key: str, value: Any) -> Any:
     """A `speclock:<key>` property."""
     return cdx.Property(name=f"speclock:{key}", value=str(value))
 
 
-def file_component(cdx, name: str, bom_ref: str, hexdigest: str, image_path: str) -> Any:
+def file_component(cdx: Cdx, name: str, bom_ref: str, hexdigest: str, image_path: str) -> Any:
     """A file speclock puts into the image (a patch, a drafter file): its name, sha256 and path there."""
     return cdx.Component(
         type=cdx.ComponentType.FILE,

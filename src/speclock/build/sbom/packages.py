@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speclock.build.sbom.format import file_component, sha256_hashes, speclock_property
+from speclock.build.sbom.format import Cdx, file_component, sha256_hashes, speclock_property
 from speclock.build.sbom.rootfs import base_packages
 from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
@@ -17,7 +18,7 @@ from speclock.spec.lock_types import LockBase
 from speclock.spec.stack import Stack
 
 
-def _pypi_purl(cdx, pkg: LockEntry):
+def _pypi_purl(cdx: Cdx, pkg: LockEntry) -> Any:  # a packageurl PackageURL
     """pkg:pypi/<name>@<version>?file_name=<wheel>, plus repository_url for a wheel from another index than PyPI.
 
     The download URL stays in the lock, not in an externalReference: the strict validator's IRI check of
@@ -29,7 +30,7 @@ def _pypi_purl(cdx, pkg: LockEntry):
     return cdx.PackageURL(type="pypi", name=normalize(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
 
 
-def base_components(cdx, base: LockBase, *, progress) -> tuple[Any, list[Any]]:
+def base_components(cdx: Cdx, base: LockBase, *, progress: Callable[[str], None]) -> tuple[Any, list[Any]]:
     """(the base, its Debian packages) of the lock's `base`: a Debian rootfs with every installed package, or a
     base image by reference (its packages not listed)."""
     sha = functools.partial(sha256_hashes, cdx)
@@ -82,7 +83,7 @@ def base_components(cdx, base: LockBase, *, progress) -> tuple[Any, list[Any]]:
     return base_c, debs
 
 
-def venv_components(cdx, stack: Stack, lock: LockDoc, patches: dict[str, Path]) -> tuple[list[Any], list[Any]]:
+def venv_components(cdx: Cdx, stack: Stack, lock: LockDoc, patches: dict[str, Path]) -> tuple[list[Any], list[Any]]:
     """(the Python packages of the venv, the engine's patch files): the engine's package carries the patches as
     pedigree; BadInput when there are patches and the lock has no engine package."""
     sha = functools.partial(sha256_hashes, cdx)
@@ -116,7 +117,7 @@ def venv_components(cdx, stack: Stack, lock: LockDoc, patches: dict[str, Path]) 
     return venv, patch_cs
 
 
-def build_asset_components(cdx, lock: LockDoc) -> list[Any]:
+def build_asset_components(cdx: Cdx, lock: LockDoc) -> list[Any]:
     """The build-time wheels (the lock's assets: the target's GGUF, the prompts, the converters): read at build
     time, not in the image, so listed with scope `excluded`."""
     return [

@@ -4,6 +4,7 @@ image's SBOM (build/sbom/document.py). dpkg records no .deb hash, so a package i
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
     return {"os": osr, "packages": parse_dpkg_status(found["status"])}
 
 
-def base_packages(base: LockBase, *, progress=print) -> dict[str, Any] | None:
+def base_packages(base: LockBase, *, progress: Callable[[str], None] = print) -> dict[str, Any] | None:
     """The Debian packages of a locked debian-rootfs base (None for a base image by ref: not enumerated).
 
     Read once from the tarball (verified against the lock's sha256) and kept beside the cache, keyed by
@@ -89,7 +90,7 @@ def base_packages(base: LockBase, *, progress=print) -> dict[str, Any] | None:
     keep = cache_dir() / "sbom" / f"base-{base['sha256']}.json"
     if keep.is_file():
         try:
-            got = read_json(keep, what="cached base package list")
+            got: dict[str, Any] = read_json(keep, what="cached base package list")  # checked on the next line
             if got.get("sha256") == base["sha256"] and isinstance(got.get("packages"), list):
                 return got
         except BadInput:
