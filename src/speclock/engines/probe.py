@@ -183,7 +183,7 @@ def _force_set(obj: Any, name: str, value: object) -> None:
         obj.__dict__[name] = value
 
 
-def _vllm_runner_ids(config: dict[str, Any]) -> tuple[list[int] | None, str | None]:
+def _vllm_runner_ids(config: dict[str, Any]) -> tuple[list[int] | None, str | None]:  # config: as in _draft_ids
     """The ids vLLM's GPU model runner reads from a draft config, by calling the runner's own method."""
     try:
         # heavy, optional (vllm): imported only where it is used

@@ -126,7 +126,7 @@ def jit_env(env: Mapping[str, str], search: list[Path] | None = None, into: Path
     return {"CUDA_HOME": home, "CUDA_PATH": home}
 
 
-def spec_args(config: EngineConfig) -> dict[str, Any]:
+def spec_args(config: EngineConfig) -> dict[str, Any]:  # SGLang's Engine(**args), with the stack's free-form settings
     """SGLang server arguments (ServerArgs field names) for the stack's settings and the drafter."""
     args: dict[str, Any] = {"model_path": str(config.target), "enable_metrics": True}
     args.update(config.settings)
@@ -165,7 +165,7 @@ def launch_command(config: EngineConfig, port: int = 30000, python: str = "pytho
     return cmd + ["--port", str(port)]
 
 
-def counters_from_meta(metas: list[dict[str, Any]], k: int) -> SpecCounters:
+def counters_from_meta(metas: list[dict[str, Any]], k: int) -> SpecCounters:  # metas: the server's meta_info JSON
     """Sum finished requests' meta_info into vLLM-style counters (drafts = verify steps)."""
     drafts = accepted = 0
     per_pos = [0] * k
@@ -180,7 +180,12 @@ def counters_from_meta(metas: list[dict[str, Any]], k: int) -> SpecCounters:
     return SpecCounters(drafts, drafts * k, accepted, tuple(per_pos))
 
 
-def server_info_delta(before: dict[str, Any], after: dict[str, Any], verify_before: int, verify_run: int) -> float | None:
+def server_info_delta(
+    before: dict[str, Any],  # /server_info JSON, the server's own open-ended document
+    after: dict[str, Any],
+    verify_before: int,
+    verify_run: int,
+) -> float | None:
     """Mean acceptance length of one run from two `/server_info` answers.
 
     avg_spec_accept_length = accepted tokens (incl. bonus) / verify steps, since start. With the
@@ -266,7 +271,7 @@ class OfflineSession(_MetaSession):
                 os.environ[k] = v
 
 
-def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> bytes:
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> bytes:  # body: as engines.http says
     return http(url, body, timeout, server="SGLang server")
 
 

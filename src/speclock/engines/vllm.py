@@ -27,7 +27,7 @@ def version(package: str = "vllm") -> str:
     return package_version(package)
 
 
-def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
+def engine_kwargs(config: EngineConfig) -> dict[str, Any]:  # vLLM's LLM(**kwargs), with the stack's free-form settings
     """Keyword arguments for `vllm.LLM`: the stack's settings plus the drafter."""
     kwargs: dict[str, Any] = {"model": str(config.target), "disable_log_stats": False, "seed": 0}
     kwargs.update(config.settings)
@@ -141,7 +141,12 @@ class OfflineSession:
         self.config = config
         self.llm = LLM(**engine_kwargs(config))
 
-    def generate(self, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        sampling: dict[str, Any] | None = None,  # extra keyword arguments of vLLM's SamplingParams
+    ) -> list[list[int]]:
         # heavy, optional (vllm): imported only where it is used
         from vllm import SamplingParams, TokensPrompt
 
@@ -175,7 +180,7 @@ class OfflineSession:
         gc.collect()
 
 
-def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> bytes:
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> bytes:  # body: as engines.http says
     return http(url, body, timeout, server="vLLM server")
 
 

@@ -61,7 +61,7 @@ class Buildah:
     def image_exists(self, ref: str) -> bool:
         return capture(self._cmd("inspect", "--type", "image", ref)).returncode == 0
 
-    def _inspect(self, ref: str) -> dict[str, Any]:
+    def _inspect(self, ref: str) -> dict[str, Any]:  # as _inspected says
         if self._inspected is None or self._inspected[0] != ref:
             proc = capture(self._cmd("inspect", "--type", "image", ref))
             if proc.returncode != 0:

@@ -28,7 +28,7 @@ def registry_json(reg: RegistryClient, body: bytes, what: str) -> dict[str, Any]
     return doc
 
 
-def canonical(doc: dict[str, Any]) -> bytes:
+def canonical(doc: dict[str, Any]) -> bytes:  # any OCI JSON document
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -61,7 +61,7 @@ def push_referrer(
     subject: tuple[str, bytes],
     annotations: dict[str, str] | None = None,
     layer_annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # the pushed artifact's OCI descriptor (registry JSON)
     """Push `data` as a one-layer artifact manifest (artifactType = the layer's media type) whose subject is the
     manifest `digest` (`subject`: its media type and bytes, from subject_manifest). The same data and annotations
     give the same manifest digest, so pushing again changes nothing.
@@ -117,7 +117,7 @@ def fallback_tag(digest: str) -> str:
     return f"{algo}-{hexpart}"
 
 
-def add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[str, Any]) -> None:
+def add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[str, Any]) -> None:  # OCI descriptor
     """The referrers tag schema (OCI distribution spec 1.1): the index tagged <alg>-<hex> lists the subject's referrers."""
     tag = fallback_tag(subject)
     got = reg.manifest(tag)
@@ -128,7 +128,7 @@ def add_to_fallback_index(reg: RegistryClient, subject: str, descriptor: dict[st
     reg.put_manifest(tag, OCI_INDEX, canonical(index))
 
 
-def list_referrers(reg: RegistryClient, digest: str, artifact_type: str) -> list[dict[str, Any]]:
+def list_referrers(reg: RegistryClient, digest: str, artifact_type: str) -> list[dict[str, Any]]:  # OCI descriptors
     """The referrers of `digest` of one artifactType: the referrers API, or the tag-schema index where it is missing."""
     status, headers, body = reg.call(
         "GET", f"/v2/{reg.name}/referrers/{digest}?artifactType=" + urllib.parse.quote(artifact_type, safe=""), absent_ok=True

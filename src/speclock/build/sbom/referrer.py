@@ -54,7 +54,7 @@ def sbom_from_image(reg: RegistryClient, digest: str) -> bytes:
 
 def push_sbom_referrer(
     registry: str, repository: str, digest: str, *, insecure: bool, sbom: bytes | None = None
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # the referrer's OCI descriptor (registry JSON)
     """Push the image's SBOM beside it as an OCI referrer: an artifact manifest (artifactType
     application/vnd.cyclonedx+json) whose `subject` is the image manifest `digest`, in REGISTRY/repository.
 
@@ -87,7 +87,7 @@ def push_sbom_referrer(
     return pushed
 
 
-def sbom_referrers(registry: str, repository: str, digest: str, *, insecure: bool) -> list[dict[str, Any]]:
+def sbom_referrers(registry: str, repository: str, digest: str, *, insecure: bool) -> list[dict[str, Any]]:  # OCI descriptors
     """The CycloneDX referrers of an image manifest: the referrers API, or the tag-schema index where it is missing."""
     return referrers.list_referrers(RegistryClient(registry, repository, insecure=insecure), digest, SBOM_MEDIA_TYPE)
 
