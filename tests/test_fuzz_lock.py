@@ -8,6 +8,7 @@ nothing is written outside the temporary cache. No network: URLs point at a loca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import urllib.parse
@@ -18,6 +19,7 @@ from fetch_server import COMMITTED_BASE, WheelServer, make_stack, seal, wheel_en
 from fuzz_support import assert_clean_refusal, assert_nothing_written, run_cli, snapshot
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from speclock.build import wheelhouse
 from speclock.core.errors import BadInput
@@ -89,6 +91,10 @@ def _valid(lock: Path, stack) -> bool:
         return False
 
 
+def _names_another_stack(lock: Path, name: str) -> bool:
+    return json.loads(lock.read_text()).get("stack") != name
+
+
 def _run_both(world, data: bytes, *, valid_codes_check=(0, 1), valid_codes_fetch=(0, 1, 3)) -> tuple[bool, list, list]:
     """Write `data` as the lock, run lock --check and fetch; check the rule for each.
 
@@ -104,13 +110,17 @@ def _run_both(world, data: bytes, *, valid_codes_check=(0, 1), valid_codes_fetch
         code, _, err = run_cli(
             *argv, "--stack", str(world["stack_file"]), "--lock", str(lock), env={"SPECLOCK_CACHE": str(cache)}
         )
-        if valid:
+        if valid and argv == ("lock", "--check") and _names_another_stack(lock, world["stack"].name):
+            # a well-formed lock of another stack: lock --check refuses the input (exit 2, naming the lock)
+            assert_clean_refusal(code, err, allowed=(2,), names=str(lock))
+        elif valid:
             assert_clean_refusal(code, err, allowed=ok_codes)
         else:
             assert_clean_refusal(code, err, allowed=(2,), names=str(lock))
         errs.append(err)
         codes.append(code)
-        event(f"{argv[0]} exit {code}")  # shown by --hypothesis-show-statistics
+        with contextlib.suppress(InvalidArgument):  # outside a hypothesis test (the plain example test) there are none
+            event(f"{argv[0]} exit {code}")  # shown by --hypothesis-show-statistics
     assert_nothing_written(before, snapshot(root), except_under=(cache / "wheelhouse",))
     # Whatever the lock said, the only files in the cache are store entries <sha256>/<name> (or the quarantine),
     # and the store's record of verified entries (wheelhouse.STAMPS, written by fetch).
@@ -231,3 +241,13 @@ def test_plausible_crafted_lock(world, key, change, hexdigits, recompute):
             assert "has sha256" in errs[1] and "refused" in errs[1]
         if expected == 3:
             assert "not found at" in errs[1]
+
+
+def test_a_sealed_lock_of_another_stack_is_refused_by_lock_check(world):
+    # the case the fuzz test found (key 'stack', a file name, hash recomputed): read_lock accepts the document, and
+    # lock --check refuses it as another stack's lock, exit 2 naming the file (not "out of date", exit 1)
+    doc = json.loads(json.dumps(world["doc"]))
+    doc["stack"] = "0"
+    seal(doc)
+    valid, errs, codes = _run_both(world, json.dumps(doc).encode())
+    assert valid and codes[0] == 2 and "this is the lock of stack '0'" in errs[0]
