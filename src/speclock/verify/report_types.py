@@ -2,7 +2,7 @@
 docs/smoke.md), the gate's result (`speclock.gate/v1`) and the soak's result (`speclock.soak/v1`).
 
 Each model is its document's one contract: code indexes the documents with ["key"] (they are TypedDicts, so the
-files keep their format), speclock.verify.docmodel validates a parsed document against the model (pydantic, strict:
+files keep their format), speclock.core.docmodel validates a parsed document against the model (pydantic, strict:
 no coercion, bool is no number, numbers finite) and writes its JSON Schema (schemas/*.schema.json, generated from
 these classes by `speclock schemas`). A key `speclock smoke` always writes but an older report may lack is
 NotRequired; when such a key became mandatory is speclock.verify.report_dates (the plausibility rules judge it).

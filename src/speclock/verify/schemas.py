@@ -1,7 +1,7 @@
 """`speclock schemas [--check]`: the published JSON Schema files (schemas/ in speclock's source), generated from the
 document models, so a user's CI can validate a report or a gate result without speclock.
 
-Each file is speclock.verify.docmodel.json_schema of one document; tests/test_doc_models.py fails when a committed
+Each file is speclock.core.docmodel.json_schema of one document; tests/test_doc_models.py fails when a committed
 file differs from what the models give (run `speclock schemas` and commit the result).
 """
 
@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from speclock.core.docmodel import SCHEMAS_DIR, DocModel, write_schemas
 from speclock.core.errors import BadInput
 from speclock.core.layout import IMPORT_ROOT
-from speclock.verify.docmodel import SCHEMAS_DIR, DocModel, write_schemas
 from speclock.verify.gate_result import GATE_RESULT
 from speclock.verify.report import REPORT
 

@@ -1,8 +1,8 @@
 """A document's typed model put to work: validating what core.jsonread parsed, and writing the JSON Schema.
 
-A model is a TypedDict (speclock.verify.report_types); pydantic validates a parsed document against it, strict:
-no coercion ("3" is no int), bool is no number, an int is a number, numbers are finite. Its errors carry the
-location of each fault, and `validate` turns the first into speclock's message: the file, the dotted key path
+A model is a TypedDict (speclock.verify.report_types, speclock.spec.lock_types); pydantic validates a parsed
+document against it, strict: no coercion ("3" is no int), bool is no number, an int is a number, numbers are
+finite. Its errors carry the location of each fault, and `validate` turns the first into speclock's message: the file, the dotted key path
 (`metrics.accepted_per_position[1]`), what was found there, what belongs there (read from the model's own JSON
 Schema) and the fix (the document's hint).
 
@@ -128,13 +128,15 @@ def _child(root: dict[str, Any], node: dict[str, Any], part: str | int) -> dict[
     node = _deref(root, node)
     for branch in node.get("anyOf", [node]):
         branch = _deref(root, branch)
-        if isinstance(part, int) and isinstance(branch.get("items"), dict):
-            return branch["items"]
-        if isinstance(part, str):
-            if part in branch.get("properties", {}):
-                return branch["properties"][part]
-            if isinstance(branch.get("additionalProperties"), dict):
-                return branch["additionalProperties"]
+        found: Any = None
+        if isinstance(part, int):
+            found = branch.get("items")
+        elif part in branch.get("properties", {}):
+            found = branch["properties"][part]
+        else:
+            found = branch.get("additionalProperties")
+        if isinstance(found, dict):
+            return found
     return None
 
 
@@ -241,7 +243,7 @@ def json_schema(doc: DocModel, *, plain: bool = False) -> dict[str, Any]:
                 del out["additionalProperties"]  # another key is allowed: a reader WARNs naming it
             return out
 
-    body = adapter(doc).json_schema(schema_generator=_Gen)
+    body: dict[str, Any] = adapter(doc).json_schema(schema_generator=_Gen)
     if plain:
         _SCHEMAS[(doc.model, plain)] = body
         return body
