@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from speclock.core import jsonread
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_text, expect, os_error, read_json
 from speclock.core.layout import IMAGE, in_image
@@ -430,7 +431,7 @@ def run_smoke(inp: SmokeInputs) -> tuple[SmokeReport, int]:
         code = BadInput.exit_code if reference_error is not None else 1
     run["seconds"] = round(time.perf_counter() - t_start, 2)
     try:
-        validate_report(json.loads(json.dumps(report)), "the report being written")  # as the file will read
+        validate_report(jsonread.loads(json.dumps(report)), "the report being written")  # as the file will read
     except BadInput as err:
         # The engine's own counters contradict each other (or the reference disagrees with them): that is
         # a failed check of the engine, not bad input from the user. The report is still written, for
