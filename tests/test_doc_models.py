@@ -62,7 +62,7 @@ def _env(tmp_path, monkeypatch):
 def test_the_committed_schemas_are_what_the_models_give():
     stale = write_schemas(list(DOCUMENTS), ROOT, check=True)
     assert not stale, f"{[str(p) for p in stale]} differ from the models: run `speclock schemas` and commit schemas/"
-    assert {d.schema_file for d in DOCUMENTS} == {"report.schema.json", "gate-result.schema.json"}
+    assert {d.schema_file for d in DOCUMENTS} == {"report.schema.json", "gate-result.schema.json", "lock.schema.json"}
 
 
 def test_each_schema_names_its_document_and_its_unknown_key_rule():

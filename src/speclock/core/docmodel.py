@@ -16,16 +16,29 @@ of objects that the model does not know is named for the first object that holds
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from speclock.core.errors import BadInput
+from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_write_text, short_repr
 from speclock.core.jsonread import json_type
+
+# A model's TypedDict: pydantic reads typing.TypedDict only from Python 3.12 on, so typing_extensions' where it is
+# installed (pydantic needs it: wherever a document is validated, it is). speclock also runs where neither is (a
+# host environment's bin/speclock with an engine's packages only): the models are then plain TypedDicts.
+if TYPE_CHECKING:
+    from typing_extensions import TypedDict as TypedDict
+else:
+    try:
+        TypedDict = importlib.import_module("typing_extensions").TypedDict
+    except ImportError:  # no pydantic either: nothing validates against a model here
+        TypedDict = typing.TypedDict
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMAS_DIR = "schemas"  # in speclock's source tree: the generated files, one per document
@@ -41,6 +54,10 @@ class DocModel:
     title: str
     unknown: Literal["warn", "refuse"]
     hint: str  # the fix, for every refusal
+    # how a message names a key and its fault: "key 'a.b[1]': expected integer, got string ('x')", or in
+    # core.files.expect's words "a.b[1] is string 'x', where integer belongs" (documents whose readers said so first)
+    wording: Literal["key", "path"] = "key"
+    refuse_why: str = "a reader that skipped a key it does not know could misread the verdict"  # the schema says it
 
     def config(self) -> dict[str, Any]:
         # pydantic's ConfigDict is a TypedDict: a plain dict here, so defining a model needs no pydantic.
@@ -56,9 +73,15 @@ def adapter(doc: DocModel) -> Any:
     """The pydantic TypeAdapter of the document's model, built once per process."""
     found = _ADAPTERS.get(doc.model)
     if found is None:
-        # pydantic: 0.2-0.3 s to import and 0.3-0.5 s to build a report's validator on this loaded 2-core machine
-        # (docs/benchmarks.md, "Document models (#38)"), paid only where a document is read
-        from pydantic import TypeAdapter
+        try:
+            # pydantic: 0.2-0.3 s to import and 0.3-0.5 s to build a report's validator on this loaded 2-core machine
+            # (docs/benchmarks.md, "Document models (#38)"), paid only where a document is read
+            from pydantic import TypeAdapter
+        except ImportError:
+            raise EnvironmentProblem(
+                f"pydantic is not installed here, and speclock checks a {doc.title} against its model with it",
+                hint="install speclock's dependencies (`pip install 'pydantic>=2.14.4'`; every engine's environment has it)",
+            ) from None
 
         doc.model.__pydantic_config__ = doc.config()  # type: ignore[attr-defined]
         found = _ADAPTERS[doc.model] = TypeAdapter(doc.model)
@@ -85,9 +108,10 @@ def validator(doc: DocModel, extra: str = "forbid") -> Any:
     """The model's pydantic-core validator: unknown keys are errors ("forbid") or passed over ("ignore")."""
     found = _VALIDATORS.get((doc.model, extra))
     if found is None:
+        core_schema = _tuned(adapter(doc).core_schema, extra)  # first: EnvironmentProblem without pydantic
         from pydantic_core import SchemaValidator  # with pydantic: see adapter()
 
-        found = _VALIDATORS[(doc.model, extra)] = SchemaValidator(_tuned(adapter(doc).core_schema, extra))
+        found = _VALIDATORS[(doc.model, extra)] = SchemaValidator(core_schema)
     return found
 
 
@@ -171,27 +195,35 @@ def expected_at(doc: DocModel, path: list[str | int]) -> str:
 
 
 def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str]:
-    """(dotted key path, what is wrong there) for one pydantic error."""
+    """(dotted key path, the message after the file's name) for one pydantic error, in the document's wording."""
     kind = err["type"]
     path, found, present = _resolve(data, tuple(err["loc"]), missing=kind == "missing")
     want = expected_at(doc, path)
-    if not present:
-        return dotted(path), "missing" + (f" ({want} belongs there)" if want else "")
+    key = dotted(path)
     if kind == "extra_forbidden":
-        return dotted(path), f"not a key of {doc.schema_id} ({SCHEMAS_DIR}/{doc.schema_file})"
-    got = f"{json_type(found)} {short_repr(found)}"
+        return key, f"key '{key}': not a key of {doc.schema_id} ({SCHEMAS_DIR}/{doc.schema_file})"
+    if doc.wording == "path":  # core.files.expect's words, which this document's readers used before its model
+        if not present:
+            where = f"{dotted(path[:-1])}: " if len(path) > 1 else ""
+            return key, f"{where}key '{path[-1]}' is missing" + (f" ({want} belongs there)" if want else "")
+        if kind == "finite_number":
+            return key, f"{key} is {found}, where a finite number belongs"
+        return key, f"{key} is {json_type(found)} {short_repr(found)}, where {want or err['msg']} belongs"
+    if not present:
+        return key, f"key '{key}': missing" + (f" ({want} belongs there)" if want else "")
     if kind == "finite_number":
-        return dotted(path), f"{found} is not a finite number"
-    return dotted(path), f"expected {want or err['msg']}, got {got}"
+        return key, f"key '{key}': {found} is not a finite number"
+    return key, f"key '{key}': expected {want or err['msg']}, got {json_type(found)} {short_repr(found)}"
 
 
 def validate(doc: DocModel, data: Any, source: str, warn: Callable[[str], None] | None = None) -> None:
     """Check a parsed document against its model: BadInput naming the file, the key path, what was found and what
     belongs there; an unknown key is a WARN passed to `warn` ("warn" documents) or BadInput ("refuse")."""
+    check = validator(doc)  # first: EnvironmentProblem where pydantic is not installed
     from pydantic_core import ValidationError  # with pydantic: see adapter()
 
     try:
-        validator(doc).validate_python(data)
+        check.validate_python(data)
         return
     except ValidationError as err:
         errors = err.errors(include_url=False, include_context=False, include_input=False)
@@ -212,7 +244,7 @@ def validate(doc: DocModel, data: Any, source: str, warn: Callable[[str], None] 
             if others
             else ""
         )
-        raise BadInput(f"{source}: key '{key}': {problem}{more}", hint=doc.hint)
+        raise BadInput(f"{source}: {problem}{more}", hint=doc.hint)
     for e in unknown:
         key = dotted(_resolve(data, tuple(e["loc"]), False)[0])
         (warn or _stderr_warn)(f"{source}: key '{key}' is not in {doc.schema_id} (written by a newer speclock?): ignored")
@@ -251,8 +283,7 @@ def json_schema(doc: DocModel, *, plain: bool = False) -> dict[str, Any]:
         "Unknown keys: a key this schema does not name is allowed, for forward compatibility (a newer speclock's "
         "key): speclock reads the document with a WARN naming the key, and ignores it."
         if doc.unknown == "warn"
-        else "Unknown keys: refused (additionalProperties: false): a reader that skipped a key it does not know could "
-        "misread the verdict, so a new key comes with a new schema id."
+        else f"Unknown keys: refused (additionalProperties: false): {doc.refuse_why}, so a new key comes with a new schema id."
     )
     head = {
         "$schema": SCHEMA_DIALECT,

@@ -42,18 +42,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from speclock.core.docmodel import DocModel, validate
 from speclock.core.errors import BadInput
-from speclock.core.files import absent, atomic_write_json, clean_stale_temps, expect, plain_name, read_json
+from speclock.core.files import absent, atomic_write_json, clean_stale_temps, plain_name, read_json
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import baseimage
 from speclock.spec.lock_models import check_models, model_diffs
-from speclock.spec.lock_types import ENTRY_LISTS, LOCK_SCHEMA, LockPython
+from speclock.spec.lock_types import ENTRY_LISTS, LOCK_SCHEMA, HostTarget, LockFile, LockPython
 from speclock.spec.lock_types import LockDoc as LockDoc
 from speclock.spec.lock_types import LockEntry as LockEntry
 from speclock.spec.lock_types import PruneRecord as PruneRecord
 from speclock.spec.lock_types import TargetView as TargetView
-from speclock.spec.provenance import RELOCK, allowed_sources, check_base, check_entry, check_entry_shape
+from speclock.spec.provenance import RELOCK, allowed_sources, check_base, check_entry
 from speclock.spec.stack import Stack, canonical_sha256, pinned_view
 
 # The one map from a machine to the wheel platform tags a host target of that machine accepts (newest
@@ -66,6 +67,18 @@ MACHINE_PLATFORMS: dict[str, tuple[str, ...]] = {
     + (f"manylinux2014_{machine}", f"linux_{machine}")
     for machine in ("x86_64", "aarch64")
 }
+# The lock file's model (spec.lock_types.LockFile) at work: read_lock validates against it, `speclock schemas` writes
+# schemas/lock.schema.json from it. Unknown keys are refused (why: spec.lock_types).
+LOCK = DocModel(
+    LockFile,
+    LOCK_SCHEMA,
+    "lock.schema.json",
+    "speclock lock file",
+    "refuse",
+    RELOCK,
+    "path",  # read_lock's messages before its model: "packages[0] is string 'torch', where object (LockEntry) belongs"
+    "a lock is the build's input, and a key an older speclock skipped would be a part of the image it did not build",
+)
 # The key of the image's own target (the lock's top-level packages) where a command takes a target name.
 IMAGE_TARGET = "image"
 TARGET_KEY = re.compile(r"(3\.\d+)-([a-z0-9_]+)")
@@ -199,91 +212,51 @@ def read_lock(path: Path, *, stack: Stack | None = None) -> LockDoc:
     path = Path(path)
     if absent(path):  # a link loop or a FIFO is not "no lock file": read_json names it
         raise BadInput(f"no lock file {path}", hint=f"run `speclock lock --stack {path.stem}`")
-    # dict[str, Any] until every key is checked below (then returned as a LockDoc): JSON as read, not yet a lock
-    doc: dict[str, Any] = read_json(path, what="lock file", expect=dict, hint=RELOCK)
-    if doc.get("schema") != LOCK_SCHEMA:
-        raise BadInput(f"{path}: schema is {str(doc.get('schema'))[:80]!r}, expected {LOCK_SCHEMA!r}", hint=RELOCK)
-    required: tuple[tuple[str, type], ...] = (
-        ("stack", str),
-        ("stack_sha256", str),
-        ("packages", list),
-        ("assets", list),
-        ("base", dict),
-        ("lock_sha256", str),
-    )
-    for key, types in required:
-        if key not in doc:
-            raise BadInput(f"{path}: key '{key}' is missing", hint=RELOCK)
-        expect(doc[key], types, key, path=path, hint=RELOCK)
-    optional: tuple[tuple[str, type], ...] = (
-        ("excluded", list),
-        ("stack_data", dict),
-        ("python", dict),
-        ("resolver", dict),
-        ("kernel_base", dict),
-        ("source_date_epoch", int),
-        ("targets", dict),
-        ("target", str),
-        ("lock_from", str),
-        ("prune", dict),
-        ("pruned", list),
-        ("models", dict),
-    )
-    for key, types in optional:
-        if key in doc:
-            expect(doc[key], types, key, path=path, hint=RELOCK)
+    data = read_json(path, what="lock file", expect=dict, hint=RELOCK)
+    if data.get("schema") != LOCK_SCHEMA:  # another document, or another version of this one: its own model
+        raise BadInput(f"{path}: schema is {str(data.get('schema'))[:80]!r}, expected {LOCK_SCHEMA!r}", hint=RELOCK)
+    validate(LOCK, data, str(path))  # every key of its JSON type (the model, LockFile); an unknown key is refused
+    doc = cast(LockFile, data)
     plain_name(doc["stack"], what="stack", source=path)
-    for _key, entry, where in _all_entries(doc, path):
-        check_entry_shape(entry, where, path)
+    for tkey, target in (doc.get("targets") or {}).items():
+        _check_target(tkey, target, path)
     check_base(doc["base"], "base", path)
-    if "models" in doc:
-        check_models(doc["models"], path)
     if "kernel_base" in doc:
         check_base(doc["kernel_base"], "kernel_base", path)
-    if "prune" in doc:
-        for key in ("packages", "paths"):
-            for i, item in enumerate(expect(doc["prune"].get(key, []), list, f"prune.{key}", path=path, hint=RELOCK)):
-                expect(item, str, f"prune.{key}[{i}]", path=path, hint=RELOCK)
+    if "models" in doc:
+        check_models(doc["models"], path)
     # The hash first (it names corruption and hand edits as such), then what a recomputed hash cannot hide.
     expected = canonical_sha256({k: v for k, v in doc.items() if k != "lock_sha256"})
     if expected != doc["lock_sha256"]:
         raise BadInput(f"{path}: content does not match its lock_sha256 (edited by hand, or corrupted)", hint=RELOCK)
     hosts, declared = allowed_sources(path, stack)
-    for _key, entry, where in _all_entries(doc, path):
+    for entry, where in _all_entries(doc):
         check_entry(entry, where, path, hosts, declared)
-    # Every key above has its JSON type, every entry and base its shape: the document is a LockDoc.
-    return cast(LockDoc, doc)
+    return cast(LockDoc, doc)  # a LockFile is a LockDoc whose lock_sha256 is there
 
 
-def _check_target(key: Any, target: Any, path: Path) -> None:
-    """A host target's own keys: its key names a known machine, python/machine agree with it, platform tags of it."""
-    where = f"targets.{str(key)[:40]}"
+def _check_target(key: str, target: HostTarget, path: Path) -> None:
+    """A host target's rules: its key names a known machine, python/machine agree with it, platform tags of it."""
+    where = f"targets.{key[:40]}"
     python, machine = split_target(key, source=f"{path}: targets")
-    expect(target, dict, where, path=path, hint=RELOCK)
     for field, want in (("python", python), ("machine", machine)):
-        if target.get(field) != want:
-            raise BadInput(f"{path}: {where}.{field} is {str(target.get(field))[:40]!r}, the key says {want!r}", hint=RELOCK)
-    expect(target.get("packages"), list, f"{where}.packages", path=path, hint=RELOCK)
-    for field in ("excluded", "assets", "pruned"):
-        if field in target:
-            expect(target[field], list, f"{where}.{field}", path=path, hint=RELOCK)
-    platforms = expect(target.get("platforms"), list, f"{where}.platforms", path=path, hint=RELOCK)
-    for i, tag in enumerate(platforms):
-        expect(tag, str, f"{where}.platforms[{i}]", path=path, hint=RELOCK)
+        have = target["python"] if field == "python" else target["machine"]
+        if have != want:
+            raise BadInput(f"{path}: {where}.{field} is {have[:40]!r}, the key says {want!r}", hint=RELOCK)
+    for i, tag in enumerate(target["platforms"]):
         if not (_PLATFORM_TAG.fullmatch(tag) and tag.endswith("_" + machine)):
             raise BadInput(f"{path}: {where}.platforms[{i}] {tag[:80]!r} is not a wheel platform tag of {machine}", hint=RELOCK)
 
 
-def _all_entries(doc: dict[str, Any], path: Path) -> Iterator[tuple[str, Any, str]]:  # doc: read_lock's, unchecked
-    """(list key, entry, where) for every package entry of every target, host targets' shapes checked first."""
+def _all_entries(doc: LockFile) -> Iterator[tuple[LockEntry, str]]:
+    """(entry, where) for every package entry of every target."""
     for key in ENTRY_LISTS:
-        for i, entry in enumerate(expect(doc.get(key, []), list, key, path=path, hint=RELOCK)):
-            yield key, entry, f"{key}[{i}]"
+        for i, entry in enumerate(doc.get(key, [])):
+            yield entry, f"{key}[{i}]"
     for tkey, target in (doc.get("targets") or {}).items():
-        _check_target(tkey, target, path)
         for key in ENTRY_LISTS:
             for i, entry in enumerate(target.get(key, [])):
-                yield key, entry, f"targets.{tkey}.{key}[{i}]"
+                yield entry, f"targets.{tkey}.{key}[{i}]"
 
 
 def local_entries(doc: LockDoc) -> list[tuple[str, LockEntry]]:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from speclock.core.errors import BadInput
-from speclock.core.files import confined, expect
+from speclock.core.files import confined
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock_types import LockDoc, ModelRecord
 from speclock.spec.model_identity import check_identity, identity_differences, model_identity
@@ -71,17 +70,17 @@ def model_records(
     return out
 
 
-def check_models(value: Any, path: str | os.PathLike[str]) -> None:
-    """A read lock's `models` of the right shape (read_lock): BadInput naming the key."""
-    expect(value, dict, "models", path=path, hint=RELOCK)
+def check_models(value: dict[str, ModelRecord], path: str | os.PathLike[str]) -> None:
+    """The rules of a read lock's `models` that fits its model (read_lock): BadInput naming the key."""
     for what, rec in value.items():
-        where = f"models.{str(what)[:40]}"
+        where = f"models.{what[:40]}"
         if what not in MODEL_KEYS:
             raise BadInput(f"{path}: {where} is not a model a lock records ({', '.join(MODEL_KEYS)})", hint=RELOCK)
-        expect(rec, dict, where, path=path, hint=RELOCK)
-        expect(rec.get("path"), str, f"{where}.path", path=path, hint=RELOCK)
-        if rec.get("identity") is None:
-            expect(rec.get("not_pinned"), str, f"{where}.not_pinned", path=path, hint=RELOCK)
+        if rec["identity"] is None:
+            if "not_pinned" not in rec:
+                raise BadInput(
+                    f"{path}: key '{where}.not_pinned': missing (string belongs there: why it is not pinned)", hint=RELOCK
+                )
         else:
             check_identity(rec["identity"], f"{where}.identity", path, RELOCK)
 

@@ -1,19 +1,30 @@
-"""The lock document's shape (schema id, entry lists, TypedDicts), apart from the code that reads, writes and compares locks."""
+"""The lock document's typed model (schema id, entry lists, TypedDicts), apart from the code that reads, writes and
+compares locks.
+
+The model is the lock's one contract: code indexes a lock with ["key"] (TypedDicts, so the file keeps its format);
+read_lock validates a parsed lock against LockFile (speclock.core.docmodel: pydantic, strict, errors naming the
+file and the dotted key path), and schemas/lock.schema.json is generated from it by `speclock schemas`. A key the
+model does not know is refused: the lock is the build's input, and a key an older speclock skipped would be a
+part of the image it silently did not build (a new key comes with a new schema id). What a key holds beyond its
+type (provenance: plain file names, allowed hosts, wheel names, hashes; the base recipe's values; a target key
+and its platform tags) is checked by speclock.spec.provenance and speclock.spec.lock on a lock that fits the model.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired
 
+from speclock.core.docmodel import TypedDict  # typing_extensions' where pydantic is (it validates the lock)
 from speclock.spec.model_identity import ModelIdentity
 
-LOCK_SCHEMA = "speclock.lock/v1"
+LOCK_SCHEMA: Final = "speclock.lock/v1"
 # The lists of package entries a target holds.
 EntryList = Literal["packages", "assets", "excluded", "pruned"]
 ENTRY_LISTS: tuple[EntryList, ...] = ("packages", "assets", "excluded", "pruned")
 
 
 # The lock document, as JSON on disk (`locks/<stack>.lock`, a host environment's lock.json) and in memory. Readers
-# index it (doc["packages"]); these types say what they may find. read_lock checks the shapes before returning one.
+# index it (doc["packages"]); these types say what they may find. read_lock validates a lock against them (LockFile).
 class LockEntry(TypedDict):
     """One locked wheel (in packages, assets, excluded and pruned): every key a non-empty string (provenance)."""
 
@@ -108,7 +119,7 @@ class CarriedFrom(TypedDict):
 
 class ResolverRecord(TypedDict, total=False):
     """`resolver` of a lock: what resolved it and from which requirements (spec.resolve), the lock an upgrade kept to,
-    the lock it was carried from. Every key optional: read_lock checks only that it is an object."""
+    the lock it was carried from. Every key optional."""
 
     tool: str  # pip
     requirements: list[str]
@@ -116,16 +127,15 @@ class ResolverRecord(TypedDict, total=False):
     carried_from: CarriedFrom
 
 
-class LockDoc(TypedDict):
-    """A lock document (schema speclock.lock/v1). Optional keys are absent from locks that do not need them."""
+class _LockBody(TypedDict):
+    """Every key of a lock but lock_sha256 (LockDoc in memory, LockFile on disk)."""
 
-    schema: str
+    schema: Literal["speclock.lock/v1"]
     stack: str
     stack_sha256: str
     base: LockBase  # the base: spec.baseimage (provenance.check_base checks it)
     packages: list[LockEntry]  # the image target's install set
     assets: list[LockEntry]  # its data wheels (python.build_only)
-    lock_sha256: NotRequired[str]  # set by finish_lock: every finished, written or read lock has it
     excluded: NotRequired[list[LockEntry]]
     stack_data: NotRequired[dict[str, Any]]  # the validated stack it was made from (spec.stack.Stack.data)
     python: NotRequired[LockPython]
@@ -138,3 +148,16 @@ class LockDoc(TypedDict):
     prune: NotRequired[PruneRecord]  # stacks with [prune]
     pruned: NotRequired[list[LockEntry]]
     models: NotRequired[dict[str, ModelRecord]]  # stacks with target.path (or an absolute draft.path): lock_models
+
+
+class LockDoc(_LockBody):
+    """A lock document (schema speclock.lock/v1) in memory. Optional keys are absent from locks that do not need them."""
+
+    lock_sha256: NotRequired[str]  # set by finish_lock: every finished, written or read lock has it
+
+
+class LockFile(_LockBody):
+    """A lock file (`locks/<stack>.lock`, a host environment's lock.json) as read_lock reads it: a LockDoc with its
+    lock_sha256, the sha256 of everything else in it (spec.stack.canonical_sha256)."""
+
+    lock_sha256: str

@@ -34,13 +34,14 @@ import stat
 import struct
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Final, Literal, NotRequired
 
+from speclock.core.docmodel import TypedDict  # typing_extensions' where pydantic is (it validates a lock's identity)
 from speclock.core.errors import BadInput
-from speclock.core.files import expect, os_error
+from speclock.core.files import os_error
 from speclock.core.safetensors import check_safetensors
 
-IDENTITY_SCHEMA = "speclock.model-identity/v1"
+IDENTITY_SCHEMA: Final = "speclock.model-identity/v1"
 WHOLE_LIMIT = 1 << 30  # a folder whose weights total at most this is hashed whole
 SAMPLE_EDGE = 1 << 20  # first and last bytes of a sampled weight file's data region
 SAMPLE_BLOCKS = 16  # evenly spaced blocks in between ...
@@ -79,11 +80,12 @@ class FileIdentity(TypedDict):
 
 
 class ModelIdentity(TypedDict):
-    schema: str
+    schema: Literal["speclock.model-identity/v1"]
     weights_bytes: int  # all weight files together (which decided whole or sampled)
     files: dict[str, FileIdentity]  # file name (top level of the folder) -> its identity
 
 
+_SAMPLING_KEYS: tuple[Literal["edge_bytes", "blocks", "block_bytes"], ...] = ("edge_bytes", "blocks", "block_bytes")
 DEFAULT_SAMPLING: Sampling = {"edge_bytes": SAMPLE_EDGE, "blocks": SAMPLE_BLOCKS, "block_bytes": SAMPLE_BLOCK}
 _HINT = "give the model's Hugging Face folder (config.json, tokenizer, *.safetensors), complete and readable"
 
@@ -218,20 +220,16 @@ def identity_differences(locked: ModelIdentity, actual: ModelIdentity) -> list[t
     return out
 
 
-def check_identity(value: Any, where: str, path: str | os.PathLike[str], hint: str) -> ModelIdentity:
-    """A recorded identity (a lock's) of the right shape: BadInput naming the key otherwise."""
-    expect(value, dict, where, path=path, hint=hint)
-    if value.get("schema") != IDENTITY_SCHEMA:
-        raise BadInput(f"{path}: {where}.schema is {str(value.get('schema'))[:60]!r}, expected {IDENTITY_SCHEMA!r}", hint=hint)
-    expect(value.get("weights_bytes"), int, f"{where}.weights_bytes", path=path, hint=hint)
-    for name, rec in expect(value.get("files"), dict, f"{where}.files", path=path, hint=hint).items():
+def check_identity(value: ModelIdentity, where: str, path: str | os.PathLike[str], hint: str) -> None:
+    """The rules of a recorded identity (a lock's) that fits its model (spec.lock_types): a sampled file records
+    where its samples are, each count at least 1. BadInput naming the key otherwise."""
+    for name, rec in value["files"].items():
         key = f"{where}.files.{name[:80]}"
-        expect(rec, dict, key, path=path, hint=hint)
-        expect(rec.get("size"), int, f"{key}.size", path=path, hint=hint)
-        expect(rec.get("sha256"), str, f"{key}.sha256", path=path, hint=hint)
-        if rec.get("mode") == "sampled":
-            samples = expect(rec.get("samples"), dict, f"{key}.samples", path=path, hint=hint)
-            for field in DEFAULT_SAMPLING:
-                if expect(samples.get(field), int, f"{key}.samples.{field}", path=path, hint=hint) < 1:
-                    raise BadInput(f"{path}: {key}.samples.{field} is below 1", hint=hint)
-    return cast(ModelIdentity, value)  # its keys checked above
+        if rec.get("mode") != "sampled":
+            continue
+        samples = rec.get("samples")
+        if samples is None:
+            raise BadInput(f"{path}: key '{key}.samples': missing (a sampled file records where its samples are)", hint=hint)
+        for field in _SAMPLING_KEYS:
+            if samples[field] < 1:
+                raise BadInput(f"{path}: {key}.samples.{field} is below 1", hint=hint)

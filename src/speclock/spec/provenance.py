@@ -12,15 +12,16 @@ import re
 import tomllib
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from speclock.core.errors import BadInput
-from speclock.core.files import expect, plain_name
+from speclock.core.files import plain_name
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize, wheel_name_parts
+from speclock.spec.lock_types import LockBase, LockEntry
 from speclock.spec.stack import Stack
 
-ENTRY_KEYS = ("name", "version", "filename", "url", "sha256")
+ENTRY_KEYS: tuple[Literal["name", "version", "filename", "url", "sha256"], ...] = ("name", "version", "filename", "url", "sha256")
 # Hosts every stack may download from (PyPI's simple index and its file host).
 PYPI_HOSTS = ("files.pythonhosted.org", "pypi.org")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -118,26 +119,18 @@ def url_basename(url: str) -> str:
     return urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1])
 
 
-def check_entry_shape(entry: Any, where: str, path: Path) -> str:
-    """An entry is an object of non-empty strings; returns how messages name it ("packages[3] (torch)")."""
-    expect(entry, dict, where, path=path, hint=RELOCK)
-    name = entry.get("name")
-    label = f"{where} ({name[:80]})" if isinstance(name, str) and name else where
-    for key in ENTRY_KEYS:
-        value = entry.get(key)
-        if value is None:
-            raise BadInput(f"{path}: {label}: key '{key}' is missing", hint=RELOCK)
-        expect(value, str, f"{label}.{key}", path=path, hint=RELOCK)
-        if not value:
-            raise BadInput(f"{path}: {label}: key '{key}' is empty", hint=RELOCK)
-    if "mirror_url" in entry:
-        expect(entry["mirror_url"], str, f"{label}.mirror_url", path=path, hint=RELOCK)
-    return label
+def entry_label(entry: LockEntry, where: str) -> str:
+    """How messages name an entry: "packages[3] (torch)"."""
+    return f"{where} ({entry['name'][:80]})" if entry["name"] else where
 
 
-def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: set[tuple[str, str]]) -> None:
-    """One package entry: shape, a plain file name, provenance of its URL(s), sha256 format."""
-    label = check_entry_shape(entry, where, path)
+def check_entry(entry: LockEntry, where: str, path: Path, hosts: set[str], declared: set[tuple[str, str]]) -> None:
+    """One package entry that fits its model (spec.lock_types.LockEntry): non-empty strings, a plain file name,
+    provenance of its URL(s), sha256 format."""
+    label = entry_label(entry, where)
+    for field in ENTRY_KEYS:
+        if not entry[field]:
+            raise BadInput(f"{path}: {label}: key '{field}' is empty", hint=RELOCK)
     filename = entry["filename"]
     try:  # fetch stores <sha256>/<filename>: a '/' or '..' here would write outside the wheelhouse
         plain_name(filename, what="filename")
@@ -152,10 +145,11 @@ def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: s
         )
     if not _HEX64.fullmatch(entry["sha256"]):
         raise BadInput(f"{path}: {label}.sha256 {entry['sha256'][:80]!r} is not 64 lower-case hex digits", hint=RELOCK)
-    for key in ("url", "mirror_url"):
-        if key not in entry:
+    urls: tuple[Literal["url", "mirror_url"], ...] = ("url", "mirror_url")
+    for key in urls:
+        url = entry.get(key)
+        if url is None:
             continue
-        url = entry[key]
         if key == "mirror_url" and not url.startswith("file:///"):
             raise BadInput(
                 f"{path}: {label}.mirror_url {url[:200]!r} is not a file:/// URL (a mirror is a local copy)", hint=RELOCK
@@ -187,7 +181,7 @@ def check_entry(entry: Any, where: str, path: Path, hosts: set[str], declared: s
         )
 
 
-_RECIPE_VALUES = {
+_RECIPE_VALUES: dict[Literal["tool", "format", "mode", "suite", "variant", "mirror"], str] = {
     "tool": r"mmdebstrap",
     "format": r"tar",
     "mode": r"root",
@@ -197,30 +191,29 @@ _RECIPE_VALUES = {
 }
 
 
-def check_base(base: Any, key: str, path: Path) -> None:
-    expect(base, dict, key, path=path, hint=RELOCK)
-    kind = base.get("kind")
+def check_base(base: LockBase, key: str, path: Path) -> None:
+    """The rules of a lock's base that fits its model (spec.lock_types.LockBase): the keys its kind needs, and a
+    recipe of only values a stack gives."""
+    kind = base["kind"]
     if kind == "image":
-        expect(base.get("ref"), str, f"{key}.ref", path=path, hint=RELOCK)
+        if "ref" not in base:
+            raise BadInput(f"{path}: key '{key}.ref': missing (an image base names its image)", hint=RELOCK)
         return
     if kind != "debian-rootfs":
-        raise BadInput(f"{path}: {key}.kind is {kind!r}, where 'debian-rootfs' or 'image' belongs", hint=RELOCK)
-    sha = expect(base.get("sha256"), str, f"{key}.sha256", path=path, hint=RELOCK)
+        raise BadInput(f"{path}: {key}.kind is {kind[:80]!r}, where 'debian-rootfs' or 'image' belongs", hint=RELOCK)
+    sha, rec = base.get("sha256"), base.get("recipe")
+    if sha is None or rec is None:
+        field = "sha256" if sha is None else "recipe"
+        raise BadInput(f"{path}: key '{key}.{field}': missing (a debian-rootfs base records it)", hint=RELOCK)
     if not _HEX64.fullmatch(sha):
         raise BadInput(f"{path}: {key}.sha256 is not 64 lower-case hex digits", hint=RELOCK)
-    rec = expect(base.get("recipe"), dict, f"{key}.recipe", path=path, hint=RELOCK)
     # The recipe becomes mmdebstrap's command line, run as root: only values a stack can produce.
     for field, pattern in _RECIPE_VALUES.items():
-        value = expect(rec.get(field), str, f"{key}.recipe.{field}", path=path, hint=RELOCK)
+        value = rec[field]
         if not re.fullmatch(pattern, value):
             raise BadInput(f"{path}: {key}.recipe.{field} {value[:80]!r} is not a value a stack gives", hint=RELOCK)
-    for i, pkg in enumerate(expect(rec.get("packages"), list, f"{key}.recipe.packages", path=path, hint=RELOCK)):
-        expect(pkg, str, f"{key}.recipe.packages[{i}]", path=path, hint=RELOCK)
+    for i, pkg in enumerate(rec["packages"]):
         if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", pkg):
             raise BadInput(f"{path}: {key}.recipe.packages[{i}] {pkg[:80]!r} is not a Debian package name", hint=RELOCK)
-    epoch = expect(rec.get("source_date_epoch"), int, f"{key}.recipe.source_date_epoch", path=path, hint=RELOCK)
-    if epoch < 0:
+    if rec["source_date_epoch"] < 0:
         raise BadInput(f"{path}: {key}.recipe.source_date_epoch is negative", hint=RELOCK)
-    for field, types in (("command", str), ("size", int), ("source_date_epoch", int)):
-        if field in base:
-            expect(base[field], types, f"{key}.{field}", path=path, hint=RELOCK)

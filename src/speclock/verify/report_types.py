@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, NotRequired
 
-try:  # pydantic reads typing.TypedDict only from Python 3.12 on; it brings typing_extensions wherever it is installed
-    from typing_extensions import TypedDict
-except ImportError:  # an environment without pydantic (a stack whose engine has none): the types still read as types
-    from typing import TypedDict
+from speclock.core.docmodel import TypedDict  # typing_extensions' where pydantic is (it validates the report)
 
 # the drafter manifest's reference key (smoke writes it into the report's reference.key)
 from speclock.drafter.manifest import ReferenceKey as ReferenceKey
