@@ -62,7 +62,12 @@ def _env(tmp_path, monkeypatch):
 def test_the_committed_schemas_are_what_the_models_give():
     stale = write_schemas(list(DOCUMENTS), ROOT, check=True)
     assert not stale, f"{[str(p) for p in stale]} differ from the models: run `speclock schemas` and commit schemas/"
-    assert {d.schema_file for d in DOCUMENTS} == {"report.schema.json", "gate-result.schema.json", "lock.schema.json"}
+    assert {d.schema_file for d in DOCUMENTS} == {
+        "report.schema.json",
+        "gate-result.schema.json",
+        "lock.schema.json",
+        "attestation-predicate.schema.json",
+    }
 
 
 def test_each_schema_names_its_document_and_its_unknown_key_rule():
@@ -70,7 +75,7 @@ def test_each_schema_names_its_document_and_its_unknown_key_rule():
         schema = json.loads(schema_text(doc))
         assert schema["$id"] == f"{SCHEMAS_DIR}/{doc.schema_file}"
         assert schema["x-speclock-schema-id"] == doc.schema_id
-        assert schema["properties"]["schema"]["const"] == doc.schema_id
+        assert schema["properties"][doc.id_key]["const"] == doc.schema_id
         assert schema["x-speclock-unknown-keys"] == doc.unknown and "Unknown keys" in schema["description"]
     assert "additionalProperties" not in _schema("report.schema.json")  # report: unknown keys are a WARN
     assert _schema("gate-result.schema.json")["additionalProperties"] is False  # gate result: refused

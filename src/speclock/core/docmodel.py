@@ -55,8 +55,10 @@ class DocModel:
     unknown: Literal["warn", "refuse"]
     hint: str  # the fix, for every refusal
     # how a message names a key and its fault: "key 'a.b[1]': expected integer, got string ('x')", or in
-    # core.files.expect's words "a.b[1] is string 'x', where integer belongs" (documents whose readers said so first)
-    wording: Literal["key", "path"] = "key"
+    # core.files.expect's words "a.b[1] is string ('x'), where integer belongs" ("path"; "quoted-path": "key 'a.b[1]'
+    # is ..."), for documents whose readers said so before their model
+    wording: Literal["key", "path", "quoted-path"] = "key"
+    id_key: str = "schema"  # the key whose value is schema_id (an in-toto statement's: predicateType)
     refuse_why: str = "a reader that skipped a key it does not know could misread the verdict"  # the schema says it
 
     def config(self) -> dict[str, Any]:
@@ -202,13 +204,14 @@ def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str
     key = dotted(path)
     if kind == "extra_forbidden":
         return key, f"key '{key}': not a key of {doc.schema_id} ({SCHEMAS_DIR}/{doc.schema_file})"
-    if doc.wording == "path":  # core.files.expect's words, which this document's readers used before its model
+    if doc.wording != "key":  # core.files.expect's words, which this document's readers used before its model
         if not present:
             where = f"{dotted(path[:-1])}: " if len(path) > 1 else ""
             return key, f"{where}key '{path[-1]}' is missing" + (f" ({want} belongs there)" if want else "")
+        name = key if doc.wording == "path" else f"key '{key}'"
         if kind == "finite_number":
-            return key, f"{key} is {found}, where a finite number belongs"
-        return key, f"{key} is {json_type(found)} {short_repr(found)}, where {want or err['msg']} belongs"
+            return key, f"{name} is {found}, where a finite number belongs"
+        return key, f"{name} is {json_type(found)} {short_repr(found)}, where {want or err['msg']} belongs"
     if not present:
         return key, f"key '{key}': missing" + (f" ({want} belongs there)" if want else "")
     if kind == "finite_number":
@@ -289,7 +292,7 @@ def json_schema(doc: DocModel, *, plain: bool = False) -> dict[str, Any]:
         "$schema": SCHEMA_DIALECT,
         "$id": f"{SCHEMAS_DIR}/{doc.schema_file}",
         "title": doc.title,
-        "description": f"{body.pop('description', '').strip()}\n\nSchema id (the document's `schema` key): "
+        "description": f"{body.pop('description', '').strip()}\n\nSchema id (the document's `{doc.id_key}` key): "
         f"{doc.schema_id}. {rule} Generated from {doc.model.__module__}.{doc.model.__name__} by `speclock schemas`; "
         "do not edit.".strip(),
         "x-speclock-schema-id": doc.schema_id,

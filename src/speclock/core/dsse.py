@@ -12,11 +12,14 @@ import argparse
 import base64
 import binascii
 import hashlib
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
+from speclock.core.docmodel import DocModel, validate
+from speclock.core.docmodel import TypedDict as ModelTypedDict
 from speclock.core.errors import BadInput, EnvironmentProblem
-from speclock.core.files import expect, json_type, read_text
+from speclock.core.files import read_text
 from speclock.core.jsonread import parse_json
 
 try:  # optional: only signing and verifying need it; its absence is exit 3 then, never at import (~30 ms)
@@ -171,21 +174,46 @@ def parse(data: bytes, source: str) -> dict[str, Any]:
     }
 
 
-# An in-toto statement is open-ended (its predicate is the signed report; a subject may carry annotations).
-def statement_subjects(statement: dict[str, Any], source: str, *, hint: str) -> list[dict[str, Any]]:
-    """The `subject` list of an in-toto statement, each entry checked for in-toto's types (name a string, digest an
-    object of algorithm -> hex string); BadInput naming the file and the key otherwise."""
-    subjects = statement.get("subject")
-    if not isinstance(subjects, list):
-        raise BadInput(f"{source}: key 'subject' is {json_type(subjects)}, where a list of subjects belongs", hint=hint)
-    for i, s in enumerate(subjects):
-        expect(s, dict, f"key 'subject[{i}]'", path=source, hint=hint)
-        if "name" in s:
-            expect(s["name"], str, f"key 'subject[{i}].name'", path=source, hint=hint)
-        expect(s.get("digest"), dict, f"key 'subject[{i}].digest'", path=source, hint=hint)
-        for algo, value in s["digest"].items():
-            expect(value, str, f"key 'subject[{i}].digest.{algo}'", path=source, hint=hint)
+class Subject(ModelTypedDict):
+    """One subject of an in-toto Statement v1 (an in-toto ResourceDescriptor): a digest, by algorithm, of what the
+    statement is about; the descriptor's other fields as in-toto types them."""
+
+    digest: dict[str, str]  # algorithm -> hex digest ("sha256": ...)
+    name: NotRequired[str]
+    uri: NotRequired[str]
+    downloadLocation: NotRequired[str]
+    mediaType: NotRequired[str]
+    content: NotRequired[str]
+    annotations: NotRequired[dict[str, Any]]
+
+
+class _Subjects(ModelTypedDict):
+    subject: list[Subject]
+
+
+# A statement's subjects, whatever its predicate (push-image reads any in-toto statement's; verify.attest types the
+# whole of a smoke report's). In-toto: a consumer ignores the fields it does not know, so an unknown key passes.
+SUBJECTS = DocModel(
+    _Subjects,
+    "https://in-toto.io/Statement/v1",
+    "in-toto-subjects.schema.json",  # not published: verify.attest's statement is
+    "in-toto subjects",
+    "warn",
+    "",
+    wording="quoted-path",  # statement_subjects' messages before its model: "key 'subject[0].digest' is string (...)"
+)
+
+
+def statement_subjects(statement: dict[str, Any], source: str, *, hint: str) -> list[Subject]:
+    """The `subject` list of an in-toto statement, each entry of in-toto's types (name a string, digest an object of
+    algorithm -> hex string: the model Subject); BadInput naming the file and the key otherwise."""
+    validate(replace(SUBJECTS, hint=hint), {"subject": statement.get("subject")}, source, warn=_ignored)
+    subjects: list[Subject] = statement["subject"]
     return subjects
+
+
+def _ignored(message: str) -> None:
+    """An unknown key of a subject: in-toto's consumers ignore it."""
 
 
 def verify(envelope: dict[str, Any], public_key: Ed25519PublicKey, source: str) -> None:  # envelope: parse's

@@ -76,8 +76,8 @@ LOCK = DocModel(
     "speclock lock file",
     "refuse",
     RELOCK,
-    "path",  # read_lock's messages before its model: "packages[0] is string 'torch', where object (LockEntry) belongs"
-    "a lock is the build's input, and a key an older speclock skipped would be a part of the image it did not build",
+    wording="path",  # read_lock's messages before its model: "packages[0] is string ('torch'), where object ... belongs"
+    refuse_why="a lock is the build's input, and a key an older speclock skipped would be a part of the image it did not build",
 )
 # The key of the image's own target (the lock's top-level packages) where a command takes a target name.
 IMAGE_TARGET = "image"

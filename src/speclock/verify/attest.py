@@ -11,20 +11,47 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from speclock.core import dsse
+from speclock.core.docmodel import DocModel, validate
+from speclock.core.docmodel import TypedDict as ModelTypedDict
 from speclock.core.errors import BadInput
 from speclock.core.files import MAX_READ_BYTES, atomic_write_text, read_bytes, read_json
 from speclock.core.jsonread import loads
 from speclock.spec.lock import read_lock
+from speclock.verify.report_types import SmokeReport
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://speclock.dev/smoke/v1"
 ATTESTATION_FILE = "attestation.intoto.json"
 _HEX_DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 _SIGN_HINT = "sign the report again (`speclock selfcheck --sign-key KEY` writes report.json and its attestation together)"
+
+
+class SmokeStatement(ModelTypedDict):
+    """The payload of attestation.intoto.json: an in-toto Statement v1 whose predicate (predicateType
+    https://speclock.dev/smoke/v1) is the smoke report it signs, as `speclock smoke` wrote it (docs/attestation.md)."""
+
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[dsse.Subject]  # the image by digest, or the lock by its sha256 (subject_for)
+    predicateType: Literal["https://speclock.dev/smoke/v1"]
+    predicate: SmokeReport
+
+
+# Unknown keys: a WARN naming them, as in the report the predicate is (in-toto: a consumer ignores the fields it does
+# not know). schemas/attestation-predicate.schema.json is generated from it: the predicate's type and its statement.
+ATTESTATION = DocModel(
+    SmokeStatement,
+    PREDICATE_TYPE,
+    "attestation-predicate.schema.json",
+    "speclock attestation: an in-toto Statement v1 whose predicate is a smoke report",
+    "warn",
+    _SIGN_HINT,
+    id_key="predicateType",
+)
 
 
 def lock_identity(lock_file: Path, stack=None) -> str:
@@ -110,8 +137,15 @@ def _statement_of(envelope: dict[str, Any], source: str) -> dict[str, Any]:
             f"{source}: predicateType is {doc.get('predicateType')!r}, not {PREDICATE_TYPE} (a smoke report)",
             hint="give the attestation of a smoke report",
         )
-    dsse.statement_subjects(doc, source, hint=_SIGN_HINT)  # a digest that is a string is exit 2 naming the key
+    validate(ATTESTATION, doc, source, warn=_statement_warn)  # a digest that is a string is exit 2 naming the key
     return doc
+
+
+def _statement_warn(message: str) -> None:
+    """A WARN for a key the statement's model does not know, but the predicate's: the predicate is the report (checked
+    equal to it next), whose own reader names them."""
+    if "key 'predicate." not in message:
+        print(f"WARN: {message}", file=sys.stderr)
 
 
 def check_subject(
