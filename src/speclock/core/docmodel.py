@@ -50,7 +50,7 @@ class DocModel:
 
     model: type
     schema_id: str
-    schema_file: str  # under schemas/
+    schema_file: str  # under schemas/; "" for a document whose schema is not published
     title: str
     unknown: Literal["warn", "refuse"]
     hint: str  # the fix, for every refusal
@@ -203,7 +203,8 @@ def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str
     want = expected_at(doc, path)
     key = dotted(path)
     if kind == "extra_forbidden":
-        return key, f"key '{key}': not a key of {doc.schema_id} ({SCHEMAS_DIR}/{doc.schema_file})"
+        published = f" ({SCHEMAS_DIR}/{doc.schema_file})" if doc.schema_file else ""
+        return key, f"key '{key}': not a key of {doc.schema_id}{published}"
     if doc.wording != "key":  # core.files.expect's words, which this document's readers used before its model
         if not present:
             where = f"{dotted(path[:-1])}: " if len(path) > 1 else ""

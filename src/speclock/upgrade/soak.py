@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from speclock.build.builders import ensure_in_docker
 from speclock.build.records import BuildRecord
 from speclock.build.run import run_image
+from speclock.core.docmodel import DocModel, validate
 from speclock.core.errors import BadInput
 from speclock.core.files import read_json
 from speclock.upgrade.record import SoakSummary, SoakWindowSummary, Step
@@ -56,36 +57,19 @@ def image_runner(record: BuildRecord) -> Runner:
     return run
 
 
-def _number(doc: Mapping[str, Any], key: str, path: Path) -> float:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadInput(f"{path}: key '{key}' is {value!r}, not a number")
-    return float(value)
+# soak.json's model (speclock.verify.report_types.SoakDoc): what the upgrade reads by key, typed; not published.
+SOAK = DocModel(
+    SoakDoc, SOAK_SCHEMA, "", "soak result", "warn", "give the soak.json `speclock soak` wrote in the image, unedited"
+)
 
 
 def read_soak(path: Path) -> SoakDoc:
-    """The soak's result as the image wrote it (speclock.soak/v1), checked for what the step reads."""
-    doc = read_json(path, what="soak result")
+    """The soak's result as the image wrote it (speclock.soak/v1), validated against its model (SoakDoc): BadInput
+    naming the file and the key path."""
+    doc = read_json(path, what="soak result", expect=object, hint=SOAK.hint)
     if not isinstance(doc, dict) or doc.get("schema") != SOAK_SCHEMA:
-        raise BadInput(f"{path}: not a {SOAK_SCHEMA} document")
-    if doc.get("verdict") not in ("pass", "fail"):
-        raise BadInput(f"{path}: key 'verdict' is {doc.get('verdict')!r}, not 'pass' or 'fail'")
-    failures, windows, drift = doc.get("failures"), doc.get("windows"), doc.get("drift")
-    if not isinstance(failures, list) or not all(isinstance(f, str) for f in failures):
-        raise BadInput(f"{path}: key 'failures' is not a list of reasons")
-    if not isinstance(windows, list) or not all(isinstance(w, dict) for w in windows):
-        raise BadInput(f"{path}: key 'windows' is not a list of windows")
-    if not isinstance(drift, dict):
-        raise BadInput(f"{path}: key 'drift' is not an object")
-    for w in windows:
-        for key in ("t_start_s", "mean_acceptance_length", "acceptance_rate", "tok_s"):
-            _number(w, key, path)
-    for key in ("worst_drop", "last_drop"):
-        _number(drift, key, path)
-    _number(doc, "seconds", path)
-    _number(doc, "max_drift", path)  # summary.md prints it as the limit
-    # what the step reads by key is checked above: schema, verdict, failures, windows and drift (numbers), seconds,
-    # max_drift
+        raise BadInput(f"{path}: not a {SOAK_SCHEMA} document", hint=SOAK.hint)
+    validate(SOAK, doc, str(path))
     return cast(SoakDoc, doc)
 
 

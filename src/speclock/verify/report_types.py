@@ -22,6 +22,7 @@ from speclock.drafter.manifest import ReferenceKey as ReferenceKey
 
 SMOKE_SCHEMA_ID: Final = "speclock.smoke/v1"
 GATE_SCHEMA_ID: Final = "speclock.gate/v1"
+SOAK_SCHEMA_ID: Final = "speclock.soak/v1"
 
 
 class ImageIdentity(TypedDict):
@@ -354,23 +355,24 @@ class SoakWindow(TypedDict):
 class SoakDrift(TypedDict):
     worst_drop: float
     last_drop: float
-    worst_window: int
+    worst_window: NotRequired[int]  # `speclock soak` writes it; the upgrade reads the drops
 
 
 class SoakDoc(TypedDict):
     """soak.json (schema speclock.soak/v1), written by `speclock soak` with every key. The required keys are the
-    ones a reader checks (speclock.upgrade.soak.read_soak); the others it reads with .get."""
+    ones the upgrade's reader reads by key (speclock.upgrade.soak.read_soak validates against this model; summary.md
+    prints max_drift); the others it reads with .get. Unknown keys: a WARN naming them."""
 
-    schema: str
-    verdict: str  # pass | fail
+    schema: Literal["speclock.soak/v1"]
+    verdict: Literal["pass", "fail"]
     failures: list[str]
     windows: list[SoakWindow]
     drift: SoakDrift
     seconds: float
+    max_drift: float
     stack: NotRequired[str]
     engine: NotRequired[str]
     minutes: NotRequired[float]
-    max_drift: NotRequired[float]
     prompts: NotRequired[int]
     max_tokens: NotRequired[int]
     num_speculative_tokens: NotRequired[int]
