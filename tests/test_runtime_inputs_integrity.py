@@ -270,7 +270,7 @@ BAD_RECORDS = [
     ({"key": {**KEY, "k": 3.0}, "metrics": METRICS}, "reference[0].key.k is number"),
     ({"key": {**KEY, "max_tokens": 0}, "metrics": METRICS}, "reference[0].key.max_tokens is 0"),
     ({"key": [KEY], "metrics": METRICS}, "reference[0].key is list"),
-    ({"key": KEY}, "reference[0].metrics is null"),
+    ({"key": KEY}, "reference[0]: key 'metrics' is missing"),  # the manifest's model (#38): absent, not null
     ({"key": KEY, "metrics": [2.2]}, "reference[0].metrics is list"),
     ({"key": KEY, "metrics": {**METRICS, "acceptance_rate": 1.5}}, "reference[0].metrics.acceptance_rate"),
     ({"key": KEY, "metrics": {**METRICS, "num_drafts": -1}}, "reference[0].metrics.num_drafts"),

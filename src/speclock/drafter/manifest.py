@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_text, expect, read_json
+from speclock.drafter.manifest_types import ReferenceKey as ReferenceKey  # the model's (verify/, train/ import it here)
 from speclock.drafter.models import DRAFT_MANIFEST, read_drafter_manifest, target_sha256
 from speclock.spec.prompts import prompts_sha256
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from speclock.drafter.eagle3 import Eagle3Drafter  # imports torch
 
 
-# --- the manifest as train/export writes it (drafter.models.check_drafter_manifest checks what is read back) ---
+# --- the manifest as train/export writes it, every key (what a reader takes: drafter.manifest_types.ManifestDoc) ---
 class ManifestTarget(TypedDict):
     name: str
     sha256: str
@@ -30,17 +31,6 @@ class ManifestTarget(TypedDict):
     num_hidden_layers: int
     hidden_size: int
     vocab_size: int
-
-
-class ReferenceKey(TypedDict):
-    """What a recorded reference result was measured on: equal keys, comparable results."""
-
-    target_sha256: str
-    drafter_sha256: str
-    prompts_sha256: str
-    num_prompts: int
-    k: int
-    max_tokens: int
 
 
 class DrafterManifest(TypedDict):

@@ -22,17 +22,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
+from speclock.core.docmodel import validate
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, confined, expect, os_error, read_json
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.drafter import gguf_convert
+from speclock.drafter.manifest_types import MANIFEST, MANIFEST_HINT, MANIFEST_SCHEMA, ManifestDoc, ReferenceRecord
 from speclock.drafter.weights_check import check_model_weights, read_safetensors_header
 
 DTYPES = gguf_convert.DTYPES
 DRAFT_MANIFEST = "speclock-manifest.json"
-MANIFEST_SCHEMA = "speclock.drafter/v1"
 
 
 def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
@@ -98,10 +99,6 @@ def target_sha256(model_dir: str | os.PathLike) -> str:
 # --- model configs and drafter manifests: every reader of them goes through these --------------
 
 _CONFIG_HINT = "give a Hugging Face model folder whose config.json is the one its exporter wrote (a JSON object)"
-_MANIFEST_HINT = (
-    "the drafter manifest is written by `speclock train export` (and `speclock train reference --record`); "
-    "export the drafter again, or restore the file from git"
-)
 
 
 def layer_ids(value, where: str, *, path, hint: str | None = None) -> list[int]:
@@ -307,77 +304,59 @@ def draft_aux_ids(cfg: dict) -> list[int] | None:
     return list(ids) if ids else None
 
 
-_KEY_FIELDS = {
-    "target_sha256": str,
-    "drafter_sha256": str,
-    "prompts_sha256": str,
-    "num_prompts": int,
-    "k": int,
-    "max_tokens": int,
-}
-_METRIC_INTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+def _not_below(value: int | None, floor: int, where: str, path, what: str) -> None:
+    if value is not None and value < floor:
+        raise BadInput(f"{path}: {where} is {value}, where {what} belongs", hint=MANIFEST_HINT)
 
 
-def check_reference_record(rec, where: str, path) -> dict:
-    """One recorded reference result: {"key": {six fields}, "metrics": {...}} of the right types."""
-    expect(rec, dict, where, path=path, hint=_MANIFEST_HINT)
-    key = expect(rec.get("key"), dict, f"{where}.key", path=path, hint=_MANIFEST_HINT)
-    for field, typ in _KEY_FIELDS.items():
-        expect(key.get(field), typ, f"{where}.key.{field}", path=path, hint=_MANIFEST_HINT)
-        if typ is int and key[field] < 1:
-            raise BadInput(
-                f"{path}: {where}.key.{field} is {key[field]}, where a count of at least 1 belongs", hint=_MANIFEST_HINT
-            )
-    metrics = expect(rec.get("metrics"), dict, f"{where}.metrics", path=path, hint=_MANIFEST_HINT)
-    mal = expect(
-        metrics.get("mean_acceptance_length"), float, f"{where}.metrics.mean_acceptance_length", path=path, hint=_MANIFEST_HINT
-    )
+def _indices(ids: list[int] | None, where: str, path) -> None:
+    for i, item in enumerate(ids or []):
+        _not_below(item, 0, f"{where}[{i}]", path, "a layer index (0 or more)")
+
+
+def check_reference_record(rec: ReferenceRecord, where: str, path) -> ReferenceRecord:
+    """The rules of one recorded reference result that fits its model (ReferenceRecord): counts of its key at least
+    1, a mean acceptance length of at least 1, a rate in 0..1, counters not below 0."""
+    key = rec["key"]
+    for field, count in (("num_prompts", key["num_prompts"]), ("k", key["k"]), ("max_tokens", key["max_tokens"])):
+        _not_below(count, 1, f"{where}.key.{field}", path, "a count of at least 1")
+    metrics = rec["metrics"]
+    mal = metrics["mean_acceptance_length"]
     if mal < 1:
         raise BadInput(
-            f"{path}: {where}.metrics.mean_acceptance_length is {mal}, below 1 (every step yields a token)", hint=_MANIFEST_HINT
+            f"{path}: {where}.metrics.mean_acceptance_length is {mal}, below 1 (every step yields a token)", hint=MANIFEST_HINT
         )
     rate = metrics.get("acceptance_rate")
-    if rate is not None and not 0 <= expect(rate, float, f"{where}.metrics.acceptance_rate", path=path, hint=_MANIFEST_HINT) <= 1:
-        raise BadInput(f"{path}: {where}.metrics.acceptance_rate is {rate}, outside 0..1", hint=_MANIFEST_HINT)
-    for field in _METRIC_INTS:
-        value = metrics.get(field)
-        if value is not None and expect(value, int, f"{where}.metrics.{field}", path=path, hint=_MANIFEST_HINT) < 0:
-            raise BadInput(f"{path}: {where}.metrics.{field} is {value}, a count below 0", hint=_MANIFEST_HINT)
-    if metrics.get("accepted_per_position") is not None:
-        layer_ids(metrics["accepted_per_position"], f"{where}.metrics.accepted_per_position", path=path, hint=_MANIFEST_HINT)
+    if rate is not None and not 0 <= rate <= 1:
+        raise BadInput(f"{path}: {where}.metrics.acceptance_rate is {rate}, outside 0..1", hint=MANIFEST_HINT)
+    counters = (metrics.get("num_drafts"), metrics.get("num_draft_tokens"), metrics.get("num_accepted_tokens"))
+    for field, value in zip(("num_drafts", "num_draft_tokens", "num_accepted_tokens"), counters, strict=True):
+        _not_below(value, 0, f"{where}.metrics.{field}", path, "a count (0 or more)")
+    _indices(metrics.get("accepted_per_position"), f"{where}.metrics.accepted_per_position", path)
     return rec
 
 
-def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> dict:
-    """The drafter manifest's fields that speclock reads, each of the right JSON type.
+def check_drafter_manifest(data: dict, path, *, strict_schema: bool = False) -> dict[str, Any]:
+    """A drafter manifest validated against its model (speclock.drafter.manifest_types.ManifestDoc), then its rules.
 
     `strict_schema`: the schema must be there (training reads back what it wrote); when present it
     must be MANIFEST_SCHEMA either way.
     """
-    schema = _optional(data, "schema", str, "schema", path, _MANIFEST_HINT)
+    validate(MANIFEST, data, str(path))
+    doc = cast(ManifestDoc, data)
+    schema = doc.get("schema")
     if (schema is not None or strict_schema) and schema != MANIFEST_SCHEMA:
-        raise BadInput(f"{path}: key 'schema' is {schema!r}, expected {MANIFEST_SCHEMA!r}", hint=_MANIFEST_HINT)
-    target = _optional(data, "target", dict, "target", path, _MANIFEST_HINT)
-    for key in ("name", "architecture", "sha256"):
-        _optional(target or {}, key, str, f"target.{key}", path, _MANIFEST_HINT)
-    for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
-        n = _optional(target or {}, key, int, f"target.{key}", path, _MANIFEST_HINT)
-        if n is not None and n < 0:
-            raise BadInput(f"{path}: target.{key} is {n}, where a count belongs", hint=_MANIFEST_HINT)
-    engines = _optional(data, "engine_layer_ids", dict, "engine_layer_ids", path, _MANIFEST_HINT)
-    for name, ids in (engines or {}).items():
-        layer_ids(ids, f"engine_layer_ids.{name}", path=path, hint=_MANIFEST_HINT)
-    _optional(data, "drafter_sha256", str, "drafter_sha256", path, _MANIFEST_HINT)
-    records = _optional(data, "reference", list, "reference", path, _MANIFEST_HINT)
-    for i, rec in enumerate(records or []):
+        raise BadInput(f"{path}: key 'schema' is {schema!r}, expected {MANIFEST_SCHEMA!r}", hint=MANIFEST_HINT)
+    target = doc.get("target") or {}
+    sizes = (target.get("num_hidden_layers"), target.get("hidden_size"), target.get("vocab_size"))
+    for key, size in zip(("num_hidden_layers", "hidden_size", "vocab_size"), sizes, strict=True):
+        _not_below(size, 0, f"target.{key}", path, "a count")
+    for name, ids in (doc.get("engine_layer_ids") or {}).items():
+        _indices(ids, f"engine_layer_ids.{name}", path)
+    for i, rec in enumerate(doc.get("reference") or []):
         check_reference_record(rec, f"reference[{i}]", path)
-    if "aux_layers_after" not in data:
-        raise BadInput(
-            f"{path}: 'aux_layers_after' is missing (the layers the drafter was trained on)",
-            hint="the manifest contract: speclock.drafter/v1; " + _MANIFEST_HINT,
-        )
-    layer_ids(data["aux_layers_after"], "aux_layers_after", path=path, hint=_MANIFEST_HINT)
-    return data
+    _indices(doc["aux_layers_after"], "aux_layers_after", path)
+    return data  # read as a plain dict by its readers; ManifestDoc says what they may find
 
 
 @overload
@@ -401,7 +380,7 @@ def read_drafter_manifest(
                 hint="give the folder `speclock train export` wrote (config.json, weights and the manifest)",
             )
         return None
-    data = read_json(path, what="drafter manifest", hint=_MANIFEST_HINT)
+    data = read_json(path, what="drafter manifest", hint=MANIFEST_HINT)
     return check_drafter_manifest(data, path, strict_schema=strict_schema)
 
 
