@@ -15,8 +15,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fuzz_support import assert_clean_refusal, run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from speclock.core import dsse
+from speclock.core.errors import BadInput
 from speclock.spec.lock import read_lock
 from speclock.verify import attest
 
@@ -97,3 +100,41 @@ def test_an_unknown_predicate_key_is_named_once_by_the_reports_reader(tmp_path, 
     code, out, err = run_cli("gate", report, "--verify-key", public, "--baseline", "none")
     assert code in (0, 1), err
     assert "key 'predicate.carbon'" not in err and f"{report}: key 'carbon' is not in speclock.smoke/v1" in out + err
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+STATEMENT = json.loads(
+    json.dumps(attest.statement(json.loads(REPORT.read_text()), attest.subject_for(json.loads(REPORT.read_text()), LOCK_SHA)))
+)
+_WHERE = [
+    ("_type",),
+    ("predicateType",),
+    ("subject",),
+    ("subject", 0, "digest", "sha256"),
+    ("subject", 0, "name"),
+    ("predicate", "metrics", "accepted_per_position", 0),
+    ("predicate", "throughput", "batch1"),
+    ("predicate",),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(where=st.sampled_from(_WHERE), value=json_values)
+def test_fuzz_a_statement_changed_at_a_key_is_valid_or_refused_naming_the_file(where, value):
+    """The statement's reader after the signature (attest._statement_of): any value at these keys is read, or BadInput
+    (exit 2) naming the file; never a crash. (Signatures are fuzzed by tests/test_attest.py's cases.)"""
+    doc = json.loads(json.dumps(STATEMENT))
+    node = doc
+    for part in where[:-1]:
+        node = node[part]
+    node[where[-1]] = value
+    payload = json.dumps(doc).encode()
+    try:
+        attest._statement_of({"payloadType": dsse.INTOTO_PAYLOAD_TYPE, "payload": payload}, "attestation.intoto.json")
+    except BadInput as err:
+        assert err.exit_code == 2 and err.message.startswith("attestation.intoto.json: "), err.message

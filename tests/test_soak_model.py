@@ -8,6 +8,8 @@ import copy
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from speclock.core.errors import BadInput
 from speclock.upgrade.soak import SOAK, read_soak
@@ -82,3 +84,41 @@ def test_a_wrong_type_at_a_deep_key_path_is_bad_input_naming_the_file_and_the_pa
 def test_an_unknown_key_is_a_warn_naming_it(tmp_path, capsys):
     _read(tmp_path, {**DOC, "gpu_temp_c": 71})
     assert f"WARN: {tmp_path / 'soak.json'}: key 'gpu_temp_c' is not in speclock.soak/v1" in capsys.readouterr().err
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, (*prefix, i))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_a_soak_result_changed_anywhere_is_read_or_refused_naming_the_file(tmp_path, data):
+    """Any value at any key (or the whole document): read, or BadInput (exit 2) naming the file; never a crash."""
+    doc = copy.deepcopy(DOC)
+    paths = [p for p in _paths(doc) if p]
+    where = data.draw(st.sampled_from(paths))
+    value = data.draw(json_values)
+    node = doc
+    for part in where[:-1]:
+        node = node[part]
+    node[where[-1]] = value
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(doc, allow_nan=False))
+    try:
+        read_soak(path)
+    except BadInput as err:
+        assert err.exit_code == 2 and err.message.startswith(f"{path}: "), err.message
