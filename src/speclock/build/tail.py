@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from speclock.build.builders import Builder
+from speclock.core.heartbeat import Progress
 
 TAIL = "COPY config /opt/speclock"  # the last instruction of containers/Containerfile
 
@@ -51,7 +51,7 @@ def build_in_two(
     labels: dict[str, str],
     no_cache: bool,
     timestamp: int,
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
 ) -> str:
     """Build the body unless its tag is in the store, then the tail as `tag`; return the image id."""
     body_ref = f"localhost/speclock-{stack_name}-body:{key[:16]}"

@@ -18,13 +18,12 @@ import shutil
 import tempfile
 import threading
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from speclock.build.download import NEVER, Stopped, download, local_path
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, clean_stale_temps, confined, file_sha256, os_error, plain_name
-from speclock.core.heartbeat import ByteHeartbeat
+from speclock.core.heartbeat import ByteHeartbeat, Progress
 from speclock.core.jsonread import loads
 from speclock.core.layout import cache_dir
 from speclock.spec.lock import LockDoc, LockEntry
@@ -131,7 +130,7 @@ def ensure_entry(
     store: Path | None = None,
     *,
     stop: threading.Event | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Path, str]:
     """Make sure the verified file for `pkg` is in the store. Returns (path, what happened). With `progress`,
     a download reports its bytes, total and rate every 10 s (a 600 MB wheel takes minutes on a slow link).

@@ -13,6 +13,9 @@ from pathlib import Path
 EVERY_S = 10.0  # a download's report interval
 SILENCE_S = 15.0  # how long a builder may print nothing before the first heartbeat line
 
+# Where long work sends its progress lines: print, stderr, or a caller's collector (the one spelling of that type).
+Progress = Callable[[str], None]
+
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
@@ -31,7 +34,7 @@ class ByteHeartbeat:
         what: str,
         total: int | None = None,
         *,
-        progress: Callable[[str], None] = print,
+        progress: Progress = print,
         every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -72,7 +75,7 @@ class SilenceHeartbeat:
         self,
         watch: Path | None,
         *,
-        progress: Callable[[str], None],
+        progress: Progress,
         every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):

@@ -20,12 +20,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_write_json, os_error, read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import cache_dir, cache_subdir
 from speclock.core.locks import exclusive
 from speclock.core.names import normalize
@@ -99,7 +99,7 @@ def _uv() -> list[str]:
     return [exe]
 
 
-def ensure(spec: str, log: Callable[[str], None] = print) -> Path:
+def ensure(spec: str, log: Progress = print) -> Path:
     """Install `spec` (e.g. vllm==0.33.0) into its cached env unless already complete; return its python.
 
     One process installs at a time (a lock beside the env): another one that asked for the same env meanwhile
@@ -114,7 +114,7 @@ def ensure(spec: str, log: Callable[[str], None] = print) -> Path:
         return _ensure_locked(spec, d, log)
 
 
-def _ensure_locked(spec: str, d: Path, log: Callable[[str], None]) -> Path:
+def _ensure_locked(spec: str, d: Path, log: Progress) -> Path:
     py = env_python(spec)
     if py:  # made by the process this one waited for
         return py

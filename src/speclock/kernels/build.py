@@ -26,12 +26,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem, SpeclockError
 from speclock.core.files import atomic_output, atomic_write_text, file_sha256
+from speclock.core.heartbeat import Progress
 from speclock.spec.schema import ARCH_MIN_CUDA
 from speclock.spec.stack import Stack, load_stack
 
@@ -169,7 +169,7 @@ def build_fp8_library(
     nvcc: str | None = None,
     cuda: str | None = None,
     cuda_key: str = "gpu.cuda",
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
 ) -> KernelsManifest:
     """Compile csrc/fp8_pack.cu for `archs` into out_dir/libspeclock_fp8.so; returns the manifest.
 

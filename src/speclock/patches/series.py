@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import glob
 import py_compile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, confined, os_error
+from speclock.core.heartbeat import Progress
 from speclock.core.versions import in_range
 from speclock.patches.diff import HunkFailure, Patch, apply_hunks, parse_patch
 from speclock.patches.probes import ProbeResult, eagle3_probe, run_static_probes
@@ -221,7 +221,7 @@ def apply_series(
     python: str | None = None,
     record: Path | None = None,
     run_probes: bool = True,
-    log: Callable[[str], None] = print,
+    log: Progress = print,
 ) -> SeriesRecord:
     """Apply the stack's series to an installed engine, all or nothing; verify; write a JSON record."""
     site_packages = Path(site_packages)

@@ -20,6 +20,7 @@ from typing import BinaryIO, TypeVar
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import atomic_output, atomic_write_json, clean_stale_temps, file_sha256, os_error, plain_name
+from speclock.core.heartbeat import Progress
 from speclock.core.jsonread import loads
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize, wheel_name_parts
@@ -253,7 +254,7 @@ def _write_block(fh: BinaryIO, block: bytes) -> None:
     fh.write(block)  # one place for writes, so a test can make the disk full
 
 
-def _download(src: WheelSource, dest: Path, log: Callable[[str], None]) -> Path:
+def _download(src: WheelSource, dest: Path, log: Progress) -> Path:
     target = dest / plain_name(src.filename, what="wheel file name", source=src.url)
     what = f"downloading {src.filename}"
 
@@ -280,7 +281,7 @@ def _download(src: WheelSource, dest: Path, log: Callable[[str], None]) -> Path:
     return target
 
 
-def fetch_wheel(package: str, version: str, log: Callable[[str], None] = print) -> Path:
+def fetch_wheel(package: str, version: str, log: Progress = print) -> Path:
     """The engine's wheel (no dependencies) from the cache, verified by sha256 on every use; downloaded if
     absent or corrupt. The expected hash comes from a committed lock, else from the index at download time."""
     dest = cache_dir() / "wheels"

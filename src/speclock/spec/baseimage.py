@@ -14,11 +14,11 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 from speclock.core.files import TEMP_PREFIX, atomic_write_text, file_sha256, move_aside, os_error, pid_alive, publish
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import cache_dir
 from speclock.spec.lock_types import BaseRecipe, LockBase
 from speclock.spec.stack import Stack
@@ -100,12 +100,12 @@ def _reusable(out: Path) -> str | None:
     return None
 
 
-def build_rootfs(rec: BaseRecipe, *, progress: Callable[[str], None] = print) -> Path:
+def build_rootfs(rec: BaseRecipe, *, progress: Progress = print) -> Path:
     """Build (or reuse) the rootfs tarball for a recipe; atomic: a failed or interrupted run leaves nothing behind."""
     return _built_rootfs(rec, progress=progress)[0]
 
 
-def _built_rootfs(rec: BaseRecipe, *, progress: Callable[[str], None] = print) -> tuple[Path, str]:
+def _built_rootfs(rec: BaseRecipe, *, progress: Progress = print) -> tuple[Path, str]:
     """(tarball, its sha256): reused when its hash still matches the recorded one, built otherwise."""
     out = cached_tar(rec)
     sha = _reusable(out)
@@ -156,7 +156,7 @@ def lock_base(
     *,
     previous_epoch: int | None = None,
     extra_packages: list[str] | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
 ) -> LockBase:
     """The lock's `base` entry: the recipe and the sha256 of the tarball it produces (or the image ref).
 
@@ -178,7 +178,7 @@ def lock_base(
     }
 
 
-def verified_rootfs(base: LockBase, *, progress: Callable[[str], None] = print) -> Path:
+def verified_rootfs(base: LockBase, *, progress: Progress = print) -> Path:
     """The cached tarball for a locked base, rebuilt if missing and checked against the lock's sha256.
 
     A cached tarball that does not match is moved aside and built again before the mirror is blamed

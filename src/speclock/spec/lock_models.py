@@ -15,11 +15,11 @@ key: their locks keep their bytes. What an identity covers, and what not: spec.m
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.files import confined
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import REPO_ROOT
 from speclock.spec.lock_types import LockDoc, ModelRecord
 from speclock.spec.model_identity import check_identity, identity_differences, model_identity
@@ -47,9 +47,7 @@ def _relock(stack: Stack) -> str:
     return f"`speclock lock --stack {stack.name} --no-resolve` (on a machine that has the model, to pin it)"
 
 
-def model_records(
-    stack: Stack, *, root: Path | None = None, progress: Callable[[str], None] = print
-) -> dict[str, ModelRecord] | None:
+def model_records(stack: Stack, *, root: Path | None = None, progress: Progress = print) -> dict[str, ModelRecord] | None:
     """The lock's `models` for this stack (None: it names no such folder, and the lock gets no `models` key).
     A folder that is not there is recorded as not pinned, with a WARN; one that is there but broken is refused."""
     folders = pinned_folders(stack, root)

@@ -14,11 +14,11 @@ import copy
 import re
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.files import read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.jsonread import loads
 from speclock.core.names import normalize
 from speclock.spec import baseimage
@@ -33,8 +33,6 @@ from speclock.spec.pip_resolver import pip_report as _pip_report  # callers here
 from speclock.spec.pip_resolver import platform_tags as platform_tags
 from speclock.spec.provenance import url_basename
 from speclock.spec.stack import Stack, pinned_view
-
-Progress = Callable[[str], None]  # where a step's progress lines go (print, or a caller's collector)
 
 
 def host_target_doc(key: str) -> TargetPlatform:

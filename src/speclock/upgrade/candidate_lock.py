@@ -8,9 +8,8 @@ the current one. `--relock` resolves again; it keeps the current versions the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from speclock.core.errors import BadInput
+from speclock.core.heartbeat import Progress
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, check_lock, lock_path, read_lock, write_lock
 from speclock.spec.resolve import resolve_lock
@@ -25,7 +24,7 @@ def current_lock(cand: Candidate) -> LockDoc | None:
     return read_lock(path)
 
 
-def lock_candidate(cand: Candidate, current: LockDoc | None, *, relock: bool, progress: Callable[[str], None]) -> LockDoc:
+def lock_candidate(cand: Candidate, current: LockDoc | None, *, relock: bool, progress: Progress) -> LockDoc:
     """Resolve the candidate's lock at the `current` lock's versions (current_lock), reusing one already resolved for
     exactly this candidate and current lock."""
     kept_from = current["lock_sha256"] if current else None

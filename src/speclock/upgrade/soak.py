@@ -22,6 +22,7 @@ from speclock.build.run import run_image
 from speclock.core.docmodel import DocModel, validate
 from speclock.core.errors import BadInput
 from speclock.core.files import read_json
+from speclock.core.heartbeat import Progress
 from speclock.upgrade.record import SoakSummary, SoakWindowSummary, Step
 from speclock.verify.report_types import SoakDoc, SoakWindow
 from speclock.verify.soak import SOAK_SCHEMA
@@ -99,9 +100,7 @@ def soak_summary(doc: SoakDoc) -> SoakSummary:
     }
 
 
-def run_soak_step(
-    step: Step, runner: Runner, out: Path, *, soak_s: float, max_drift: float, progress: Callable[[str], None] = print
-) -> None:
+def run_soak_step(step: Step, runner: Runner, out: Path, *, soak_s: float, max_drift: float, progress: Progress = print) -> None:
     """Fill `step` (speclock.upgrade.steps.Step) from a soak of `soak_s` seconds run by `runner` into `out`."""
     step.data = {"soak_s": soak_s, "max_drift": max_drift}
     if soak_s <= 0:

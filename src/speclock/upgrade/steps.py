@@ -16,6 +16,7 @@ from speclock.build.image import build_image, selfcheck_image
 from speclock.build.inputs import image_tag, inputs_hash
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import absent, read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.patches.series import check_series, load_series
@@ -90,9 +91,7 @@ def check_patches(stack: Stack, lock: LockDoc) -> list[dict[str, Any]]:
     return [r.as_json() for r in results]
 
 
-def find_built(
-    stack: Stack, lock_file: Path, builder_name: str, *, progress: Callable[[str], None]
-) -> records.BuildRecord | None:
+def find_built(stack: Stack, lock_file: Path, builder_name: str, *, progress: Progress) -> records.BuildRecord | None:
     """The build record of an image with exactly this candidate's inputs, if that image still exists.
 
     The tag comes the way build-image computes it: the context staged by build.context, hashed by build.inputs."""
@@ -139,7 +138,7 @@ def check_in_image(
     profile: str,
     *,
     speed: Mapping[str, int] | None = None,
-    progress: Callable[[str], None],
+    progress: Progress,
 ) -> Path:
     """The image's own self-check (build-image's: doctor, smoke, gate; hardened) with the smoke `profile` and the
     batch-1 `speed` overrides, recorded with the build; returns the folder with its doctor.json, report.json and
@@ -285,7 +284,7 @@ def run_upgrade(
     soak_runner: Runner | None = None,
     profile: str = "quick",
     speed: Mapping[str, int] | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Progress = print,
 ) -> UpgradeResult:
     """Every step of the upgrade; a failed step stops the later ones and is reported, never raised,
     except bad input and environment problems found before anything was built. The soak runs in the

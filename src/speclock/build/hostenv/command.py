@@ -41,7 +41,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -59,6 +58,7 @@ from speclock.build.hostenv.venv import RECORD as RECORD
 from speclock.build.hostenv.venv import RUN_ENV as RUN_ENV
 from speclock.core.errors import BadInput
 from speclock.core.files import os_error, pid_alive, read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.names import normalize
 from speclock.kernels.build import check_host_compiler
 from speclock.spec.lock import lock_path, read_lock, target_lock
@@ -97,7 +97,7 @@ def clean_stale_builds(dest: Path) -> list[Path]:
 # ---------------------------------------------------------------- the build
 
 
-def build_host_env(opts: HostEnvOptions, progress: Callable[[str], None] = print) -> HostEnvRecord:
+def build_host_env(opts: HostEnvOptions, progress: Progress = print) -> HostEnvRecord:
     """Build the environment; returns its record. See the module docstring."""
     started = time.monotonic()
     if not opts.dest:

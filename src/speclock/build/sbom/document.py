@@ -27,7 +27,6 @@ import sys
 import time
 import uuid
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ from speclock.build.sbom.referrer import sbom_referrers as sbom_referrers
 from speclock.build.sbom.rootfs import base_packages, parse_dpkg_status, parse_os_release, read_rootfs_packages  # noqa: F401 - idem
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
 from speclock.core.files import atomic_write_text, confined, file_sha256
+from speclock.core.heartbeat import Progress
 from speclock.core.jsonread import loads
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.names import normalize
@@ -120,7 +120,7 @@ def repo_inputs(stack: Stack) -> tuple[dict[str, Path], dict[str, Path]]:
 
 
 def sbom_text(
-    stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: dict[str, Path], progress: Callable[[str], None] = print
+    stack: Stack, lock: LockDoc, *, patches: dict[str, Path], draft: dict[str, Path], progress: Progress = print
 ) -> str:
     """The SBOM (CycloneDX JSON) of the image built from `lock`; `patches` = {"<engine>/<file>": path} in series
     order, `draft` = {"<file>": path}. Validated against the CycloneDX schema before it is returned."""
@@ -283,7 +283,7 @@ def validate_sbom(text: str, *, where: str = "the SBOM") -> None:
         pass  # best effort: a read-only cache only means validating again next time
 
 
-def stage_sbom(stack: Stack, lock: LockDoc, ctx: Path, *, progress: Callable[[str], None] = print) -> Path:
+def stage_sbom(stack: Stack, lock: LockDoc, ctx: Path, *, progress: Progress = print) -> Path:
     """Write the SBOM into the staged context (config/ -> /opt/speclock/sbom.cdx.json in the image)."""
     engine = stack.engine["name"]
     patches = {f"{engine}/{name}": ctx / "patches" / engine / name for name in stack.patch_series}

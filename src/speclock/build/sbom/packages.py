@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from speclock.build.sbom.format import Cdx, file_component, sha256_hashes, specl
 from speclock.build.sbom.rootfs import base_packages
 from speclock.core.errors import BadInput
 from speclock.core.files import file_sha256
+from speclock.core.heartbeat import Progress
 from speclock.core.names import normalize
 from speclock.spec.lock import LockDoc, LockEntry
 from speclock.spec.lock_types import LockBase
@@ -30,7 +30,7 @@ def _pypi_purl(cdx: Cdx, pkg: LockEntry) -> Any:  # a packageurl PackageURL
     return cdx.PackageURL(type="pypi", name=normalize(pkg["name"]), version=pkg["version"], qualifiers=qualifiers)
 
 
-def base_components(cdx: Cdx, base: LockBase, *, progress: Callable[[str], None]) -> tuple[Any, list[Any]]:
+def base_components(cdx: Cdx, base: LockBase, *, progress: Progress) -> tuple[Any, list[Any]]:
     """(the base, its Debian packages) of the lock's `base`: a Debian rootfs with every installed package, or a
     base image by reference (its packages not listed)."""
     sha = functools.partial(sha256_hashes, cdx)

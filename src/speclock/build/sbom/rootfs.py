@@ -4,12 +4,12 @@ image's SBOM (build/sbom/document.py). dpkg records no .deb hash, so a package i
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from speclock.core.errors import BadInput, CheckFailed
 from speclock.core.files import atomic_write_json, read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import cache_dir
 from speclock.spec import baseimage
 from speclock.spec.lock_types import LockBase
@@ -80,7 +80,7 @@ def read_rootfs_packages(tar_path: Path) -> dict[str, Any]:
     return {"os": osr, "packages": parse_dpkg_status(found["status"])}
 
 
-def base_packages(base: LockBase, *, progress: Callable[[str], None] = print) -> dict[str, Any] | None:
+def base_packages(base: LockBase, *, progress: Progress = print) -> dict[str, Any] | None:
     """The Debian packages of a locked debian-rootfs base (None for a base image by ref: not enumerated).
 
     Read once from the tarball (verified against the lock's sha256) and kept beside the cache, keyed by
