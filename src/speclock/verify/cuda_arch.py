@@ -27,11 +27,12 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from speclock.build.wheelhouse import cached_wheel_intact, record_cached_wheel
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.files import TEMP_PREFIX, atomic_write_json, read_json
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import cache_dir
 
 CUOBJDUMP_PACKAGE = "nvidia-cuda-cuobjdump"
@@ -248,18 +249,40 @@ def _read_inventory_cache(cache: Path) -> tuple[list[str], list[str]] | None:
     return sass, ptx
 
 
-def _sort_key(arch: str):
+def _sort_key(arch: str) -> tuple[int, int, str]:
     major, minor, suffix = parse_arch(arch)
     return (major, minor, suffix)
 
 
 # ---------------------------------------------------------------- coverage
 
+CoverageKind = Literal["exact", "compatible", "ptx", "missing", "n/a", "accepted-gap"]
 
-def coverage(inv: Inventory, target: str) -> dict:
+
+class Coverage(TypedDict):
+    """How one library serves one target arch (a cell of the coverage table)."""
+
+    kind: CoverageKind
+    via: str | None  # the SASS or PTX arch that serves it; None when nothing does (or n/a, accepted-gap)
+    reason: NotRequired[str]  # n/a: why the serving path never loads it there; accepted-gap: the stack's reason
+
+
+# off_path(library, arch): why the serving path never loads that library's code on that arch, or None.
+OffPath = Callable[[str, str], str | None]
+
+
+class CoverageRow(TypedDict):
+    library: str  # relative to the table's root where it lies inside it
+    sass: list[str]
+    ptx: list[str]
+    targets: dict[str, Coverage]  # target arch -> its cell
+    ok: bool  # no cell is missing
+
+
+def coverage(inv: Inventory, target: str) -> Coverage:
     """How `target` (a GPU arch, e.g. sm_100) is served by a library: exact / compatible / ptx / missing."""
     cc = device_cc(target)
-    best = None
+    best: Coverage | None = None
     for arch in inv.sass:
         x, y, s = parse_arch(arch)
         if (x, y) == cc:
@@ -353,15 +376,15 @@ def coverage_table(
     root: Path,
     targets: list[str],
     engine: str = "",
-    known_gaps: dict | None = None,
+    known_gaps: dict[tuple[str, str], str] | None = None,
     tool: Path | None = None,
-    log=None,
-    off_path=None,
-) -> list[dict]:
+    log: Progress | None = None,
+    off_path: OffPath | None = None,
+) -> list[CoverageRow]:
     """One row per library with device code: per target arch, how it is served; accepted gaps marked.
     `off_path(library, arch)` gives the reason the serving path never loads that library's code on that arch
     (the stack's settings pick another kernel there), or None; such a cell is n/a with the reason."""
-    rows = []
+    rows: list[CoverageRow] = []
     known_gaps = known_gaps or {}
     for lib in libs:
         rel = str(Path(lib).relative_to(root)) if Path(lib).is_relative_to(root) else str(lib)
@@ -370,7 +393,7 @@ def coverage_table(
         inv = cubin_folder_inventory(lib) if Path(lib).is_dir() else inventory(lib, tool=tool)
         if not inv.has_device_code:
             continue
-        cells = {}
+        cells: dict[str, Coverage] = {}
         for t in targets:
             if engine and not applies(engine, rel, t):
                 cells[t] = {"kind": "n/a", "via": None}
@@ -396,7 +419,7 @@ def coverage_table(
     return rows
 
 
-def format_table(rows: list[dict], targets: list[str]) -> str:
+def format_table(rows: list[CoverageRow], targets: list[str]) -> str:
     short = {"exact": "sass", "compatible": "sass~", "ptx": "ptx", "missing": "MISSING", "n/a": "n/a", "accepted-gap": "gap(ok)"}
     width = max([len(r["library"]) for r in rows] + [7])
     lines = ["  " + "library".ljust(width) + "  " + "  ".join(t.ljust(14) for t in targets)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speclock.verify import cuda_arch
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 from speclock.verify.doctor.flashinfer_kernels import flashinfer_needs
 
 # Targets whose attention is MLA (SGLang's FlashMLA serves only MLA attention backends).
@@ -30,7 +30,7 @@ def sglang_attention_backends(ctx: Context, arch: str) -> set[str]:
     return {prefill, decode, settings.get("speculative_draft_attention_backend", decode), *settings.values()}
 
 
-def sglang_off_path(ctx: Context):
+def sglang_off_path(ctx: Context) -> cuda_arch.OffPath:
     """off_path rule for cuda_arch.coverage_table: libraries SGLang loads only for some attention backends."""
     flashinfer_archs = flashinfer_needs(ctx, True)
     target = (ctx.facts or {}).get("arch") or ""
@@ -149,7 +149,7 @@ class GpuArchs:
     name = "gpu-archs"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {}  # read from the engine's files (cuobjdump), not asked
 
     def run(self, ctx: Context) -> Check:
@@ -160,7 +160,7 @@ class CudaDriver:
     name = "cuda-driver"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {"cuda": ["cuda", []]} if ctx.stack.is_gpu else {}
 
     def run(self, ctx: Context) -> Check:

@@ -3,11 +3,13 @@ from the drafter's config) are the layers the drafter was trained on (its manife
 
 from __future__ import annotations
 
+from typing import Any
+
 from speclock.drafter.models import DRAFT_MANIFEST, read_model_config
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question, TargetFacts
 
 
-def check_aux_layers(ctx: Context, facts: dict, manifest: dict | None) -> Check:
+def check_aux_layers(ctx: Context, facts: TargetFacts, manifest: dict[str, Any] | None) -> Check:
     name = "aux-layers"
     if not ctx.draft_dir or not ctx.draft_dir.is_dir():
         return Check(name, "warn", f"no drafter folder at {ctx.draft_dir}: aux-layers could not run")
@@ -58,18 +60,14 @@ class AuxLayers:
     name = "aux-layers"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         facts, config = ctx.facts, (ctx.draft_dir / "config.json" if ctx.draft_dir else None)
-        if (
-            ctx.manifest is None
-            or not facts.get("arch")
-            or not facts.get("num_hidden_layers")
-            or not (config and config.is_file())
-        ):
+        arch, layers, inner = facts.get("arch"), facts.get("num_hidden_layers"), facts.get("inner")
+        if ctx.manifest is None or not arch or not layers or not (config and config.is_file()):
             return {}
-        args = [ctx.stack.engine["name"], facts["arch"], int(facts["num_hidden_layers"]), str(config)]
-        if facts.get("inner") and facts["inner"] != facts["arch"]:
-            args.append(facts["inner"])
+        args: Question = [ctx.stack.engine["name"], arch, int(layers), str(config)]
+        if inner and inner != arch:
+            args.append(inner)
         return {"capture": ["capture", args]}
 
     def run(self, ctx: Context) -> Check:

@@ -7,9 +7,10 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypedDict
 
 from speclock.core.errors import BadInput
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
@@ -51,12 +52,28 @@ class DoctorOptions:
     allow_other_model: bool = False  # model-identity: a folder that differs from the lock's WARNs instead of failing
 
 
+# A question to the engine: [probe name, [its arguments]], sent as JSON to speclock.engines.probe's batch.
+Question = list[object]
+
+
+class TargetFacts(TypedDict, total=False):
+    """What target_facts() knows of the target (it sets every key, None where unknown); a Context's is empty until
+    the runner sets it."""
+
+    arch: str | None
+    num_hidden_layers: int | None
+    inner: str | None  # the language-model class inside a multimodal wrapper
+    source: str | None  # where arch came from: the config's path, "drafter manifest" or "--arch"
+
+
 @dataclass
 class Check:
     name: str
     status: str  # pass | fail | warn | skip
     reason: str
-    details: dict = field(default_factory=dict)
+    # Each check's own findings, JSON-ready, written into doctor's report as they are: open-ended per check (the
+    # runner reads only exit_code, hint and table). A Mapping, so a check's TypedDict (an engine's answer) fits.
+    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,9 +86,10 @@ class Context:
     target_dir: Path | None
     draft_dir: Path | None
     arch: str | None = None  # override of the target architecture
-    engine_answers: dict = field(default_factory=dict)
-    manifest: dict | None = None  # the drafter's manifest (set by the runner)
-    facts: dict = field(default_factory=dict)  # target_facts() (set by the runner)
+    # The engine's JSON answers by question name (ask_engine): each check checks the shape of its own answer.
+    engine_answers: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None  # the drafter's manifest as read_drafter_manifest returns it (set by the runner)
+    facts: TargetFacts = field(default_factory=TargetFacts)  # target_facts() (set by the runner)
     allow_other_model: bool = False  # --allow-other-model (model-identity)
 
 
@@ -82,7 +100,7 @@ class DoctorCheck(Protocol):
     name: str
     needs_engine: bool
 
-    def questions(self, ctx: Context) -> dict[str, list]: ...
+    def questions(self, ctx: Context) -> dict[str, Question]: ...
 
     def run(self, ctx: Context) -> Check: ...
 
@@ -167,16 +185,16 @@ def build_context(opts: DoctorOptions) -> Context:
 # ---------------------------------------------------------------- target and drafter facts
 
 
-def load_manifest(draft_dir: Path | None) -> dict | None:
+def load_manifest(draft_dir: Path | None) -> dict[str, Any] | None:
     """The drafter's manifest, checked (speclock.drafter.models.read_drafter_manifest); None when there is none."""
     if not draft_dir or not Path(draft_dir).is_dir():
         return None
     return read_drafter_manifest(draft_dir)
 
 
-def target_facts(ctx: Context, manifest: dict | None) -> dict:
+def target_facts(ctx: Context, manifest: dict[str, Any] | None) -> TargetFacts:
     """Architecture, layer count and inner language-model class of the target."""
-    facts: dict = {"arch": None, "num_hidden_layers": None, "inner": None, "source": None}
+    facts: TargetFacts = {"arch": None, "num_hidden_layers": None, "inner": None, "source": None}
     target_dir = ctx.target_dir
     cfg_path = target_dir / "config.json" if target_dir else None
     if target_dir and cfg_path and (cfg_path.exists() or cfg_path.is_symlink()):
@@ -200,7 +218,7 @@ def target_facts(ctx: Context, manifest: dict | None) -> dict:
 # ---------------------------------------------------------------- engine questions (one subprocess)
 
 
-def ask_engine(ctx: Context, request: dict, timeout: int = 240) -> dict:
+def ask_engine(ctx: Context, request: dict[str, Question], timeout: int = 240) -> dict[str, Any]:
     env = ctx.stack.engine_env
     if env:  # the stack's engine.env, set in the engine's Python before any question imports the engine
         request = {"_engine_env": ["setenv", [env]], **request}
@@ -210,6 +228,7 @@ def ask_engine(ctx: Context, request: dict, timeout: int = 240) -> dict:
         proc = engine_subprocess(["batch", f.name], python=ctx.python, site_packages=ctx.site_packages, timeout=timeout)
     finally:
         Path(f.name).unlink(missing_ok=True)
-    answers = last_json(proc, f"asking {ctx.stack.engine['name']} in {ctx.python}")
+    # The batch probe answers one JSON object, {question: answer}; each answer's shape is checked by its check.
+    answers: dict[str, Any] = last_json(proc, f"asking {ctx.stack.engine['name']} in {ctx.python}")
     answers["_stderr_tail"] = proc.stderr.strip().splitlines()[-3:]
     return answers

@@ -3,10 +3,10 @@ own EAGLE-3 check passes on that (outer) class, the one the engine checks at loa
 
 from __future__ import annotations
 
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question, TargetFacts
 
 
-def check_eagle3(ctx: Context, facts: dict) -> Check:
+def check_eagle3(ctx: Context, facts: TargetFacts) -> Check:
     arch = facts["arch"]
     if not arch:
         return Check(
@@ -28,7 +28,7 @@ class Eagle3Target:
     name = "eagle3-target"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         arch = ctx.facts.get("arch")
         return {"eagle3": ["eagle3", [ctx.stack.engine["name"], arch]]} if arch else {}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 
 def check_import(ctx: Context) -> Check:
@@ -26,7 +26,7 @@ class EngineImport:
     name = "engine-import"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {"import": ["import", [ctx.stack.engine["name"]]]}
 
     def run(self, ctx: Context) -> Check:

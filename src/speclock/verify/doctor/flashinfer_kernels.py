@@ -26,18 +26,32 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from speclock.core.names import normalize
 from speclock.core.versions import in_range, parse_range
 from speclock.verify import cuda_arch
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 CUBIN, JIT = "flashinfer-cubin", "flashinfer-jit-cache"
 _PROVIDER = re.compile(r"^flashinfer-jit-cache-sm(\d{2,3}[af]?)$")
 KERNELS_INDEX = "https://flashinfer.ai/whl"
 
 
-def _uses_flashinfer(value) -> bool:
+class KernelWheel(TypedDict):
+    """A FlashInfer kernel wheel installed next to flashinfer (kernel_wheels)."""
+
+    version: str
+    inventory: cuda_arch.Inventory  # empty when its files are absent
+    providers: NotRequired[list[str]]  # flashinfer-jit-cache: the per-arch provider wheels of its version
+
+
+class ArchCell(TypedDict):
+    why: str  # why the engine runs FlashInfer on this arch
+    covered_by: dict[str, str | None]  # usable wheel -> the SASS or PTX arch that serves it
+
+
+def _uses_flashinfer(value: object) -> bool:
     v = str(value).lower()
     return "flashinfer" in v or v.startswith("trtllm")
 
@@ -85,10 +99,10 @@ def _version_at_least(version: str, floor: str) -> bool:
         return True  # a version that does not order: assume the newer behaviour
 
 
-def kernel_wheels(site: Path | None, dists: dict[str, str], tool=None) -> dict[str, dict]:
+def kernel_wheels(site: Path | None, dists: dict[str, str], tool: Path | None = None) -> dict[str, KernelWheel]:
     """The kernel wheels installed next to flashinfer: {wheel: {version, inventory}} (inventory None = absent)."""
     have = {normalize(k): v for k, v in dists.items()}
-    out: dict[str, dict] = {}
+    out: dict[str, KernelWheel] = {}
     if CUBIN in have:
         folder = Path(site) / "flashinfer_cubin" if site else None
         inv = cuda_arch.cubin_folder_inventory(folder) if folder and folder.is_dir() else cuda_arch.Inventory("", [], [])
@@ -116,7 +130,7 @@ def _matches(wheel: str, version: str, fi_version: str) -> bool:
     return version == fi_version or (wheel == JIT and version.startswith(f"{fi_version}+"))
 
 
-def decide(ctx: Context, needs: dict[str, str], fi_version: str | None, wheels: dict[str, dict]) -> Check:
+def decide(ctx: Context, needs: dict[str, str], fi_version: str | None, wheels: dict[str, KernelWheel]) -> Check:
     """The verdict from what the engine needs and what the kernel wheels hold (no I/O: tested with fakes)."""
     if not needs:
         why = "flashinfer is not installed and" if not fi_version else f"flashinfer {fi_version} is installed, but"
@@ -142,7 +156,7 @@ def decide(ctx: Context, needs: dict[str, str], fi_version: str | None, wheels: 
             usable[wheel] = info["inventory"]
         else:
             notes.append(f"{wheel} {info['version']} is ignored by flashinfer {fi_version} (versions differ)")
-    cells: dict[str, dict] = {}
+    cells: dict[str, ArchCell] = {}
     missing = []
     for arch, why in needs.items():
         via = {w: cuda_arch.coverage(inv, arch) for w, inv in usable.items()}
@@ -201,7 +215,7 @@ class FlashInferKernels:
     name = "flashinfer-kernels"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {"dists": ["dists", []]} if ctx.stack.is_gpu else {}
 
     def run(self, ctx: Context) -> Check:

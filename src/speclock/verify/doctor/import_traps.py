@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from speclock.core.names import normalize
 from speclock.core.versions import in_range, parse_range
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class ImportTraps:
     name = "import-traps"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {"dists": ["dists", []]}
 
     def run(self, ctx: Context) -> Check:

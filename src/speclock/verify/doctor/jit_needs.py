@@ -23,11 +23,12 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TypedDict
 
 from speclock.core.jsonread import loads
 from speclock.engines import sglang as sglang_engine
 from speclock.verify import cuda_arch
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 NAME = "sglang-jit"
 CUDA_WHEELS = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl")
@@ -78,6 +79,25 @@ print(json.dumps(out))
 """
 
 
+class JitBuild(TypedDict, total=False):
+    """PROBE's answer (its one JSON line), or ask_build's own when the probe could not run; check_sglang_jit adds
+    adapter_env. Keys as PROBE sets them: each may be absent."""
+
+    installed: bool  # tvm_ffi imports
+    error: str
+    version: str  # tvm_ffi's
+    ninja: str | None
+    cxx: str | None
+    cuda_home: str | None
+    cuda_home_error: str
+    nvcc: str | None
+    source: str  # what was built
+    built: bool
+    output_tail: list[str]
+    seconds: float
+    adapter_env: dict[str, str]  # what speclock's SGLang adapter adds to the engine's environment
+
+
 def jit_kernel_dir(ctx: Context) -> Path | None:
     d = Path(ctx.site_packages) / "sglang" / "jit_kernel" if ctx.site_packages else None
     return d if d and (d / "utils.py").is_file() else None
@@ -114,7 +134,7 @@ def _jit_arch(arch: str) -> str:
     return f"{major}.{minor}"  # SGLang sets TVM_FFI_CUDA_ARCH_LIST to the GPU's major.minor (no a/f suffix)
 
 
-def ask_build(ctx: Context, env: dict[str, str], arch: str, timeout: int = 300) -> dict:
+def ask_build(ctx: Context, env: dict[str, str], arch: str, timeout: int = 300) -> JitBuild:
     with tempfile.TemporaryDirectory(prefix="speclock-sglang-jit.") as tmp:
         run_env = dict(env, TVM_FFI_CACHE_DIR=str(Path(tmp) / "cache"))
         run_env["PYTHONPATH"] = os.pathsep.join([str(ctx.site_packages), *filter(None, [env.get("PYTHONPATH")])])
@@ -131,7 +151,8 @@ def ask_build(ctx: Context, env: dict[str, str], arch: str, timeout: int = 300) 
         except OSError as err:
             return {"installed": False, "error": f"cannot run {ctx.python}: {err}"}
     try:
-        return loads((proc.stdout.strip().splitlines() or [""])[-1])
+        answer: JitBuild = loads((proc.stdout.strip().splitlines() or [""])[-1])  # PROBE prints one such object
+        return answer
     except ValueError:
         return {"installed": False, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
 
@@ -140,7 +161,7 @@ def _stack_file(ctx: Context) -> str:
     return f"stacks/{ctx.stack.name}.toml"
 
 
-def diagnose(ctx: Context, r: dict, env: dict[str, str]) -> tuple[str, str]:
+def diagnose(ctx: Context, r: JitBuild, env: dict[str, str]) -> tuple[str, str]:
     """(cause, what to do) of a failed build, from the probe's answer."""
     tail = " ".join(r.get("output_tail") or [])
     major = (ctx.stack.gpu.get("cuda") or "13").split(".")[0]
@@ -242,7 +263,7 @@ class SglangJit:
     name = NAME
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {}  # its own subprocess: a build in the engine's run environment, not a question to the engine
 
     def run(self, ctx: Context) -> Check:

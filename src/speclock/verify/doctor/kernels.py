@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, TypedDict
 
 from speclock.core.files import expect, file_sha256, read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.kernels import build as kbuild
 from speclock.verify import cuda_arch
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
+
+
+class KernelsDetail(TypedDict, total=False):
+    dir: str
+    manifest: dict[str, Any]  # kernels.json as read: only abi, library_sha256, nvcc and archs have their types checked
+    targets: list[str]
+    rows: list[cuda_arch.CoverageRow]
+    table: str
+    cuobjdump: str
 
 
 def kernels_dir() -> Path | None:
@@ -58,7 +68,7 @@ def check_kernels(ctx: Context) -> Check:
             expect(man[key], types, key, path=man_path, hint=hint)
     for i, a in enumerate(expect(man.get("archs", []), list, "archs", path=man_path, hint=hint)):
         expect(a, str, f"archs[{i}]", path=man_path, hint=hint)
-    detail: dict = {"dir": str(folder), "manifest": man, "targets": targets}
+    detail: KernelsDetail = {"dir": str(folder), "manifest": man, "targets": targets}
     problems = []
     if man.get("abi") != kbuild.ABI_VERSION:
         problems.append(f"ABI {man.get('abi')}, speclock needs {kbuild.ABI_VERSION}")
@@ -90,7 +100,7 @@ class Kernels:
     name = "kernels"
     needs_engine = False  # speclock's own library: no engine Python needed
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {}
 
     def run(self, ctx: Context) -> Check:

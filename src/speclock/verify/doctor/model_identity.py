@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speclock.core.errors import BadInput
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 from speclock.verify.model_pin import ALLOW_FLAG, compare_models, pinned_names, refusal
 
 
@@ -16,7 +16,7 @@ class ModelIdentity:
     name = "model-identity"
     needs_engine = False
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {}
 
     def run(self, ctx: Context) -> Check:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from speclock.patches.probes import run_static_probes
 from speclock.patches.series import load_series
 from speclock.patches.trees import DirTree, installed_version
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 
 def check_patches(ctx: Context) -> Check:
@@ -51,7 +51,7 @@ class Patches:
     name = "patches"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         if not ctx.stack.patch_series:
             return {}
         # The runtime probes ask the engine whether it supports EAGLE-3 on these architectures.

@@ -16,7 +16,7 @@ from pathlib import Path
 from speclock.core.files import read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.core.names import normalize
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 NAME = "pruned"
 KEY = "[prune].packages"
@@ -169,7 +169,7 @@ class Pruned:
     name = NAME
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         if not ctx.stack.prune["packages"]:
             return {}
         modules = SERVING_MODULES.get(ctx.stack.engine["name"], (ctx.stack.engine["name"],))

@@ -8,8 +8,10 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from typing import Any, TypedDict
 
 from speclock.core.errors import BadInput, CheckFailed, EnvironmentProblem
+from speclock.core.heartbeat import Progress
 from speclock.drafter.models import read_drafter_manifest, read_model_config
 from speclock.verify.doctor.archs import CudaDriver, GpuArchs
 from speclock.verify.doctor.aux_layers import AuxLayers
@@ -18,6 +20,7 @@ from speclock.verify.doctor.context import (
     Context,
     DoctorCheck,
     DoctorOptions,
+    Question,
     ask_engine,
     build_context,
     load_manifest,
@@ -110,14 +113,14 @@ CHECKS = tuple(c.name for c in DOCTOR_CHECKS)
 ENGINE_CHECKS = tuple(c.name for c in DOCTOR_CHECKS if c.needs_engine)
 
 
-def run_doctor(ctx: Context, only: list[str] | None = None, log=None) -> list[Check]:
+def run_doctor(ctx: Context, only: list[str] | None = None, log: Progress | None = None) -> list[Check]:
     selected = [c for c in DOCTOR_CHECKS if not only or c.name in only]
     ctx.manifest = load_manifest(ctx.draft_dir)
     if ctx.draft_dir and (ctx.draft_dir / "config.json").is_file():
         read_model_config(ctx.draft_dir, what="drafter")  # before its path goes to the engine probe
     ctx.facts = target_facts(ctx, ctx.manifest)
     if ctx.python:
-        request: dict = {}
+        request: dict[str, Question] = {}
         for check in selected:
             request.update(check.questions(ctx))
         if request:
@@ -139,7 +142,25 @@ def exit_code_of(results: list[Check]) -> int | None:
     return max(codes) if codes else None
 
 
-def doctor_json(ctx: Context, results: list[Check], verdict: str, seconds: float) -> dict:
+class DoctorEngine(TypedDict):
+    name: str
+    package: str
+    version: str
+    python: str | None  # the engine's Python; None when none was found
+
+
+class DoctorReport(TypedDict):
+    """`speclock doctor --json`: the speclock.doctor/v1 report."""
+
+    schema: str
+    stack: str
+    engine: DoctorEngine
+    checks: list[dict[str, Any]]  # asdict(Check): name, status, reason and the check's own open-ended details
+    verdict: str  # pass | fail
+    seconds: float
+
+
+def doctor_json(ctx: Context, results: list[Check], verdict: str, seconds: float) -> DoctorReport:
     """The speclock.doctor/v1 report."""
     return {
         "schema": DOCTOR_SCHEMA,
@@ -227,7 +248,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     )
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "doctor",
         help="static self-checks of an engine environment (no GPU needed)",

@@ -16,7 +16,7 @@ torch's arch list is `torch._C._cuda_getArchFlags()` (SASS and PTX; no GPU neede
 from __future__ import annotations
 
 from speclock.verify import cuda_arch
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 
 def torch_inventory(flags: list[str]) -> cuda_arch.Inventory:
@@ -58,7 +58,7 @@ class TorchArchs:
     name = "torch-archs"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {"torch_archs": ["torch_archs", []]} if ctx.stack.is_gpu and ctx.stack.gpu["archs"] else {}
 
     def run(self, ctx: Context) -> Check:

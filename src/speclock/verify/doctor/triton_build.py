@@ -6,7 +6,7 @@ cannot run a single Triton kernel (measured with triton 3.6.0: "Failed to find C
 from __future__ import annotations
 
 from speclock.core.names import normalize
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 
 def compiler_packages(python_version: str) -> list[str]:
@@ -66,7 +66,7 @@ class TritonBuild:
     name = "triton-build"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {"triton_build": ["triton_build", []]} if ctx.stack.is_gpu and not triton_pruned(ctx) else {}
 
     def run(self, ctx: Context) -> Check:

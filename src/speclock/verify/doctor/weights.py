@@ -9,7 +9,7 @@ from pathlib import Path
 from speclock.core.errors import BadInput
 from speclock.drafter.models import read_model_config
 from speclock.drafter.weights_check import check_model_weights
-from speclock.verify.doctor.context import Check, Context
+from speclock.verify.doctor.context import Check, Context, Question
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 
@@ -22,7 +22,7 @@ class Weights:
     name = "weights"
     needs_engine = False
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, Question]:
         return {}
 
     def run(self, ctx: Context) -> Check:
