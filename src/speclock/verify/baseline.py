@@ -12,8 +12,9 @@ from typing import Any
 
 from speclock.core import files
 from speclock.core.errors import BadInput
+from speclock.spec.profile_values import BUILTIN
 from speclock.verify.checks import Check
-from speclock.verify.profiles import BUILTIN, Profile, report_profile
+from speclock.verify.profiles import Profile, report_profile
 from speclock.verify.report import dotted_get
 from speclock.verify.report_types import Metrics, SmokeReport
 

@@ -18,9 +18,9 @@ from typing import Any, cast
 from speclock.core import files
 from speclock.core.docmodel import DocModel, dotted, validate
 from speclock.core.errors import BadInput
+from speclock.spec.profile_values import PROFILES
 from speclock.verify.checks import fmt_number as fmt_number  # upgrade/outputs.py imports it from here
 from speclock.verify.plausibility import Bad, check_chain_positions, check_without_stack
-from speclock.verify.profiles import PROFILES
 from speclock.verify.report_table import human_table as human_table
 from speclock.verify.report_types import SMOKE_SCHEMA_ID as SCHEMA_ID
 from speclock.verify.report_types import ReferenceSection, SampledSection, SmokeReport

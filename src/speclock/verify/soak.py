@@ -27,12 +27,11 @@ from typing import Any, Final
 from speclock.core.args import positive_float, positive_int
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, os_error
-from speclock.engines import EngineConfig, get_engine, package_version, running
+from speclock.engines import EngineConfig, get_engine, package_version, running, visible_arch
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.verify import lossless
 from speclock.verify.report_types import SOAK_SCHEMA_ID, SoakDoc, SoakDrift, SoakWindow
 from speclock.verify.smoke.inputs import SmokeInputs, SmokeOptions, add_smoke_arguments, resolve_inputs
-from speclock.verify.smoke.run import visible_arch
 
 SOAK_SCHEMA: Final = SOAK_SCHEMA_ID
 

@@ -12,6 +12,7 @@ its report), measure.py (the runs' counters and timings as the report's numbers)
 engine in its own process), cli.py (the command).
 """
 
+from speclock.engines import visible_arch
 from speclock.verify.smoke.cli import add_commands
 from speclock.verify.smoke.inputs import (
     SmokeInputs,
@@ -29,7 +30,7 @@ from speclock.verify.smoke.reference import (
     reference_section,
     run_live_reference,
 )
-from speclock.verify.smoke.run import image_identity, read_plain_cache, run_smoke, skeleton, visible_arch
+from speclock.verify.smoke.run import image_identity, read_plain_cache, run_smoke, skeleton
 
 __all__ = [
     "add_commands",

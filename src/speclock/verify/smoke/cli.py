@@ -36,7 +36,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return code
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "smoke",
         help="run the engine with and without the drafter: lossless, acceptance, speedup",

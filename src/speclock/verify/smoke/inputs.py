@@ -17,10 +17,11 @@ from speclock.core.files import clean_stale_temps, os_error
 from speclock.core.layout import IMAGE, REPO_ROOT, in_image
 from speclock.drafter.models import draft_folder, read_drafter_manifest, require_runnable_model, target_folder
 from speclock.engines import DEFAULT_CONCURRENCY
+from speclock.spec.profile_values import PROFILES
 from speclock.spec.prompts import load_prompts, packaged_file
 from speclock.spec.stack import DEFAULT_STACK, load_stack
 from speclock.verify.model_pin import ALLOW_FLAG, check_served
-from speclock.verify.profiles import PROFILES, Profile, resolve_profile
+from speclock.verify.profiles import Profile, resolve_profile
 from speclock.verify.report_types import IdentityCheck
 
 

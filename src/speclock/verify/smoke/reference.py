@@ -67,7 +67,7 @@ def run_live_reference(inp: SmokeInputs, prompt_ids: list[list[int]]) -> dict[st
     drafter, manifest = load_drafter(inp.draft, target)
     done = [0]
 
-    def progress(i, n, metrics):
+    def progress(i: int, n: int, metrics: Mapping[str, Any]) -> None:  # counters.reference_metrics()
         if i == n or i - done[0] >= 10:
             done[0] = i
             log(f"reference: {i}/{n} prompts, mean acceptance length so far {metrics['mean_acceptance_length']:.3f}")

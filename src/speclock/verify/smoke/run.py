@@ -20,18 +20,27 @@ from speclock.core.files import atomic_write_text, expect, os_error, read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.drafter.models import config_architecture, read_model_config
 from speclock.drafter.models import target_sha256 as weights_sha256
-from speclock.engines import EngineConfig, SpecCounters, aux_layer_ids, get_engine, package_version, running, visible_arch
+from speclock.engines import (
+    EngineConfig,
+    EngineSession,
+    SpecCounters,
+    aux_layer_ids,
+    get_engine,
+    package_version,
+    running,
+    visible_arch,
+)
 from speclock.spec.prompts import chat_prompt_ids, load_prompts
 from speclock.spec.stack import Stack
 from speclock.verify.checks import failures_of, warnings_of
 from speclock.verify.gate import evaluate
 from speclock.verify.profiles import Profile
-from speclock.verify.report import SCHEMA_ID, validate_report, write_report
-from speclock.verify.report_types import EngineInfo, ImageIdentity, ProfileRecord, ReferenceSection, SmokeReport
+from speclock.verify.report import validate_report, write_report
+from speclock.verify.report_types import SMOKE_SCHEMA_ID, EngineInfo, ImageIdentity, ProfileRecord, ReferenceSection, SmokeReport
 from speclock.verify.smoke.inputs import SmokeInputs, log
 from speclock.verify.smoke.measure import Measured, PassResult, backend_run, measure, metrics_of, throughput_section
 from speclock.verify.smoke.reference import reference_key, reference_section
-from speclock.verify.smoke.worker import WorkerSession, worker_session
+from speclock.verify.smoke.worker import WorkerSession, timed, worker_session
 from speclock.verify.speed import CPU_NOTE, summarize_batch1, warm_runs
 from speclock.verify.speed_load import loaded_runs, summarize_loaded
 
@@ -67,25 +76,10 @@ def _plain_cache_file(cache: Path, inp: SmokeInputs, report: SmokeReport, prompt
     return cache / f"plain-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def _engine(engine_name: str, config: EngineConfig, label: str):
+def _engine(engine_name: str, config: EngineConfig, label: str) -> running | worker_session:
     """One engine in its own worker process (smoke/worker.py: a crash fails fast, Ctrl-C stops it); attached to a
     running server (nothing is started) the session lives in this process."""
     return running(get_engine(engine_name), config) if config.server_url else worker_session(engine_name, config, label)
-
-
-def _timed(
-    session, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None, one_at_a_time: bool = False
-) -> tuple[list[list[int]], float]:
-    """Outputs and seconds: all prompts at once, or one request at a time (batch 1). A worker times itself."""
-    if isinstance(session, WorkerSession):
-        return session.generate(prompts, max_tokens, sampling, one_at_a_time=one_at_a_time), session.last_seconds
-
-    def gen(batch: list[list[int]]) -> list[list[int]]:
-        return session.generate(batch, max_tokens, sampling) if sampling else session.generate(batch, max_tokens)
-
-    t0 = time.perf_counter()
-    outputs = [gen([p])[0] for p in prompts] if one_at_a_time else gen(prompts)
-    return outputs, time.perf_counter() - t0
 
 
 def _generate(
@@ -115,14 +109,14 @@ def _generate(
                 hint="run the quick or full profile here; the sampled profile needs an adapter that takes "
                 "sampling parameters (the offline vLLM engine)",
             )
-        if getattr(session, "gpu", None):
-            report.setdefault("gpu", {}).update(session.gpu)
+        if gpu := getattr(session, "gpu", None):  # a worker says which GPU its engine sees (WorkerSession.gpu)
+            report.setdefault("gpu", {}).update(gpu)
         log(f"{name} {label} ready in {time.perf_counter() - t0:.1f} s")
-        _timed(session, prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
+        timed(session, prompt_ids[:1], 4)  # warm-up: first-call costs stay out of the timing
         results: list[PassResult] = []
         for sampling in passes:
             before = session.counters()
-            outputs, seconds = _timed(session, prompt_ids, inp.max_tokens, sampling)
+            outputs, seconds = timed(session, prompt_ids, inp.max_tokens, sampling)
             results.append((outputs, seconds, session.counters() - before))
             which = f" (pass {len(results)} of {len(passes)}, {sampling})" if sampling else ""
             log(f"{label}{which}: {len(prompt_ids)} prompts, {sum(map(len, outputs))} tokens in {seconds:.1f} s")
@@ -130,7 +124,7 @@ def _generate(
         if speed and inp.speed_repeats:
 
             def once() -> tuple[int, float]:
-                outputs, seconds = _timed(session, prompt_ids[: inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
+                outputs, seconds = timed(session, prompt_ids[: inp.speed_prompts], inp.speed_max_tokens, one_at_a_time=True)
                 return sum(map(len, outputs)), seconds
 
             speed_runs = SpeedRuns(*warm_runs(once, inp.speed_repeats))  # until steady (docs/smoke.md, Warm-up)
@@ -159,13 +153,13 @@ class SpeedRuns(NamedTuple):
     batches: int = 0
 
 
-def _loaded_runs(session, inp: SmokeInputs, prompt_ids: list[list[int]], label: str) -> SpeedRuns:
+def _loaded_runs(session: EngineSession, inp: SmokeInputs, prompt_ids: list[list[int]], label: str) -> SpeedRuns:
     """smoke.speed_concurrent requests at once (the prompts cycled), speed_max_tokens each, warmed up like batch 1."""
     batch = [prompt_ids[i % len(prompt_ids)] for i in range(inp.speed_concurrent)]
     counts: list[int] = []
 
     def one_batch() -> tuple[int, float]:
-        outputs, seconds = _timed(session, batch, inp.speed_max_tokens)
+        outputs, seconds = timed(session, batch, inp.speed_max_tokens)
         return sum(map(len, outputs)), seconds
 
     def one_run() -> tuple[int, float]:
@@ -233,7 +227,7 @@ def skeleton(inp: SmokeInputs, texts: list[str]) -> SmokeReport:
     if inp.server_url:  # server mode: requests in flight at once; the measured speedup depends on it (docs/smoke.md)
         engine_info["concurrency"] = inp.concurrency
     report: SmokeReport = {
-        "schema": SCHEMA_ID,
+        "schema": SMOKE_SCHEMA_ID,
         "stack": inp.stack.name,
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "image": image_identity(),

@@ -32,13 +32,14 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any
+from types import FrameType, TracebackType
+from typing import IO, Any, Protocol, cast
 
 from speclock.core.errors import BadInput, EnvironmentProblem, SpeclockError
 from speclock.core.jsonread import loads
 from speclock.core.layout import cache_dir
 from speclock.core.scratch import RUN_FOLDER, make_run_folder, remove_run_folder, run_folder_env
-from speclock.engines import EngineConfig, SpecCounters, descendants, get_engine, kill_processes, running
+from speclock.engines import EngineConfig, EngineSession, SpecCounters, descendants, get_engine, kill_processes, running
 from speclock.verify.report_types import GpuInfo
 
 LAST_LINES = 12  # stderr lines of a dead worker quoted in the failure
@@ -135,18 +136,21 @@ def _serve(commands: IO[str], answers: IO[str]) -> int:
     return 0
 
 
-def _generate(session, cmd: dict[str, Any], sampling_ok: bool) -> dict[str, Any]:
+class _SamplingGenerate(Protocol):
+    """generate() of an engine session that samples (vLLM's): `sampling` is extra keyword arguments of its
+    SamplingParams."""
+
+    def __call__(self, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None) -> list[list[int]]: ...
+
+
+def _generate(session: EngineSession, cmd: dict[str, Any], sampling_ok: bool) -> dict[str, Any]:
     """Generate, timed here (the pipe's cost stays out): all prompts at once, or one request at a time."""
     prompts, max_tokens, sampling = cmd["prompts"], cmd["max_tokens"], cmd.get("sampling")
     if sampling and not sampling_ok:
         raise BadInput("this engine adapter generates greedily only")
 
-    def run(batch: list[list[int]]) -> list[list[int]]:
-        return session.generate(batch, max_tokens, sampling) if sampling else session.generate(batch, max_tokens)
-
-    t0 = time.perf_counter()
-    outputs = [run([p])[0] for p in prompts] if cmd.get("one_at_a_time") else run(prompts)
-    return {"outputs": outputs, "seconds": time.perf_counter() - t0}
+    outputs, seconds = timed(session, prompts, max_tokens, sampling, bool(cmd.get("one_at_a_time")))
+    return {"outputs": outputs, "seconds": seconds}
 
 
 def _error(err: BaseException) -> dict[str, Any]:
@@ -161,7 +165,7 @@ def _error(err: BaseException) -> dict[str, Any]:
     return doc
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
@@ -275,7 +279,7 @@ class WorkerSession:
         line = self.proc.stdout.readline()
         if not line:
             raise WorkerDied(self._death())
-        reply = loads(line)
+        reply: dict[str, Any] = loads(line)  # the worker answers each command with one JSON object (_serve)
         if "error" not in reply:
             return reply
         message = f"{reply['kind']}: {reply['error']}"
@@ -306,14 +310,16 @@ class WorkerSession:
             {"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "sampling": sampling, "one_at_a_time": one_at_a_time}
         )
         self.last_seconds = float(reply["seconds"])
-        return reply["outputs"]
+        outputs: list[list[int]] = reply["outputs"]  # _generate's answer: token ids per prompt
+        return outputs
 
     def counters(self) -> SpecCounters:
         c = self.request({"op": "counters"})["counters"]
         return SpecCounters(c["num_drafts"], c["num_draft_tokens"], c["num_accepted_tokens"], tuple(c["accepted_per_position"]))
 
     def captured_layers(self) -> list[int] | None:
-        return self.request({"op": "captured_layers"})["layers"]
+        layers: list[int] | None = self.request({"op": "captured_layers"})["layers"]  # the session's own answer
+        return layers
 
     def stop(self, *, interrupted: bool = False) -> None:
         clean = False
@@ -342,6 +348,28 @@ class WorkerSession:
         remove_run_folder(self.run_folder)  # the worker and its engine are gone: what they left goes too
 
 
+def timed(
+    session: EngineSession,
+    prompts: list[list[int]],
+    max_tokens: int,
+    sampling: dict[str, Any] | None = None,
+    one_at_a_time: bool = False,
+) -> tuple[list[list[int]], float]:
+    """Outputs and seconds: all prompts at once, or one request at a time (batch 1). A worker times itself (in its
+    own process: the pipe's cost stays out). `sampling` only where the session's generate takes it (callers check)."""
+    if isinstance(session, WorkerSession):
+        return session.generate(prompts, max_tokens, sampling, one_at_a_time=one_at_a_time), session.last_seconds
+
+    def gen(batch: list[list[int]]) -> list[list[int]]:
+        if sampling:
+            return cast(_SamplingGenerate, session.generate)(batch, max_tokens, sampling)
+        return session.generate(batch, max_tokens)
+
+    t0 = time.perf_counter()
+    outputs = [gen([p])[0] for p in prompts] if one_at_a_time else gen(prompts)
+    return outputs, time.perf_counter() - t0
+
+
 class worker_session:
     """`with worker_session("vllm", config, label) as session:` one engine in its own process, always stopped."""
 
@@ -360,7 +388,7 @@ class worker_session:
         self.session.sampling = bool(ready.get("sampling"))
         return self.session
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.session is not None:
             self.session.stop(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
 
