@@ -12,8 +12,9 @@ import json
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from speclock.core import dsse
 from speclock.core.docmodel import DocModel, validate
@@ -23,6 +24,11 @@ from speclock.core.files import MAX_READ_BYTES, atomic_write_text, read_bytes, r
 from speclock.core.jsonread import loads
 from speclock.spec.lock import read_lock
 from speclock.verify.report_types import SmokeReport
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # optional (core.dsse)
+
+    from speclock.spec.stack import Stack
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://speclock.dev/smoke/v1"
@@ -54,7 +60,7 @@ ATTESTATION = DocModel(
 )
 
 
-def lock_identity(lock_file: Path, stack=None) -> str:
+def lock_identity(lock_file: Path, stack: Stack | None = None) -> str:
     """The sha256 that names a lock: the full lock's, also for a host environment's per-target view (lock_from)."""
     doc = read_lock(Path(lock_file), stack=stack)
     return doc.get("lock_from") or doc["lock_sha256"]
@@ -95,11 +101,16 @@ class AttestationInfo(TypedDict):
 
     file: str
     keyid: str
-    subject: dict[str, Any]
+    subject: dict[str, Any]  # an in-toto subject (dsse.Subject's shape), as selfcheck's record of it types it
 
 
 def sign_report(
-    report_path: Path, private_key, *, lock_sha256: str | None, dest: Path | None = None, host: str | None = None
+    report_path: Path,
+    private_key: Ed25519PrivateKey,
+    *,
+    lock_sha256: str | None,
+    dest: Path | None = None,
+    host: str | None = None,
 ) -> AttestationInfo:
     """Sign report.json's content as it is on disk; write the envelope (default: beside it). Returns what was written."""
     report = read_json(report_path, what="report file")
@@ -149,7 +160,7 @@ def _statement_warn(message: str) -> None:
 
 
 def check_subject(
-    report: dict[str, Any], subjects: list[dict[str, Any]], source: str, report_source: str, lock_sha256
+    report: dict[str, Any], subjects: list[dict[str, Any]], source: str, report_source: str, lock_sha256: Callable[[], str]
 ) -> dict[str, Any]:
     """The subject that names what the report names; BadInput naming both otherwise. `lock_sha256`: a callable,
     asked only for a report without an image digest."""
@@ -181,7 +192,9 @@ def check_subject(
     return match[0]
 
 
-def verify_report(report_path: Path, key_path: str | Path, *, envelope_path: Path | None, lock_sha256) -> AttestationInfo:
+def verify_report(
+    report_path: Path, key_path: str | Path, *, envelope_path: Path | None, lock_sha256: Callable[[], str]
+) -> AttestationInfo:
     """BadInput unless the envelope is signed by `key_path`'s key, its predicate is the report's content and its
     subject is what the report names. Returns {"file", "keyid", "subject"}."""
     envelope_path = Path(envelope_path) if envelope_path else Path(report_path).parent / ATTESTATION_FILE

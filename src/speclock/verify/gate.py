@@ -381,7 +381,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "gate",
         help="pass/fail a smoke report against the stack's thresholds and a baseline",

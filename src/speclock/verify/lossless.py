@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from speclock.core.heartbeat import Progress
 from speclock.core.threads import cpu_threads
 from speclock.verify.report_types import Divergence, LosslessSection, TieJudgement
 
@@ -57,7 +57,8 @@ def compare(
         a, b = d["plain"][:1], d["spec"][:1]
         if judge is not None and prompt_ids is not None and a and b:
             prefix = prompt_ids[d["prompt"]] + plain[d["prompt"]][: d["position"]]
-            d.update(judge(prefix, a[0], b[0]))
+            j = judge(prefix, a[0], b[0])
+            d["margin"], d["float32_argmax"], d["tie"] = j["margin"], j["float32_argmax"], j["tie"]
             if d["tie"]:
                 ties.append(d)
                 continue
@@ -78,7 +79,7 @@ def weights_bytes(target_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(target_dir).glob("*.safetensors"))
 
 
-def float32_judge(target_dir: Path, log=print) -> Judge | None:
+def float32_judge(target_dir: Path, log: Progress = print) -> Judge | None:
     """A judge that runs the target in float32 on the CPU, or None (too large, or no transformers)."""
     size = weights_bytes(target_dir)
     if size > MAX_JUDGE_BYTES:
@@ -91,12 +92,13 @@ def float32_judge(target_dir: Path, log=print) -> Judge | None:
     except ImportError:
         log("lossless: transformers is not importable; every divergence counts (no float32 tie check)")
         return None
-    state: dict[str, Any] = {}
+    state: dict[str, torch.nn.Module] = {}  # the target, loaded at the first divergence
 
     def judge(prefix: list[int], plain_tok: int, spec_tok: int) -> TieJudgement:
         if "model" not in state:
             torch.set_num_threads(min(4, cpu_threads()))
-            state["model"] = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+            model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+            state["model"] = model.eval()
         with torch.inference_mode():
             logits = state["model"](torch.tensor([prefix])).logits[0, -1]
         best = float(logits.max())

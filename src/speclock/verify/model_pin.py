@@ -16,6 +16,7 @@ from pathlib import Path
 
 from speclock.core.errors import BadInput
 from speclock.core.files import absent
+from speclock.core.heartbeat import Progress
 from speclock.core.layout import IMAGE, in_image
 from speclock.spec.lock import read_lock
 from speclock.spec.lock_types import ModelRecord
@@ -89,7 +90,7 @@ def refusal(stack: Stack, checks: dict[str, IdentityCheck], folders: dict[str, P
     )
 
 
-def check_served(stack: Stack, folders: dict[str, Path | None], *, allow_other: bool, log) -> dict[str, IdentityCheck]:
+def check_served(stack: Stack, folders: dict[str, Path | None], *, allow_other: bool, log: Progress) -> dict[str, IdentityCheck]:
     """Smoke, before any engine starts: compare_models against the stack's lock, refused (exit 2) where a folder
     differs and `allow_other` is off; a WARN logged for a model not pinned or allowed to differ."""
     checks = compare_models(stack, lock_for(stack), folders, allow_other=allow_other)

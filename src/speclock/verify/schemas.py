@@ -38,7 +38,7 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "schemas",
         help="write the JSON Schema files (schemas/) from the document models",

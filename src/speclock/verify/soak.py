@@ -252,7 +252,7 @@ def _cmd_soak(args: argparse.Namespace) -> int:
     return 0 if doc["verdict"] == "pass" else 1
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "soak",
         help="repeat the smoke test's drafted run on one engine for N minutes; gate on drift",

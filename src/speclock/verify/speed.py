@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from speclock.verify.checks import Check, warning
 from speclock.verify.plausibility import Bad
@@ -64,10 +64,15 @@ def steady(values: Sequence[float], window: int, tolerance: float = WARMUP_TOLER
     return mid > 0 and (max(last) - min(last)) / mid <= tolerance
 
 
-def warm_runs(run_once, repeats: int, extra: int = WARMUP_EXTRA, tolerance: float = WARMUP_TOLERANCE):
+_Run = TypeVar("_Run", bound=tuple[float, float])  # one run: (tokens, seconds)
+
+
+def warm_runs(
+    run_once: Callable[[], _Run], repeats: int, extra: int = WARMUP_EXTRA, tolerance: float = WARMUP_TOLERANCE
+) -> tuple[list[_Run], list[_Run], bool]:
     """Call run_once() -> (tokens, seconds) until the last `repeats` runs are steady or `repeats + extra` runs were
     made. Returns (kept runs: the last `repeats`, warm-up runs before them, steady)."""
-    runs: list[tuple[float, float]] = []
+    runs: list[_Run] = []
     while True:
         runs.append(run_once())
         done = steady(tok_s(runs), repeats, tolerance)

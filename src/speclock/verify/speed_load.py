@@ -4,7 +4,7 @@ judged against smoke.thresholds.min_concurrent_speedup over its interval."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from speclock.verify.checks import Check, warning
@@ -17,7 +17,7 @@ from speclock.verify.speed import interval_text, judge_floor, summarize_batch1
 MIN_LOADED_RUN_S = 3.0
 
 
-def loaded_runs(run_batch, min_seconds: float = MIN_LOADED_RUN_S):
+def loaded_runs(run_batch: Callable[[], tuple[int, float]], min_seconds: float = MIN_LOADED_RUN_S) -> tuple[int, float, int]:
     """A run of the loaded measurement: run_batch() -> (tokens, seconds) of one batch of requests at once, repeated
     until `min_seconds` have passed; (tokens, seconds, batches) of the whole run."""
     tokens, seconds, batches = 0, 0.0, 0
