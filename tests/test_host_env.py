@@ -39,6 +39,34 @@ def toolchain_wheels(folder: Path) -> list[dict]:
     return [entry(make_wheel(folder, name, "13.0.0")) for name in KERNEL_TOOLCHAIN]
 
 
+def host_row(name: str, lock_version: str, host_version: str) -> dict:
+    return {
+        "name": name,
+        "lock_version": lock_version,
+        "host_version": host_version,
+        "location": "/usr/lib",
+        "checked": "version",
+    }
+
+
+def host_env_record(**keys) -> dict:
+    """A host-env.json as build_env writes it (every key of build.hostenv.record.HostEnvRecord), `keys` replaced."""
+    record = {
+        "schema": "speclock.host-env/v1",
+        **dict.fromkeys(["stack", "stack_sha256", "lock_sha256", "lock_file", "target", "target_lock_sha256"], "x"),
+        **dict.fromkeys(["python", "machine", "interpreter", "speclock_version", "created"], "x"),
+        "hash_checked": [],
+        "version_checked": [],
+        "host_packages_requested": [],
+        "pruned_from_host": [],
+        "kernels": None,
+        "target_folder": None,
+        "draft_folder": None,
+        "engine_env": {},
+    }
+    return record | keys
+
+
 def make_repo(root: Path, *, image_python: str = PY, host_targets=(), extra_packages=(), engine_env=None, stack_extra=""):
     """A stack and its lock over tiny wheels, in a fetch-layout wheelhouse (<sha256>/<file>). Host targets get the
     image's entries (the tiny wheels are pure enough to stand in for any Python)."""
@@ -292,13 +320,16 @@ def test_doctor_accepts_the_hosts_cuda_build_only_for_packages_host_env_took_fro
 
     home = tmp_path / "speclock"
     home.mkdir()
-    lock = {
-        "schema": "speclock.lock/v1",
-        "packages": [{"name": "torch", "version": "2.11.0"}, {"name": "numpy", "version": "2.3.5"}],
-    }
+    # doctor reads both through their models (spec.lock_types.LockFile, build.hostenv.record.HostEnvRecord)
+    lock = json.loads((ROOT / "locks" / "vllm-0.26.0-torch2.11-cu130.lock").read_text())
+    lock["packages"] = [
+        {"name": n, "version": v, "filename": f"{n}-{v}-py3-none-any.whl", "url": f"https://x/{n}.whl", "sha256": "0" * 64}
+        for n, v in (("torch", "2.11.0"), ("numpy", "2.3.5"))
+    ]
+    lock["excluded"] = []
     (home / "lock.json").write_text(json.dumps(lock))
     (home / "host-env.json").write_text(
-        json.dumps({"schema": "speclock.host-env/v1", "version_checked": [{"name": "torch", "version": "2.11.0+cu130"}]})
+        json.dumps(host_env_record(version_checked=[host_row("torch", "2.11.0", "2.11.0+cu130")]))
     )
     monkeypatch.setattr(versions, "IMAGE", ImageLayout(home))
     monkeypatch.setattr(versions, "in_image", lambda: True)

@@ -49,38 +49,22 @@ from typing import NoReturn
 from speclock.build.envplan import plan_environment
 from speclock.build.hostenv.host import check_glibc, choose_target, model_folders, select_host_packages
 
-# glibc_needed, version_matches, RECORD, RUN_ENV: host-env's API, as doctor, selfcheck and the tests import it
+# glibc_needed, version_matches, RECORD, read_record, RUN_ENV: host-env's API, as doctor, selfcheck and the tests import it
 # (the `X as X` form re-exports them for mypy's strict mode).
 from speclock.build.hostenv.host import glibc_needed as glibc_needed
 from speclock.build.hostenv.host import version_matches as version_matches
-from speclock.build.hostenv.venv import HOME, HOST_ENV_SCHEMA, HostEnvOptions, HostEnvRecord, build_env, find_wheels
-from speclock.build.hostenv.venv import RECORD as RECORD
+from speclock.build.hostenv.record import RECORD as RECORD
+from speclock.build.hostenv.record import HostEnvRecord
+from speclock.build.hostenv.record import read_record as read_record
 from speclock.build.hostenv.venv import RUN_ENV as RUN_ENV
+from speclock.build.hostenv.venv import HostEnvOptions, build_env, find_wheels
 from speclock.core.errors import BadInput
-from speclock.core.files import os_error, pid_alive, read_json
+from speclock.core.files import os_error, pid_alive
 from speclock.core.heartbeat import Progress
 from speclock.core.names import normalize
 from speclock.kernels.build import check_host_compiler
 from speclock.spec.lock import lock_path, read_lock, target_lock
 from speclock.spec.stack import DEFAULT_STACK, load_stack
-
-
-def read_record(env_dir: Path) -> HostEnvRecord:
-    """DIR/speclock/host-env.json, checked; BadInput when DIR is not a host environment. Its schema names the
-    shape build_env writes (HostEnvRecord); readers take its keys with .get where an older record may lack them."""
-    path = Path(env_dir) / HOME / RECORD
-    if not path.is_file():
-        raise BadInput(
-            f"{env_dir} is not a speclock host environment (no {HOME}/{RECORD})",
-            hint="make one with `speclock host-env --stack S --dest DIR`",
-        )
-    doc: HostEnvRecord = read_json(path, what="host environment record", expect=dict)  # its schema is checked next
-    if doc.get("schema") != HOST_ENV_SCHEMA:
-        raise BadInput(
-            f"{path}: schema is {str(doc.get('schema'))[:40]!r}, expected {HOST_ENV_SCHEMA!r}",
-            hint="re-create it with `speclock host-env --force`",
-        )
-    return doc
 
 
 def clean_stale_builds(dest: Path) -> list[Path]:
@@ -137,9 +121,9 @@ def build_host_env(opts: HostEnvOptions, progress: Progress = print) -> HostEnvR
             try:
                 rec = read_record(dest)
                 same = (
-                    rec.get("lock_sha256"),
-                    rec.get("target"),
-                    sorted(rec.get("host_packages_requested", [])),
+                    rec["lock_sha256"],
+                    rec["target"],
+                    sorted(rec["host_packages_requested"]),
                     rec.get("target_folder"),
                     rec.get("draft_folder"),
                 ) == (full["lock_sha256"], key, sorted(opts.host_packages), opts.model, opts.draft)

@@ -10,8 +10,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TypedDict
 
+from speclock.build.hostenv.record import HostPackageRow
 from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.jsonread import parse_json
 from speclock.core.layout import REPO_ROOT
@@ -22,16 +22,6 @@ from speclock.spec.lock import IMAGE_TARGET, LockDoc, LockEntry, lock_target, lo
 from speclock.spec.stack import Stack
 
 _LOCAL_CUDA = re.compile(r"cu(\d+)")
-
-
-class HostPackageRow(TypedDict):
-    """A package taken from the host's Python (--use-host-packages): version-checked, as host-env.json records it."""
-
-    name: str
-    lock_version: str
-    host_version: str
-    location: str
-    checked: str  # "version"
 
 
 # ---------------------------------------------------------------- which target

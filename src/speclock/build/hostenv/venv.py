@@ -17,11 +17,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from speclock import __version__
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, kernel_build_args, patch_files
-from speclock.build.hostenv.host import HostPackageRow, check_host_packages, clean_env, host_versions, running_target
+from speclock.build.hostenv.host import check_host_packages, clean_env, host_versions, running_target
+from speclock.build.hostenv.record import HOME, HOST_ENV_SCHEMA, RECORD, HostEnvRecord, PrunedFromHost
 from speclock.build.prune import run_prune
 from speclock.build.wheelhouse import entry_path, requirements_text, store_dir
 from speclock.core.errors import CheckFailed, EnvironmentProblem
@@ -31,9 +32,6 @@ from speclock.core.layout import IMPORT_ROOT
 from speclock.spec.lock import LockDoc, LockEntry, lock_path, write_lock
 from speclock.spec.stack import DEFAULT_STACK, Stack
 
-HOST_ENV_SCHEMA = "speclock.host-env/v1"
-HOME = "speclock"  # DIR/speclock: the image's /opt/speclock
-RECORD = "host-env.json"  # DIR/speclock/host-env.json
 # What the image's ENV sets besides paths (containers/Containerfile): the same for a host run.
 RUN_ENV = {
     "SPECLOCK_IN_IMAGE": "1",
@@ -42,47 +40,6 @@ RUN_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-
-
-class HashCheckedRow(TypedDict):
-    """A wheel installed from the wheelhouse, hash-checked."""
-
-    name: str
-    version: str
-    sha256: str
-
-
-class PrunedFromHost(TypedDict):
-    """A [prune].packages package the env's Python still sees in the host's site-packages."""
-
-    name: str
-    version: str
-    location: str
-
-
-class HostEnvRecord(TypedDict):
-    """DIR/speclock/host-env.json: what `speclock host-env` built (doctor, selfcheck and a second host-env read it)."""
-
-    schema: str  # HOST_ENV_SCHEMA
-    stack: str
-    stack_sha256: str
-    lock_sha256: str  # the full lock's
-    lock_file: str
-    target: str
-    target_lock_sha256: str  # lock.json's: the target's own view (spec.lock.target_lock)
-    python: str
-    machine: str
-    interpreter: str
-    speclock_version: str
-    hash_checked: list[HashCheckedRow]
-    version_checked: list[HostPackageRow]
-    host_packages_requested: list[str]
-    pruned_from_host: list[PrunedFromHost]
-    kernels: dict[str, Any] | None  # {"source": "copied", "from": DIR} or {"source": "built", "toolchain": [...]}
-    target_folder: str | None  # where DIR/speclock/target links to (--model, or target.path); None: converted in it
-    draft_folder: str | None  # where DIR/speclock/draft links to (--draft); None: the stack's drafter copied in
-    engine_env: dict[str, str]
-    created: str
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from speclock.core.files import read_json
+from speclock.build.hostenv.record import RECORD, read_record
 from speclock.core.layout import IMAGE, in_image
 from speclock.core.names import normalize
 from speclock.verify.doctor.context import Check, Context, Question
@@ -71,12 +71,11 @@ def leftover_paths(site: Path | None, globs: list[str]) -> dict[str, int]:
 def from_the_host() -> dict[str, str]:
     """{pruned package: where} that a host environment sees in the host's site-packages (`speclock host-env
     --use-host-packages` shares them; its record lists them as pruned_from_host): not the environment's own. Empty in
-    an image. (The record's name, host-env.json, is build.hostenv's RECORD; doctor reads the file, not that module.)"""
-    path = IMAGE.root / "host-env.json"
-    if not in_image() or not path.is_file():
+    an image. The record is read through its model (build.hostenv.record, a module of core/ imports only)."""
+    if not in_image() or not (IMAGE.root / RECORD).is_file():
         return {}
-    rows = read_json(path, what="host environment record", expect=dict).get("pruned_from_host") or []
-    return {normalize(r["name"]): r.get("location", "?") for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)}
+    record = read_record(IMAGE.root.parent)  # IMAGE.root is DIR/speclock in a host environment
+    return {normalize(r["name"]): r["location"] for r in record.get("pruned_from_host") or []}
 
 
 def _question(module: str) -> str:

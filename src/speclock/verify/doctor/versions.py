@@ -1,14 +1,24 @@
-"""Doctor's version checks: every locked package has its locked version in the engine's Python (lock-versions)."""
+"""Doctor's version checks: every locked package has its locked version in the engine's Python (lock-versions).
+
+The lock is read through its model (spec.lock_types.LockFile, validated by speclock.core.docmodel: the file and
+the key path of what does not fit, exit 2), the host environment's record through its own (build.hostenv.record).
+Neither is the full read_lock: doctor compares versions, fetch and build check hashes and provenance.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
-from speclock.build.hostenv.command import RECORD, read_record, version_matches
+from speclock.build.hostenv.host import version_matches
+from speclock.build.hostenv.record import RECORD, read_record
+from speclock.core.docmodel import validate
 from speclock.core.errors import BadInput
-from speclock.core.files import expect, read_json
+from speclock.core.files import read_json
 from speclock.core.layout import IMAGE, in_image
 from speclock.core.names import normalize
+from speclock.spec.lock import LOCK
+from speclock.spec.lock_types import LockFile
 from speclock.verify.doctor.context import Check, Context
 
 
@@ -19,24 +29,22 @@ def host_provided(ctx: Context) -> set[str]:
     if not in_image() or not record_path.is_file() or Path(ctx.lock_path or "") != IMAGE.lock_file:
         return set()
     record = read_record(IMAGE.root.parent)  # IMAGE.root is DIR/speclock in a host environment
-    rows = expect(record.get("version_checked", []), list, "version_checked", path=record_path)
-    return {normalize(r["name"]) for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)}
+    return {normalize(r["name"]) for r in record["version_checked"]}
+
+
+def read_doctor_lock(path: Path) -> LockFile:
+    """The lock at `path`, validated against its model (LockFile); BadInput naming the file and the key path."""
+    lock = read_json(path, what="lock", hint="fix or regenerate the file")
+    if lock.get("schema") != "speclock.lock/v1":  # another document, or another version of this one
+        raise BadInput(f"{path}: not a speclock.lock/v1 lock", hint=LOCK.hint)
+    validate(LOCK, lock, str(path))
+    return cast(LockFile, lock)
 
 
 def check_lock(ctx: Context) -> Check:
     if not ctx.lock_path or not ctx.lock_path.is_file():
         return Check("lock-versions", "warn", f"no lock file at {ctx.lock_path}: versions not compared (run `speclock lock`)")
-    hint = "regenerate it with `speclock lock`"
-    lock = read_json(Path(ctx.lock_path), what="lock", hint="fix or regenerate the file")
-    if lock.get("schema") != "speclock.lock/v1" or not isinstance(lock.get("packages"), list):
-        raise BadInput(f"{ctx.lock_path}: not a speclock.lock/v1 lock", hint=hint)
-    for i, pkg in enumerate(lock["packages"]):
-        expect(pkg, dict, f"packages[{i}]", path=ctx.lock_path, hint=hint)
-        expect(pkg.get("name"), str, f"packages[{i}].name", path=ctx.lock_path, hint=hint)
-        expect(pkg.get("version"), str, f"packages[{i}].version", path=ctx.lock_path, hint=hint)
-    for i, item in enumerate(expect(lock.get("excluded", []), list, "excluded", path=ctx.lock_path, hint=hint)):
-        name = item.get("name") if isinstance(item, dict) else item
-        expect(name, str, f"excluded[{i}]" + (".name" if isinstance(item, dict) else ""), path=ctx.lock_path, hint=hint)
+    lock = read_doctor_lock(Path(ctx.lock_path))
     answer = ctx.engine_answers.get("dists")
     if not answer or not answer["ok"]:
         return Check(
@@ -45,8 +53,9 @@ def check_lock(ctx: Context) -> Check:
             f"could not list the engine Python's packages: {(answer or {}).get('error', ctx.python_note)}",
         )
     have = {normalize(k): v for k, v in answer["result"].items()}
-    excluded = {normalize(n["name"] if isinstance(n, dict) else n) for n in lock.get("excluded", [])}
-    wrong, missing = [], []
+    excluded = {normalize(n["name"]) for n in lock.get("excluded", [])}
+    wrong: list[str] = []
+    missing: list[str] = []
     # A host's CUDA build of the locked release (2.11.0+cu130 for 2.11.0 on a CUDA 13.0 stack) is the locked one.
     from_host, cuda = host_provided(ctx), ctx.stack.gpu["cuda"]
     for pkg in lock["packages"]:
@@ -76,7 +85,7 @@ class LockVersions:
     name = "lock-versions"
     needs_engine = True
 
-    def questions(self, ctx: Context) -> dict[str, list]:
+    def questions(self, ctx: Context) -> dict[str, list[Any]]:
         return {"dists": ["dists", []]}
 
     def run(self, ctx: Context) -> Check:
