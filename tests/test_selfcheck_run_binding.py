@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import speclock.verify.selfcheck as sc
 from speclock.core.errors import BadInput
 from speclock.verify import attest
+from speclock.verify.selfcheck_record import read_selfcheck
 from speclock.verify.smoke import SmokeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +80,7 @@ def test_a_stale_report_is_removed_and_never_gated_or_signed_when_smoke_is_refus
     private, _ = _key(tmp_path)
     _passing_doctor(monkeypatch)
     code = sc.selfcheck(_opts(out, private, prompts=str(tmp_path / "no-such-prompts.jsonl")))
-    summary = json.loads((out / "selfcheck.json").read_text())
+    summary = read_selfcheck(out / "selfcheck.json")  # through its model: what selfcheck writes fits it
     assert code == 2 and summary["verdict"] == "fail"
     assert summary["stages"]["smoke"]["exit_code"] == 2
     assert summary["stages"]["gate"] == {"skipped": True, "note": "smoke did not write a report of this run (exit 2)"}
@@ -106,7 +107,7 @@ def test_a_doctor_that_cannot_check_stops_smoke_gate_and_signature(tmp_path):
         sign_key=str(private),
     )
     assert sc.selfcheck(opts) == 3
-    summary = json.loads((out / "selfcheck.json").read_text())
+    summary = read_selfcheck(out / "selfcheck.json")  # through its model: what selfcheck writes fits it
     assert summary["stages"]["doctor"]["exit_code"] == 3
     for stage in ("smoke", "gate", "attestation"):
         assert summary["stages"][stage] == {"skipped": True, "note": "doctor could not check (exit 3)"}, stage
@@ -120,7 +121,7 @@ def test_this_runs_report_is_gated_and_signed_and_carries_the_run_id(tmp_path, m
     _passing_doctor(monkeypatch)
     _smoke_writing(monkeypatch)
     code = sc.selfcheck(_opts(out, private))
-    summary = json.loads((out / "selfcheck.json").read_text())
+    summary = read_selfcheck(out / "selfcheck.json")  # through its model: what selfcheck writes fits it
     assert code == 0, summary
     report = json.loads((out / "report.json").read_text())
     assert report["run"]["id"] == summary["run_id"]
@@ -139,7 +140,7 @@ def test_a_report_of_another_run_is_refused(tmp_path, monkeypatch):
     _passing_doctor(monkeypatch)
     _smoke_writing(monkeypatch, run_id="0" * 32)
     code = sc.selfcheck(_opts(out, private))
-    summary = json.loads((out / "selfcheck.json").read_text())
+    summary = read_selfcheck(out / "selfcheck.json")  # through its model: what selfcheck writes fits it
     assert code == 2 and "is not this run's report" in summary["stages"]["smoke"]["error"]
     assert summary["stages"]["gate"]["skipped"] and summary["stages"]["attestation"]["skipped"]
     assert not (out / attest.ATTESTATION_FILE).exists()
@@ -161,7 +162,7 @@ def test_a_report_swapped_between_smoke_and_signing_is_refused(tmp_path, monkeyp
 
     monkeypatch.setattr(sc, "run_gate", gate_then_swap)
     code = sc.selfcheck(_opts(out, private))
-    summary = json.loads((out / "selfcheck.json").read_text())
+    summary = read_selfcheck(out / "selfcheck.json")  # through its model: what selfcheck writes fits it
     assert code == 2
     assert "changed after this run's smoke wrote it: the signature refuses it" in summary["stages"]["attestation"]["error"]
     assert not (out / attest.ATTESTATION_FILE).exists()
@@ -194,7 +195,7 @@ def test_failed_doctor_checks_still_measure_but_sign_nothing(tmp_path, monkeypat
     monkeypatch.setattr(sc, "run_doctor_stage", lambda opts: (1, {"verdict": "fail", "checks": [], "error": "aux-layers"}))
     _smoke_writing(monkeypatch)
     code = sc.selfcheck(_opts(out, private))
-    summary = json.loads((out / "selfcheck.json").read_text())
+    summary = read_selfcheck(out / "selfcheck.json")  # through its model: what selfcheck writes fits it
     assert code == 1
     assert summary["stages"]["smoke"]["exit_code"] == 0 and summary["stages"]["gate"]["exit_code"] == 0
     assert (

@@ -32,6 +32,7 @@ from speclock.verify.profiles import report_profile, resolve_profile
 from speclock.verify.report import load_report
 from speclock.verify.report_types import CheckRecord, SmokeReport
 from speclock.verify.selfcheck import env_args
+from speclock.verify.selfcheck_record import SELFCHECK_FILE, read_selfcheck
 from speclock.verify.smoke.inputs import SPEED_KEYS, SmokeOptions
 from speclock.verify.soak import DEFAULT_MAX_DRIFT
 
@@ -370,9 +371,10 @@ def run_upgrade(
             steps["smoke"].detail = f"the engine run did not complete: {run.get('error')}"
     else:
         steps["smoke"].status = "fail"
-        stages = (read_image_result(outputs / "selfcheck.json") or {}).get("stages")
-        smoke = stages.get("smoke") if isinstance(stages, dict) else None
-        smoke = smoke if isinstance(smoke, dict) else {}
+        try:  # through its model (verify.selfcheck_record); missing or damaged reads as no result
+            smoke = read_selfcheck(outputs / SELFCHECK_FILE)["stages"].get("smoke") or {}
+        except BadInput:
+            smoke = {}
         steps["smoke"].detail = str(smoke.get("error") or smoke.get("note") or f"no report.json in {outputs}")
         return result
 

@@ -33,7 +33,7 @@ import sys
 import uuid
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from speclock.build.hostenv.command import env_command, read_record
 from speclock.core import dsse
@@ -42,47 +42,16 @@ from speclock.core.files import atomic_write_text, os_error, read_bytes, read_js
 from speclock.core.layout import in_image
 from speclock.spec.stack import load_stack
 from speclock.verify import attest
+from speclock.verify.checks import table
 from speclock.verify.doctor import DOCTOR_SCHEMA, DoctorOptions, build_context, exit_code_of, run_doctor
-from speclock.verify.gate import lock_beside, resolve_stack, run_gate, table
+from speclock.verify.gate import lock_beside, resolve_stack, run_gate
 from speclock.verify.report import human_table
+from speclock.verify.selfcheck_record import SELFCHECK_FILE, SELFCHECK_SCHEMA, SelfcheckRecord, SelfcheckStages, Stage
 from speclock.verify.smoke.inputs import SmokeOptions, add_smoke_arguments, resolve_inputs
 from speclock.verify.smoke.run import run_smoke
 
-
-class StageResult(TypedDict, total=False):
-    """One stage in selfcheck.json: its exit code and what went wrong, and what the stage itself adds."""
-
-    exit_code: int | None
-    error: str | None
-    # smoke
-    skipped: bool
-    note: str
-    verdict: str
-    failures: list[str]
-    warnings: list[str]
-    # gate
-    baseline: str | None
-    # attestation (speclock.verify.attest.AttestationInfo)
-    file: str
-    keyid: str
-    subject: dict[str, Any]
-
-
-class SelfcheckStages(TypedDict, total=False):
-    doctor: StageResult
-    smoke: StageResult
-    gate: StageResult
-    attestation: StageResult
-
-
-class SelfcheckSummary(TypedDict, total=False):
-    """selfcheck.json: every stage's result and the verdict recorded with the image."""
-
-    run_id: str  # this run's id, also report.json's run.id
-    stages: SelfcheckStages
-    verdict: str  # pass | fail | smoke-skipped
-    exit_code: int
-    warnings: bool
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 
 def _log(msg: str) -> None:
@@ -137,7 +106,7 @@ OUTPUT_FILES = (
     "gate.json",
     "junit.xml",
     "summary.md",
-    "selfcheck.json",
+    SELFCHECK_FILE,
     attest.ATTESTATION_FILE,
 )
 
@@ -195,7 +164,7 @@ def unchanged(report_path: Path, sha256: str, stage: str) -> None:
         )
 
 
-def sign_stage(report_path: Path, key, stack_arg: str | None) -> attest.AttestationInfo:
+def sign_stage(report_path: Path, key: Ed25519PrivateKey, stack_arg: str | None) -> attest.AttestationInfo:
     """Sign report.json as written; the subject is the report's image digest, else the stack's lock (attest.py)."""
     report = read_json(report_path, what="report file")
     lock_sha = None
@@ -217,12 +186,13 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     if removed:
         _log(f"removed the outputs of an earlier run from {out}: {', '.join(removed)}")
     stages: SelfcheckStages = {}
-    summary: SelfcheckSummary = {"run_id": run_id, "stages": stages}
+    summary: SelfcheckRecord = {"schema": SELFCHECK_SCHEMA, "run_id": run_id, "stages": stages, "verdict": "fail"}
     codes: list[int] = []
 
-    def skip(stage: str, why: str) -> None:
-        stages[stage] = {"skipped": True, "note": why}  # type: ignore[literal-required]
-        _log(f"{stage}: skipped ({why})")
+    def skip(why: str, *names: Stage) -> None:
+        for stage in names:
+            stages[stage] = {"skipped": True, "note": why}
+            _log(f"{stage}: skipped ({why})")
 
     _log(f"doctor (run {run_id})")
     code, doc = run_doctor_stage(smoke_opts)
@@ -233,8 +203,7 @@ def selfcheck(opts: SelfcheckOptions) -> int:
 
     smoke_code, report_path, report_sha = None, out / "report.json", None
     if code not in (0, 1):
-        for stage in ("smoke", "gate", "attestation"):
-            skip(stage, f"doctor could not check (exit {code})")
+        skip(f"doctor could not check (exit {code})", "smoke", "gate", "attestation")
     else:
         try:
             inp = resolve_inputs(smoke_opts)
@@ -244,7 +213,7 @@ def selfcheck(opts: SelfcheckOptions) -> int:
                 _log(note)
                 stages["smoke"] = {"skipped": True, "note": note}
                 summary["verdict"] = "smoke-skipped"
-                atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+                atomic_write_text(out / SELFCHECK_FILE, json.dumps(summary, indent=2) + "\n")
                 return code
             _log("smoke")
             report, smoke_code = run_smoke(inp)
@@ -266,8 +235,7 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     gate_code = None
     if report_sha is None:
         if code in (0, 1):
-            for stage in ("gate", "attestation"):
-                skip(stage, f"smoke did not write a report of this run (exit {smoke_code})")
+            skip(f"smoke did not write a report of this run (exit {smoke_code})", "gate", "attestation")
     else:
         _log("gate")
         try:
@@ -289,14 +257,19 @@ def selfcheck(opts: SelfcheckOptions) -> int:
         if sign_key is None:
             pass
         elif code != 0:
-            skip("attestation", f"doctor failed (exit {code}): an image whose checks fail is not vouched for")
+            skip(f"doctor failed (exit {code}): an image whose checks fail is not vouched for", "attestation")
         elif gate_code not in (0, 1):
-            skip("attestation", f"the gate refused the report (exit {gate_code})")
+            skip(f"the gate refused the report (exit {gate_code})", "attestation")
         else:
             try:
                 unchanged(report_path, report_sha, "signature")
                 signed = sign_stage(report_path, sign_key, opts.smoke.stack)
-                stages["attestation"] = {"exit_code": 0, **signed}
+                stages["attestation"] = {
+                    "exit_code": 0,
+                    "file": signed["file"],
+                    "keyid": signed["keyid"],
+                    "subject": signed["subject"],
+                }
                 _log(f"attestation: {signed['file']} (key {signed['keyid'][:16]}, subject {signed['subject']['name']})")
             except SpeclockError as err:
                 stages["attestation"] = {"exit_code": err.exit_code, "error": str(err)}
@@ -305,9 +278,8 @@ def selfcheck(opts: SelfcheckOptions) -> int:
     final = _combine(codes)
     summary["verdict"] = "pass" if final == 0 else "fail"
     summary["exit_code"] = final
-    atomic_write_text(out / "selfcheck.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / SELFCHECK_FILE, json.dumps(summary, indent=2) + "\n")
     warned = bool((stages.get("gate") or {}).get("warnings") or (stages.get("smoke") or {}).get("warnings"))
-    summary["warnings"] = warned
     print(
         f"selfcheck: {summary['verdict'].upper()}{' with WARN' if warned and final == 0 else ''} (doctor {codes[0]}, smoke "
         f"{'skipped' if smoke_code is None else smoke_code}{'' if gate_code is None else f', gate {gate_code}'}); "
@@ -350,7 +322,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     return selfcheck(SelfcheckOptions(SmokeOptions.from_args(args), baseline=args.baseline, sign_key=args.sign_key))
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "selfcheck",
         help="doctor + smoke + gate: the image's default command",
