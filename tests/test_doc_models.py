@@ -22,6 +22,7 @@ from test_model_identity import own_model_repo, smoke_opts
 
 from speclock.core.docmodel import SCHEMAS_DIR, schema_text, write_schemas
 from speclock.core.errors import BadInput
+from speclock.spec.schema import STACK
 from speclock.verify.gate_result import GATE_RESULT, read_gate_result
 from speclock.verify.report import REPORT, SCHEMA_ID, load_report, validate_report
 from speclock.verify.schemas import DOCUMENTS
@@ -67,6 +68,7 @@ def test_the_committed_schemas_are_what_the_models_give():
         "gate-result.schema.json",
         "lock.schema.json",
         "attestation-predicate.schema.json",
+        "stack.schema.json",
     }
 
 
@@ -75,7 +77,8 @@ def test_each_schema_names_its_document_and_its_unknown_key_rule():
         schema = json.loads(schema_text(doc))
         assert schema["$id"] == f"{SCHEMAS_DIR}/{doc.schema_file}"
         assert schema["x-speclock-schema-id"] == doc.schema_id
-        assert schema["properties"][doc.id_key]["const"] == doc.schema_id
+        # a stack's `schema` key is its format version, 1 (schema id speclock.stack/1)
+        assert schema["properties"][doc.id_key]["const"] == (1 if doc is STACK else doc.schema_id)
         assert schema["x-speclock-unknown-keys"] == doc.unknown and "Unknown keys" in schema["description"]
     assert "additionalProperties" not in _schema("report.schema.json")  # report: unknown keys are a WARN
     assert _schema("gate-result.schema.json")["additionalProperties"] is False  # gate result: refused

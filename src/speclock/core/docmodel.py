@@ -42,6 +42,56 @@ else:
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMAS_DIR = "schemas"  # in speclock's source tree: the generated files, one per document
+_NO_DEFAULT: Any = object()
+
+
+@dataclass(frozen=True)
+class Key:
+    """A model key's default and description, as `Annotated[int, Key(80, "prompts per run")]` (a NotRequired key with
+    a default is filled in by `validate`'s output; the default is validated too, so a section's default {} gets its
+    keys' defaults). Defining it needs no pydantic: pydantic asks it for its schemas when it builds a validator."""
+
+    default: Any = _NO_DEFAULT
+    doc: str = ""
+    # the only values of a key of the type given (a Literal[1] would take True and 1.0, which equal 1): a wrong one
+    # is a literal_error, as a Literal's
+    only: tuple[Any, ...] = ()
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Callable[[Any], Any]) -> Any:
+        schema = handler(source)
+        from pydantic_core import PydanticCustomError, core_schema  # with pydantic: see adapter()
+
+        if self.only:
+            only = self.only
+
+            def one_of(value: Any) -> Any:
+                if value not in only:
+                    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": repr(only)})
+                return value
+
+            schema = core_schema.no_info_after_validator_function(one_of, schema)
+        if self.default is _NO_DEFAULT:
+            return schema
+        return core_schema.with_default_schema(schema, default=self.default, validate_default=True)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Callable[[Any], Any]) -> Any:
+        out = dict(handler(schema))
+        if self.doc:
+            out["description"] = self.doc
+        if self.only:
+            out.update({"const": self.only[0]} if len(self.only) == 1 else {"enum": list(self.only)})
+        return out
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first fault `validate` found, for a document that words its own messages (`DocModel.phrase`)."""
+
+    kind: str  # pydantic's error type: "missing", "extra_forbidden", "literal_error", "string_type", ...
+    path: list[str | int]  # the key path, as far as the document has it
+    found: Any  # the value there (None when not present)
+    present: bool
+    want: str  # what the model puts there, in words ("" where the path leaves the model)
 
 
 @dataclass(frozen=True)
@@ -60,6 +110,9 @@ class DocModel:
     wording: Literal["key", "path", "quoted-path"] = "key"
     id_key: str = "schema"  # the key whose value is schema_id (an in-toto statement's: predicateType)
     refuse_why: str = "a reader that skipped a key it does not know could misread the verdict"  # the schema says it
+    # the document's own words for a fault: (the message after the file's name, the hint), or None for the wording's
+    phrase: Callable[[Fault], tuple[str, str] | None] | None = None
+    inline: bool = False  # the published schema with every $ref replaced by what it names (editors read it so)
 
     def config(self) -> dict[str, Any]:
         # pydantic's ConfigDict is a TypedDict: a plain dict here, so defining a model needs no pydantic.
@@ -196,8 +249,19 @@ def expected_at(doc: DocModel, path: list[str | int]) -> str:
     return _describe(root, node) if node is not None else ""
 
 
-def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str]:
-    """(dotted key path, the message after the file's name) for one pydantic error, in the document's wording."""
+def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(dotted key path, the message after the file's name, the hint) for one pydantic error, in the document's
+    wording."""
+    key, message = _worded(doc, data, err)
+    if doc.phrase is not None:
+        path, found, present = _resolve(data, tuple(err["loc"]), missing=err["type"] == "missing")
+        own = doc.phrase(Fault(err["type"], path, found, present, expected_at(doc, path)))
+        if own is not None:
+            return key, own[0], own[1]
+    return key, message, doc.hint
+
+
+def _worded(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str]:
     kind = err["type"]
     path, found, present = _resolve(data, tuple(err["loc"]), missing=kind == "missing")
     want = expected_at(doc, path)
@@ -220,38 +284,42 @@ def _problem(doc: DocModel, data: Any, err: Mapping[str, Any]) -> tuple[str, str
     return key, f"key '{key}': expected {want or err['msg']}, got {json_type(found)} {short_repr(found)}"
 
 
-def validate(doc: DocModel, data: Any, source: str, warn: Callable[[str], None] | None = None) -> None:
+def validate(doc: DocModel, data: Any, source: str, warn: Callable[[str], None] | None = None) -> Any:
     """Check a parsed document against its model: BadInput naming the file, the key path, what was found and what
-    belongs there; an unknown key is a WARN passed to `warn` ("warn" documents) or BadInput ("refuse")."""
+    belongs there; an unknown key is a WARN passed to `warn` ("warn" documents) or BadInput ("refuse").
+
+    Returns the validated copy (unknown keys left out, Key defaults filled in, a float key's int as a float); readers
+    that need no defaults keep the document they passed."""
     check = validator(doc)  # first: EnvironmentProblem where pydantic is not installed
     from pydantic_core import ValidationError  # with pydantic: see adapter()
 
     try:
-        check.validate_python(data)
-        return
+        return check.validate_python(data)
     except ValidationError as err:
         errors = err.errors(include_url=False, include_context=False, include_input=False)
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     wrong = [e for e in errors if e["type"] != "extra_forbidden"] or (unknown if doc.unknown == "refuse" else [])
+    out: Any = None
     if not wrong:
         # Only unknown keys so far, but a list stops at its first bad item, unknown keys included: check every item
         # again with unknown keys passed over (a second pass only for documents that hold unknown keys).
         try:
-            validator(doc, "ignore").validate_python(data)
+            out = validator(doc, "ignore").validate_python(data)
         except ValidationError as err:
             wrong = err.errors(include_url=False, include_context=False, include_input=False)
     if wrong:
-        key, problem = _problem(doc, data, wrong[0])
+        key, problem, hint = _problem(doc, data, wrong[0])
         others = {dotted(_resolve(data, tuple(e["loc"]), e["type"] == "missing")[0]) for e in wrong[1:]} - {key}
         more = (
             f" (and {len(others)} more key{'s' if len(others) > 1 else ''}: {', '.join(sorted(others)[:3])}{', ...' if len(others) > 3 else ''})"
             if others
             else ""
         )
-        raise BadInput(f"{source}: {problem}{more}", hint=doc.hint)
+        raise BadInput(f"{source}: {problem}{more}", hint=hint)
     for e in unknown:
         key = dotted(_resolve(data, tuple(e["loc"]), False)[0])
         (warn or _stderr_warn)(f"{source}: key '{key}' is not in {doc.schema_id} (written by a newer speclock?): ignored")
+    return out
 
 
 def _stderr_warn(message: str) -> None:
@@ -300,9 +368,23 @@ def json_schema(doc: DocModel, *, plain: bool = False) -> dict[str, Any]:
         "x-speclock-unknown-keys": doc.unknown,
     }
     body.pop("title", None)
+    if doc.inline:
+        body = _inlined(body, body.pop("$defs", {}))
     out = {**head, **body}
     _SCHEMAS[(doc.model, plain)] = out
     return out
+
+
+def _inlined(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with each {"$ref": "#/$defs/X", ...} replaced by X (and the ref's own keys); a model has no cycles."""
+    if isinstance(node, list):
+        return [_inlined(v, defs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        named = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return _inlined({**named, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    return {k: _inlined(v, defs) for k, v in node.items()}
 
 
 def schema_text(doc: DocModel) -> str:

@@ -1,14 +1,14 @@
-"""Stack-file validation: types, allowed values and the rules that tie keys together.
+"""Stack-file validation: the model (types, allowed values, required and unknown keys, defaults: spec.stack_types,
+checked through spec.schema.STACK) and the rules that tie keys together.
 
 Errors name the file, the key and what is allowed (BadInput, exit 2).
 
-dict[str, Any] here: a stack as tomllib parsed it, and its sections while they are being checked (any TOML value may
-stand under any key until SCHEMA's types are checked); `validate` returns the checked document (spec.stack.Stack.data).
+dict[str, Any] here: a stack as tomllib parsed it, and its sections once they fit the model (the rules index them by
+section name); `validate` returns the checked document (spec.stack.Stack.data).
 """
 
 from __future__ import annotations
 
-import copy
 import datetime
 import math
 import re
@@ -18,13 +18,14 @@ from typing import Any
 
 from speclock.core import files
 from speclock.core.args import MAX_K
+from speclock.core.docmodel import validate as validate_model
 from speclock.core.errors import BadInput
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import k_schedule
 from speclock.spec.path_keys import Bad, check_path_keys
 from speclock.spec.profile_values import check_overrides
-from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA
+from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA, STACK
 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
 _DIGEST_REF = re.compile(r"^[a-z0-9.\-:/_]+@sha256:[0-9a-f]{64}$")
@@ -55,26 +56,6 @@ _SPEED_RANGE = {
     "speed_repeats": (0, 20),
     "speed_concurrent": (0, 4096),
 }
-
-
-def _type_ok(kind: str, value: Any) -> bool:
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "list[str]":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if kind == "list[float]":
-        return isinstance(value, list) and all(_type_ok("float", v) for v in value)
-    if kind == "list[list[int]]":
-        return isinstance(value, list) and all(isinstance(v, list) and all(_type_ok("int", x) for x in v) for v in value)
-    if kind == "table":
-        return isinstance(value, dict)
-    raise AssertionError(kind)
 
 
 def _not_plain_data(value: Any, where: str) -> tuple[str, str] | None:
@@ -114,56 +95,29 @@ def _flatten_sections(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def validate(raw: dict[str, Any], path: Path, repo_root: Path | None = None) -> dict[str, Any]:
-    """Check `raw` against SCHEMA; return every section with defaults. Raises BadInput.
+    """Check `raw` against the model (spec.stack_types.StackDoc) and the rules across keys; return every section with
+    defaults, nested sections flat ("smoke.thresholds"). Raises BadInput naming the file and the key.
 
     `repo_root`: the checkout whose files the stack's repository paths name (draft.path, target.path)."""
 
     def bad(key: str, problem: str, allowed: str) -> BadInput:
         return BadInput(f"{path}: key '{key}': {problem}", hint=f"allowed: {allowed}. See `speclock stack schema`.")
 
-    sections = _flatten_sections(raw)
-    out: dict[str, dict[str, Any]] = {}
-    for sec_name, body in sections.items():
-        if sec_name not in SCHEMA:
-            raise bad(sec_name, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
-        fields = SCHEMA[sec_name]
-        for key in body:
-            if not sec_name and key in SCHEMA and not isinstance(body[key], dict):
-                raise bad(
-                    key,
-                    f"expected a table [{key}], got {type(body[key]).__name__} {files.short_repr(body[key])}",
-                    f"a [{key}] section",
-                )
-            full = f"{sec_name}.{key}" if sec_name else key
-            if key not in fields:
-                if isinstance(body[key], dict) and not sec_name:
-                    raise bad(full, "unknown section", "sections " + ", ".join(s for s in SCHEMA if s))
-                raise bad(full, "unknown key", ", ".join(fields))
-    for sec_name, fields in SCHEMA.items():
-        body = sections.get(sec_name, {})
-        result: dict[str, Any] = {}
-        for key, (kind, required, default, desc, allowed) in fields.items():
-            full = f"{sec_name}.{key}" if sec_name else key
-            if key not in body:
-                if required:
-                    raise bad(full, "missing", f"{kind}: {desc}")
-                result[key] = copy.deepcopy(default)
-                continue
-            value = body[key]
-            odd = _not_plain_data(value, full)
-            if odd:  # nan/inf (tomllib parses them) would turn every comparison against a threshold False
-                raise bad(odd[0], odd[1], f"{kind}: {desc}; numbers must be finite")
-            if not _type_ok(kind, value):
-                raise bad(full, f"expected {kind}, got {type(value).__name__} {files.short_repr(value)}", f"{kind}: {desc}")
-            if allowed is not None:
-                values = value if isinstance(value, list) else [value]
-                for v in values:
-                    if v not in allowed:
-                        raise bad(full, f"{v!r} is not allowed", ", ".join(map(str, allowed)))
-            result[key] = value
-        out[sec_name] = result
+    for key, value in raw.items():
+        odd = _not_plain_data(value, key)
+        if odd:  # nan/inf (tomllib parses them) would turn every comparison against a threshold False; dates no JSON
+            raise bad(odd[0], odd[1], "strings, finite numbers, booleans, lists and tables")
+    # types, allowed values, required keys, unknown keys (refused); the copy has every default filled in
+    checked: dict[str, Any] = validate_model(STACK, raw, str(path))
+    smoke = checked["smoke"]
+    out: dict[str, dict[str, Any]] = {
+        "": {k: v for k, v in checked.items() if k not in SCHEMA},
+        **{k: v for k, v in checked.items() if k in SCHEMA},
+        "smoke.profiles": smoke.pop("profiles"),
+        "smoke.thresholds": smoke.pop("thresholds"),
+    }
     _check_semantics(out, path, bad)
-    check_path_keys(out, sections, repo_root or REPO_ROOT, bad)  # after the rules that say which keys must be set
+    check_path_keys(out, _flatten_sections(raw), repo_root or REPO_ROOT, bad)  # after the rules that say which keys must be set
     top = out.pop("")
     out.update(top)
     return out

@@ -1,5 +1,6 @@
 """`speclock schemas [--check]`: the published JSON Schema files (schemas/ in speclock's source), generated from the
-document models, so a user's CI can validate a report, a gate result, a lock or an attestation's statement without speclock.
+document models, so a user's CI can validate a report, a gate result, a lock, an attestation's statement or a stack
+file (parsed from TOML) without speclock.
 
 Each file is speclock.core.docmodel.json_schema of one document; tests/test_doc_models.py fails when a committed
 file differs from what the models give (run `speclock schemas` and commit the result).
@@ -15,11 +16,12 @@ from speclock.core.docmodel import SCHEMAS_DIR, DocModel, write_schemas
 from speclock.core.errors import BadInput
 from speclock.core.layout import IMPORT_ROOT
 from speclock.spec.lock import LOCK
+from speclock.spec.schema import STACK
 from speclock.verify.attest import ATTESTATION
 from speclock.verify.gate_result import GATE_RESULT
 from speclock.verify.report import REPORT
 
-DOCUMENTS: tuple[DocModel, ...] = (REPORT, GATE_RESULT, LOCK, ATTESTATION)
+DOCUMENTS: tuple[DocModel, ...] = (REPORT, GATE_RESULT, LOCK, ATTESTATION, STACK)
 SOURCE_ROOT = IMPORT_ROOT.parent  # the checkout: src/ and schemas/ side by side
 
 
@@ -42,9 +44,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "schemas",
         help="write the JSON Schema files (schemas/) from the document models",
-        description="Generate schemas/report.schema.json, schemas/gate-result.schema.json, schemas/lock.schema.json "
-        "and schemas/attestation-predicate.schema.json from the typed models speclock validates those documents with "
-        "(speclock.verify.report_types, speclock.spec.lock_types, speclock.verify.attest). Exit 0 written or up to date, "
+        description="Generate schemas/report.schema.json, schemas/gate-result.schema.json, schemas/lock.schema.json, "
+        "schemas/attestation-predicate.schema.json and schemas/stack.schema.json from the typed models speclock "
+        "validates those documents with (speclock.verify.report_types, speclock.spec.lock_types, speclock.verify.attest, "
+        "speclock.spec.stack_types). Exit 0 written or up to date, "
         "1 with --check when a file differs from the models.",
     )
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs from the models")
