@@ -23,7 +23,7 @@ STACK_SCHEMA_ID: Final = "speclock.stack/1"  # a stack's `schema` key is 1
 STACK_HINT: Final = "see `speclock stack schema` (or schemas/stack.schema.json) for every key"
 
 Field = tuple[str, bool, object, str, list[object] | None]  # (kind, required, default, description, allowed)
-_NESTED = {"thresholds": SmokeThresholds, "profiles": SmokeProfiles}  # smoke's sub-tables: sections "smoke.<key>"
+_NESTED = {"profiles": SmokeProfiles, "thresholds": SmokeThresholds}  # smoke's sub-tables: sections "smoke.<key>"
 
 
 def _kind(hint: Any) -> tuple[str, list[object] | None]:
@@ -43,7 +43,9 @@ def _kind(hint: Any) -> tuple[str, list[object] | None]:
 def _fields(model: type) -> dict[str, Field]:
     out: dict[str, Field] = {}
     for key, hint in typing.get_type_hints(model, include_extras=True).items():
-        if get_origin(hint) is NotRequired:
+        # (the hint, not __required_keys__: with postponed annotations a TypedDict cannot see NotRequired itself)
+        required = get_origin(hint) is not NotRequired
+        if not required:
             hint = get_args(hint)[0]
         args = get_args(hint) if get_origin(hint) is Annotated else (hint,)
         inner, key_info = args[0], next((m for m in args[1:] if isinstance(m, Key)), Key())
@@ -51,7 +53,6 @@ def _fields(model: type) -> dict[str, Field]:
             continue  # a section: a table of its own
         kind, allowed = _kind(inner)
         allowed = list(key_info.only) if key_info.only else allowed
-        required = key in model.__required_keys__  # type: ignore[attr-defined]
         out[key] = (kind, required, None if required else key_info.default, key_info.doc, allowed)
     return out
 
@@ -66,7 +67,6 @@ SCHEMA: Final[dict[str, dict[str, Field]]] = {
     **{name: _fields(model) for name, model in _SECTIONS.items()},
     **{f"smoke.{name}": _fields(model) for name, model in _NESTED.items()},
 }
-REQUIRED_SECTIONS: Final = tuple(name for name in _SECTIONS if name in StackDoc.__required_keys__)
 
 
 def _table(path: list[str | int]) -> tuple[str, str]:
