@@ -5,11 +5,15 @@ key and the file; the published schema is the one `speclock stack schema` prints
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import jsonschema
 import pytest
+import test_stack
 from fuzz_support import run_cli
 
 from speclock.core.docmodel import schema_text
@@ -17,6 +21,9 @@ from speclock.core.errors import BadInput
 from speclock.spec.schema import ARCH_MIN_CUDA, KNOWN_ENGINES, SCHEMA, STACK, json_schema
 from speclock.spec.stack import load_stack
 from speclock.spec.stack_types import Arch
+
+# test_stack's bad stacks (edit, key, words): the same refusals, with pydantic and without
+_BAD_STACKS = test_stack.test_bad_stack_names_file_and_key.pytestmark[0].args[1]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT / "stacks" / "cpu-vllm.toml").read_text()
@@ -104,3 +111,47 @@ def test_the_model_and_the_tables_that_name_values_agree():
     assert json_schema()["properties"]["engine"]["properties"]["name"]["enum"] == list(KNOWN_ENGINES)
     assert SCHEMA["smoke"]["num_prompts"] == ("int", False, 80, "prompts per smoke run", None)
     assert SCHEMA["gpu"]["archs"][4] == list(ARCH_MIN_CUDA)
+
+
+# ---------------------------------------------------------------- without pydantic: the same model, through its table
+
+
+def _without_pydantic(monkeypatch):
+    from speclock.core.errors import EnvironmentProblem
+    from speclock.spec import validate
+
+    def no_pydantic(*_args, **_kw):
+        raise EnvironmentProblem("pydantic is not installed here")
+
+    monkeypatch.setattr(validate, "validate_model", no_pydantic)
+
+
+def test_without_pydantic_every_stack_reads_the_same(monkeypatch):
+    stacks = sorted((ROOT / "stacks").glob("*.toml"))
+    with_model = [load_stack(p) for p in stacks]
+    _without_pydantic(monkeypatch)
+    for path, stack in zip(stacks, with_model, strict=True):
+        plain = load_stack(path)
+        assert plain.data == stack.data and plain.source_sha256 == stack.source_sha256, path.name
+
+
+@pytest.mark.parametrize("edit, key, words", _BAD_STACKS)
+def test_without_pydantic_a_bad_stack_is_refused_in_the_same_words(tmp_path, monkeypatch, edit, key, words):
+    _without_pydantic(monkeypatch)
+    err = _refused(tmp_path, edit(DEFAULT))
+    assert f"'{key}'" in err.message and words in err.message
+
+
+def test_without_pydantic_stack_check_runs_and_refuses_with_exit_2(tmp_path):
+    probe = (
+        "import sys\nsys.modules['pydantic'] = sys.modules['pydantic_core'] = sys.modules['typing_extensions'] = None\n"
+        "from speclock.cli import main\nraise SystemExit(main(['stack', 'check', sys.argv[1]]))\n"
+    )
+    run = [sys.executable, "-c", probe]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    good = subprocess.run([*run, "cpu-vllm"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert good.returncode == 0 and "stack cpu-vllm" in good.stdout, good.stderr
+    path = tmp_path / "cpu-vllm.toml"
+    path.write_text(DEFAULT.replace("[engine]\n", "[engine]\nflavour = 1\n"))
+    bad = subprocess.run([*run, str(path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert bad.returncode == 2 and f"{path}: key 'engine.flavour': unknown key" in bad.stderr, bad.stderr

@@ -62,6 +62,10 @@ _SECTIONS: dict[str, type] = {
     for name, hint in typing.get_type_hints(StackDoc).items()
     if isinstance(hint, type) and hasattr(hint, "__required_keys__")
 }
+# the sections a stack may leave out (every key of theirs has a default)
+OPTIONAL_SECTIONS: Final = frozenset(
+    name for name, hint in typing.get_type_hints(StackDoc, include_extras=True).items() if get_origin(hint) is NotRequired
+) | {f"smoke.{name}" for name in _NESTED}
 SCHEMA: Final[dict[str, dict[str, Field]]] = {
     "": _fields(StackDoc),
     **{name: _fields(model) for name, model in _SECTIONS.items()},

@@ -19,13 +19,14 @@ from typing import Any
 from speclock.core import files
 from speclock.core.args import MAX_K
 from speclock.core.docmodel import validate as validate_model
-from speclock.core.errors import BadInput
+from speclock.core.errors import BadInput, EnvironmentProblem
 from speclock.core.layout import REPO_ROOT
 from speclock.core.names import normalize
 from speclock.spec import k_schedule
 from speclock.spec.path_keys import Bad, check_path_keys
 from speclock.spec.profile_values import check_overrides
 from speclock.spec.schema import ARCH_MIN_CUDA, SCHEMA, STACK
+from speclock.spec.stack_plain import check_plain
 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
 _DIGEST_REF = re.compile(r"^[a-z0-9.\-:/_]+@sha256:[0-9a-f]{64}$")
@@ -108,7 +109,10 @@ def validate(raw: dict[str, Any], path: Path, repo_root: Path | None = None) -> 
         if odd:  # nan/inf (tomllib parses them) would turn every comparison against a threshold False; dates no JSON
             raise bad(odd[0], odd[1], "strings, finite numbers, booleans, lists and tables")
     # types, allowed values, required keys, unknown keys (refused); the copy has every default filled in
-    checked: dict[str, Any] = validate_model(STACK, raw, str(path))
+    try:
+        checked: dict[str, Any] = validate_model(STACK, raw, str(path))
+    except EnvironmentProblem:  # no pydantic here: the same model, checked through its field table
+        checked = check_plain(raw, str(path))
     smoke = checked["smoke"]
     out: dict[str, dict[str, Any]] = {
         "": {k: v for k, v in checked.items() if k not in SCHEMA},
