@@ -1,7 +1,8 @@
 """Stack files (`stacks/<name>.toml`): where they are, reading one, and the frozen `Stack` object.
 
-A stack is read once, at the edge, into a `Stack`; nothing below re-reads the file. The schema is
-in spec.schema, the checks in spec.validate.
+A stack is read once, at the edge, into a `Stack`; nothing below re-reads the file. Its typed model is
+spec.stack_types.StackDoc (spec.schema derives the field table and the JSON Schema from it), the checks are in
+spec.validate.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ class Stack:
     name: str
     path: Path
     # The validated document: section name -> its table, and the top-level keys (schema, name, description) beside
-    # them. Each table's keys and value types are spec.schema.SCHEMA's, checked by spec.validate; a TypedDict per
-    # section is for when every reader (verify/ too) is strictly typed.
+    # them, nested sections flat ("smoke.thresholds"). Each table's keys and value types are the model's
+    # (spec.stack_types: BaseSection, ...), checked by spec.validate; typing `data` by them waits for every reader
+    # (verify/ too) to be strictly typed.
     data: dict[str, Any] = field(repr=False)
     source_sha256: str = ""
 
