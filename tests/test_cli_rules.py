@@ -98,3 +98,36 @@ def test_stack_commands_found():
 def test_every_stack_command_refuses_a_missing_or_escaping_stack(command, stack, tmp_path):
     code, _out, err = run_cli(*command.split(), "--stack", stack, env={"SPECLOCK_CACHE": str(tmp_path / "cache")})
     assert_clean_refusal(code, err, allowed=(2,))
+
+
+def test_the_command_table_names_the_module_that_adds_each_command():
+    """cli.COMMANDS lets a run import only its command's module: every command of every module is in it, under
+    that module, and nothing else is (a command missing from it would still run, through the whole parser)."""
+    import importlib
+
+    from speclock import cli
+
+    added = {}
+    for module in cli.COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).add_commands(sub)
+        added.update(dict.fromkeys(sub.choices, module))
+    assert added == cli.COMMANDS
+
+
+@pytest.mark.parametrize(
+    "argv, modules",
+    [
+        (["build-image", "--stack", "x"], ["speclock.build.image"]),
+        (["-v", "--root", "/r", "lock", "--stack", "x"], ["speclock.spec.cli"]),
+        (["--root=/r", "fetch"], ["speclock.build.fetch"]),
+        (["--help"], None),
+        (["--version"], None),
+        (["no-such-command"], None),
+        ([], None),
+    ],
+)
+def test_a_named_command_imports_only_its_module(argv, modules):
+    from speclock.cli import _named_module
+
+    assert _named_module(argv) == modules

@@ -19,27 +19,32 @@ from speclock.core import layout
 from speclock.core.errors import BadInput, SpeclockError
 from speclock.core.files import current_input, os_error
 
-COMMAND_MODULES = [
-    "speclock.spec.cli",
-    "speclock.build.fetch",
-    "speclock.build.hostenv.command",
-    "speclock.build.image",
-    "speclock.build.push",
-    "speclock.build.sbom.document",
-    "speclock.build.run",
-    "speclock.build.nixcheck",
-    "speclock.verify.smoke.cli",
-    "speclock.engines.serve",
-    "speclock.verify.gate",
-    "speclock.verify.selfcheck",
-    "speclock.patches.cli",
-    "speclock.verify.doctor.runner",
-    "speclock.kernels.build",
-    "speclock.train.cli",
-    "speclock.upgrade.cli",
-    "speclock.verify.soak",
-    "speclock.verify.schemas",
-]
+# command name -> the module that adds it (tests/test_cli_rules.py holds this to what each module adds). A run
+# that names its command imports only that module: importing all of them costs ~0.2 s of every command's start
+# (docs/benchmarks.md, "Warm rebuild (#37)"); --help, no command or an unknown one imports them all.
+COMMANDS = {
+    "lock": "speclock.spec.cli",
+    "stack": "speclock.spec.cli",
+    "fetch": "speclock.build.fetch",
+    "host-env": "speclock.build.hostenv.command",
+    "build-image": "speclock.build.image",
+    "push-image": "speclock.build.push",
+    "sbom": "speclock.build.sbom.document",
+    "run-image": "speclock.build.run",
+    "nix-check": "speclock.build.nixcheck",
+    "smoke": "speclock.verify.smoke.cli",
+    "serve": "speclock.engines.serve",
+    "gate": "speclock.verify.gate",
+    "selfcheck": "speclock.verify.selfcheck",
+    "patches": "speclock.patches.cli",
+    "doctor": "speclock.verify.doctor.runner",
+    "kernels-build": "speclock.kernels.build",
+    "train": "speclock.train.cli",
+    "upgrade": "speclock.upgrade.cli",
+    "soak": "speclock.verify.soak",
+    "schemas": "speclock.verify.schemas",
+}
+COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 
 
 def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
             return 2
         os.environ[layout.ROOT_ENV] = str(path)
         layout.use_root(path)
-    parser = build_parser(modules)
+    parser = build_parser(modules or _named_module(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -110,6 +115,21 @@ def main(argv: list[str] | None = None, *, modules: list[str] | None = None) -> 
             file=sys.stderr,
         )
         return 3
+
+
+def _named_module(argv: list[str]) -> list[str] | None:
+    """[the module of the command argv names], or None (every module: no command, an unknown one, --help before it)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--root":
+            skip = True
+        elif not arg.startswith("-"):
+            return [COMMANDS[arg]] if arg in COMMANDS else None
+        elif arg not in ("-v", "--verbose") and not arg.startswith("--root="):
+            return None  # --help, --version, a typo: the whole parser answers
+    return None
 
 
 def _global_root(argv: list[str]) -> str | None:
