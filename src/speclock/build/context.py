@@ -12,10 +12,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from speclock.build import uvwheel, wheelhouse
+from speclock.build import digests, uvwheel, wheelhouse
 from speclock.build.closure import INIT_STUB_REL, import_closure, init_stub
 from speclock.build.envplan import EnvPlan, baselines_dir, draft_dir, patch_files, plan_environment
-from speclock.core.files import atomic_output, atomic_write_text, file_sha256
+from speclock.core.files import atomic_output, atomic_write_text
 from speclock.core.heartbeat import Progress
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.core.locks import exclusive
@@ -42,7 +42,7 @@ def sync_file(src: Path, dest: Path) -> None:
     """Copy only when the content differs, so unchanged files keep their metadata (and caches hit).
 
     Written whole (atomic), with the mode open() would give: image layers do not depend on how it was written."""
-    if dest.is_file() and dest.stat().st_size == src.stat().st_size and file_sha256(dest) == file_sha256(src):
+    if dest.is_file() and dest.stat().st_size == src.stat().st_size and digests.sha256(dest) == digests.sha256(src):
         return
     with atomic_output(dest, binary=True) as out, open(src, "rb") as fh:
         shutil.copyfileobj(fh, out, 1 << 20)
@@ -83,7 +83,7 @@ def tree_sha256(ctx: Path, rels: list[str]) -> str:
         path = ctx / rel
         files = {rel: path} if path.is_file() else {f"{rel}/{k}": v for k, v in tree_files(path).items()} if path.is_dir() else {}
         for name, f in sorted(files.items()):
-            h.update(f"{name}:{file_sha256(f)}\n".encode())
+            h.update(f"{name}:{digests.sha256(f)}\n".encode())
     return h.hexdigest()
 
 

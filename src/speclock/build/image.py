@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from speclock.build import tail
+from speclock.build import digests, tail
 from speclock.build.builders import Builder, builder_version, ensure_in_docker, get_builder
 from speclock.build.builders.buildah import STORAGE
 from speclock.build.containerfile import BASE_CONTAINERFILE, CONTAINERFILE, build_args_for, staged_containerfile
@@ -26,6 +26,7 @@ from speclock.build.context import context_dir, context_lock, context_name, stag
 from speclock.build.fetch import fetch
 from speclock.build.inputs import context_digests, git_revision, image_ref, image_tag, inputs_hash
 from speclock.build.labels import labels_for
+from speclock.build.lockcheck import read_lock_checked
 from speclock.build.records import BuildRecord, DoctorSummary, ImageInfo, SelfcheckResult, records_dir, write_record
 from speclock.build.reuse import reusable_record
 from speclock.build.run import model_mount, run_image
@@ -39,7 +40,7 @@ from speclock.core.heartbeat import Progress
 from speclock.core.layout import REPO_ROOT, cache_dir
 from speclock.drafter.models import stack_model_path
 from speclock.spec import baseimage
-from speclock.spec.lock import LockDoc, check_lock, lock_path, read_lock
+from speclock.spec.lock import LockDoc, check_lock, lock_path
 from speclock.spec.stack import DEFAULT_STACK, Stack, load_stack
 
 
@@ -53,9 +54,9 @@ def ensure_base_image(
 ) -> str:
     """The locked base as a local image; key="kernel_base" gives the kernel builder's base."""
     base = lock[key]
+    ref = base_image_ref(lock, key)
     if base["kind"] == "image":
-        return base["ref"]
-    ref = f"localhost/speclock-{key.replace('_', '-')}:{base['sha256'][:16]}"
+        return ref
     if builder.image_exists(ref):
         return ref
     tar = baseimage.verified_rootfs(base, progress=progress)
@@ -84,6 +85,14 @@ def ensure_base_image(
     return ref
 
 
+def base_image_ref(lock: LockDoc, key: Literal["base", "kernel_base"] = "base") -> str:
+    """The ref the locked base has (or gets, when ensure_base_image imports it); nothing is asked of the builder."""
+    base = lock[key]
+    if base["kind"] == "image":
+        return base["ref"]
+    return f"localhost/speclock-{key.replace('_', '-')}:{base['sha256'][:16]}"
+
+
 def build_image(
     stack: Stack,
     *,
@@ -96,7 +105,9 @@ def build_image(
 
     `lock_file`: build from this lock instead of locks/<stack>.lock (an upgrade candidate); the
     record is then marked `candidate` and does not become the stack's latest build."""
-    with context_lock(context_name(stack, lock_file), progress):
+    name = context_name(stack, lock_file)
+    # the staged files' digests are remembered by their stat from build to build (build.digests)
+    with context_lock(name, progress), digests.remembering(cache_dir() / "contexts" / f"{name}.digests.json"):
         return _build_image_locked(stack, builder_name=builder_name, no_cache=no_cache, lock_file=lock_file, progress=progress)
 
 
@@ -106,7 +117,7 @@ def _build_image_locked(
     started = time.monotonic()
     builder = get_builder(builder_name)
     lock_file = lock_file or lock_path(stack)
-    lock = read_lock(lock_file)
+    lock = read_lock_checked(lock_file)  # read_lock, or its last pass while nothing it reads changed
     diffs = check_lock(stack, lock)
     if diffs:
         raise CheckFailed(
@@ -116,8 +127,10 @@ def _build_image_locked(
     progress(f"[1/4] verifying the wheelhouse for {stack.name}")
     fetch(lock, progress=progress)
     save_stamps(store_dir())  # the next build hashes only what changed since (build.wheelhouse)
+    # The base is imported only when a step builds on it (not when the stages before the source are in the
+    # store, nor for a rebuild answered from the store): its ref is known from the lock.
     progress("[2/4] base image")
-    base_ref = ensure_base_image(stack, lock, builder, progress=progress)
+    base_ref = base_image_ref(lock)
     progress(f"  base: {base_ref}")
     kernel_base_ref = None
     if stack.kernels:
@@ -126,8 +139,14 @@ def _build_image_locked(
                 f"{lock_file} has no kernel_base, but {stack.path} has kernels.build",
                 hint=f"run `invoke lock --stack {stack.name}` (it locks the kernel builder base)",
             )
-        kernel_base_ref = ensure_base_image(stack, lock, builder, progress=progress, key="kernel_base")
+        kernel_base_ref = base_image_ref(lock, "kernel_base")
         progress(f"  kernel builder base: {kernel_base_ref} (+ {', '.join(stack.data['kernels']['builder_packages'])})")
+
+    def ensure_bases() -> None:
+        ensure_base_image(stack, lock, builder, progress=progress)
+        if kernel_base_ref:
+            ensure_base_image(stack, lock, builder, progress=progress, key="kernel_base")
+
     progress("[3/4] staging the build context")
     ctx = context_dir(stack, lock_file)
     stage_context(stack, lock, ctx, lock_file=lock_file)
@@ -186,8 +205,10 @@ def _build_image_locked(
             no_cache=no_cache,
             timestamp=lock["source_date_epoch"],
             progress=progress,
+            before_body=ensure_bases,
         )
     else:
+        ensure_bases()
         image_id = builder.build(
             containerfile=containerfile,
             context=ctx,

@@ -6,6 +6,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+from speclock.build import digests
 from speclock.build.containerfile import CONTAINERFILE, KERNELS_CONTAINERFILE
 from speclock.build.context import tree_files
 from speclock.core.files import file_sha256
@@ -37,7 +38,7 @@ def context_digests(ctx: Path) -> dict[str, str]:
     """{relative path: sha256} of the staged context's input files (not the wheels, not DERIVED), hashed once
     per build: the inputs hash and the SBOM's cache key (build.sbom.document.stage_sbom) both read them."""
     return {
-        rel: file_sha256(path)
+        rel: digests.sha256(path)
         for rel, path in sorted(tree_files(ctx).items())
         if not (rel.startswith("wheels/") and rel not in WHEEL_LISTS) and rel not in DERIVED
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from speclock.build.builders import Builder
@@ -52,11 +53,15 @@ def build_in_two(
     no_cache: bool,
     timestamp: int,
     progress: Progress = print,
+    before_body: Callable[[], None] = lambda: None,
 ) -> str:
-    """Build the body unless its tag is in the store, then the tail as `tag`; return the image id."""
+    """Build the body unless its tag is in the store, then the tail as `tag`; return the image id.
+
+    `before_body` runs before the body is built, only then (build-image imports the base image there)."""
     body_ref = f"localhost/speclock-{stack_name}-body:{key[:16]}"
     with tempfile.TemporaryDirectory(prefix="speclock-tail-") as tmp:
         if no_cache or not builder.image_exists(body_ref):
+            before_body()
             body_file = Path(tmp) / "Containerfile.body"
             body_file.write_text(body)
             builder.build(

@@ -14,7 +14,10 @@ from typing import Any
 from speclock.build.builders._proc import build_failure, capture, stream, tool_json
 from speclock.build.builders.docker import in_docker
 from speclock.build.records import ImageLayer
-from speclock.core.errors import CheckFailed, EnvironmentProblem
+from speclock.core.errors import CheckFailed, EnvironmentProblem, SpeclockError
+from speclock.core.files import atomic_write_text
+from speclock.core.jsonread import loads
+from speclock.core.layout import cache_dir
 
 # vfs and overlay give different digests for the same content: pin one.
 STORAGE = ["--storage-driver", os.environ.get("SPECLOCK_BUILDAH_STORAGE_DRIVER", "overlay")]
@@ -32,6 +35,36 @@ def labelled_containerfile(text: str, labels: dict[str, str]) -> str:
     return text.rstrip("\n") + f"\n# labels added by speclock build-image\nLABEL {quoted}\n"
 
 
+def binary_key(found: str) -> str:
+    """The buildah binary as its stat: another install (a new file, inode and ctime) asks `buildah version` again."""
+    real = os.path.realpath(found)
+    st = os.stat(real)
+    return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _version_file() -> Path:
+    return cache_dir() / "builders" / "buildah-version.json"
+
+
+def _kept_version(key: str) -> str | None:
+    """What `buildah version` said of this very binary (the builder version is an input of the image: build.reuse)."""
+    try:
+        kept = loads(_version_file().read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(kept, dict) and kept.get("binary") == key and isinstance(kept.get("version"), str):
+        return str(kept["version"])
+    return None
+
+
+def _keep_version(key: str, version: str) -> None:
+    try:
+        _version_file().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(_version_file(), json.dumps({"binary": key, "version": version}) + "\n")
+    except (OSError, SpeclockError):
+        pass  # best effort: asked again next time
+
+
 class Buildah:
     name = "buildah"
 
@@ -45,10 +78,15 @@ class Buildah:
         return ["buildah", *STORAGE, *args]
 
     def check_available(self) -> str:
-        if not shutil.which("buildah"):
+        found = shutil.which("buildah")
+        if not found:
             raise EnvironmentProblem(
                 "buildah is not installed", hint="apt-get install buildah (Debian/Ubuntu), or use --builder docker"
             )
+        key = binary_key(found)
+        kept = _kept_version(key)
+        if kept:
+            return kept
         proc = capture(self._cmd("version", "--json"))
         if proc.returncode != 0:
             raise EnvironmentProblem(
@@ -56,6 +94,7 @@ class Buildah:
                 hint="run as root or configure rootless buildah (subuid/subgid), or use --builder docker",
             )
         version: str = tool_json(proc.stdout, "buildah version --json").get("version", "?")
+        _keep_version(key, version)
         return version
 
     def image_exists(self, ref: str) -> bool:
