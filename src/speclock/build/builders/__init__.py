@@ -33,8 +33,10 @@ class Builder(Protocol):
         target: str | None,
         no_cache: bool,
         timestamp: int,
+        layers: bool = True,
     ) -> str:
-        """Build and tag; stream progress to stdout; return the local image id."""
+        """Build and tag; stream progress to stdout; return the local image id. `layers=False` (buildah): one
+        commit for all steps, no layer cache (build.tail's tail)."""
 
     def image_id(self, ref: str) -> str: ...
 

@@ -25,14 +25,21 @@ STORAGE = ["--storage-driver", os.environ.get("SPECLOCK_BUILDAH_STORAGE_DRIVER",
 STORAGE_DIR = Path("/var/lib/containers/storage") if os.geteuid() == 0 else Path.home() / ".local/share/containers/storage"
 
 
-def labelled_containerfile(text: str, labels: dict[str, str]) -> str:
-    """The Containerfile with the labels as ONE final LABEL instruction (in the last stage, the image's).
+def labelled_containerfile(text: str, labels: dict[str, str], *, first: bool = False) -> str:
+    """The Containerfile with the labels as ONE LABEL instruction in the last stage (the image's): its last
+    instruction, or with `first` the one right after that stage's FROM.
 
     buildah makes each `--label` option a step of its own (16 labels: ~4 s of a 6 s warm rebuild,
     docs/benchmarks.md); one LABEL is one step, and its text (sorted, JSON-quoted) is fixed by the
-    values, so the same labels give the same history and digest."""
+    values, so the same labels give the same history and digest. A one-commit build (`layers=False`) gives its
+    layer to the last history entry: there the labels go first, so that entry stays the step that made the layer."""
     quoted = " \\\n      ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items()))
-    return text.rstrip("\n") + f"\n# labels added by speclock build-image\nLABEL {quoted}\n"
+    label = f"# labels added by speclock build-image\nLABEL {quoted}\n"
+    if not first:
+        return text.rstrip("\n") + "\n" + label
+    lines = text.splitlines(keepends=True)
+    last_from = max(i for i, line in enumerate(lines) if line.upper().startswith("FROM "))
+    return "".join(lines[: last_from + 1]) + label + "".join(lines[last_from + 1 :])
 
 
 def binary_key(found: str) -> str:
@@ -119,12 +126,15 @@ class Buildah:
         target: str | None,
         no_cache: bool,
         timestamp: int,
+        layers: bool = True,
     ) -> str:
+        """`layers=False`: every step in one working container and one commit (build.tail's tail: a commit per
+        step costs 0.3-0.6 s on 2 cores); the image's history still has one entry per instruction."""
         self._inspected = None
         with tempfile.TemporaryDirectory(prefix="speclock-buildah-") as tmp:
             if labels:  # buildah reads this copy; the context (and its inputs hash) stays as staged
                 labelled = Path(tmp) / "Containerfile"
-                labelled.write_text(labelled_containerfile(Path(containerfile).read_text(), labels))
+                labelled.write_text(labelled_containerfile(Path(containerfile).read_text(), labels, first=not layers))
                 containerfile = labelled
             # --force-rm: a failed step's working container (a venv step's holds 2+ GB) is removed too; without
             # it every failed build (a full disk, most often) left one behind and made the next failure likelier.
@@ -132,7 +142,7 @@ class Buildah:
                 "build",
                 "--format",
                 "oci",
-                "--layers",
+                "--layers" if layers else "--layers=false",
                 "--force-rm",
                 "--network",
                 "none",
@@ -147,7 +157,7 @@ class Buildah:
             if no_cache:
                 cmd.append("--no-cache")
             cache_repo = os.environ.get("SPECLOCK_BUILDAH_CACHE_REPO")
-            if cache_repo:  # CI: layers from and to a registry repository (ci/speclock-upgrade.yml)
+            if cache_repo and layers:  # CI: layers from and to a registry repository (ci/speclock-upgrade.yml)
                 cmd += ["--cache-from", cache_repo, "--cache-to", cache_repo]
             if target:
                 cmd += ["--target", target]

@@ -59,6 +59,7 @@ class Docker:
         target: str | None,
         no_cache: bool,
         timestamp: int,
+        layers: bool = True,  # buildah's one-commit mode; BuildKit has none (build.tail is buildah's)
     ) -> str:
         cmd = [docker_cli(), "build", "--progress", "plain", "--network", "none", "-f", str(containerfile), "-t", tag]
         if no_cache:
