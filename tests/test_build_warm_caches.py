@@ -230,3 +230,27 @@ def test_a_one_commit_build_puts_the_labels_before_the_source_layer():
     assert lines[3].startswith("LABEL ") and all(f'"{k}"="{v}"' in text for k, v in LABELS.items())
     last = labelled_containerfile(f"FROM b\n{tail.TAIL}\n", LABELS)  # a layered build: the labels last, as before
     assert last.index(tail.TAIL) < last.index("LABEL ")
+
+
+# --- the wheelhouse's paths -----------------------------------------------------------------------------------
+
+
+def test_a_wheel_path_through_a_symbolic_link_out_of_its_folder_is_still_refused(tmp_path):
+    """entry_path and link_into resolve a path only when a part of it is a link: one that leads out is refused."""
+    from speclock.build import wheelhouse
+
+    store, outside = tmp_path / "store", tmp_path / "outside"
+    outside.mkdir()
+    sha = "a" * 64
+    pkg = {"name": "x", "sha256": sha, "filename": "x-1-py3-none-any.whl"}
+    (store / sha).mkdir(parents=True)
+    assert wheelhouse.entry_path(pkg, store) == store / sha / pkg["filename"]  # no link: not resolved
+    (store / sha).rmdir()
+    (store / sha).symlink_to(outside)
+    with pytest.raises(BadInput, match="resolves outside"):
+        wheelhouse.entry_path(pkg, store)
+    (store / sha).unlink()
+    (store / sha).mkdir()
+    (store / sha / pkg["filename"]).symlink_to(outside / "w.whl")
+    with pytest.raises(BadInput, match="resolves outside"):
+        wheelhouse.entry_path(pkg, store)

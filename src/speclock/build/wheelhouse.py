@@ -71,7 +71,19 @@ def entry_path(pkg: LockEntry, store: Path | None = None) -> Path:
             hint="re-create the lock with `speclock lock --stack NAME`",
         )
     plain_name(name, what=f"filename of {pkg.get('name')!r}")
-    return confined(root, f"{sha}/{name}", what="wheelhouse entry")
+    return _within(root, sha, name, what="wheelhouse entry")
+
+
+def _within(root: Path, *names: str, what: str) -> Path:
+    """root/names..., each a plain name (checked by the caller): inside root unless one of them is a symbolic link,
+    so only then is the path resolved (core.files.confined: two resolves per call, 0.05 s of every build's 300)."""
+    path = root.joinpath(*names)
+    here = root
+    for name in names:
+        here = here / name
+        if os.path.islink(here):
+            return confined(root, "/".join(names), what=what)
+    return path
 
 
 def _remember(path: Path, sha: str) -> None:
@@ -244,7 +256,7 @@ def link_into(lock: LockDoc, dest: Path, *, store: Path | None = None) -> None:
             raise BadInput(f"{pkg['filename']} is not in the wheelhouse", hint=f"run `invoke fetch --stack {lock['stack']}`")
         if src in _verified and not _still_verified(src, pkg["sha256"]):
             src, _ = ensure_entry(pkg, store)
-        target = confined(dest, plain_name(pkg["filename"], what="filename"), what="wheel")
+        target = _within(dest, plain_name(pkg["filename"], what="filename"), what="wheel")
         try:
             if target.is_file() and not target.is_symlink() and os.path.samestat(target.stat(), src.stat()):
                 continue  # linked already: relinking would change the entry's ctime (and void its stamp)
