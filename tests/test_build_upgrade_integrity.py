@@ -482,7 +482,7 @@ def test_ctrl_c_during_build_image_exits_130_and_writes_no_record(cache, monkeyp
 
     lock = {"lock_sha256": "0" * 64, "source_date_epoch": 0, "base": {"kind": "image", "ref": "x"}}
     monkeypatch.setattr(build, "get_builder", lambda name: Interrupted())
-    monkeypatch.setattr(build, "read_lock", lambda path: lock)
+    monkeypatch.setattr(build, "read_lock_checked", lambda path: lock)
     monkeypatch.setattr(build, "check_lock", lambda stack, doc: [])
     monkeypatch.setattr(build, "fetch", lambda doc, progress=None: None)
     monkeypatch.setattr(build, "stage_context", lambda stack, doc, ctx, lock_file=None: ctx.mkdir(parents=True, exist_ok=True))
