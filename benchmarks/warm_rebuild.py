@@ -46,10 +46,21 @@ def checkout(dest: Path, revision: str | None) -> Path:
     return dest
 
 
-def speclock_build(repo: Path, cache: Path, log: Path) -> dict:
+def speclock_build(repo: Path, cache: Path, log: Path, builder: str = "buildah") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=str(repo / "src"), SPECLOCK_CACHE=str(cache))
-    cmd = [sys.executable, "-m", "speclock", "build-image", "--stack", ib.STACK, "--skip-selfcheck", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclock",
+        "build-image",
+        "--stack",
+        ib.STACK,
+        "--skip-selfcheck",
+        "--json",
+        "--builder",
+        builder,
+    ]
     before = ib.load1()
     t0 = time.monotonic()
     with open(log, "a") as err:
@@ -77,13 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--before", default="HEAD", help="git revision of the 'before' speclock (default HEAD)")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--builder", default="buildah", choices=["buildah", "docker"], help="speclock's builder (default buildah)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="speclock-warm-"))
     logs = work / "logs"
     logs.mkdir()
-    results: dict = {"machine": ib.machine_info(), "before": args.before, "runs": args.runs, "rounds": []}
+    results: dict = {
+        "machine": ib.machine_info(),
+        "before": args.before,
+        "builder": args.builder,
+        "runs": args.runs,
+        "rounds": [],
+    }
     repos = {"before": checkout(work / "before", args.before), "now": checkout(work / "now", None)}
     caches = {name: ib.private_cache(work / f"cache-{name}") for name in repos}
     janitor = ib.BuildCacheJanitor()
@@ -97,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             first = ib.naive_build(peer_ctx, tags[-1], no_cache=False, logs=logs, janitor=janitor)
             ib.say(f"[peer] first build (fills BuildKit's cache, untimed here): {first['seconds']} s")
         for name, repo in repos.items():  # each speclock's first build stages its context (untimed)
-            speclock_build(repo, caches[name], logs / f"{name}.log")
+            speclock_build(repo, caches[name], logs / f"{name}.log", args.builder)
         for n in range(1, args.runs + 1):
             rnd: dict = {}
             if peer_ctx is not None:
@@ -112,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 init = repo / "src" / "speclock" / "__init__.py"
                 original = init.read_text()
                 edit(init, original, str(n))
-                rnd[f"{name}_edit"] = speclock_build(repo, caches[name], logs / f"{name}.log")
-                rnd[f"{name}_nochange"] = speclock_build(repo, caches[name], logs / f"{name}.log")
+                rnd[f"{name}_edit"] = speclock_build(repo, caches[name], logs / f"{name}.log", args.builder)
+                rnd[f"{name}_nochange"] = speclock_build(repo, caches[name], logs / f"{name}.log", args.builder)
                 init.write_text(original)
             ib.say(f"[round {n}/{args.runs}] " + ", ".join(f"{k} {v['wall_s']:.2f} s" for k, v in rnd.items()))
             results["rounds"].append(rnd)
@@ -123,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         janitor.prune()
     medians = {key: round(statistics.median(r[key]["wall_s"] for r in results["rounds"]), 3) for key in results["rounds"][0]}
     results["medians_wall_s"] = medians
+    results["min_median_max_wall_s"] = {
+        key: [round(f(r[key]["wall_s"] for r in results["rounds"]), 3) for f in (min, statistics.median, max)]
+        for key in results["rounds"][0]
+    }
     if "peer_edit" in medians:
         results["ratios_to_peer"] = {k: round(v / medians["peer_edit"], 2) for k, v in medians.items()}
-    ib.say(json.dumps({k: results[k] for k in ("medians_wall_s", "ratios_to_peer") if k in results}, indent=2))
+    ib.say(json.dumps({k: results[k] for k in ("min_median_max_wall_s", "ratios_to_peer") if k in results}, indent=2))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
