@@ -9,7 +9,8 @@ Schema) and the fix (the document's hint).
 A key the model does not know is decided per document (`DocModel.unknown`, written into its schema): "warn" (a
 newer speclock's key: a WARN naming it, the key ignored) or "refuse" (exit 2 naming it).
 
-pydantic is imported on first use: commands that read no document (--help) do not pay for it (every stack is one, #38). A list
+pydantic is imported on first use: commands that read no document (--help) do not pay for it. A stack that fits is
+checked through its model's field table without pydantic (spec.validate.check_types: every command reads one). A list
 stops at its first bad item, so a huge bad document costs one error per list, not one per value; a key in a list
 of objects that the model does not know is named for the first object that holds it.
 """
