@@ -288,6 +288,29 @@ def test_a_damaged_candidate_record_is_checked_like_any_record(tmp_path):
     assert check_record(valid_record(), tmp_path / "r.json", STACK, "buildah", TAG)["tag"] == TAG
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("image_id", 7),
+        ("labels", []),
+        ("build_seconds", "1.5"),
+        ("no_cache", 1),
+        ("layers", {}),
+        ("reused", "yes"),
+        ("selfcheck", {"verdict": "pass", "exit_code": "0"}),
+        ("selfcheck", {"verdict": "pass", "seconds": True}),
+        ("selfcheck", {"verdict": "pass", "doctor": "pass"}),
+    ],
+)
+def test_every_record_key_is_checked_by_the_type_build_record_declares(tmp_path, key, value):
+    """The record's contract is BuildRecord (and SelfcheckResult) alone: check_record reads the JSON types from it."""
+    from speclock.build.records import check_record
+
+    with pytest.raises(BadInput) as err:
+        check_record(valid_record(**{key: value}), tmp_path / "r.json", STACK, "buildah", TAG)
+    assert f"key '{key}" in err.value.message and "belongs" in err.value.message, err.value.message
+
+
 # --- training: numbers at parse time --------------------------------------------------------------
 
 

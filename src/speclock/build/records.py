@@ -8,7 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast, get_args, get_origin, get_type_hints, is_typeddict
 
 from speclock.core.errors import BadInput
 from speclock.core.files import atomic_write_text, clean_stale_temps, expect, file_where_folder_belongs, os_error, read_json
@@ -18,24 +18,6 @@ from speclock.core.layout import cache_dir
 # record's tag names files and images, so it must stay one plain name).
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 BUILDERS = ("buildah", "docker")
-# Keys every build record holds, with their JSON types (run-image, push-image and upgrade read them).
-RECORD_KEYS: dict[str, type] = {"stack": str, "tag": str, "ref": str, "builder": str, "image_id": str}
-RECORD_OPTIONAL: dict[str, type] = {
-    "inputs_sha256": str,
-    "lock_sha256": str,
-    "labels": dict,
-    "patches": list,
-    "build_seconds": float,
-    "total_seconds": float,
-    "no_cache": bool,
-    "built_at": str,
-    "layers": list,
-    "candidate": bool,
-    "lock_file": str,
-    "selfcheck": dict,
-    "builder_version": str,
-    "reused": bool,
-}
 STALE_TEMP_S = 600.0  # a record is written in milliseconds: a temp this old was left by a killed run
 
 
@@ -103,6 +85,26 @@ class BuildRecord(TypedDict):
     reused: NotRequired[bool]  # answered from the store by the inputs hash, the builder not called (build.reuse)
 
 
+def _json_kinds(model: type) -> tuple[dict[str, type], dict[str, type]]:
+    """A TypedDict's keys with the JSON type each holds (a nested TypedDict or dict: dict; list[...]: list), the
+    required ones and the NotRequired ones: the record's contract is written once, in BuildRecord."""
+    required: dict[str, type] = {}
+    optional: dict[str, type] = {}
+    for key, hint in get_type_hints(model, include_extras=True).items():
+        into = required
+        if get_origin(hint) is NotRequired:
+            into, hint = optional, get_args(hint)[0]
+        kind = get_origin(hint) or hint
+        into[key] = dict if is_typeddict(kind) else kind
+    return required, optional
+
+
+# Keys every build record holds, and those it may hold, with their JSON types (run-image, push-image and upgrade
+# read them; check_record checks each that is there).
+RECORD_KEYS, RECORD_OPTIONAL = _json_kinds(BuildRecord)
+SELFCHECK_KINDS = {k: v for part in _json_kinds(SelfcheckResult) for k, v in part.items()}  # each checked where present
+
+
 def check_tag(tag: str, *, what: str = "--tag") -> str:
     if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
         raise BadInput(
@@ -167,8 +169,7 @@ def check_record(record: Any, path: Path, stack_name: str, builder: str, tag: st
         raise BadInput(f"{path}: key 'image_id' {record['image_id']!r} is not an image id", hint=hint)
     sc = record.get("selfcheck")
     if sc is not None:
-        selfcheck_keys: tuple[tuple[str, type], ...] = (("verdict", str), ("exit_code", int), ("outputs", str))
-        for key, kind in selfcheck_keys:
+        for key, kind in SELFCHECK_KINDS.items():
             if key in sc:
                 expect(sc[key], kind, f"key 'selfcheck.{key}'", path=path, hint=hint)
     # The keys every record holds, and the JSON type of each other one it holds, checked above.
