@@ -10,17 +10,19 @@
 #   SPECLOCK_CI_MIN_FREE_GB   free space the run needs (default 20)
 #   SPECLOCK_CI_PYTEST_TMP    pytest's per-user temporary root (default /tmp/pytest-of-$USER)
 #   SPECLOCK_CI_PRUNE_IMAGES  0: never prune image stores (default 1: only when still short)
+#   SPECLOCK_CI_STORES        the image stores' folders (default: /var/lib/docker /var/lib/containers)
 set -euo pipefail
 need=${SPECLOCK_CI_MIN_FREE_GB:-20}
 pytest_tmp=${SPECLOCK_CI_PYTEST_TMP:-/tmp/pytest-of-$(id -un)}
 prune_images=${SPECLOCK_CI_PRUNE_IMAGES:-1}
 cache=${SPECLOCK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/speclock}
+stores=${SPECLOCK_CI_STORES:-/var/lib/docker /var/lib/containers}
 log() { printf '[ci-disk %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 case "$need" in '' | *[!0-9]*) echo "ci_disk.sh: SPECLOCK_CI_MIN_FREE_GB=$need is not a whole number of GB" >&2; exit 2 ;; esac
 
 # The paths a run writes to; they may sit on different filesystems, so the least free one counts.
-paths() { for p in "${TMPDIR:-/tmp}" "$cache" /var/lib/docker /var/lib/containers; do [ -e "$p" ] && echo "$p"; done; }
+paths() { for p in "${TMPDIR:-/tmp}" "$cache" $stores; do if [ -e "$p" ]; then echo "$p"; fi; done; }
 free_gb() { paths | xargs df -P --block-size=1G | awk 'NR > 1 { if (min == "" || $4 < min) min = $4 } END { print min + 0 }'; }
 
 log "free: $(free_gb) GB, this run needs $need GB"

@@ -19,6 +19,7 @@ def _run(tmp_path: Path, need: str) -> subprocess.CompletedProcess[str]:
         SPECLOCK_CI_PRUNE_IMAGES="0",  # never touch this machine's image stores from a test
         SPECLOCK_CACHE=str(tmp_path / "cache"),
         TMPDIR=str(tmp_path),
+        SPECLOCK_CI_STORES=str(tmp_path / "stores"),  # not this machine's image stores: du over them takes seconds
     )
     return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
 
